@@ -1,0 +1,35 @@
+# rljob — `make demo` runs the quickstart, `make test` runs every test.
+SHELL := /bin/bash
+PY ?= .venv/bin/python
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help venv demo test test-fast lint typecheck crd check-crd bench clean
+
+help: ## List targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
+
+# The venv is keyed by requirements.lock and cached outside the checkout (tools/venv.sh).
+venv: ## Create or reuse the cached virtualenv (.venv)
+	@tools/venv.sh
+
+$(PY): requirements.lock pyproject.toml
+	@tools/venv.sh
+
+demo: venv ## Train the embedded quickstart on this machine (output in runs/quickstart/)
+	.venv/bin/rljob train examples/quickstart.yaml
+
+test: venv binaries lint ## Run every test (unit, trainer, S3, control plane)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: venv ## Unit tests only (no torchrun, no cluster)
+	$(PY) -m pytest -m "not trainer and not cluster and not s3" $(PYTEST_ARGS)
+
+lint: venv ## ruff and mypy
+	.venv/bin/ruff check operator trainer tests bench
+	.venv/bin/mypy operator/rljob_operator/api.py trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints.py trainer/rljob_trainer/builtin/rewards.py
+
+clean: ## Remove run outputs and caches in the checkout
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+
+include $(wildcard mk/*.mk)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtualenv and point .venv at it.
+#
+# The venv lives outside the checkout, in ${RLJOB_CACHE:-~/.cache/rljob}/venv-<hash of
+# requirements.lock>, so every clone on this machine shares it and a warm run installs
+# nothing (torch is large). uv's own cache makes a cold rebuild after a lock change cheap.
+# The project itself is installed editable into the venv; when another clone installed it
+# last, this re-points it here (a second, no-deps install: about a second).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$(pwd)"
+CACHE="${RLJOB_CACHE:-$HOME/.cache/rljob}"
+PYTHON="${PYTHON:-python3}"
+
+if ! command -v uv >/dev/null 2>&1; then
+  echo "[venv] installing uv" >&2
+  "$PYTHON" -m pip install --quiet uv >&2
+fi
+UV="$(command -v uv || echo "$PYTHON -m uv")"
+
+HASH="$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-12)"
+VENV="$CACHE/venv-$HASH"
+mkdir -p "$CACHE"
+if [[ ! -f "$VENV/.complete" ]]; then
+  echo "[venv] creating $VENV (first run on this machine: downloads torch, several minutes)" >&2
+  # A venv is not relocatable, so it is built in place; .complete marks a finished one.
+  rm -rf "$VENV"
+  $UV venv --quiet --python "$PYTHON" "$VENV" >&2
+  $UV pip sync --quiet --python "$VENV/bin/python" requirements.lock >&2
+  touch "$VENV/.complete"
+fi
+# Editable install of this checkout (no dependencies: the lock already has them).
+if ! "$VENV/bin/python" -c "import rljob_operator, sys; sys.exit(0 if rljob_operator.__file__.startswith('$ROOT/') else 1)" 2>/dev/null; then
+  $UV pip install --quiet --no-deps --python "$VENV/bin/python" -e "$ROOT" >&2
+fi
+ln -sfn "$VENV" .venv

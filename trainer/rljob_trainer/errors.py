@@ -1,0 +1,73 @@
+"""Exit codes and error reporting: the trainer's contract with the operator.
+
+* ``EXIT_OK`` (0): training finished.
+* ``EXIT_PERMANENT`` (78, sysexits' EX_CONFIG): bad config, missing data, a reward function
+  that cannot be imported, raises or returns the wrong shape. Retrying cannot help.
+* ``EXIT_CUDA_OOM`` (200): a CUDA out-of-memory error; the operator may retry with a smaller
+  per-device batch.
+* anything else: retryable (a crash, a lost peer, a signal).
+
+The first line of a fatal error goes to stderr always, and to ``/dev/termination-log``
+when that path is writable, so Kubernetes shows it in the pod's termination message.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+EXIT_OK = 0
+EXIT_PERMANENT = 78
+EXIT_CUDA_OOM = 200
+TERMINATION_LOG = "/dev/termination-log"
+#: Set by the launcher so every rank can hand its first error line back to it.
+ERROR_FILE_ENV = "RLJOB_ERROR_FILE"
+
+
+class PermanentError(Exception):
+    """A failure no retry can fix. ``where`` names the field path, file or function."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+        self.message = message
+
+
+def first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return text.strip()
+
+
+def write_termination_message(message: str, path: str = TERMINATION_LOG) -> None:
+    """Write ``message`` where Kubernetes reads a container's termination message.
+
+    Only when the file is writable (in a pod, or a test that points the env at a file);
+    never create ``/dev`` entries on a laptop.
+    """
+    path = os.environ.get("RLJOB_TERMINATION_LOG", path)
+    target_dir = os.path.dirname(path) or "."
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return
+    if not os.path.exists(path) and (path.startswith("/dev/") or not os.access(target_dir, os.W_OK)):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(message[:4096])
+    except OSError:
+        pass
+
+
+def report_fatal(message: str) -> None:
+    """Report a fatal error: stderr always, the termination log and the launcher's error file if set."""
+    line = first_line(message)
+    print(f"rljob: error: {message}", file=sys.stderr, flush=True)
+    write_termination_message(line)
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    if error_file and not os.path.exists(error_file):
+        try:
+            with open(error_file, "w", encoding="utf-8") as f:
+                f.write(line)
+        except OSError:
+            pass

@@ -1,0 +1,76 @@
+"""Progress heartbeats from rank 0 to the operator's status API (only when running in a pod).
+
+The operator sets ``RLJOB_STATUS_URL`` (``https://…/api/v1/namespaces/NS/rltrainingjobs/NAME/heartbeat``),
+``RLJOB_TOKEN_FILE`` (a projected, audience-bound service-account token) and optionally
+``RLJOB_STATUS_CA_FILE``. Heartbeats are sent from a background thread; a failure is logged
+and never stops training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("rljob.heartbeat")
+
+
+class Heartbeat:
+    def __init__(self, url: str, token_file: str | None, ca_file: str | None, pod: str | None) -> None:
+        self.url = url
+        self.token_file = token_file
+        self.ca_file = ca_file
+        self.pod = pod
+        self.checkpoint: str | None = None
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=64)
+        self._thread = threading.Thread(target=self._run, name="rljob-heartbeat", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls) -> Heartbeat | None:
+        url = os.environ.get("RLJOB_STATUS_URL")
+        if not url:
+            return None
+        return cls(url, os.environ.get("RLJOB_TOKEN_FILE"), os.environ.get("RLJOB_STATUS_CA_FILE"),
+                   os.environ.get("RLJOB_POD_NAME"))
+
+    def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False) -> None:
+        body = {"step": step, "reward": reward, "loss": loss, "checkpoint": self.checkpoint,
+                "pod": self.pod, "final": final, "time": time.time()}
+        try:
+            self._queue.put_nowait(body)
+        except queue.Full:  # the operator is slow; newer heartbeats matter more
+            pass
+        if final:
+            self.flush()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _run(self) -> None:
+        import requests
+
+        session = requests.Session()
+        while True:
+            body = self._queue.get()
+            if body is None:
+                return
+            headers = {}
+            if self.token_file:
+                try:
+                    with open(self.token_file, encoding="utf-8") as f:
+                        headers["Authorization"] = f"Bearer {f.read().strip()}"
+                except OSError as e:
+                    log.warning("heartbeat: cannot read token %s: %s", self.token_file, e)
+            try:
+                resp = session.post(self.url, json=body, headers=headers, timeout=5,
+                                    verify=self.ca_file or True)
+                if resp.status_code >= 300:
+                    log.warning("heartbeat: %s answered %s: %s", self.url, resp.status_code, resp.text[:200])
+            except Exception as e:
+                log.warning("heartbeat: %s: %s", self.url, e)

@@ -1,0 +1,216 @@
+"""Launch a training run: pre-flight checks, then torchrun's elastic agent over the worker.
+
+``rljob train MANIFEST`` (a laptop) and the in-pod entrypoint
+(``python -m rljob_trainer.launch --config /etc/rljob/trainer.yaml``) both end in ``launch()``.
+In a pod the operator sets the node's place in the gang through the environment:
+
+* ``RLJOB_NNODES`` — worker pods in the gang; ``RLJOB_NODE_RANK`` — this pod's index;
+* ``RLJOB_NPROC_PER_NODE`` — processes in this pod;
+* ``RLJOB_RDZV_ENDPOINT`` — ``host:port`` of worker 0 (c10d rendezvous, hosted by node rank 0);
+* ``RLJOB_RUN_ID`` — rendezvous id, unique per gang generation;
+* ``RLJOB_OUTPUT_DIR`` — where logs, TensorBoard events and the summary go.
+
+The exit code of the whole node is the most telling of its ranks' codes: permanent (78)
+beats out-of-memory (200) beats anything else; a rank killed by signal N counts as 128+N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rljob_trainer.config import TrainerConfig
+from rljob_trainer.errors import (
+    EXIT_CUDA_OOM,
+    EXIT_PERMANENT,
+    PermanentError,
+    report_fatal,
+    write_termination_message,
+)
+
+CONFIG_FILE = "trainer-config.json"
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Where this process sits in the torchrun gang."""
+
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = "127.0.0.1:29500"
+    run_id: str = "rljob"
+    rdzv_timeout: int = 900
+
+    @classmethod
+    def from_env(cls, default_nproc: int) -> NodeSettings:
+        env = os.environ
+        return cls(
+            nnodes=int(env.get("RLJOB_NNODES", "1")),
+            nproc_per_node=int(env.get("RLJOB_NPROC_PER_NODE", str(default_nproc))),
+            node_rank=int(env.get("RLJOB_NODE_RANK", "0")),
+            rdzv_endpoint=env.get("RLJOB_RDZV_ENDPOINT", "127.0.0.1:29500"),
+            run_id=env.get("RLJOB_RUN_ID", "rljob"),
+            rdzv_timeout=int(env.get("RLJOB_RDZV_TIMEOUT", "900")),
+        )
+
+    @classmethod
+    def local(cls, nproc: int, run_id: str) -> NodeSettings:
+        return cls(nnodes=1, nproc_per_node=nproc, node_rank=0, rdzv_endpoint=f"127.0.0.1:{free_port()}",
+                   run_id=run_id)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def preflight(cfg: TrainerConfig) -> dict[str, str]:
+    """Checks that need no GPU and no peers, so bad input fails before any process starts.
+
+    Returns environment additions for the ranks (the materialised model path).
+    """
+    from rljob_trainer.data import check_dataset_source
+    from rljob_trainer.rewards import resolve_rewards
+    from rljob_trainer.worker import check_trl_fields, trl_classes
+
+    resolve_rewards(cfg.training.rewards)
+    check_dataset_source(cfg.training.dataset)
+    config_cls, _ = trl_classes(cfg.training.algorithm)
+    check_trl_fields(config_cls, cfg.training.trl)
+
+    model = cfg.training.model
+    cache = os.path.join(cfg.output_dir, ".cache")
+    if model.startswith("builtin:"):
+        if model != "builtin:tiny":
+            raise PermanentError("spec.training.model", f"unknown built-in model {model!r}; use builtin:tiny")
+        from rljob_trainer.builtin.tiny_model import materialize_builtin_model
+
+        path = materialize_builtin_model(cache, cfg.training.model_overrides, cfg.training.seed)
+        return {"RLJOB_MODEL_PATH": str(path)}
+    if model.startswith("s3://"):
+        from rljob_trainer.storage import download_prefix
+
+        return {"RLJOB_MODEL_PATH": download_prefix(model, os.path.join(cache, "model"))}
+    if model.startswith(("/", "./", "../")) and not os.path.isdir(model):
+        raise PermanentError("spec.training.model", f"model folder {model!r} does not exist")
+    return {}
+
+
+def exit_code_for(failures: dict[int, Any]) -> tuple[int, int | None]:
+    """(node exit code, rank whose failure decided it) from torchrun's per-rank failures."""
+    codes = {rank: (128 - f.exitcode if f.exitcode < 0 else f.exitcode) for rank, f in failures.items()}
+    for wanted in (EXIT_PERMANENT, EXIT_CUDA_OOM):
+        for rank, code in sorted(codes.items()):
+            if code == wanted:
+                return code, rank
+    if not codes:
+        return 1, None
+    first = min(failures, key=lambda r: (failures[r].timestamp, r))
+    return (codes[first] or 1), first
+
+
+def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | None = None) -> int:
+    """Run the gang's processes on this node; returns the node's exit code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        env = preflight(cfg)  # every pod has its own filesystem, so every node prepares its model
+    except PermanentError as e:
+        report_fatal(str(e))
+        return EXIT_PERMANENT
+    config_path = out / CONFIG_FILE
+    config_path.write_text(cfg.model_dump_json(by_alias=True, indent=1), encoding="utf-8")
+
+    error_dir = tempfile.mkdtemp(prefix="rljob-errors-")
+    os.environ.update(env)
+    os.environ.update(extra_env or {})
+    os.environ["RLJOB_ERROR_DIR"] = error_dir
+    launch_config = LaunchConfig(
+        min_nodes=node.nnodes,
+        max_nodes=node.nnodes,
+        nproc_per_node=node.nproc_per_node,
+        run_id=node.run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=node.rdzv_endpoint,
+        rdzv_configs={"timeout": node.rdzv_timeout, "is_host": node.node_rank == 0},
+        max_restarts=0,  # the operator owns restarts (a whole gang at a time)
+        monitor_interval=0.2,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
+        return 0
+    except ChildFailedError as e:
+        code, rank = exit_code_for(e.failures)
+        message = _rank_error(error_dir, rank) or f"rank {rank} exited with code {code}"
+        print(f"rljob: node {node.node_rank} failed: {message} (exit {code})", file=sys.stderr, flush=True)
+        write_termination_message(message)
+        return code
+    finally:
+        for f in Path(error_dir).glob("*"):
+            f.unlink(missing_ok=True)
+        os.rmdir(error_dir)
+
+
+def _rank_error(error_dir: str, rank: int | None) -> str | None:
+    if rank is None:
+        return None
+    path = Path(error_dir) / f"rank-{rank}.txt"
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def load_trainer_config(path: str) -> TrainerConfig:
+    from pydantic import ValidationError
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        return TrainerConfig.model_validate(data)
+    except (OSError, yaml.YAMLError) as e:
+        raise PermanentError(path, f"cannot read trainer config: {e}") from e
+    except ValidationError as e:
+        from rljob_operator.api import format_validation_error
+
+        raise PermanentError(path, "; ".join(format_validation_error(e))) from e
+
+
+def dump_config(cfg: TrainerConfig) -> str:
+    """The YAML the operator stores in a job's ConfigMap."""
+    return yaml.safe_dump(json.loads(cfg.model_dump_json(by_alias=True)), sort_keys=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """In-pod entrypoint: ``python -m rljob_trainer.launch --config FILE``."""
+    parser = argparse.ArgumentParser(prog="rljob-trainer", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="trainer config (YAML/JSON) from the job's ConfigMap")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_trainer_config(args.config)
+    except PermanentError as e:
+        report_fatal(str(e))
+        return EXIT_PERMANENT
+    output = os.environ.get("RLJOB_OUTPUT_DIR")
+    if output:
+        cfg = cfg.model_copy(update={"output_dir": output})
+    node = NodeSettings.from_env(default_nproc=1)
+    return launch(cfg, node)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

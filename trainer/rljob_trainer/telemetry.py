@@ -1,0 +1,207 @@
+"""What a run reports: Prometheus metrics on rank 0, health endpoints, summary.json and a reward plot.
+
+Series (all prefixed ``rljob_trainer_``): ``step``, ``reward`` (mean total reward),
+``reward_std``, ``reward_mean{reward=...}`` / ``reward_std_by_function{reward=...}`` per reward
+function, ``loss``, ``step_seconds``, ``tokens_per_second``, ``kl`` (when beta > 0),
+``gpu_utilization_ratio`` and ``gpu_memory_bytes`` (when a GPU is present), ``last_checkpoint_step``.
+``/healthz`` answers 200 while the process lives; ``/readyz`` once the first step is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
+from transformers import TrainerCallback
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+class _ThreadingWSGIServer(WSGIServer):
+    daemon_threads = True
+
+
+class TrainerMetrics:
+    """The trainer's Prometheus registry and its small HTTP server."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step = Gauge("rljob_trainer_step", "Optimizer steps completed.", registry=r)
+        self.reward = Gauge("rljob_trainer_reward", "Mean total (weighted) reward of the last step.", registry=r)
+        self.reward_std = Gauge("rljob_trainer_reward_std", "Std of the total reward of the last step.", registry=r)
+        self.reward_mean = Gauge(
+            "rljob_trainer_reward_mean", "Mean reward per reward function.", ["reward"], registry=r
+        )
+        self.reward_fn_std = Gauge(
+            "rljob_trainer_reward_std_by_function", "Reward std per reward function.", ["reward"], registry=r
+        )
+        self.loss = Gauge("rljob_trainer_loss", "Training loss of the last logged step.", registry=r)
+        self.step_seconds = Gauge("rljob_trainer_step_seconds", "Wall time of the last step.", registry=r)
+        self.tokens_per_second = Gauge(
+            "rljob_trainer_tokens_per_second", "Tokens processed per second.", registry=r
+        )
+        self.kl = Gauge("rljob_trainer_kl", "KL divergence to the reference model.", registry=r)
+        self.gpu_util = Gauge("rljob_trainer_gpu_utilization_ratio", "GPU utilisation, 0-1.", ["gpu"], registry=r)
+        self.gpu_mem = Gauge("rljob_trainer_gpu_memory_bytes", "GPU memory allocated.", ["gpu"], registry=r)
+        self.last_checkpoint = Gauge(
+            "rljob_trainer_last_checkpoint_step", "Step of the newest complete checkpoint.", registry=r
+        )
+        self.ready = threading.Event()
+        self._server: WSGIServer | None = None
+        self.port: int | None = None
+
+    def app(self, environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        if path == "/readyz":
+            ok = self.ready.is_set()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ready\n" if ok else b"starting\n"]
+        return make_wsgi_app(self.registry)(environ, start_response)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        self._server = make_server(
+            host, port, self.app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+        )
+        self.port = self._server.server_port
+        threading.Thread(target=self._server.serve_forever, name="rljob-metrics", daemon=True).start()
+        return self.port
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def observe(self, logs: dict[str, Any], step: int, tokens_per_second: float | None) -> None:
+        self.step.set(step)
+        if "reward" in logs:
+            self.reward.set(float(logs["reward"]))
+        if "reward_std" in logs:
+            self.reward_std.set(float(logs["reward_std"]))
+        for key, value in logs.items():
+            if key.startswith("rewards/") and key.endswith("/mean"):
+                self.reward_mean.labels(reward=key.split("/")[1]).set(float(value))
+            elif key.startswith("rewards/") and key.endswith("/std"):
+                self.reward_fn_std.labels(reward=key.split("/")[1]).set(float(value))
+        if "loss" in logs:
+            self.loss.set(float(logs["loss"]))
+        if "step_time" in logs:
+            self.step_seconds.set(float(logs["step_time"]))
+        if "kl" in logs:
+            self.kl.set(float(logs["kl"]))
+        if tokens_per_second is not None:
+            self.tokens_per_second.set(tokens_per_second)
+        self._observe_gpus()
+        self.ready.set()
+
+    def _observe_gpus(self) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        for i in range(torch.cuda.device_count()):
+            self.gpu_mem.labels(gpu=str(i)).set(torch.cuda.memory_allocated(i))
+            try:
+                self.gpu_util.labels(gpu=str(i)).set(torch.cuda.utilization(i) / 100.0)
+            except Exception:  # needs NVML; memory is still reported
+                pass
+
+
+class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
+    """Feeds metrics and heartbeats from the Trainer's logs (world rank 0 only)."""
+
+    def __init__(self, metrics: TrainerMetrics | None, heartbeat: Any = None) -> None:
+        self.metrics = metrics
+        self.heartbeat = heartbeat
+        self._last_tokens: tuple[float, float] | None = None
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        tps = None
+        if "num_tokens" in logs:
+            now, tokens = time.monotonic(), float(logs["num_tokens"])
+            if self._last_tokens is not None and now > self._last_tokens[0]:
+                tps = (tokens - self._last_tokens[1]) / (now - self._last_tokens[0])
+            self._last_tokens = (now, tokens)
+        if self.metrics is not None:
+            self.metrics.observe(logs, state.global_step, tps)
+        if self.heartbeat is not None and ("reward" in logs or "loss" in logs):
+            self.heartbeat.send(step=state.global_step, reward=logs.get("reward"), loss=logs.get("loss"))
+
+
+def reward_history(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [(int(h["step"]), float(h["reward"])) for h in log_history if "reward" in h and "step" in h]
+
+
+def write_summary(
+    output_dir: str | Path,
+    *,
+    steps: int,
+    log_history: list[dict[str, Any]],
+    checkpoints: list[str],
+    resumed_from: str | None,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """``summary.json`` (the contract in DESIGN.md) and ``reward_curve.png``."""
+    history = reward_history(log_history)
+    summary = {
+        "steps": steps,
+        "reward_first": history[0][1] if history else None,
+        "reward_last": history[-1][1] if history else None,
+        "checkpoints": checkpoints,
+        "resumed_from": resumed_from,
+        "wall_seconds": round(wall_seconds, 3),
+        "reward_history": history,
+        "loss_history": [(int(h["step"]), float(h["loss"])) for h in log_history if "loss" in h and "step" in h],
+    }
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if history:
+        plot_rewards(history, out / "reward_curve.png")
+    return summary
+
+
+def plot_rewards(history: list[tuple[int, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    steps, rewards = zip(*history, strict=True)
+    ax.plot(steps, rewards, marker=".", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(min(0.0, min(rewards)) - 0.05, max(1.0, max(rewards)) + 0.05)
+    ax.grid(alpha=0.3)
+    ax.set_title("reward")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def compact_progress_callback() -> Any:
+    """The Trainer's progress bar, with reward and loss in its postfix instead of printed dicts."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class CompactProgress(ProgressCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+            if state.is_world_process_zero and self.training_bar is not None and logs:
+                shown = {k: f"{float(logs[k]):.3f}" for k in ("reward", "loss") if k in logs}
+                if shown:
+                    self.training_bar.set_postfix(shown, refresh=False)
+
+    return CompactProgress()

@@ -1,0 +1,236 @@
+"""One rank of a training run: build model, data and rewards from the config, train with TRL.
+
+Started by the launcher (``rljob_trainer.launch``) under torchrun's elastic agent, as
+``python -m rljob_trainer.worker CONFIG``. Exit codes are described in ``rljob_trainer.errors``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rljob_trainer.config import TrainerConfig
+from rljob_trainer.errors import ERROR_FILE_ENV, EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, report_fatal
+
+log = logging.getLogger("rljob.worker")
+
+MODEL_PATH_ENV = "RLJOB_MODEL_PATH"
+METRICS_PORT_ENV = "RLJOB_METRICS_PORT"
+
+
+def trl_classes(algorithm: str) -> tuple[Any, Any]:
+    if algorithm == "rloo":
+        from trl import RLOOConfig, RLOOTrainer
+
+        return RLOOConfig, RLOOTrainer
+    from trl import GRPOConfig, GRPOTrainer
+
+    return GRPOConfig, GRPOTrainer
+
+
+def check_trl_fields(config_cls: Any, trl: dict[str, Any]) -> None:
+    """Unknown keys under ``spec.training.trl`` are errors naming the key and the TRL class."""
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    for key in trl:
+        if key not in known:
+            raise PermanentError(f"spec.training.trl.{key}", f"not a field of TRL's {config_cls.__name__}")
+
+
+def trl_arguments(cfg: TrainerConfig, checkpoint_dir: str, use_cpu: bool) -> dict[str, Any]:
+    """The TRL config fields rljob sets from the named spec fields."""
+    t = cfg.training
+    return {
+        "output_dir": checkpoint_dir,
+        "per_device_train_batch_size": t.batch_size,
+        "max_steps": t.max_steps,
+        "learning_rate": t.learning_rate,
+        "num_generations": t.num_generations,
+        "max_completion_length": t.max_completion_length,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "seed": t.seed,
+        "data_seed": t.seed,
+        "bf16": t.precision == "bf16",
+        "fp16": t.precision == "fp16",
+        "use_cpu": use_cpu,
+        "dataloader_num_workers": t.dataloader_workers,
+        "beta": t.beta,
+        "save_strategy": "steps",
+        "save_steps": cfg.checkpoint.every_steps,
+        "save_total_limit": None,  # rljob's retention, which knows complete from partial
+        "logging_steps": t.logging_steps,
+        "report_to": ["tensorboard"],
+        "reward_weights": [r.weight for r in t.rewards],
+        "log_level": "warning",
+        "disable_tqdm": os.environ.get("RLJOB_PROGRESS", "1") == "0",
+    }
+
+
+def build_trl_config(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use_cpu: bool) -> Any:
+    check_trl_fields(config_cls, cfg.training.trl)
+    kwargs = trl_arguments(cfg, checkpoint_dir, use_cpu)
+    kwargs.update(cfg.training.trl)
+    try:
+        return config_cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        where = "spec.training.trl" if cfg.training.trl else "spec.training"
+        raise PermanentError(where, f"TRL rejected the config: {e}") from e
+
+
+def resolve_model(cfg: TrainerConfig) -> str:
+    path = os.environ.get(MODEL_PATH_ENV)
+    if path:
+        return path
+    return cfg.training.model
+
+
+def run(cfg: TrainerConfig) -> dict[str, Any] | None:
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoTokenizer, TrainerCallback
+
+    from rljob_trainer import checkpoints
+    from rljob_trainer.data import load_prompts
+    from rljob_trainer.heartbeat import Heartbeat
+    from rljob_trainer.rewards import resolve_rewards
+    from rljob_trainer.telemetry import (
+        TelemetryCallback,
+        TrainerMetrics,
+        compact_progress_callback,
+        write_summary,
+    )
+
+    started = time.time()
+    rank = int(os.environ.get("RANK", "0"))
+    use_cpu = not torch.cuda.is_available()
+    if cfg.training.precision != "fp32" and use_cpu:
+        raise PermanentError("spec.training.precision", f"{cfg.training.precision} needs a GPU; use fp32 on CPU")
+
+    config_cls, trainer_cls = trl_classes(cfg.training.algorithm)
+    checkpoint_dir = cfg.checkpoint_location()
+    if checkpoint_dir.startswith("s3://"):
+        from rljob_trainer.storage import local_staging_dir
+
+        checkpoint_dir = local_staging_dir(cfg)
+    # transformers 5 reads the TensorBoard folder from the environment only.
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
+    args = build_trl_config(cfg, config_cls, checkpoint_dir, use_cpu)
+    reward_funcs, _ = resolve_rewards(cfg.training.rewards)
+    dataset = load_prompts(cfg.training.dataset, cfg.training.seed, os.path.join(cfg.output_dir, ".cache"))
+
+    model_path = resolve_model(cfg)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    except Exception as e:
+        raise PermanentError("spec.training.model", f"cannot load tokenizer from {model_path!r}: {e}") from e
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    resume = checkpoints.find_resume_checkpoint(checkpoint_dir)
+    metrics = None
+    if rank == 0:
+        metrics = TrainerMetrics()
+        port = int(os.environ.get(METRICS_PORT_ENV, "9400"))
+        bound = metrics.serve(port)
+        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.output_dir) / "metrics-port").write_text(str(bound))
+    heartbeat = Heartbeat.from_env() if rank == 0 else None
+
+    class SealCheckpoint(TrainerCallback):  # type: ignore[misc]
+        """After every rank has saved: manifest, ``latest`` pointer, retention (rank 0)."""
+
+        def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
+            if not state.is_world_process_zero:
+                return
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            recent = [h for h in state.log_history if "reward" in h]
+            metrics_now = {"reward": float(recent[-1]["reward"])} if recent else {}
+            checkpoints.seal_checkpoint(ckpt, state.global_step, metrics_now)
+            protect = {resume.name} if resume is not None else set()
+            checkpoints.apply_retention(
+                args.output_dir,
+                cfg.checkpoint.keep_last,
+                cfg.checkpoint.keep_best,
+                cfg.checkpoint.best_metric,
+                protect=protect if resume is not None and resume.parent == Path(args.output_dir) else None,
+            )
+            if metrics is not None:
+                metrics.last_checkpoint.set(state.global_step)
+            if heartbeat is not None:
+                heartbeat.checkpoint = ckpt.name
+
+    try:
+        trainer = trainer_cls(
+            model=model_path,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[TelemetryCallback(metrics, heartbeat), SealCheckpoint()],
+        )
+    except (OSError, ValueError) as e:
+        raise PermanentError("spec.training", f"cannot build the {cfg.training.algorithm} trainer: {e}") from e
+    # Keep the progress bar, drop the per-step dict printing (metrics go to Prometheus/TensorBoard).
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    if not args.disable_tqdm:
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(compact_progress_callback())
+    if resume is not None and rank == 0:
+        log.warning("resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+
+    summary = None
+    if trainer.is_world_process_zero():
+        kept = [c.name for c in checkpoints.complete_checkpoints(checkpoint_dir)]
+        summary = write_summary(
+            cfg.output_dir,
+            steps=trainer.state.global_step,
+            log_history=trainer.state.log_history,
+            checkpoints=kept,
+            resumed_from=resume.name if resume is not None else None,
+            wall_seconds=time.time() - started,
+        )
+        if heartbeat is not None:
+            heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None, final=True)
+    if metrics is not None:
+        metrics.shutdown()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    error_dir = os.environ.get("RLJOB_ERROR_DIR")
+    if error_dir:
+        os.environ[ERROR_FILE_ENV] = os.path.join(error_dir, f"rank-{os.environ.get('RANK', '0')}.txt")
+    if len(argv) != 1:
+        print("usage: python -m rljob_trainer.worker CONFIG.json", file=sys.stderr)
+        return 2
+    try:
+        cfg = TrainerConfig.model_validate(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+        run(cfg)
+        return 0
+    except PermanentError as e:
+        report_fatal(str(e))
+        return EXIT_PERMANENT
+    except Exception as e:  # classify, report the first line, keep the traceback on stderr
+        traceback.print_exc()
+        if type(e).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(e):
+            report_fatal(f"CUDA out of memory: {e}")
+            return EXIT_CUDA_OOM
+        report_fatal(f"{type(e).__name__}: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
