@@ -2,6 +2,8 @@
 
 * ``rljob train MANIFEST`` — run the job on this machine (CPU: gloo), same manifest as the cluster.
 * ``rljob validate MANIFEST...`` — offline validation; non-zero exit with field paths on error.
+* ``rljob crd`` — print the RLTrainingJob CustomResourceDefinition (generated from the models).
+* ``rljob operator`` — run the operator (kopf watches, reconcile, status API, metrics).
 """
 
 from __future__ import annotations
@@ -66,6 +68,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_crd(args: argparse.Namespace) -> int:
+    from rljob_operator.crd import crd_yaml
+
+    text = crd_yaml()
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from rljob_operator.runner import run
+    from rljob_operator.settings import OperatorSettings
+
+    settings = OperatorSettings.from_env(
+        kubeconfig=args.kubeconfig,
+        namespaces=args.namespace or None,
+        status_port=args.status_port,
+        status_url=args.status_url,
+        metrics_port=args.metrics_port,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        tls_secret=args.tls_secret,
+        leader_elect=args.leader_elect,
+        identity=args.identity,
+        operator_namespace=args.operator_namespace,
+        log_level=args.log_level,
+    )
+    return run(settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rljob", description="RL post-training of language models on Kubernetes")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +115,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="validate manifests offline (a GitOps pre-commit hook)")
     p.add_argument("manifests", nargs="+")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("crd", help="print the RLTrainingJob CRD (generated from the API models)")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser(
+        "operator",
+        help="run the operator",
+        description="Run one operator replica. Flags override RLJOB_OPERATOR_* environment variables "
+        "(see rljob_operator.settings).",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--namespace", action="append", help="watch only this namespace (repeatable; default: all)")
+    p.add_argument("--status-port", type=int, help="status API HTTPS port (default 8443)")
+    p.add_argument("--status-url", help="base URL trainers send heartbeats to")
+    p.add_argument("--metrics-port", type=int, help="/metrics, /healthz, /readyz port (default 8080)")
+    p.add_argument("--tls-cert-file", help="status API certificate (default: self-signed)")
+    p.add_argument("--tls-key-file", help="status API private key")
+    p.add_argument("--tls-secret", help="NAMESPACE/NAME: share one self-signed certificate between replicas")
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
+                   help="hold a Lease so only one replica reconciles (default: on)")
+    p.add_argument("--operator-namespace", help="namespace of the operator's Lease, Secret and Service "
+                   "(default: its pod's, else the first --namespace)")
+    p.add_argument("--identity", help="this replica's Lease holder identity (default: hostname-random)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.set_defaults(func=cmd_operator)
     return parser
 
 

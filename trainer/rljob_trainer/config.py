@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -33,12 +33,12 @@ class Model(BaseModel):
     )
 
 
-class Algorithm(str, Enum):
+class Algorithm(StrEnum):
     grpo = "grpo"
     rloo = "rloo"
 
 
-class Precision(str, Enum):
+class Precision(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
@@ -112,7 +112,7 @@ class TrainingSpec(Model):
         default_factory=dict,
         description="Architecture overrides for builtin:tiny (for example hiddenSize, numHiddenLayers).",
     )
-    dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Prompt source.")  # type: ignore[arg-type]
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Prompt source.")
     rewards: list[RewardSpec] = Field(
         default_factory=lambda: [RewardSpec(name="repeat_char")],
         min_length=1,
@@ -228,8 +228,8 @@ class TrainerConfig(Model):
 
     job_name: str = Field(..., min_length=1, description="The RLTrainingJob's name.")
     namespace: str | None = Field(None, description="The job's namespace (in a cluster).")
-    training: TrainingSpec = Field(default_factory=TrainingSpec)  # type: ignore[arg-type]
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)  # type: ignore[arg-type]
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     world_size: int = Field(1, ge=1, description="Total processes: replicas × procsPerWorker.")
     output_dir: str = Field("runs/job", description="Where logs, TensorBoard events and the summary go.")
 

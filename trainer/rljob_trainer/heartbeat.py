@@ -8,6 +8,7 @@ and never stops training.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -40,10 +41,8 @@ class Heartbeat:
     def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False) -> None:
         body = {"step": step, "reward": reward, "loss": loss, "checkpoint": self.checkpoint,
                 "pod": self.pod, "final": final, "time": time.time()}
-        try:
+        with contextlib.suppress(queue.Full):  # the operator is slow; newer heartbeats matter more
             self._queue.put_nowait(body)
-        except queue.Full:  # the operator is slow; newer heartbeats matter more
-            pass
         if final:
             self.flush()
 

@@ -9,6 +9,7 @@ function, ``loss``, ``step_seconds``, ``tokens_per_second``, ``kl`` (when beta >
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -112,10 +113,8 @@ class TrainerMetrics:
             return
         for i in range(torch.cuda.device_count()):
             self.gpu_mem.labels(gpu=str(i)).set(torch.cuda.memory_allocated(i))
-            try:
+            with contextlib.suppress(Exception):  # needs NVML; memory is still reported
                 self.gpu_util.labels(gpu=str(i)).set(torch.cuda.utilization(i) / 100.0)
-            except Exception:  # needs NVML; memory is still reported
-                pass
 
 
 class TelemetryCallback(TrainerCallback):  # type: ignore[misc]

@@ -6,6 +6,7 @@ Started by the launcher (``rljob_trainer.launch``) under torchrun's elastic agen
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -154,13 +155,10 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
             recent = [h for h in state.log_history if "reward" in h]
             metrics_now = {"reward": float(recent[-1]["reward"])} if recent else {}
             checkpoints.seal_checkpoint(ckpt, state.global_step, metrics_now)
-            protect = {resume.name} if resume is not None else set()
+            # The resume source was fully loaded before the first step, so by the first save
+            # it needs no protection beyond what keepLast/keepBest give it.
             checkpoints.apply_retention(
-                args.output_dir,
-                cfg.checkpoint.keep_last,
-                cfg.checkpoint.keep_best,
-                cfg.checkpoint.best_metric,
-                protect=protect if resume is not None and resume.parent == Path(args.output_dir) else None,
+                args.output_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric
             )
             if metrics is not None:
                 metrics.last_checkpoint.set(state.global_step)
@@ -207,8 +205,28 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     return summary
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when its launcher dies.
+
+    torchrun starts ranks in their own sessions, so killing the launcher (a SIGKILLed
+    ``rljob train``, an OOM-killed agent) would otherwise leave ranks training on as orphans,
+    writing checkpoints nobody asked for.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(137)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    die_with_parent()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     error_dir = os.environ.get("RLJOB_ERROR_DIR")
     if error_dir:

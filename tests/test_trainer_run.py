@@ -1,0 +1,160 @@
+"""The trainer for real: torchrun with 2 CPU processes on the quickstart, crash and resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from rljob_trainer.launch import free_port
+
+from tests.trainer_helpers import (
+    QUICKSTART,
+    deep_update,
+    kill_group,
+    quickstart_doc,
+    start_rljob,
+    wait_until,
+    write_manifest,
+)
+
+pytestmark = pytest.mark.trainer
+
+NAMED_SERIES = {
+    "rljob_trainer_step",
+    "rljob_trainer_reward",
+    "rljob_trainer_reward_std",
+    "rljob_trainer_reward_mean",
+    "rljob_trainer_loss",
+    "rljob_trainer_step_seconds",
+    "rljob_trainer_tokens_per_second",
+}
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def tensorboard_scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: dict[int, float] = {}
+    for events in sorted(folder.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events.parent))
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            for e in acc.Scalars(tag):
+                values[e.step] = e.value
+    return sorted(values.items())
+
+
+def test_quickstart_two_process_reward_rises_and_reports_agree(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "quickstart"
+    proc = start_rljob("train", str(QUICKSTART), "--output", str(out), "--metrics-port", str(port),
+                       log=tmp_path / "log.txt")
+    samples = []
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            m = scrape(port)
+            if m.get("rljob_trainer_step", {}).get((), 0) > 0:
+                samples.append(m)
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    assert proc.wait(timeout=60) == 0, (tmp_path / "log.txt").read_text()[-3000:]
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 120
+    assert summary["reward_first"] <= 0.3, summary["reward_first"]
+    assert summary["reward_last"] >= 0.8, summary["reward_last"]
+    assert summary["resumed_from"] is None
+    assert summary["checkpoints"] == ["checkpoint-80", "checkpoint-120"]  # everySteps 40, keepLast 2
+    assert (out / "reward_curve.png").stat().st_size > 1000
+
+    # The metrics endpoint served the named series while training ran...
+    assert len(samples) >= 3, "too few scrapes during the run"
+    assert set(samples[-1]) >= NAMED_SERIES, NAMED_SERIES - set(samples[-1])
+    assert (("reward", "repeat_char"),) in samples[-1]["rljob_trainer_reward_mean"]
+    # ...and what it served agrees with summary.json, step by step.
+    history = dict((int(s), r) for s, r in summary["reward_history"])
+    assert len(history) == 120
+    matched = 0
+    for m in samples:
+        step = int(m["rljob_trainer_step"][()])
+        reward = m["rljob_trainer_reward"][()]
+        if step in history:
+            assert reward == pytest.approx(history[step], abs=1e-6) or reward == pytest.approx(
+                history.get(step + 1, -1), abs=1e-6
+            )
+            matched += 1
+    assert matched >= 3
+    # TensorBoard logged the same rewards.
+    tb = tensorboard_scalars(out / "tensorboard", "train/reward")
+    assert [s for s, _ in tb] == sorted(history)
+    for step, value in tb:
+        assert value == pytest.approx(history[step], abs=1e-5)
+
+
+def test_sigkill_after_checkpoint_resumes_from_it_and_loses_at_most_the_interval(tmp_path: Path) -> None:
+    every = 10
+    doc = deep_update(quickstart_doc(), {
+        "spec": {"training": {"maxSteps": 60}, "checkpoint": {"everySteps": every, "keepLast": 2}},
+    })
+    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    out = tmp_path / "out"
+    ckpts = out / "checkpoints"
+    port = free_port()
+    proc = start_rljob("train", str(manifest), "--output", str(out), "--metrics-port", str(port),
+                       log=tmp_path / "first.txt")
+
+    def progressed() -> int | None:
+        latest = ckpts / "latest"
+        if not latest.exists() or latest.read_text().strip() < "checkpoint-20":
+            return None
+        try:
+            step = int(scrape(port)["rljob_trainer_step"][()])
+        except (requests.RequestException, KeyError):
+            return None
+        return step if step >= 22 else None
+
+    try:
+        wait_until(progressed, timeout=400, interval=0.2, what="a checkpoint and progress past it")
+        step_at_kill = int(scrape(port)["rljob_trainer_step"][()])
+    finally:
+        kill_group(proc, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    # No rank outlives its launcher (they would go on writing checkpoints).
+    wait_until(lambda: subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1,
+               timeout=30, what="ranks to exit after the launcher was killed")
+    resumable = (ckpts / "latest").read_text().strip()
+    resumable_step = int(resumable.split("-")[1])
+    assert 0 <= step_at_kill - resumable_step <= every
+    # A crash can leave a half-written checkpoint; one newer than `latest` must never be used.
+    partial = ckpts / "checkpoint-55"
+    shutil.copytree(ckpts / resumable, partial)
+    (partial / "rljob-manifest.json").unlink()
+
+    second = start_rljob("train", str(manifest), "--output", str(out), "--metrics-port", str(free_port()),
+                         log=tmp_path / "second.txt")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.txt").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] == resumable
+    assert summary["steps"] == 60
+    steps_logged = [s for s, _ in summary["reward_history"]]
+    # The resumed run re-did only the steps after the checkpoint.
+    assert steps_logged[-1] == 60
+    assert "resuming from" in (tmp_path / "second.txt").read_text()
+    assert summary["checkpoints"] == ["checkpoint-50", "checkpoint-60"]

@@ -1,0 +1,136 @@
+"""Pure pieces of the trainer: checkpoints, rewards, exit codes, config and error messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rljob_operator.api import API_VERSION, KIND, ManifestError, parse_job
+from rljob_trainer import checkpoints as ck
+from rljob_trainer.builtin import rewards as builtin
+from rljob_trainer.config import RewardSpec
+from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError
+from rljob_trainer.launch import exit_code_for
+from rljob_trainer.rewards import RewardFunctionError, checked_reward, resolve_rewards
+
+
+def make_checkpoint(root: Path, step: int, reward: float | None = None, seal: bool = True) -> Path:
+    d = root / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(bytes([step % 256]) * 1000)
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if seal:
+        ck.seal_checkpoint(d, step, {"reward": reward} if reward is not None else {})
+    return d
+
+
+def test_sealed_checkpoint_verifies_and_moves_latest(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 10)
+    make_checkpoint(tmp_path, 20)
+    assert (tmp_path / ck.LATEST).read_text().strip() == "checkpoint-20"
+    assert ck.verify_checkpoint(tmp_path / "checkpoint-20") == []
+    manifest = json.loads((tmp_path / "checkpoint-20" / ck.MANIFEST).read_text())
+    assert set(manifest["files"]) == {"model.safetensors", "trainer_state.json"}
+
+
+def test_unsealed_checkpoint_is_ignored_by_resume(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 10)
+    make_checkpoint(tmp_path, 20, seal=False)
+    assert [c.name for c in ck.complete_checkpoints(tmp_path)] == ["checkpoint-10"]
+    assert ck.find_resume_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
+
+
+def test_corrupt_checkpoint_falls_back_to_previous_complete_one(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 10)
+    newest = make_checkpoint(tmp_path, 20)
+    (newest / "model.safetensors").write_bytes(b"\x00" * 1000)  # same size, other bytes
+    assert "md5 mismatch" in ck.verify_checkpoint(newest)[0]
+    assert ck.find_resume_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
+    (tmp_path / "checkpoint-10" / "trainer_state.json").unlink()
+    assert ck.find_resume_checkpoint(tmp_path) is None
+
+
+def test_retention_keeps_last_best_newest_and_protected(tmp_path: Path) -> None:
+    for step, reward in [(10, 0.9), (20, 0.1), (30, 0.2), (40, 0.3), (50, 0.4)]:
+        make_checkpoint(tmp_path, step, reward)
+    make_checkpoint(tmp_path, 5, seal=False)   # crash debris older than the newest: removed
+    make_checkpoint(tmp_path, 60, seal=False)  # may still be being written: kept
+    deleted = ck.apply_retention(tmp_path, keep_last=2, keep_best=1, protect={"checkpoint-20"})
+    assert sorted(deleted) == ["checkpoint-30", "checkpoint-5"]
+    remaining = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert remaining == ["checkpoint-10", "checkpoint-20", "checkpoint-40", "checkpoint-50", "checkpoint-60"]
+
+
+def test_retention_never_deletes_the_newest_complete_checkpoint() -> None:
+    infos = [ck.CheckpointInfo(f"checkpoint-{s}", s, {"reward": 1.0 - s / 100}) for s in (1, 2, 3)]
+    keep = ck.retention_keep(infos, keep_last=0, keep_best=1)
+    assert "checkpoint-3" in keep and "checkpoint-1" in keep
+
+
+def _failure(code: int, ts: int) -> SimpleNamespace:
+    return SimpleNamespace(exitcode=code, timestamp=ts)
+
+
+def test_exit_code_prefers_permanent_then_oom_then_first_failure() -> None:
+    assert exit_code_for({0: _failure(-15, 2), 1: _failure(EXIT_PERMANENT, 3)}) == (EXIT_PERMANENT, 1)
+    assert exit_code_for({0: _failure(EXIT_CUDA_OOM, 5), 1: _failure(1, 1)}) == (EXIT_CUDA_OOM, 0)
+    assert exit_code_for({0: _failure(-9, 2), 1: _failure(1, 1)}) == (1, 1)
+    assert exit_code_for({0: _failure(-9, 1)}) == (137, 0)
+
+
+def test_builtin_rewards_semantics() -> None:
+    assert builtin.repeat_char([], ["aaab", "bbbbbb"], target=["a", "a"], length=4) == [0.75, 0.0]
+    assert builtin.exact_match([], [" 12 ", "123"], answer=["12", "12"]) == [1.0, 0.0]
+    assert builtin.exact_match([], ["123"], answer=["12"], prefix=True) == [1.0]
+    assert builtin.regex_match([], ["<a>x</a>", "x"], pattern=r"<a>.*</a>") == [1.0, 0.0]
+    assert builtin.length_penalty([], ["x" * 10, "x" * 100], target_length=10) == [0.0, -1.0]
+    assert builtin.digit_match([], ["12", "19"], answer=["12", "12"]) == [1.0, 0.5]
+    conversational = [[{"role": "assistant", "content": "42"}]]
+    assert builtin.exact_match([], conversational, answer=["42"]) == [1.0]
+
+
+def test_checked_reward_names_the_function_on_each_kind_of_failure() -> None:
+    def raises(prompts, completions, **kw):
+        raise KeyError("answer")
+
+    with pytest.raises(RewardFunctionError, match="reward function scorer: raised KeyError"):
+        checked_reward(raises, "scorer", {})(prompts=["p"], completions=["c"])
+    with pytest.raises(RewardFunctionError, match="returned 1 values for 2 completions"):
+        checked_reward(lambda prompts, completions, **k: [1.0], "scorer", {})(prompts=["p"] * 2, completions=["c"] * 2)
+    with pytest.raises(RewardFunctionError, match="returned NaN"):
+        checked_reward(lambda prompts, completions, **k: [float("nan")], "scorer", {})(prompts=["p"], completions=["c"])
+    ok = checked_reward(builtin.repeat_char, "repeat_char", {"length": 2})
+    assert ok(prompts=["aa"], completions=["ab"], target=["a"]) == [0.5]
+    assert ok.__name__ == "repeat_char"
+
+
+def test_resolve_rewards_keeps_weights_and_distinct_names() -> None:
+    funcs, weights = resolve_rewards([RewardSpec(name="exact_match", weight=2.0), RewardSpec(name="exact_match")])
+    assert [f.__name__ for f in funcs] == ["exact_match", "exact_match_1"]
+    assert weights == [2.0, 1.0]
+    with pytest.raises(PermanentError, match=r"spec.training.rewards\[0\].name: cannot import module"):
+        resolve_rewards([RewardSpec(name="nope_mod:f")])
+
+
+def test_manifest_errors_list_every_problem_with_its_path() -> None:
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
+           "spec": {"training": {"maxSteps": 0, "rewards": [{"name": "repeat_char", "weight": "heavy"}]},
+                    "checkpoint": {"keepLast": 0}}}
+    with pytest.raises(ManifestError) as e:
+        parse_job(doc)
+    paths = sorted(p.split(":")[0] for p in e.value.problems)
+    assert paths == ["spec.checkpoint.keepLast", "spec.training.maxSteps", "spec.training.rewards[0].weight"]
+
+
+def test_trainer_config_round_trips_through_json() -> None:
+    from rljob_trainer.config import TrainerConfig
+
+    job = parse_job({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
+                     "spec": {"workers": {"replicas": 2, "procsPerWorker": 4}, "training": {"batchSize": 4}}})
+    cfg = job.trainer_config("/out")
+    assert cfg.world_size == 8
+    again = TrainerConfig.model_validate_json(cfg.model_dump_json(by_alias=True))
+    assert again == cfg
+    assert cfg.checkpoint_location() == "/out/checkpoints"
