@@ -26,10 +26,18 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 	$(PY) -m pytest -m "not trainer and not cluster and not s3" $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
-	.venv/bin/ruff check operator trainer tests bench
-	.venv/bin/mypy operator/rljob_operator/api.py trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints.py trainer/rljob_trainer/builtin/rewards.py
+	.venv/bin/ruff check operator trainer tests bench charts/rljob/hack
+	.venv/bin/mypy operator/rljob_operator trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints.py \
+		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py
 
 clean: ## Remove run outputs and caches in the checkout
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
 
 include $(wildcard mk/*.mk)
+
+bench: venv ## Run the benchmarks, write bench/results/*.json and the table in bench/README.md
+	$(PY) -m bench.trainer_overhead
+	$(PY) -m bench.gpu_grpo --small
+	@if [ -f bench/checkpoint_upload.py ]; then $(PY) -m bench.checkpoint_upload; fi
+	@if [ -f bench/operator_scale.py ]; then $(PY) -m bench.operator_scale; fi
+	$(PY) -m bench.report

@@ -1,43 +1,56 @@
-"""A plain TRL GRPOTrainer script — what a user would write by hand — for the parity test.
+"""A plain TRL GRPOTrainer script — what a user would write by hand — for parity tests and benchmarks.
 
 It builds the same tiny model, data and reward as the quickstart (rljob's built-ins are just
 data and functions) and trains with TRL directly: no rljob launcher, config or callbacks.
-Usage: python tests/plain_trl_grpo.py OUT_DIR MAX_STEPS
+
+    python tests/plain_trl_grpo.py OUT_DIR MAX_STEPS [--model-overrides JSON] [--batch N]
+        [--max-completion-length N] [--bf16]
+    python -m torch.distributed.run --nproc-per-node 2 tests/plain_trl_grpo.py OUT_DIR MAX_STEPS
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 from datasets import Dataset
+from transformers import AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
 from rljob_trainer.builtin.rewards import repeat_char
 from rljob_trainer.builtin.tasks import builtin_rows
 from rljob_trainer.builtin.tiny_model import materialize_builtin_model
-from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
 
 
 def repeat_char_reward(prompts, completions, target, **kwargs):
     return repeat_char(prompts, completions, target, length=6)
 
 
-def main(out: str, max_steps: int) -> None:
-    model_dir = materialize_builtin_model(f"{out}/model", {}, seed=0)
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("max_steps", type=int)
+    p.add_argument("--model-overrides", default="{}")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--max-completion-length", type=int, default=6)
+    p.add_argument("--bf16", action="store_true")
+    a = p.parse_args()
+    out = a.out
+    model_dir = materialize_builtin_model(f"{out}/model", json.loads(a.model_overrides), seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dataset = Dataset.from_list(builtin_rows("builtin:repeat-char", 2048, seed=0))
     args = GRPOConfig(
         output_dir=f"{out}/trl",
-        per_device_train_batch_size=16,
+        per_device_train_batch_size=a.batch,
         num_generations=8,
-        max_completion_length=6,
+        max_completion_length=a.max_completion_length,
         learning_rate=0.003,
         lr_scheduler_type="constant",
         temperature=1.0,
-        max_steps=max_steps,
+        max_steps=a.max_steps,
         seed=0,
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not a.bf16,
+        bf16=a.bf16,
         beta=0.0,
         logging_steps=1,
         save_strategy="no",
@@ -47,10 +60,17 @@ def main(out: str, max_steps: int) -> None:
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[repeat_char_reward], args=args,
                           train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
-    history = [h for h in trainer.state.log_history if "reward" in h]
+    if not trainer.is_world_process_zero():
+        return
+    logs = trainer.state.log_history
+    history = [h for h in logs if "reward" in h]
+    runtime = next(h["train_runtime"] for h in logs if "train_runtime" in h)
+    tokens = max((float(h["num_tokens"]) for h in logs if "num_tokens" in h), default=0.0)
     with open(f"{out}/history.json", "w") as f:
         json.dump([{"step": h["step"], "reward": h["reward"], "loss": h["loss"]} for h in history], f)
+    with open(f"{out}/runtime.json", "w") as f:
+        json.dump({"train_runtime": runtime, "steps": trainer.state.global_step, "num_tokens": tokens}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main()

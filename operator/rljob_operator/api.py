@@ -1,20 +1,26 @@
 """The RLTrainingJob API (``rljob.dev/v1alpha1``): pydantic models, the single source of truth.
 
-The CRD in ``crds/`` and in the Helm chart is generated from these models (``rljob crd``).
-The trainer owns ``spec.training`` and ``spec.checkpoint`` (``rljob_trainer.config``);
-this module embeds them beside the cluster fields.
+The CRD in ``crds/`` and in the Helm chart is generated from these models (``rljob crd``,
+``rljob_operator.crd``). The trainer owns ``spec.training`` and ``spec.checkpoint``
+(``rljob_trainer.config``); this module embeds them beside the cluster fields
+(``image``, ``workers``, ``runPolicy``) and the status the operator writes.
+
+Every cross-field rule checked here is also a CEL rule in the CRD, so the API server
+rejects the same manifests ``rljob validate`` does.
 """
 
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
-
 from rljob_trainer.config import (
+    BUILTIN_MODEL_PREFIX,
+    BUILTIN_MODELS,
     CheckpointSpec,
     Model,
     TrainerConfig,
@@ -30,13 +36,19 @@ KIND = "RLTrainingJob"
 PLURAL = "rltrainingjobs"
 SINGULAR = "rltrainingjob"
 SHORT_NAMES = ["rltj"]
+CATEGORIES = ["all", "rljob"]
 DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+#: Longest job name: ``<name>-worker-1023`` must stay a DNS label (63 characters).
+MAX_NAME_LENGTH = 50
 
 
 class ObjectMeta(Model):
     """The parts of metadata a manifest may carry."""
 
-    name: str = Field(..., min_length=1, max_length=50, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    name: str = Field(
+        ..., min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
     namespace: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
@@ -45,16 +57,180 @@ class ObjectMeta(Model):
     model_config = Model.model_config | {"extra": "allow"}
 
 
+class ImagePullPolicy(StrEnum):
+    always = "Always"
+    if_not_present = "IfNotPresent"
+    never = "Never"
+
+
+class ResourceRequirements(Model):
+    """CPU, memory and other resources of each worker pod (GPUs come from gpusPerWorker)."""
+
+    requests: dict[str, int | str] = Field(
+        default_factory=dict, description="Minimum resources, for example cpu: 8, memory: 64Gi."
+    )
+    limits: dict[str, int | str] = Field(
+        default_factory=dict, description="Maximum resources; GPU limits are set from gpusPerWorker."
+    )
+
+
+class EnvVar(Model):
+    """An environment variable of the trainer container."""
+
+    name: str = Field(..., min_length=1, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        None, description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...)."
+    )
+
+
+class WorkerPodsSpec(WorkersSpec):
+    """The worker pods: one pod per torchrun node, procsPerWorker processes in each."""
+
+    min_replicas: int | None = Field(
+        None, ge=1, le=1024, description="Fewest workers the job may run with (autoscaling lower bound)."
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, le=1024, description="Most workers the job may run with (autoscaling upper bound)."
+    )
+    gpus_per_worker: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="GPUs requested (and limited) per worker pod. Default: procsPerWorker. 0 runs on CPU.",
+    )
+    gpu_resource: str = Field(
+        DEFAULT_GPU_RESOURCE,
+        min_length=1,
+        description="Extended resource name of a GPU (nvidia.com/gpu, amd.com/gpu); pods tolerate its taint.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU, memory and other resources of each worker pod.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra tolerations (Kubernetes Toleration); the GPU taint is tolerated already.",
+    )
+    affinity: dict[str, Any] | None = Field(None, description="Kubernetes Affinity of the worker pods.")
+    priority_class_name: str | None = Field(None, description="PriorityClass of the worker pods.")
+    service_account_name: str | None = Field(
+        None, description="Service account of the worker pods (for example one with S3 access through IRSA)."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment of the trainer container.")
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra pod volumes (Kubernetes Volume)."
+    )
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra mounts of the trainer container (Kubernetes VolumeMount)."
+    )
+    pod_template: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "Escape hatch: a partial Pod ({metadata: {labels, annotations}, spec: {...}}) merged over the "
+            "built pod. Maps merge key by key, containers and volumes merge by name, other lists replace. "
+            "The operator's names, labels, restartPolicy, rendezvous env and command always win."
+        ),
+    )
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per worker pod."""
+        return self.procs_per_worker if self.gpus_per_worker is None else self.gpus_per_worker
+
+    @model_validator(mode="after")
+    def _bounds_and_gpus(self) -> WorkerPodsSpec:
+        if self.min_replicas is not None and self.min_replicas > self.replicas:
+            raise ValueError(f"@minReplicas: must be ≤ replicas ({self.min_replicas} > {self.replicas})")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(f"@maxReplicas: must be ≥ replicas ({self.max_replicas} < {self.replicas})")
+        for section in ("requests", "limits"):
+            if self.gpu_resource in getattr(self.resources, section):
+                raise ValueError(
+                    f"@resources.{section}: do not set {self.gpu_resource} here; use gpusPerWorker"
+                )
+        return self
+
+
+class RestartPolicy(StrEnum):
+    on_failure = "OnFailure"
+    exit_code = "ExitCode"
+    never = "Never"
+
+
+class RunPolicy(Model):
+    """How the job runs as a whole: suspension, deadline, restarts, health checks and clean-up."""
+
+    suspend: bool = Field(
+        False, description="true deletes the worker pods and keeps everything else; false recreates them."
+    )
+    active_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        description="Seconds the job may run (counted from its start or last resume) before it fails "
+        "with reason DeadlineExceeded.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the job (and its pods) this many seconds after it succeeds or fails."
+    )
+    restart_policy: RestartPolicy = Field(
+        RestartPolicy.on_failure,
+        description="When a failed worker restarts the gang: OnFailure (every exit but the trainer's permanent "
+        "code 78), ExitCode (codes 1-127 and 78 are permanent, 128-255 retryable) or Never.",
+    )
+    backoff_limit: int = Field(
+        3, ge=0, le=1000,
+        description="Gang restarts after worker failures before the job fails with BackoffLimitExceeded. "
+        "Disruptions (node lost, eviction, preemption) do not count.",
+    )
+    backoff_base_seconds: float = Field(
+        10.0, ge=0, le=86400,
+        description="Wait before the first gang restart; doubled for every further restart.",
+    )
+    backoff_max_seconds: float = Field(
+        600.0, ge=0, le=86400, description="Longest wait between gang restarts."
+    )
+    oom_recovery: bool = Field(
+        True,
+        description="After an out-of-memory failure (OOMKilled, or the trainer's CUDA OOM exit code 200) restart "
+        "with half the per-device batchSize and twice gradientAccumulationSteps (same global batch).",
+    )
+    oom_min_batch_size: int = Field(
+        1, ge=1, description="Smallest per-device batchSize OOM recovery goes down to."
+    )
+    stall_timeout_seconds: int = Field(
+        600, ge=1,
+        description="Restart the gang when no progress heartbeat arrives for this long (a hung job).",
+    )
+    startup_timeout_seconds: int = Field(
+        1800, ge=1,
+        description="Restart the gang when the first heartbeat of a new gang has not arrived after this long.",
+    )
+    check_interval_seconds: int = Field(
+        30, ge=1, description="How often a running job's heartbeats are checked."
+    )
+
+
 class RLTrainingJobSpec(Model):
     """Desired state of an RL post-training run."""
 
     image: str = Field(DEFAULT_IMAGE, min_length=1, description="Trainer container image.")
-    workers: WorkersSpec = Field(default_factory=WorkersSpec, description="Worker pods and processes.")  # type: ignore[arg-type]
-    training: TrainingSpec = Field(default_factory=TrainingSpec, description="The training run.")  # type: ignore[arg-type]
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")  # type: ignore[arg-type]
+    image_pull_policy: ImagePullPolicy | None = Field(
+        None, description="Always, IfNotPresent or Never (default: Kubernetes' rule for the tag)."
+    )
+    workers: WorkerPodsSpec = Field(default_factory=WorkerPodsSpec, description="Worker pods and processes.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="The training run.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspension, deadline and clean-up.")
 
     @model_validator(mode="after")
     def _generation_batch_fits(self) -> RLTrainingJobSpec:
+        model = self.training.model
+        if model.startswith(BUILTIN_MODEL_PREFIX) and model not in BUILTIN_MODELS:
+            # The trainer checks this when it starts; the cluster should refuse it at once.
+            raise ValueError(f"@training.model: unknown built-in model {model!r}; choose one of "
+                             f"{', '.join(BUILTIN_MODELS)}")
         world = self.workers.replicas * self.workers.procs_per_worker
         try:
             check_generation_batch(self.training, world)
@@ -63,14 +239,120 @@ class RLTrainingJobSpec(Model):
         return self
 
 
+# ----------------------------------------------------------------------------- status
+
+
+class Phase(StrEnum):
+    pending = "Pending"
+    starting = "Starting"
+    running = "Running"
+    succeeded = "Succeeded"
+    failed = "Failed"
+    suspended = "Suspended"
+    restarting = "Restarting"
+
+
+FINISHED_PHASES = frozenset({Phase.succeeded.value, Phase.failed.value})
+
+
+class StatusModel(Model):
+    """Status is written by the operator and read back leniently (unknown fields are ignored)."""
+
+    model_config = Model.model_config | {"extra": "ignore"}
+
+
+class Condition(StatusModel):
+    """A kstatus-compatible condition."""
+
+    type: str = Field(..., description="Ready, Reconciling, Stalled, Succeeded, Failed or Suspended.")
+    status: str = Field(..., description="True, False or Unknown.", pattern=r"^(True|False|Unknown)$")
+    reason: str = Field("", description="CamelCase reason for the last transition.")
+    message: str = Field("", description="Human-readable details.")
+    last_transition_time: str | None = Field(
+        None, description="When status last changed (RFC 3339).", json_schema_extra={"format": "date-time"}
+    )
+    observed_generation: int | None = Field(None, description="metadata.generation this condition is about.")
+
+
+class WorkersStatus(StatusModel):
+    """Worker pods as last observed."""
+
+    desired: int = Field(0, description="Worker pods the spec asks for (0 while suspended or finished).")
+    active: int = Field(0, description="Worker pods that exist and have not finished.")
+    ready: int = Field(0, description="Worker pods whose trainer reports ready.")
+    succeeded: int = Field(0, description="Worker pods that exited 0.")
+    failed: int = Field(0, description="Worker pods that exited non-zero.")
+    summary: str = Field("", description="ready/desired, for kubectl get.")
+
+
+class Progress(StatusModel):
+    """Training progress reported by rank 0's heartbeats (the status API)."""
+
+    step: int | None = Field(None, description="Optimizer steps completed.")
+    reward: float | None = Field(None, description="Mean total reward of the last logged step.")
+    loss: float | None = Field(None, description="Training loss of the last logged step.")
+    checkpoint: str | None = Field(None, description="Newest complete checkpoint.")
+    best_checkpoint: str | None = Field(None, description="Best kept checkpoint by spec.checkpoint.bestMetric.")
+    best_metric: float | None = Field(None, description="That checkpoint's value of bestMetric.")
+    last_heartbeat: str | None = Field(None, description="When the last heartbeat arrived (RFC 3339).")
+
+
+class LastFailure(StatusModel):
+    """The last worker failure the operator acted on."""
+
+    worker: str | None = Field(None, description="The worker pod that failed.")
+    reason: str = Field("", description="CamelCase reason (WorkerFailed, OOMKilled, HeartbeatTimeout, ...).")
+    exit_code: int | None = Field(None, description="The trainer container's exit code, when it exited.")
+    message: str = Field("", description="What happened (the first line of the trainer's error).")
+    time: str | None = Field(None, description="When the operator saw it (RFC 3339).")
+    disruption: bool = Field(False, description="Caused by the cluster (node lost, eviction, preemption).")
+
+
+class OomRecovery(StatusModel):
+    """The batch shape OOM recovery chose (the ConfigMap carries it)."""
+
+    batch_size: int = Field(..., description="Per-device batchSize the gang runs with.")
+    gradient_accumulation_steps: int = Field(..., description="gradientAccumulationSteps the gang runs with.")
+
+
+class RLTrainingJobStatus(StatusModel):
+    """Observed state of an RL post-training run (written by the operator)."""
+
+    phase: Phase | None = Field(
+        None, description="Pending, Starting, Running, Restarting, Succeeded, Failed or Suspended."
+    )
+    reason: str | None = Field(None, description="CamelCase reason of the current phase.")
+    message: str | None = Field(None, description="Human-readable details of the current phase.")
+    observed_generation: int | None = Field(None, description="metadata.generation last acted on.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="kstatus-compatible conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    workers: WorkersStatus | None = Field(None, description="Worker pods as last observed.")
+    gang_generation: int | None = Field(
+        None, description="Which start of the worker gang the pods belong to (label rljob.dev/gang-generation)."
+    )
+    selector: str | None = Field(None, description="Label selector of the worker pods (scale subresource).")
+    start_time: str | None = Field(None, description="When the pods were first created (or last resumed).")
+    completion_time: str | None = Field(None, description="When the job succeeded or failed.")
+    progress: Progress | None = Field(None, description="Training progress from the trainer's heartbeats.")
+    restarts: int = Field(0, description="Gang restarts after worker failures (counted against backoffLimit).")
+    disruptions: int = Field(0, description="Gang restarts after disruptions (not counted).")
+    last_failure: LastFailure | None = Field(None, description="The last failure the operator acted on.")
+    next_restart_time: str | None = Field(None, description="When the Restarting gang's pods are created.")
+    gang_start_time: str | None = Field(None, description="When the current gang's pods were created.")
+    oom_recovery: OomRecovery | None = Field(None, description="Reduced batch shape after out-of-memory failures.")
+
+
 class RLTrainingJob(Model):
     """An RL post-training job: one manifest for a laptop (``rljob train``) and a cluster."""
 
     api_version: str = Field(API_VERSION, alias="apiVersion")
     kind: str = Field(KIND)
     metadata: ObjectMeta
-    spec: RLTrainingJobSpec = Field(default_factory=RLTrainingJobSpec)  # type: ignore[arg-type]
-    status: dict[str, Any] | None = None
+    spec: RLTrainingJobSpec = Field(default_factory=RLTrainingJobSpec)
+    status: RLTrainingJobStatus | None = None
 
     @model_validator(mode="after")
     def _kind_and_version(self) -> RLTrainingJob:

@@ -4,6 +4,8 @@
 * ``rljob validate MANIFEST...`` — offline validation; non-zero exit with field paths on error.
 * ``rljob crd`` — print the RLTrainingJob CustomResourceDefinition (generated from the models).
 * ``rljob operator`` — run the operator (kopf watches, reconcile, status API, metrics).
+* ``rljob checkpoints list|verify|prune URI`` — inspect, verify (local vs remote checksums) and prune
+  checkpoints on object storage (``s3://bucket/prefix``) or in a folder.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rljob_operator.api import ManifestError, load_job, load_jobs
+
+if TYPE_CHECKING:
+    from rljob_trainer.checkpoint_store import Location
 
 EXIT_PERMANENT = 78  # mirrors rljob_trainer.errors without importing the trainer's runtime
 
@@ -101,6 +107,135 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return run(settings)
 
 
+def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
+    """(location, single checkpoint name or None) for a checkpoints command's URI."""
+    from rljob_trainer.checkpoint_store import location_for, split_checkpoint_uri
+
+    root, name = split_checkpoint_uri(args.uri)
+    return location_for(root, endpoint_url=args.endpoint_url, region=args.region), name
+
+
+def _storage_failure(e: Exception) -> int:
+    print(f"rljob: error: {e}", file=sys.stderr)
+    return 1
+
+
+def cmd_checkpoints_list(args: argparse.Namespace) -> int:
+    from rljob_trainer.checkpoint_store import StorageError
+
+    loc, only = _checkpoint_root(args)
+    try:
+        listing = loc.listing()
+    except StorageError as e:
+        return _storage_failure(e)
+    complete = {c.name: c for c in listing.complete}
+    rows: list[dict[str, Any]] = []
+    for name in sorted(listing.objects, key=lambda n: int(n.rsplit("-", 1)[1])):
+        if only and name != only:
+            continue
+        info, objects = complete.get(name), listing.objects[name]
+        rows.append({
+            "name": name, "complete": info is not None, "latest": name == listing.latest,
+            "files": len(objects), "bytes": sum(size for size, _ in objects.values()),
+            "metrics": info.metrics if info else {},
+        })
+    if args.json:
+        print(json.dumps({"location": loc.uri, "latest": listing.latest, "checkpoints": rows}, indent=1))
+        return 0
+    print(f"{'NAME':<20} {'STATUS':<11} {'FILES':>5} {'MB':>9}  METRICS")
+    for r in rows:
+        status = "complete" if r["complete"] else "incomplete"
+        metrics = " ".join(f"{k}={v:.4g}" for k, v in r["metrics"].items())
+        mark = "  <- latest" if r["latest"] else ""
+        print(f"{r['name']:<20} {status:<11} {r['files']:>5} {r['bytes'] / 1e6:>9.2f}  {metrics}{mark}")
+    return 0
+
+
+def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rljob_trainer.checkpoint_store import StorageError, compare_checkpoint
+
+    loc, only = _checkpoint_root(args)
+    try:
+        listing = loc.listing()
+    except StorageError as e:
+        return _storage_failure(e)
+    targets = [c for c in listing.complete if only is None or c.name == only]
+    if not targets:
+        print(f"rljob: error: no complete checkpoint {only or ''} at {loc.uri}", file=sys.stderr)
+        return 1
+    local = Path(args.local) if args.local else None
+    bad = 0
+    for info in targets:
+        local_dir = None
+        if local is not None:  # a checkpoint folder itself, or a folder of checkpoints
+            local_dir = local if (local / "rljob-manifest.json").exists() or local.name == info.name else local / info.name
+            if only is None and not local_dir.is_dir():
+                print(f"{info.name}: no local copy under {local}; skipped")
+                continue
+        try:
+            checks = compare_checkpoint(loc, listing, info, local_dir)
+        except StorageError as e:
+            return _storage_failure(e)
+        for c in checks:
+            bad += not c.ok
+            print(f"{'ok' if c.ok else 'MISMATCH':<8} {c.checkpoint}/{c.file}: {c.detail}")
+    print(f"{bad} mismatch(es) in {len(targets)} checkpoint(s) at {loc.uri}")
+    return 1 if bad else 0
+
+
+def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
+    from rljob_trainer.checkpoint_store import StorageError
+    from rljob_trainer.checkpoints import retention_plan
+
+    loc, _ = _checkpoint_root(args)
+    try:
+        listing = loc.listing()
+        doomed = retention_plan(listing.complete, listing.incomplete(), args.keep_last, args.keep_best,
+                                args.best_metric, set(args.protect or ()))
+        for name in doomed:
+            print(f"{'would delete' if args.dry_run else 'deleting'} {loc.child_uri(name)}")
+            if not args.dry_run:
+                loc.delete(name)
+    except StorageError as e:
+        return _storage_failure(e)
+    print(f"kept {len(listing.complete) - len([n for n in doomed if n in {c.name for c in listing.complete}])} "
+          f"complete checkpoint(s) at {loc.uri}")
+    return 0
+
+
+def add_checkpoints_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "checkpoints", help="list, verify or prune checkpoints on object storage or in a folder",
+        description="Checkpoints at URI: s3://bucket/prefix (credentials from the AWS_* environment or "
+        "the instance/service-account role) or a local folder; URI may name one checkpoint (…/checkpoint-40).",
+    )
+    cmds = p.add_subparsers(dest="checkpoints_command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("uri", help="s3://bucket/prefix, a folder, or either followed by /checkpoint-N")
+    common.add_argument("--endpoint-url", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
+    common.add_argument("--region", help="S3 region (default: AWS_REGION)")
+
+    c = cmds.add_parser("list", parents=[common], help="checkpoints, complete or not, and where latest points")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(func=cmd_checkpoints_list)
+
+    c = cmds.add_parser("verify", parents=[common],
+                        help="compare stored files with their manifest and, with --local, with a local copy")
+    c.add_argument("--local", help="local checkpoint folder (or folder of checkpoints) to compare file by file")
+    c.set_defaults(func=cmd_checkpoints_verify)
+
+    c = cmds.add_parser("prune", parents=[common], help="apply retention: keep the newest N and the best K")
+    c.add_argument("--keep-last", type=int, required=True, help="newest complete checkpoints kept (the newest "
+                   "is always kept)")
+    c.add_argument("--keep-best", type=int, default=0, help="also keep the K best by --best-metric")
+    c.add_argument("--best-metric", default="reward", help="manifest metric ranking checkpoints (higher is better)")
+    c.add_argument("--protect", action="append", help="never delete this checkpoint (repeatable)")
+    c.add_argument("--dry-run", action="store_true", help="print what would be deleted")
+    c.set_defaults(func=cmd_checkpoints_prune)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rljob", description="RL post-training of language models on Kubernetes")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--identity", help="this replica's Lease holder identity (default: hostname-random)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(func=cmd_operator)
+
+    add_checkpoints_parser(sub)
     return parser
 
 

@@ -6,6 +6,10 @@ written last, atomically, after every rank has finished saving. Only then does t
 ``latest`` pointer move (also atomically). Anything without a manifest is incomplete and
 ignored by resume and retention alike; a resume verifies checksums and falls back to the
 previous complete checkpoint when one does not match.
+
+The same layout and rules hold on object storage (``rljob_trainer.checkpoint_store``); for
+that the manifest also records each file's expected S3 ETag (``etag``) for the multipart part
+size the uploader uses, so a bucket listing alone verifies an upload.
 """
 
 from __future__ import annotations
@@ -46,6 +50,38 @@ def file_md5(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def multipart_etag(part_md5s: list[bytes]) -> str:
+    """The ETag S3 gives a multipart upload: MD5 of the parts' binary MD5s, then ``-<parts>``."""
+    return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
+
+
+def file_digests(path: str | os.PathLike[str], part_size: int | None) -> tuple[str, str]:
+    """(MD5, expected S3 ETag) of a file in one read.
+
+    ``part_size`` is the multipart part size the upload uses for this file, or None for a single
+    PUT (whose ETag is the MD5 itself).
+    """
+    whole = hashlib.md5(usedforsecurity=False)
+    parts: list[bytes] = []
+    with open(path, "rb") as f:
+        while True:
+            part = hashlib.md5(usedforsecurity=False)
+            remaining = part_size or (1 << 62)
+            read = 0
+            while remaining > 0 and (block := f.read(min(1 << 20, remaining))):
+                whole.update(block)
+                part.update(block)
+                remaining -= len(block)
+                read += len(block)
+            if read == 0:
+                break
+            parts.append(part.digest())
+            if part_size is None or remaining > 0:
+                break
+    md5 = whole.hexdigest()
+    return md5, (multipart_etag(parts) if part_size is not None else md5)
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` so readers see the old content or the new, never a torn file."""
     path = Path(path)
@@ -62,14 +98,40 @@ def step_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def build_manifest(ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[str, float]) -> dict[str, Any]:
+S3_MIN_PART = 5 << 20
+S3_MAX_PART = 5 << 30
+S3_MAX_PARTS = 10_000
+
+
+def s3_part_size(part_size: int, file_size: int) -> int | None:
+    """The part size boto3's transfer manager uses for a file (None: one PUT, when smaller than
+    ``part_size``), as s3transfer's ``ChunksizeAdjuster`` computes it: doubled until the parts fit
+    S3's 10,000-part limit, then clamped to 5 MiB..5 GiB."""
+    if file_size < part_size:
+        return None
+    chunk = part_size
+    while -(-file_size // chunk) > S3_MAX_PARTS:
+        chunk *= 2
+    return min(max(chunk, S3_MIN_PART), S3_MAX_PART)
+
+
+def build_manifest(
+    ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[str, float], part_size: int | None = None
+) -> dict[str, Any]:
+    """The manifest of a checkpoint folder. With ``part_size`` (the uploader's multipart part size),
+    each file also gets the ETag S3 will report for it, computed in the same read as the MD5."""
     ckpt_dir = Path(ckpt_dir)
-    files = {}
+    files: dict[str, dict[str, Any]] = {}
     for p in sorted(ckpt_dir.rglob("*")):
         if p.is_file() and p.name != MANIFEST and not p.name.startswith("."):
             rel = p.relative_to(ckpt_dir).as_posix()
-            files[rel] = {"size": p.stat().st_size, "md5": file_md5(p)}
-    return {
+            size = p.stat().st_size
+            if part_size is None:
+                files[rel] = {"size": size, "md5": file_md5(p)}
+            else:
+                md5, etag = file_digests(p, s3_part_size(part_size, size))
+                files[rel] = {"size": size, "md5": md5, "etag": etag}
+    manifest: dict[str, Any] = {
         "format": 1,
         "name": ckpt_dir.name,
         "step": step,
@@ -77,12 +139,17 @@ def build_manifest(ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[st
         "files": files,
         "created": time.time(),
     }
+    if part_size is not None:
+        manifest["part_size"] = part_size
+    return manifest
 
 
-def seal_checkpoint(ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[str, float]) -> CheckpointInfo:
+def seal_checkpoint(
+    ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[str, float], part_size: int | None = None
+) -> CheckpointInfo:
     """Write the manifest (making the checkpoint complete) and move ``latest`` to it."""
     ckpt_dir = Path(ckpt_dir)
-    manifest = build_manifest(ckpt_dir, step, metrics)
+    manifest = build_manifest(ckpt_dir, step, metrics, part_size)
     atomic_write_text(ckpt_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     atomic_write_text(ckpt_dir.parent / LATEST, ckpt_dir.name + "\n")
     return CheckpointInfo(ckpt_dir.name, step, metrics, manifest["files"])
@@ -161,6 +228,26 @@ def retention_keep(
     return keep | (protect or set())
 
 
+def retention_plan(
+    complete: list[CheckpointInfo],
+    incomplete: list[str],
+    keep_last: int,
+    keep_best: int = 0,
+    best_metric: str = "reward",
+    protect: set[str] | None = None,
+) -> list[str]:
+    """Names to delete at one location: complete checkpoints outside the kept set, and incomplete
+    ones older than the newest complete one (debris of a crash or a failed upload; a newer incomplete
+    one may still be being written). Pure, so local folders and bucket listings share it."""
+    if not complete:
+        return []
+    keep = retention_keep(complete, keep_last, keep_best, best_metric, protect)
+    newest = max(c.step for c in complete)
+    doomed = [c.name for c in complete if c.name not in keep]
+    doomed += [n for n in incomplete if (s := step_of(n)) is not None and s < newest and n not in keep]
+    return sorted(doomed, key=lambda n: step_of(n) or 0)
+
+
 def apply_retention(
     root: str | os.PathLike[str],
     keep_last: int,
@@ -173,19 +260,17 @@ def apply_retention(
     Returns the names deleted."""
     root = Path(root)
     complete = complete_checkpoints(root)
-    if not complete:
-        return []
-    keep = retention_keep(complete, keep_last, keep_best, best_metric, protect)
-    newest = complete[-1].step
     complete_names = {c.name for c in complete}
-    deleted = []
-    for child in sorted(root.iterdir()):
-        step = step_of(child.name)
-        if step is None or not child.is_dir() or child.name in keep:
-            continue
-        if child.name in complete_names or step < newest:
-            # Remove the manifest first so a crash mid-delete leaves an incomplete (ignored) folder.
-            (child / MANIFEST).unlink(missing_ok=True)
-            shutil.rmtree(child, ignore_errors=True)
-            deleted.append(child.name)
+    incomplete = [c.name for c in root.iterdir() if c.is_dir() and step_of(c.name) is not None
+                  and c.name not in complete_names] if root.is_dir() else []
+    deleted = retention_plan(complete, incomplete, keep_last, keep_best, best_metric, protect)
+    for name in deleted:
+        delete_checkpoint(root / name)
     return deleted
+
+
+def delete_checkpoint(ckpt_dir: str | os.PathLike[str]) -> None:
+    """Remove the manifest first, so a crash mid-delete leaves an incomplete (ignored) folder."""
+    ckpt_dir = Path(ckpt_dir)
+    (ckpt_dir / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)

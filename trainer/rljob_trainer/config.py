@@ -12,7 +12,7 @@ import re
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 BUILTIN_MODEL_PREFIX = "builtin:"
@@ -173,30 +173,141 @@ MANAGED_TRL_FIELDS = frozenset(
 )
 
 
+#: Manifest keys that look like credentials: refused with a pointer to credentialsSecret.
+CREDENTIAL_KEYS = frozenset(
+    k.lower()
+    for k in (
+        "accessKeyId", "secretAccessKey", "sessionToken", "awsAccessKeyId", "awsSecretAccessKey",
+        "awsSessionToken", "secretKey", "accessKey", "credentials", "password",
+    )
+)
+#: A Kubernetes object name (DNS-1123 subdomain).
+K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _refuse_credentials(data: Any) -> Any:
+    if isinstance(data, dict):
+        for key in data:
+            if isinstance(key, str) and key.replace("_", "").lower() in CREDENTIAL_KEYS:
+                raise ValueError(
+                    f"@{key}: credentials never go in the manifest (it ends up in a ConfigMap and in Git); "
+                    "put them in a Secret named by credentialsSecret, or use the pod's service account "
+                    "(IRSA / workload identity)"
+                )
+    return data
+
+
+def _check_location(v: str) -> str:
+    if v.startswith("s3://"):
+        if len(v) <= len("s3://") or v[len("s3://")] == "/":
+            raise ValueError("s3:// location needs a bucket, for example s3://my-bucket/run1")
+    elif re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", v):
+        raise ValueError(
+            f"{v!r}: use s3://bucket/prefix (any S3-compatible endpoint, with endpointUrl) or a local path"
+        )
+    return v
+
+
+def _check_endpoint(v: str | None) -> str | None:
+    if v is None:
+        return v
+    if not re.match(r"^https?://[^/?#]+", v):
+        raise ValueError(f"{v!r} is not an http(s):// URL")
+    if "@" in v.split("://", 1)[1].split("/", 1)[0]:
+        raise ValueError("credentials never go in the endpoint URL; use credentialsSecret or the service account")
+    return v
+
+
+def _check_secret_name(v: str | None) -> str | None:
+    if v is not None and (len(v) > 253 or not K8S_NAME_RE.match(v)):
+        raise ValueError(f"{v!r} is not a Secret name (lowercase letters, digits, '-' and '.')")
+    return v
+
+
+class MirrorSpec(Model):
+    """A backup location every complete checkpoint is copied to (another bucket, region or endpoint)."""
+
+    location: str = Field(..., min_length=1, description="s3://bucket/prefix or a local path / mounted volume.")
+    endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint URL of this mirror (else the primary's rules: AWS_ENDPOINT_URL)."
+    )
+    region: str | None = Field(None, description="S3 region of this mirror (else AWS_REGION).")
+    credentials_secret: str | None = Field(
+        None,
+        description=(
+            "Secret whose keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN) the "
+            "operator exposes as environment with the prefix RLJOB_MIRROR<i>_ (i = index in mirrors), for a "
+            "mirror on another account or provider. Default: the primary's credentials."
+        ),
+    )
+
+    _no_credentials = model_validator(mode="before")(_refuse_credentials)
+    _location = field_validator("location")(_check_location)
+    _endpoint = field_validator("endpoint_url")(_check_endpoint)
+    _secret = field_validator("credentials_secret")(_check_secret_name)
+
+
 class CheckpointSpec(Model):
-    """Where and how often checkpoints are written, and how many are kept."""
+    """Where and how often checkpoints are written, and how many are kept.
+
+    Credentials are never fields: they come from the pod's service account (IRSA / workload
+    identity), the standard ``AWS_*`` environment, or the Secret named by ``credentialsSecret``.
+    """
 
     every_steps: int = Field(50, ge=1, description="Save a checkpoint every N optimizer steps.")
-    keep_last: int = Field(3, ge=1, description="Number of newest complete checkpoints kept.")
+    keep_last: int = Field(3, ge=1, description="Number of newest complete checkpoints kept (locally and remotely).")
     keep_best: int = Field(0, ge=0, description="Also keep the K best checkpoints by bestMetric.")
-    best_metric: str = Field("reward", description="Logged metric that ranks checkpoints for keepBest.")
+    best_metric: str = Field("reward", description="Logged metric that ranks checkpoints for keepBest (higher is better).")
     storage: str | None = Field(
         None,
         description=(
-            "s3://bucket/prefix or a local path / mounted volume. Default: <output>/checkpoints "
-            "(locally) or /workspace/checkpoints (in a pod)."
+            "s3://bucket/prefix (any S3-compatible endpoint) or a local path / mounted volume. Default: "
+            "<output>/checkpoints (locally) or /workspace/checkpoints (in a pod). With s3:// the trainer "
+            "writes to a local staging folder and uploads each checkpoint in the background."
         ),
     )
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint URL (else AWS_ENDPOINT_URL).")
     region: str | None = Field(None, description="S3 region (else AWS_REGION).")
-    mirrors: list[str] = Field(default_factory=list, description="Backup locations each checkpoint is copied to.")
+    credentials_secret: str | None = Field(
+        None,
+        description=(
+            "Name of a Secret in the job's namespace exposed to the trainer as environment (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN). Omit to use the pod's service account "
+            "(IRSA / workload identity)."
+        ),
+    )
+    mirrors: list[MirrorSpec] = Field(
+        default_factory=list,
+        description=(
+            "Backup locations each complete checkpoint is copied to (same protocol: files, verify, manifest, "
+            "latest). Resume falls back to a mirror when the primary is unreachable or its copy is corrupt."
+        ),
+    )
+    upload_retries: int = Field(
+        3, ge=0, le=20,
+        description=(
+            "Retries (with exponential backoff) of a failed upload of one checkpoint to one location before it "
+            "is skipped; training never waits for them."
+        ),
+    )
+    upload_timeout_seconds: int = Field(
+        900, ge=0,
+        description="At the end of training, how long to wait for pending uploads before writing the summary.",
+    )
+    part_size_mib: int = Field(
+        16, ge=5, le=5120,
+        description="Multipart part size (MiB) of uploads; files smaller than this go in one PUT.",
+    )
+    upload_concurrency: int = Field(10, ge=1, le=64, description="Parallel transfers (files and parts) of an upload.")
+
+    _no_credentials = model_validator(mode="before")(_refuse_credentials)
+    _endpoint = field_validator("endpoint_url")(_check_endpoint)
+    _secret = field_validator("credentials_secret")(_check_secret_name)
 
     @field_validator("storage")
     @classmethod
     def _storage_form(cls, v: str | None) -> str | None:
-        if v is not None and v.startswith("s3://") and len(v) <= len("s3://"):
-            raise ValueError("s3:// location needs a bucket, for example s3://my-bucket/run1")
-        return v
+        return None if v is None else _check_location(v)
 
 
 class WorkersSpec(Model):

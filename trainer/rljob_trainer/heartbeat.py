@@ -25,7 +25,9 @@ class Heartbeat:
         self.token_file = token_file
         self.ca_file = ca_file
         self.pod = pod
-        self.checkpoint: str | None = None
+        self.checkpoint: str | None = None  # newest complete checkpoint (remote when on object storage)
+        self.best_checkpoint: str | None = None  # best kept checkpoint by spec.checkpoint.bestMetric
+        self.best_metric: float | None = None  # its value of that metric
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=64)
         self._thread = threading.Thread(target=self._run, name="rljob-heartbeat", daemon=True)
         self._thread.start()
@@ -40,6 +42,7 @@ class Heartbeat:
 
     def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False) -> None:
         body = {"step": step, "reward": reward, "loss": loss, "checkpoint": self.checkpoint,
+                "best_checkpoint": self.best_checkpoint, "best_metric": self.best_metric,
                 "pod": self.pod, "final": final, "time": time.time()}
         with contextlib.suppress(queue.Full):  # the operator is slow; newer heartbeats matter more
             self._queue.put_nowait(body)

@@ -78,8 +78,10 @@ def free_port() -> int:
 def preflight(cfg: TrainerConfig) -> dict[str, str]:
     """Checks that need no GPU and no peers, so bad input fails before any process starts.
 
-    Returns environment additions for the ranks (the materialised model path).
+    Returns environment additions for the ranks (the materialised model path, the checkpoint
+    to resume from).
     """
+    from rljob_trainer.checkpoint_resume import StorageUnavailable, prepare_checkpoint_storage
     from rljob_trainer.data import check_dataset_source
     from rljob_trainer.rewards import resolve_rewards
     from rljob_trainer.worker import check_trl_fields, trl_classes
@@ -88,6 +90,13 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
     check_dataset_source(cfg.training.dataset)
     config_cls, _ = trl_classes(cfg.training.algorithm)
     check_trl_fields(config_cls, cfg.training.trl)
+    try:
+        # A denied or missing bucket is a PermanentError here, before any rank starts; every node
+        # fetches (and verifies) its own copy of the checkpoint to resume from.
+        env = prepare_checkpoint_storage(cfg)
+    except StorageUnavailable as e:
+        report_fatal(f"spec.checkpoint.storage: {e}")
+        raise SystemExit(EXIT_RETRYABLE) from e
 
     model = cfg.training.model
     cache = os.path.join(cfg.output_dir, ".cache")
@@ -97,14 +106,18 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
         from rljob_trainer.builtin.tiny_model import materialize_builtin_model
 
         path = materialize_builtin_model(cache, cfg.training.model_overrides, cfg.training.seed)
-        return {"RLJOB_MODEL_PATH": str(path)}
+        return {**env, "RLJOB_MODEL_PATH": str(path)}
     if model.startswith("s3://"):
         from rljob_trainer.storage import download_prefix
 
-        return {"RLJOB_MODEL_PATH": download_prefix(model, os.path.join(cache, "model"))}
+        return {**env, "RLJOB_MODEL_PATH": download_prefix(model, os.path.join(cache, "model"))}
     if model.startswith(("/", "./", "../")) and not os.path.isdir(model):
         raise PermanentError("spec.training.model", f"model folder {model!r} does not exist")
-    return {}
+    return env
+
+
+#: A transient failure before training (no checkpoint storage answers): the operator retries.
+EXIT_RETRYABLE = 1
 
 
 def exit_code_for(failures: dict[int, Any]) -> tuple[int, int | None]:

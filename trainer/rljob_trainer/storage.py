@@ -8,6 +8,7 @@ identity, instance roles) — never from the manifest. ``AWS_ENDPOINT_URL`` and
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +22,72 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def s3_client(endpoint_url: str | None = None, region: str | None = None) -> Any:
+def s3_client(
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    *,
+    credentials: dict[str, str] | None = None,
+    max_attempts: int = 3,
+    connect_timeout: float = 10,
+    read_timeout: float = 60,
+    max_pool_connections: int = 10,
+) -> Any:
+    """An S3 client. Credentials come from boto3's chain (``AWS_*`` env, IRSA web identity,
+    instance roles) unless ``credentials`` (from :func:`credentials_from_env`) names other keys."""
     import boto3
     from botocore.config import Config
 
-    return boto3.client(
+    session = boto3.session.Session(**(credentials or {}))
+    return session.client(
         "s3",
         endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
         region_name=region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
-        config=Config(retries={"max_attempts": 3, "mode": "standard"}),
+        config=Config(
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_pool_connections=max_pool_connections,
+        ),
     )
 
 
+def credentials_from_env(prefix: str, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """``aws_access_key_id``/``aws_secret_access_key``/``aws_session_token`` from ``<prefix>AWS_*``
+    variables (a Secret the operator exposes with an ``envFrom`` prefix), or None when absent."""
+    env = os.environ if environ is None else environ
+    key, secret = env.get(f"{prefix}AWS_ACCESS_KEY_ID"), env.get(f"{prefix}AWS_SECRET_ACCESS_KEY")
+    if not key or not secret:
+        return None
+    out = {"aws_access_key_id": key, "aws_secret_access_key": secret}
+    if env.get(f"{prefix}AWS_SESSION_TOKEN"):
+        out["aws_session_token"] = env[f"{prefix}AWS_SESSION_TOKEN"]
+    return out
+
+
+#: Error codes no retry can fix: wrong bucket, wrong or missing credentials, no permission.
+PERMANENT_CODES = frozenset({
+    "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket",
+    "InvalidBucketName", "AccountProblem", "InvalidToken", "NoCredentials", "PermanentRedirect",
+    "AuthorizationHeaderMalformed",
+})
+
+
+def error_code(e: BaseException) -> str:
+    """The S3 error code of a botocore error (``AccessDenied``…), or a name for a client-side one."""
+    response = getattr(e, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code") or response.get("ResponseMetadata", {}).get(
+            "HTTPStatusCode", type(e).__name__))
+    name = type(e).__name__
+    return "NoCredentials" if name in ("NoCredentialsError", "PartialCredentialsError") else name
+
+
+def is_permanent(e: BaseException) -> bool:
+    return error_code(e) in PERMANENT_CODES
+
+
 def _permanent_from(e: Exception, uri: str, where: str) -> PermanentError:
-    code = getattr(e, "response", {}).get("Error", {}).get("Code", type(e).__name__)
-    return PermanentError(where, f"{code} on {uri}")
+    return PermanentError(where, f"{error_code(e)} on {uri}")
 
 
 def download_object(uri: str, dest: str, where: str = "spec.training.dataset.name") -> str:

@@ -3,7 +3,8 @@
 Series (all prefixed ``rljob_trainer_``): ``step``, ``reward`` (mean total reward),
 ``reward_std``, ``reward_mean{reward=...}`` / ``reward_std_by_function{reward=...}`` per reward
 function, ``loss``, ``step_seconds``, ``tokens_per_second``, ``kl`` (when beta > 0),
-``gpu_utilization_ratio`` and ``gpu_memory_bytes`` (when a GPU is present), ``last_checkpoint_step``.
+``gpu_utilization_ratio`` and ``gpu_memory_bytes`` (when a GPU is present), ``last_checkpoint_step``,
+``checkpoint_upload_failures_total`` and ``last_checkpoint_upload_timestamp_seconds`` (object storage).
 ``/healthz`` answers 200 while the process lives; ``/readyz`` once the first step is logged.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from transformers import TrainerCallback
 
 
@@ -55,6 +56,14 @@ class TrainerMetrics:
         self.gpu_mem = Gauge("rljob_trainer_gpu_memory_bytes", "GPU memory allocated.", ["gpu"], registry=r)
         self.last_checkpoint = Gauge(
             "rljob_trainer_last_checkpoint_step", "Step of the newest complete checkpoint.", registry=r
+        )
+        self.checkpoint_upload_failures = Counter(
+            "rljob_trainer_checkpoint_upload_failures_total",
+            "Failed checkpoint upload attempts (any location; each retry counts).", registry=r
+        )
+        self.last_checkpoint_upload = Gauge(
+            "rljob_trainer_last_checkpoint_upload_timestamp_seconds",
+            "Unix time the newest checkpoint became complete on the primary object storage.", registry=r
         )
         self.ready = threading.Event()
         self._server: WSGIServer | None = None
@@ -162,6 +171,8 @@ def write_summary(
         "checkpoints": checkpoints,
         "resumed_from": resumed_from,
         "wall_seconds": round(wall_seconds, 3),
+        # The Trainer's own timing of the training loop (excludes start-up and model loading).
+        "train_runtime": next((float(h["train_runtime"]) for h in log_history if "train_runtime" in h), None),
         "reward_history": history,
         "loss_history": [(int(h["step"]), float(h["loss"])) for h in log_history if "loss" in h and "step" in h],
     }

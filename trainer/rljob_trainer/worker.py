@@ -96,7 +96,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     import torch.distributed as dist
     from transformers import AutoTokenizer, TrainerCallback
 
-    from rljob_trainer import checkpoints
+    from rljob_trainer import checkpoint_resume, checkpoint_store, checkpoint_upload, checkpoints
     from rljob_trainer.data import load_prompts
     from rljob_trainer.heartbeat import Heartbeat
     from rljob_trainer.rewards import resolve_rewards
@@ -114,11 +114,9 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         raise PermanentError("spec.training.precision", f"{cfg.training.precision} needs a GPU; use fp32 on CPU")
 
     config_cls, trainer_cls = trl_classes(cfg.training.algorithm)
-    checkpoint_dir = cfg.checkpoint_location()
-    if checkpoint_dir.startswith("s3://"):
-        from rljob_trainer.storage import local_staging_dir
-
-        checkpoint_dir = local_staging_dir(cfg)
+    # With object storage the HF Trainer writes to a local staging folder; rank 0 uploads from there.
+    storage = checkpoint_store.storage_plan(cfg)
+    checkpoint_dir = str(storage.local_root)
     # transformers 5 reads the TensorBoard folder from the environment only.
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
     args = build_trl_config(cfg, config_cls, checkpoint_dir, use_cpu)
@@ -133,7 +131,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    resume = checkpoints.find_resume_checkpoint(checkpoint_dir)
+    resume = checkpoint_resume.resume_checkpoint(checkpoint_dir)  # fetched and verified by the pre-flight
     metrics = None
     if rank == 0:
         metrics = TrainerMetrics()
@@ -142,9 +140,23 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "metrics-port").write_text(str(bound))
     heartbeat = Heartbeat.from_env() if rank == 0 else None
+    policy = checkpoint_store.RetentionPolicy(
+        cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric
+    )
+    publisher = None
+    if rank == 0 and storage.publish_to:
+        # No resume protection in retention: every node fetched and loaded its resume checkpoint
+        # before the first step, so by the first save nothing is reading it any more.
+        publisher = checkpoint_upload.CheckpointPublisher(
+            storage.publish_to, policy, transfer=storage.transfer, seal=storage.remote_primary,
+            staging=storage.local_root if storage.remote_primary else None,
+            retries=cfg.checkpoint.upload_retries, metrics=metrics, heartbeat=heartbeat,
+        )
 
     class SealCheckpoint(TrainerCallback):  # type: ignore[misc]
-        """After every rank has saved: manifest, ``latest`` pointer, retention (rank 0)."""
+        """After every rank has saved (rank 0). On object storage: hand the checkpoint to the background
+        publisher (seal, upload, verify, manifest, ``latest``, retention). Locally: seal it here
+        (manifest, ``latest``), apply retention, and copy it to any mirrors in the background."""
 
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if dist.is_available() and dist.is_initialized():
@@ -154,16 +166,25 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             recent = [h for h in state.log_history if "reward" in h]
             metrics_now = {"reward": float(recent[-1]["reward"])} if recent else {}
+            if publisher is not None and storage.remote_primary:
+                publisher.submit(ckpt, state.global_step, metrics_now)
+                return
             checkpoints.seal_checkpoint(ckpt, state.global_step, metrics_now)
             # The resume source was fully loaded before the first step, so by the first save
             # it needs no protection beyond what keepLast/keepBest give it.
             checkpoints.apply_retention(
-                args.output_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric
+                args.output_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric,
+                protect=publisher.pending() if publisher is not None else None,  # still being mirrored
             )
+            if publisher is not None:
+                publisher.submit(ckpt, state.global_step, metrics_now)
             if metrics is not None:
                 metrics.last_checkpoint.set(state.global_step)
             if heartbeat is not None:
                 heartbeat.checkpoint = ckpt.name
+                best = checkpoint_store.best_of(checkpoints.complete_checkpoints(args.output_dir), policy.best_metric)
+                heartbeat.best_checkpoint = best.name if best else None
+                heartbeat.best_metric = best.metrics.get(policy.best_metric) if best else None
 
     try:
         trainer = trainer_cls(
@@ -189,15 +210,24 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
 
     summary = None
     if trainer.is_world_process_zero():
-        kept = [c.name for c in checkpoints.complete_checkpoints(checkpoint_dir)]
+        if publisher is not None:  # bounded: an unfinished upload has no manifest and is ignored
+            publisher.close(cfg.checkpoint.upload_timeout_seconds)
+        if publisher is not None and storage.remote_primary:
+            checkpoint_fields = publisher.summary_fields()
+        else:
+            checkpoint_fields = checkpoint_upload.local_summary_fields(checkpoint_dir, policy.best_metric)
+            if publisher is not None:
+                checkpoint_fields["checkpoint_upload_failures"] = publisher.failures
         summary = write_summary(
             cfg.output_dir,
             steps=trainer.state.global_step,
             log_history=trainer.state.log_history,
-            checkpoints=kept,
+            checkpoints=checkpoint_fields.pop("checkpoints"),
             resumed_from=resume.name if resume is not None else None,
             wall_seconds=time.time() - started,
         )
+        summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
+        checkpoints.atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
         if heartbeat is not None:
             heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None, final=True)
     if metrics is not None:

@@ -1,0 +1,116 @@
+{{/*
+Names. Every define is prefixed "rljob." (the chart's name), as cert-manager's chart does.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "rljob.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name: the release name alone when it already contains the chart name. */}}
+{{- define "rljob.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's Deployment, Service, ClusterRole, Lease: "<fullname>-operator". */}}
+{{- define "rljob.operatorName" -}}
+{{- printf "%s-operator" (include "rljob.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rljob.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Standard labels, on every object the chart renders. */}}
+{{- define "rljob.labels" -}}
+helm.sh/chart: {{ include "rljob.chart" . }}
+app.kubernetes.io/name: {{ include "rljob.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rljob
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector of the operator's pods (immutable in a Deployment: never add to it). */}}
+{{- define "rljob.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rljob.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "rljob.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rljob.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "rljob.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the Secret holding the status API's serving certificate. */}}
+{{- define "rljob.tlsSecretName" -}}
+{{- if .Values.statusAPI.tls.secretName }}
+{{- .Values.statusAPI.tls.secretName }}
+{{- else if eq .Values.statusAPI.tls.source "existingSecret" }}
+{{- fail "statusAPI.tls.secretName is required when statusAPI.tls.source is existingSecret" }}
+{{- else }}
+{{- printf "%s-status-tls" (include "rljob.operatorName" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the operator mounts its serving certificate from a Secret (no Secret RBAC needed). */}}
+{{- define "rljob.tlsFromFiles" -}}
+{{- if has .Values.statusAPI.tls.source (list "existingSecret" "certManager") }}true{{ end }}
+{{- end }}
+
+{{/* Namespaces that get the trainers' ServiceAccount: watchNamespaces plus trainerServiceAccount.namespaces. */}}
+{{- define "rljob.trainerNamespaces" -}}
+{{- $all := concat .Values.watchNamespaces .Values.trainerServiceAccount.namespaces | uniq }}
+{{- toJson $all }}
+{{- end }}
+
+{{/* Rules for the objects of RLTrainingJobs, in whichever namespaces the operator watches. */}}
+{{- define "rljob.jobRules" -}}
+# Jobs: watched by kopf, read by the reconciler and the status API, deleted after ttlSecondsAfterFinished.
+- apiGroups: ["rljob.dev"]
+  resources: ["rltrainingjobs"]
+  verbs: ["get", "list", "watch", "delete"]
+# Status (phase, conditions, progress from heartbeats) goes through the status subresource only.
+- apiGroups: ["rljob.dev"]
+  resources: ["rltrainingjobs/status"]
+  verbs: ["patch"]
+# Worker pods: watched, created under deterministic names, deleted on gang restarts; the status
+# API reads a heartbeat's pod to check it belongs to the job.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Each job's ConfigMap (trainer config, status CA) and headless rendezvous Service: created or
+# adopted (patch adds an ownerReference or updates the config).
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "create", "patch"]
+# Phase transitions are reported as Events on the job.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

@@ -1,0 +1,12 @@
+# Operator: the CRD generated from the API models (operator/rljob_operator/crd.py).
+.PHONY: crd check-crd operator-image
+
+crd: $(PY) ## Regenerate crds/ from the API models
+	$(PY) -m rljob_operator crd -o crds/rljob.dev_rltrainingjobs.yaml
+
+check-crd: $(PY) ## Fail when crds/ drifted from the API models
+	$(PY) -m rljob_operator crd | diff -u crds/rljob.dev_rltrainingjobs.yaml - \
+	  || { echo "crds/ drifted from the API models: run 'make crd'"; exit 1; }
+
+operator-image: ## Build the operator image (needs docker or podman)
+	$${CONTAINER_ENGINE:-docker} build -f Dockerfile.operator -t rljob-operator:dev .

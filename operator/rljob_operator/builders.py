@@ -1,0 +1,449 @@
+"""The children of an RLTrainingJob, as plain dicts built from its spec (pure).
+
+A job owns a ConfigMap and a headless Service, both named after the job, and one pod per
+worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs twice or
+after a crash finds what it made and never makes a second copy; ownerReferences let the
+garbage collector delete everything with the job.
+
+The pods follow the trainer's in-pod contract (``rljob_trainer.launch``): the command
+``python -m rljob_trainer.launch --config /etc/rljob/trainer.yaml``, the ``RLJOB_*``
+rendezvous environment (c10d hosted by worker 0, reached through the headless Service),
+``restartPolicy: Never`` (the operator restarts whole gangs), GPU requests equal to limits,
+the GPU taint tolerated, and a projected, audience-bound service-account token for the
+status API's heartbeats.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rljob_trainer.launch import dump_config
+
+from rljob_operator.api import API_VERSION, KIND, RLTrainingJob
+
+LABEL_JOB = "rljob.dev/job"
+LABEL_WORKER_INDEX = "rljob.dev/worker-index"
+LABEL_GANG_GENERATION = "rljob.dev/gang-generation"
+ANNOTATION_SPEC_HASH = "rljob.dev/spec-hash"
+ANNOTATION_JOB_GENERATION = "rljob.dev/job-generation"
+MANAGED_BY = "rljob-operator"
+
+CONTAINER = "trainer"
+RDZV_PORT = 29500
+METRICS_PORT = 9400
+CONFIG_DIR = "/etc/rljob"
+CONFIG_KEY = "trainer.yaml"
+STATUS_CA_KEY = "status-ca.crt"
+OUTPUT_DIR = "/workspace/output"
+TOKEN_DIR = "/var/run/secrets/rljob.dev/status"
+TOKEN_FILE = "token"
+#: Audience of the projected token the trainer sends with heartbeats; the status API asks
+#: TokenReview for exactly this audience, so the token is useless against the API server.
+TOKEN_AUDIENCE = "rljob-status"
+TOKEN_EXPIRATION_SECONDS = 3600
+TRAINER_COMMAND = ["python", "-m", "rljob_trainer.launch", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"]
+#: ``envFrom`` prefix of mirror ``i``'s credentialsSecret (``rljob_trainer.checkpoint_store.MIRROR_ENV_PREFIX``).
+MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
+
+
+@dataclass(frozen=True)
+class StatusEndpoint:
+    """Where trainers send heartbeats: the operator's status API."""
+
+    base_url: str
+    """``https://rljob-operator.rljob-system.svc:8443`` (no trailing slash)."""
+    ca_pem: str | None = None
+    """PEM the trainer trusts for that URL (shipped in the job's ConfigMap)."""
+    audience: str = TOKEN_AUDIENCE
+
+    def heartbeat_url(self, namespace: str, name: str) -> str:
+        return f"{self.base_url}/api/v1/namespaces/{namespace}/rltrainingjobs/{name}/heartbeat"
+
+
+# ------------------------------------------------------------------------------ names
+
+
+def worker_name(job_name: str, index: int) -> str:
+    return f"{job_name}-worker-{index}"
+
+
+def service_name(job_name: str) -> str:
+    return job_name
+
+
+def configmap_name(job_name: str) -> str:
+    return f"{job_name}-config"
+
+
+def rendezvous_endpoint(job_name: str, namespace: str) -> str:
+    """c10d endpoint: worker 0's stable DNS name through the headless Service."""
+    return f"{worker_name(job_name, 0)}.{service_name(job_name)}.{namespace}.svc:{RDZV_PORT}"
+
+
+def run_id(job: RLTrainingJob, generation: int) -> str:
+    """Rendezvous id, unique per job object and gang generation."""
+    return f"{job.metadata.name}-{job_uid(job)[:8]}-g{generation}"
+
+
+def job_uid(job: RLTrainingJob) -> str:
+    return str((job.metadata.model_extra or {}).get("uid") or "")
+
+
+def job_namespace(job: RLTrainingJob) -> str:
+    return job.metadata.namespace or "default"
+
+
+def selector(job_name: str) -> str:
+    """Label selector of a job's worker pods (``status.selector``, for the scale subresource)."""
+    return f"{LABEL_JOB}={job_name}"
+
+
+def job_labels(job: RLTrainingJob) -> dict[str, str]:
+    return {
+        LABEL_JOB: job.metadata.name,
+        "app.kubernetes.io/name": "rljob",
+        "app.kubernetes.io/instance": job.metadata.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def owner_reference(job: RLTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.metadata.name,
+        "uid": job_uid(job),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: RLTrainingJob, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job_namespace(job),
+        "labels": {**job_labels(job), "app.kubernetes.io/component": component},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def spec_hash(job: RLTrainingJob) -> str:
+    """Fingerprint of everything a running gang was built from (all of spec but runPolicy).
+
+    A gang whose pods carry another hash *and* another ``metadata.generation`` was built
+    from a spec the user has since edited, and is restarted. (The generation guard keeps an
+    operator upgrade that adds defaulted fields from restarting every running gang.)
+    """
+    spec = job.spec.model_dump(by_alias=True, mode="json", exclude={"run_policy"})
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------- children
+
+
+def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None) -> dict[str, Any]:
+    """The trainer config (and the status API's CA) that every worker mounts at /etc/rljob.
+
+    After an out-of-memory failure the batch shape OOM recovery chose (``status.oomRecovery``)
+    replaces the spec's per-device batch and accumulation.
+    """
+    config = job.trainer_config(output_dir=OUTPUT_DIR)
+    oom = job.status.oom_recovery if job.status is not None else None
+    if oom is not None:
+        config.training = config.training.model_copy(update={
+            "batch_size": oom.batch_size, "gradient_accumulation_steps": oom.gradient_accumulation_steps,
+        })
+    data = {CONFIG_KEY: dump_config(config)}
+    if endpoint is not None and endpoint.ca_pem:
+        data[STATUS_CA_KEY] = endpoint.ca_pem
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, configmap_name(job.metadata.name), "config"),
+        "data": data,
+    }
+
+
+def desired_service(job: RLTrainingJob) -> dict[str, Any]:
+    """Headless Service giving every worker a DNS name; worker 0's hosts the rendezvous.
+
+    Not-ready addresses are published: workers rendezvous long before they are Ready.
+    """
+    name = job.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, service_name(name), "rendezvous"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: name},
+            "ports": [
+                {"name": "rendezvous", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def worker_env(
+    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None
+) -> list[dict[str, Any]]:
+    """The ``RLJOB_*`` environment of worker ``index`` (the trainer's in-pod contract)."""
+    name, namespace, workers = job.metadata.name, job_namespace(job), job.spec.workers
+    env: list[dict[str, Any]] = [
+        {"name": "RLJOB_NNODES", "value": str(workers.replicas)},
+        {"name": "RLJOB_NODE_RANK", "value": str(index)},
+        {"name": "RLJOB_NPROC_PER_NODE", "value": str(workers.procs_per_worker)},
+        {"name": "RLJOB_RDZV_ENDPOINT", "value": rendezvous_endpoint(name, namespace)},
+        {"name": "RLJOB_RUN_ID", "value": run_id(job, generation)},
+        {"name": "RLJOB_OUTPUT_DIR", "value": OUTPUT_DIR},
+        {"name": "RLJOB_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": "RLJOB_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+    ]
+    if endpoint is not None:
+        env.append({"name": "RLJOB_STATUS_URL", "value": endpoint.heartbeat_url(namespace, name)})
+        env.append({"name": "RLJOB_TOKEN_FILE", "value": f"{TOKEN_DIR}/{TOKEN_FILE}"})
+        if endpoint.ca_pem:
+            env.append({"name": "RLJOB_STATUS_CA_FILE", "value": f"{CONFIG_DIR}/{STATUS_CA_KEY}"})
+    return env
+
+
+def _credentials_env_from(job: RLTrainingJob) -> list[dict[str, Any]]:
+    """Object-storage credentials from Secrets (never from the manifest), as the trainer reads them:
+    ``checkpoint.credentialsSecret`` as plain ``AWS_*``, mirror ``i``'s with ``RLJOB_MIRROR<i>_``."""
+    checkpoint = job.spec.checkpoint
+    out: list[dict[str, Any]] = []
+    if getattr(checkpoint, "credentials_secret", None):
+        out.append({"secretRef": {"name": checkpoint.credentials_secret}})
+    for i, mirror in enumerate(checkpoint.mirrors):
+        secret = getattr(mirror, "credentials_secret", None)
+        if secret:
+            out.append({"prefix": MIRROR_ENV_PREFIX.format(index=i), "secretRef": {"name": secret}})
+    return out
+
+
+def _resources(job: RLTrainingJob) -> dict[str, Any]:
+    workers = job.spec.workers
+    requests: dict[str, Any] = {k: str(v) for k, v in workers.resources.requests.items()}
+    limits: dict[str, Any] = {k: str(v) for k, v in workers.resources.limits.items()}
+    if workers.gpus:  # extended resources: requests must equal limits
+        requests[workers.gpu_resource] = limits[workers.gpu_resource] = str(workers.gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _probes(index: int) -> dict[str, Any]:
+    """Health probes for worker 0 only.
+
+    The trainer serves ``/healthz`` and ``/readyz`` from global rank 0, which torchrun places
+    on worker 0 (ranks follow the sorted host names, and ``<job>-worker-0`` sorts first).
+    Other workers have no probe: they count as ready while their container runs.
+    """
+    if index != 0:
+        return {}
+
+    def get(path: str, period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": METRICS_PORT},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": failures,
+        }
+
+    return {
+        # Model download and load happen before the server starts: allow up to an hour.
+        "startupProbe": get("/healthz", 10, 360),
+        "livenessProbe": get("/healthz", 20, 3),
+        "readinessProbe": get("/readyz", 10, 3),
+    }
+
+
+#: The trainer image's non-root user (Dockerfile.trainer).
+TRAINER_UID = 1000
+
+
+def desired_worker_pod(
+    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None
+) -> dict[str, Any]:
+    """Worker ``index`` of gang ``generation``: one torchrun node."""
+    name, workers = job.metadata.name, job.spec.workers
+    pod_name = worker_name(name, index)
+    labels = {LABEL_WORKER_INDEX: str(index), LABEL_GANG_GENERATION: str(generation)}
+    metadata = _metadata(job, pod_name, "worker")
+    metadata["labels"].update(labels)
+    metadata["annotations"] = {
+        ANNOTATION_SPEC_HASH: spec_hash(job),
+        ANNOTATION_JOB_GENERATION: str((job.metadata.model_extra or {}).get("generation") or ""),
+    }
+
+    user_env = [e.model_dump(by_alias=True, exclude_none=True) for e in workers.env]
+    env = worker_env(job, index, generation, endpoint)
+    ours = {e["name"] for e in env}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": job.spec.image,
+        "command": list(TRAINER_COMMAND),
+        "env": [e for e in user_env if e["name"] not in ours] + env,
+        "ports": [
+            {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(job),
+        "volumeMounts": [
+            {"name": "rljob-config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "rljob-workspace", "mountPath": "/workspace"},
+            {"name": "rljob-shm", "mountPath": "/dev/shm"},
+            {"name": "rljob-tmp", "mountPath": "/tmp"},
+            *copy.deepcopy(workers.volume_mounts),
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # Pod Security "restricted": the root filesystem is read-only, so HF, matplotlib,
+        # triton and inductor caches go under HOME=/tmp (an emptyDir).
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        **_probes(index),
+    }
+    env_from = _credentials_env_from(job)
+    if env_from:
+        container["envFrom"] = env_from
+    if job.spec.image_pull_policy:
+        container["imagePullPolicy"] = job.spec.image_pull_policy
+    volumes: list[dict[str, Any]] = [
+        {"name": "rljob-config", "configMap": {"name": configmap_name(name)}},
+        {"name": "rljob-workspace", "emptyDir": {}},
+        # NCCL and DataLoader workers need more shared memory than a container's 64 MiB.
+        {"name": "rljob-shm", "emptyDir": {"medium": "Memory"}},
+        {"name": "rljob-tmp", "emptyDir": {}},
+    ]
+    if endpoint is not None:
+        container["volumeMounts"].append({"name": "rljob-status-token", "mountPath": TOKEN_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "rljob-status-token",
+                "projected": {
+                    "sources": [
+                        {
+                            "serviceAccountToken": {
+                                "audience": endpoint.audience,
+                                "expirationSeconds": TOKEN_EXPIRATION_SECONDS,
+                                "path": TOKEN_FILE,
+                            }
+                        }
+                    ]
+                },
+            }
+        )
+    volumes.extend(copy.deepcopy(workers.volumes))
+
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": pod_name,
+        "subdomain": service_name(name),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        # Trainers need no Kubernetes API access: the heartbeat token is a separate projected volume.
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": TRAINER_UID,
+            "runAsGroup": TRAINER_UID,
+            "fsGroup": TRAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+        "tolerations": [
+            {"key": workers.gpu_resource, "operator": "Exists", "effect": "NoSchedule"},
+            *copy.deepcopy(workers.tolerations),
+        ],
+    }
+    if workers.node_selector:
+        spec["nodeSelector"] = dict(workers.node_selector)
+    if workers.affinity:
+        spec["affinity"] = copy.deepcopy(workers.affinity)
+    if workers.priority_class_name:
+        spec["priorityClassName"] = workers.priority_class_name
+    if workers.service_account_name:
+        spec["serviceAccountName"] = workers.service_account_name
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    if workers.pod_template:
+        pod = _apply_pod_template(pod, workers.pod_template, metadata, env)
+    return pod
+
+
+def desired_worker_pods(
+    job: RLTrainingJob, generation: int, endpoint: StatusEndpoint | None = None
+) -> list[dict[str, Any]]:
+    """Every worker pod of gang ``generation``, in index order."""
+    return [desired_worker_pod(job, i, generation, endpoint) for i in range(job.spec.workers.replicas)]
+
+
+# ------------------------------------------------------------------- pod template merge
+
+#: Lists merged item by item on this key; every other list is replaced.
+_MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+               "volumeMounts": "mountPath", "ports": "containerPort", "tolerations": None}
+
+
+def merge_pod_template(base: Any, override: Any, key: str | None = None) -> Any:
+    """``override`` over ``base``: maps merge, named lists merge by name, other lists replace.
+
+    Tolerations are appended (the GPU toleration must stay).
+    """
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = merge_pod_template(base[k], v, k) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(override, list) and key in _MERGE_KEYS:
+        merge_key = _MERGE_KEYS[key]
+        if merge_key is None:
+            return base + [copy.deepcopy(v) for v in override if v not in base]
+        out_list = list(base)
+        index = {item.get(merge_key): i for i, item in enumerate(out_list) if isinstance(item, dict)}
+        for item in override:
+            k = item.get(merge_key) if isinstance(item, dict) else None
+            if k is not None and k in index:
+                out_list[index[k]] = merge_pod_template(out_list[index[k]], item, None)
+            else:
+                out_list.append(copy.deepcopy(item))
+        return out_list
+    return copy.deepcopy(override)
+
+
+def _apply_pod_template(
+    pod: dict[str, Any], template: dict[str, Any], metadata: dict[str, Any], env: list[dict[str, Any]]
+) -> dict[str, Any]:
+    override = {k: v for k, v in template.items() if k in ("metadata", "spec")}
+    merged: dict[str, Any] = merge_pod_template(pod, override)
+    # What the operator relies on always wins.
+    merged["metadata"]["name"] = metadata["name"]
+    merged["metadata"]["namespace"] = metadata["namespace"]
+    merged["metadata"]["ownerReferences"] = metadata["ownerReferences"]
+    merged["metadata"]["labels"] = {**merged["metadata"].get("labels", {}), **metadata["labels"]}
+    merged["metadata"]["annotations"] = {**merged["metadata"].get("annotations", {}), **metadata["annotations"]}
+    spec = merged["spec"]
+    spec["restartPolicy"] = "Never"
+    spec["hostname"] = pod["spec"]["hostname"]
+    spec["subdomain"] = pod["spec"]["subdomain"]
+    for container in spec["containers"]:
+        if container.get("name") == CONTAINER:
+            container["command"] = list(TRAINER_COMMAND)
+            ours = {e["name"] for e in env}
+            container["env"] = [e for e in container.get("env", []) if e.get("name") not in ours] + env
+    return merged

@@ -1,0 +1,93 @@
+"""kopf handlers: watch RLTrainingJobs and their worker pods, and queue the job for a reconcile.
+
+Handlers stay one line long: every event (a job created, edited, its status written; a
+worker pod scheduled, ready, exited) only adds the job's key to the work queue, and the
+queue runs :class:`~rljob_operator.reconciler.Reconciler` serially per job. No handler
+needs a finalizer (kopf timers and daemons would add one and block ``kubectl delete`` while
+the operator is down); deadlines and TTLs are delayed re-queues, and a periodic resync
+catches anything a watch missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+
+from rljob_operator.api import GROUP, PLURAL, VERSION
+from rljob_operator.builders import LABEL_JOB
+
+Key = tuple[str, str]
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True  # no cluster-wide CRD/namespace listing needed
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    settings.posting.level = 40  # kopf's own events: errors only (ours are the phase transitions)
+    return settings
+
+
+def connection_info(configuration: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from the kubernetes client configuration the reconciler uses."""
+    if configuration.refresh_api_key_hook is not None:  # in-cluster: re-read the rotating token
+        configuration.refresh_api_key_hook(configuration)
+    header = configuration.get_api_key_with_prefix("BearerToken") or configuration.get_api_key_with_prefix(
+        "authorization"
+    )
+    scheme, token = None, None
+    if header:
+        parts = header.split(" ", 1)
+        scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+class JobWatch:
+    """The registry of handlers, feeding ``enqueue`` and remembering which jobs exist."""
+
+    def __init__(self, configuration: Any, enqueue: Callable[[Key], None], forget: Callable[[Key], None]) -> None:
+        self.enqueue = enqueue
+        self.forget = forget
+        self.known: set[Key] = set()
+        self.registry = kopf.OperatorRegistry()
+        registry = self.registry
+
+        @kopf.on.login(registry=registry, id="rljob_login")
+        def rljob_login(**_: Any) -> kopf.ConnectionInfo:
+            return connection_info(configuration)
+
+        @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rltrainingjob_event")
+        async def rltrainingjob_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+            self.job_changed((namespace or "", name), deleted=type == "DELETED")
+
+        @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry,
+                       id="worker_pod_event")
+        async def worker_pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+            self.enqueue((namespace or "", labels[LABEL_JOB]))
+
+    def job_changed(self, key: Key, deleted: bool) -> None:
+        if deleted:
+            self.known.discard(key)
+            self.forget(key)
+        else:
+            self.known.add(key)
+        self.enqueue(key)  # a deleted job is reconciled once more: it clears its metrics
+
+    async def resync(self, every: float) -> None:
+        """Queue every known job every ``every`` seconds."""
+        while True:
+            await asyncio.sleep(every)
+            for key in list(self.known):
+                self.enqueue(key)

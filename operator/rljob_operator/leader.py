@@ -1,0 +1,159 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease: only one operator replica reconciles.
+
+Every replica serves the status API and health endpoints; only the Lease holder runs the
+watches and the reconcile workers. As in client-go, a Lease counts as expired when its
+record has not changed for ``leaseDurationSeconds`` of *this* replica's clock (no trust in
+other clocks); updates carry the resourceVersion, so two candidates cannot both win. A
+holder that cannot renew in time stops acting (the caller exits and is restarted as a
+candidate); a holder that shuts down cleanly releases the Lease for a quick hand-over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from rljob_operator import metrics
+from rljob_operator.kube import Kube
+
+log = logging.getLogger("rljob.leader")
+
+
+def _short(error: Exception) -> str:
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}: {(error.body or '')[:200]}"
+    return str(error)
+
+
+def _micro_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_seconds: float = 15.0,
+        renew_seconds: float = 5.0,
+        retry_seconds: float = 2.0,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_seconds = lease_seconds
+        self.renew_seconds = renew_seconds
+        self.retry_seconds = retry_seconds
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._last_renew = 0.0
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt (blocking); True when this replica holds the Lease afterwards."""
+        now = _micro_time()
+        try:
+            lease = self.kube.request("GET", self.path)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(now, now, 0),
+            }
+            try:
+                self.kube.request("POST", self.path.rsplit("/", 1)[0], body, count_write=False)
+            except ApiException as e2:
+                if e2.status == 409:
+                    return False
+                raise
+            self._last_renew = time.monotonic()
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"), spec.get("leaseTransitions"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, time.monotonic()
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
+        expired = time.monotonic() - self._observed_at > duration
+        if holder and holder != self.identity and not expired:
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+        acquire = spec.get("acquireTime") if holder == self.identity else now
+        lease["spec"] = self._spec(acquire or now, now, transitions)
+        try:
+            self.kube.request("PUT", self.path, lease, count_write=False)  # carries resourceVersion
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        self._last_renew = time.monotonic()
+        return True
+
+    def _spec(self, acquire: str, renew: str, transitions: int) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.lease_seconds)),
+            "acquireTime": acquire,
+            "renewTime": renew,
+            "leaseTransitions": transitions,
+        }
+
+    async def acquire(self) -> None:
+        """Wait until this replica holds the Lease."""
+        logged = False
+        while True:
+            try:
+                if await asyncio.to_thread(self.try_acquire_or_renew):
+                    log.info("became leader (lease %s/%s, identity %s)", self.namespace, self.name, self.identity)
+                    metrics.LEADER.set(1)
+                    return
+            except Exception as e:  # the API server may be briefly away; keep trying
+                log.warning("leader election: %s", _short(e))
+            if not logged:
+                log.info("waiting for lease %s/%s (held by another replica)", self.namespace, self.name)
+                logged = True
+            await asyncio.sleep(self.retry_seconds)
+
+    async def hold(self) -> None:
+        """Renew until the Lease is lost; returns then (the caller must stop acting)."""
+        while True:
+            await asyncio.sleep(self.renew_seconds)
+            try:
+                if await asyncio.to_thread(self.try_acquire_or_renew):
+                    continue
+                log.error("lost the lease %s/%s to another replica", self.namespace, self.name)
+                break
+            except Exception as e:
+                if time.monotonic() - self._last_renew < self.lease_seconds - self.retry_seconds:
+                    log.warning("cannot renew the lease yet: %s", _short(e))
+                    continue
+                log.error("could not renew the lease in time: %s", _short(e))
+                break
+        metrics.LEADER.set(0)
+
+    def release(self) -> None:
+        """Give the Lease up (clean shutdown), so a standby takes over at once."""
+        try:
+            lease = self.kube.request("GET", self.path)
+            if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            lease["spec"]["holderIdentity"] = None
+            lease["spec"]["leaseDurationSeconds"] = 1
+            self.kube.request("PUT", self.path, lease, count_write=False)
+            metrics.LEADER.set(0)
+        except Exception as e:
+            log.warning("cannot release the lease: %s", _short(e))

@@ -1,0 +1,88 @@
+"""The operator's Prometheus metrics and its health endpoints (``/metrics``, ``/healthz``, ``/readyz``).
+
+Series (prefix ``rljob_operator_``): ``jobs{phase}`` (jobs this replica last reconciled, by
+phase), ``reconcile_duration_seconds`` (histogram), ``reconciles_total{result}``,
+``api_errors_total{verb,resource,code}`` (failed Kubernetes API calls; 404 and 409, the normal
+answers of get and create-or-adopt, are not counted), ``gang_restarts_total{reason}``
+(worker gangs started again: spec changes, resumes, failures, stalls), ``heartbeats_total{result}`` (status API),
+``leader`` (1 on the replica that reconciles).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as _Counter
+from collections.abc import Callable, Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rljob_operator.api import Phase
+
+RECONCILE_SECONDS = Histogram(
+    "rljob_operator_reconcile_duration_seconds",
+    "Time one reconcile of one RLTrainingJob took.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RECONCILES = Counter("rljob_operator_reconciles_total", "Reconciles by result (ok, error).", ["result"])
+API_ERRORS = Counter(
+    "rljob_operator_api_errors_total", "Failed Kubernetes API calls.", ["verb", "resource", "code"]
+)
+GANG_RESTARTS = Counter(
+    "rljob_operator_gang_restarts_total", "Worker gangs started again, by reason.", ["reason"]
+)
+# Series exist from the start, so increase() sees the first restart of each kind.
+for _reason in ("Resumed", "SpecChanged", "WorkerFailed", "WorkerLost", "OOMKilled", "CudaOutOfMemory",
+                "HeartbeatTimeout", "StartupTimeout", "Disrupted"):
+    GANG_RESTARTS.labels(reason=_reason)
+HEARTBEATS = Counter("rljob_operator_heartbeats_total", "Status API heartbeats by result.", ["result"])
+LEADER = Gauge("rljob_operator_leader", "1 while this replica holds the lease and reconciles.")
+
+
+class JobPhases(Collector):
+    """``rljob_operator_jobs{phase}`` from the phases the reconciler last wrote."""
+
+    def __init__(self) -> None:
+        self._phases: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def set(self, key: tuple[str, str], phase: str | None) -> None:
+        with self._lock:
+            if phase is None:
+                self._phases.pop(key, None)
+            else:
+                self._phases[key] = phase
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            counts = _Counter(self._phases.values())
+        family = GaugeMetricFamily("rljob_operator_jobs", "RLTrainingJobs by phase.", labels=["phase"])
+        for phase in Phase:
+            family.add_metric([phase.value], counts.get(phase.value, 0))
+        yield family
+
+
+JOB_PHASES = JobPhases()
+REGISTRY.register(JOB_PHASES)
+
+
+def health_app(ready: Callable[[], bool]) -> web.Application:
+    """``/metrics``; ``/healthz`` (the event loop answers); ``/readyz`` (``ready()``)."""
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok = ready()
+        return web.Response(text="ready\n" if ok else "not ready\n", status=200 if ok else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

@@ -1,0 +1,119 @@
+"""Restart decisions (pure): which failures restart the gang, after how long, with what batch shape.
+
+A failure is a *disruption* when the cluster caused it (the pod was evicted, preempted, its
+node went away) and a *worker failure* otherwise. Disruptions always restart the gang (except
+under ``restartPolicy: Never``) and are not counted against ``backoffLimit``; worker failures
+restart it only when the restart policy calls the exit retryable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from rljob_trainer.errors import EXIT_PERMANENT
+
+from rljob_operator.api import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
+from rljob_operator.status import ObservedPod, parse_time
+
+#: Pod reasons and conditions the cluster sets when it, not the trainer, ended a pod.
+DISRUPTION_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated",
+                                    "DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"})
+OOM_REASONS = frozenset({"OOMKilled", "CudaOutOfMemory"})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a failure means for the gang."""
+
+    restart: bool
+    disruption: bool
+    why: str
+    """Why it is permanent, when it is (for the user)."""
+
+
+def is_disruption(pod: ObservedPod) -> bool:
+    """The cluster ended this pod: evicted, preempted, node lost (no exit code of the trainer)."""
+    return pod.disrupted or (pod.exit_code is None and pod.pod_reason in DISRUPTION_POD_REASONS)
+
+
+def judge_failure(job: RLTrainingJob, pod: ObservedPod | None) -> Verdict:
+    """Restart or fail, for a failed pod (``None``: a worker that disappeared, a disruption)."""
+    policy = job.spec.run_policy.restart_policy
+    disruption = pod is None or is_disruption(pod)
+    if policy == RestartPolicy.never:
+        return Verdict(False, disruption, "restartPolicy is Never")
+    if disruption:
+        return Verdict(True, True, "")
+    assert pod is not None
+    code = pod.exit_code
+    if code == EXIT_PERMANENT:
+        return Verdict(False, False, f"exit code {EXIT_PERMANENT} is the trainer's permanent error; "
+                                     "fix the cause and resubmit")
+    if policy == RestartPolicy.exit_code and code is not None and 1 <= code <= 127:
+        return Verdict(False, False, f"restartPolicy ExitCode treats exit code {code} (1-127) as permanent")
+    return Verdict(True, False, "")
+
+
+def backoff_seconds(job: RLTrainingJob, restarts: int) -> float:
+    """Wait before gang restart number ``restarts`` (1-based): base × 2^(restarts-1), capped."""
+    policy = job.spec.run_policy
+    if restarts <= 0:
+        return 0.0
+    return float(min(policy.backoff_max_seconds, policy.backoff_base_seconds * 2 ** (restarts - 1)))
+
+
+def is_oom(reason: str) -> bool:
+    return reason in OOM_REASONS
+
+
+def effective_batch(job: RLTrainingJob) -> tuple[int, int]:
+    """(batchSize, gradientAccumulationSteps) the gang runs with: the spec's, or OOM recovery's."""
+    oom = (job.status or RLTrainingJobStatus()).oom_recovery
+    if oom is not None:
+        return oom.batch_size, oom.gradient_accumulation_steps
+    return job.spec.training.batch_size, job.spec.training.gradient_accumulation_steps
+
+
+def halved_batch(job: RLTrainingJob) -> OomRecovery | None:
+    """Half the per-device batch, twice the accumulation (same global batch); None at the floor.
+
+    The batch must stay a whole number of ``numGenerations`` groups across the world, so an
+    odd batch cannot be halved exactly and stays as it is.
+    """
+    batch, accumulation = effective_batch(job)
+    floor = job.spec.run_policy.oom_min_batch_size
+    if batch % 2 or batch // 2 < floor:
+        return None
+    return OomRecovery(batch_size=batch // 2, gradient_accumulation_steps=accumulation * 2)
+
+
+def stall(job: RLTrainingJob, now: datetime) -> tuple[str, str] | None:
+    """(reason, message) when a running gang has stopped sending heartbeats, else None.
+
+    Before the gang's first heartbeat the clock is ``startupTimeoutSeconds`` from the gang's
+    start; after it, ``stallTimeoutSeconds`` from the last heartbeat.
+    """
+    status = job.status or RLTrainingJobStatus()
+    policy = job.spec.run_policy
+    started = parse_time(status.gang_start_time)
+    if started is None:
+        return None
+    beat = parse_time(status.progress.last_heartbeat if status.progress else None)
+    if beat is None or beat < started:
+        waited = (now - started).total_seconds()
+        if waited < policy.startup_timeout_seconds:
+            return None
+        return "StartupTimeout", (
+            f"no progress heartbeat {int(waited)}s after the gang started (startupTimeoutSeconds="
+            f"{policy.startup_timeout_seconds}): check worker 0's logs (model download, rendezvous); "
+            "restarting the gang"
+        )
+    silent = (now - beat).total_seconds()
+    if silent < policy.stall_timeout_seconds:
+        return None
+    return "HeartbeatTimeout", (
+        f"no progress heartbeat for {int(silent)}s (stallTimeoutSeconds={policy.stall_timeout_seconds}): "
+        "training hangs (a collective that never returns, a dead peer); restarting the gang from the "
+        "newest checkpoint"
+    )

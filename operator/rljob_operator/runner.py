@@ -1,0 +1,158 @@
+"""``rljob operator``: one operator replica, all in one asyncio loop.
+
+Every replica serves the status API (HTTPS) and ``/metrics``, ``/healthz``, ``/readyz``.
+The replica holding the Lease also runs kopf (watches on jobs and worker pods), the work
+queue and the periodic resync. Losing the Lease ends the process with status 1, so its
+pod restarts as a standby; SIGTERM/SIGINT stop it cleanly and release the Lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import cast
+from urllib.parse import urlparse
+
+from aiohttp import web
+
+from rljob_operator import metrics, tls
+from rljob_operator.builders import StatusEndpoint
+from rljob_operator.handlers import JobWatch, kopf_settings
+from rljob_operator.kube import Kube, load_api_client
+from rljob_operator.leader import LeaderElector
+from rljob_operator.reconciler import Reconciler
+from rljob_operator.settings import OperatorSettings
+from rljob_operator.statusapi import StatusAPI
+from rljob_operator.workqueue import WorkQueue
+
+log = logging.getLogger("rljob.operator")
+
+
+def serving_cert(s: OperatorSettings, kube: Kube) -> tuple[tls.ServingCert, str]:
+    """The status API's certificate and the CA PEM trainers should trust."""
+    if s.tls_cert_file and s.tls_key_file:
+        cert = tls.from_files(s.tls_cert_file, s.tls_key_file)
+        if s.tls_ca_file:
+            with open(s.tls_ca_file, encoding="utf-8") as f:
+                return cert, f.read()
+        return cert, cert.cert_pem
+    svc, ns = s.service_name, s.operator_namespace
+    hosts = [f"{svc}.{ns}.svc", svc, f"{svc}.{ns}", f"{svc}.{ns}.svc.cluster.local", "localhost", "127.0.0.1"]
+    url_host = urlparse(s.effective_status_url).hostname
+    if url_host and url_host not in hosts:
+        hosts.insert(0, url_host)
+    if s.tls_secret:
+        secret_ns, _, secret_name = s.tls_secret.rpartition("/")
+        cert = tls.shared_self_signed(kube, secret_ns or ns, secret_name, hosts)
+    else:
+        cert = tls.self_signed(hosts)
+    return cert, cert.cert_pem
+
+
+async def _serve(app: web.Application, host: str, port: int, ssl_context: object = None) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()  # type: ignore[arg-type]
+    return runner
+
+
+async def operate(s: OperatorSettings) -> int:
+    import kopf
+
+    api_client = load_api_client(s.kubeconfig)
+    kube = Kube(api_client)
+    cert, ca_pem = await asyncio.to_thread(serving_cert, s, kube)
+    endpoint = StatusEndpoint(s.effective_status_url, ca_pem, s.token_audience)
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def install_signals() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+
+    install_signals()
+    status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds)
+    runners = [
+        await _serve(status_api.app(), s.status_host, s.status_port, cert.ssl_context()),
+        await _serve(metrics.health_app(lambda: True), s.metrics_host, s.metrics_port),
+    ]
+    log.info("status API on https://%s:%d (trainers use %s); metrics on :%d",
+             s.status_host, s.status_port, endpoint.base_url, s.metrics_port)
+
+    elector = None
+    if s.leader_elect:
+        elector = LeaderElector(kube, s.effective_lease_namespace, s.lease_name, s.identity,
+                                s.lease_seconds, s.renew_seconds, s.retry_seconds)
+        acquiring = asyncio.create_task(elector.acquire())
+        await asyncio.wait([acquiring, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if stopping.is_set():
+            acquiring.cancel()
+            await _cleanup(runners)
+            return 0
+    else:
+        metrics.LEADER.set(1)
+
+    reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds)
+
+    async def reconcile(key: object) -> float | None:
+        namespace, name = cast(tuple[str, str], key)
+        return await asyncio.to_thread(reconciler.reconcile, namespace, name)
+
+    queue = WorkQueue(reconcile, workers=s.workers)
+    queue.start()
+    watch = JobWatch(api_client.configuration, queue.add, queue.forget)
+    stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
+    # Our tasks exist before kopf starts, so kopf does not wait for them as "hung" when it stops.
+    holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
+    stop_wait = asyncio.create_task(stopping.wait())
+    ready_wait = asyncio.create_task(ready_flag.wait())
+    background = [asyncio.create_task(watch.resync(s.resync_seconds))]
+    kopf_task = asyncio.create_task(kopf.operator(
+        registry=watch.registry,
+        settings=kopf_settings(),
+        standalone=True,  # leadership is ours (the Lease), not kopf's peering
+        clusterwide=not s.namespaces,
+        namespaces=s.namespaces,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    ))
+    await asyncio.wait([kopf_task, ready_wait, holding, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    install_signals()  # kopf installed its own; ours stop it through stop_flag
+    await asyncio.wait([kopf_task, holding, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    lost = holding.done()
+    code = 1 if lost or (kopf_task.done() and not stopping.is_set()) else 0
+    if lost:
+        log.error("stopping: this replica no longer holds the lease")
+
+    for task in [*background, holding, stop_wait, ready_wait]:
+        task.cancel()
+    stop_flag.set()
+    # kopf waits up to 5 s for tasks started while it ran (in-flight HTTP handlers, say); a
+    # shorter grace then cancellation keeps a restart or hand-over quick.
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(kopf_task, timeout=1.5)
+    await queue.stop()
+    if elector is not None and not lost:
+        await asyncio.to_thread(elector.release)
+    await _cleanup(runners)
+    return code
+
+
+async def _cleanup(runners: list[web.AppRunner]) -> None:
+    for runner in runners:
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+
+
+def run(s: OperatorSettings) -> int:
+    logging.basicConfig(
+        level=getattr(logging, s.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # One line per handled watch event is noise: the reconciler logs what it does.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    return asyncio.run(operate(s))

@@ -1,0 +1,119 @@
+"""Operator settings: defaults, overridden by ``RLJOB_OPERATOR_*`` environment variables, then flags.
+
+Every field's environment variable is its name in upper case with the prefix, for example
+``RLJOB_OPERATOR_RESYNC_SECONDS=5`` (tests shorten the intervals this way);
+``RLJOB_OPERATOR_NAMESPACES`` is comma-separated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rljob_operator.builders import TOKEN_AUDIENCE
+
+ENV_PREFIX = "RLJOB_OPERATOR_"
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _own_namespace() -> str | None:
+    try:
+        return Path(SA_NAMESPACE_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return os.environ.get("POD_NAMESPACE")
+
+
+@dataclass
+class OperatorSettings:
+    """How one operator replica runs."""
+
+    kubeconfig: str | None = None
+    """Kubeconfig file (default: in-cluster service account, then ~/.kube/config)."""
+    namespaces: list[str] = field(default_factory=list)
+    """Namespaces to watch; empty watches the whole cluster."""
+    operator_namespace: str = ""
+    """Where the operator runs (its Lease, its TLS Secret, its Service). Default: the pod's
+    namespace in a cluster, else the first watched namespace, else rljob-system."""
+    service_name: str = "rljob-operator"
+    """The operator's Service: trainers reach the status API at https://<service>.<namespace>.svc."""
+    status_host: str = "0.0.0.0"
+    status_port: int = 8443
+    status_url: str | None = None
+    """Base URL trainers send heartbeats to (default: https://<service>.<operator namespace>.svc:<port>)."""
+    token_audience: str = TOKEN_AUDIENCE
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    """CA trainers should trust when the serving certificate comes from files (default: the certificate)."""
+    tls_secret: str | None = None
+    """NAMESPACE/NAME of a Secret that shares one self-signed certificate between replicas and
+    restarts (the CA trainers were given stays valid). Default in a cluster:
+    <operator namespace>/<service name>-tls; outside one, a certificate per process."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 8080
+    """/metrics, /healthz and /readyz."""
+    leader_elect: bool = True
+    lease_name: str = "rljob-operator"
+    lease_namespace: str | None = None
+    """Default: operator_namespace."""
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
+    lease_seconds: float = 15.0
+    renew_seconds: float = 5.0
+    retry_seconds: float = 2.0
+    resync_seconds: float = 60.0
+    """Every job is reconciled at least this often, events or not."""
+    workers: int = 4
+    """Jobs reconciled in parallel."""
+    heartbeat_flush_seconds: float = 2.0
+    """Heartbeats of one job are written to its status at most this often."""
+    force_delete_after_seconds: float = 60.0
+    """A worker pod still Terminating this long past its grace period is force-deleted (its node is gone)."""
+    log_level: str = "INFO"
+
+    @property
+    def effective_status_url(self) -> str:
+        if self.status_url:
+            return self.status_url.rstrip("/")
+        return f"https://{self.service_name}.{self.operator_namespace}.svc:{self.status_port}"
+
+    @property
+    def effective_lease_namespace(self) -> str:
+        return self.lease_namespace or self.operator_namespace
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> OperatorSettings:
+        """Defaults ← ``RLJOB_OPERATOR_*`` ← ``overrides`` (those not None)."""
+        environ = dict(os.environ if environ is None else environ)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _convert(f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        in_cluster = _own_namespace()
+        if not values.get("operator_namespace"):
+            values["operator_namespace"] = (
+                in_cluster or next(iter(values.get("namespaces") or []), None) or "rljob-system"
+            )
+        settings = cls(**values)
+        if settings.tls_secret is None and in_cluster and not settings.tls_cert_file:
+            settings.tls_secret = f"{settings.operator_namespace}/{settings.service_name}-tls"
+        return settings
+
+
+def _convert(kind: Any, raw: str) -> Any:
+    kind = str(kind)
+    if kind.startswith("list"):
+        return [p.strip() for p in raw.split(",") if p.strip()]
+    if kind == "bool":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    return raw

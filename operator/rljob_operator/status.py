@@ -1,0 +1,204 @@
+"""What the operator observes and reports (pure): worker pods as seen, phases, conditions.
+
+Conditions are kstatus-compatible: ``Ready``, ``Reconciling`` and ``Stalled``, plus one per
+terminal or paused phase (``Succeeded``, ``Failed``, ``Suspended``); each carries the
+``observedGeneration`` it describes and keeps its ``lastTransitionTime`` until its status flips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT
+
+from rljob_operator.api import Phase
+from rljob_operator.builders import (
+    ANNOTATION_JOB_GENERATION,
+    ANNOTATION_SPEC_HASH,
+    CONTAINER,
+    LABEL_GANG_GENERATION,
+    LABEL_WORKER_INDEX,
+)
+
+CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Succeeded", "Failed", "Suspended")
+#: Reasons of a gang restarted because it stopped making progress (the Stalled condition).
+STALL_REASONS = frozenset({"HeartbeatTimeout", "StartupTimeout"})
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """One worker pod as the operator sees it (from the pod's JSON)."""
+
+    name: str
+    index: int | None
+    generation: int | None
+    spec_hash: str | None
+    job_generation: int | None
+    """``metadata.generation`` of the job when this pod was built."""
+    owned: bool
+    """Controlled by this job object (ownerReference uid); a pod left by a deleted job of
+    the same name is not, and blocks its name until the garbage collector removes it."""
+    orphan: bool
+    """Controlled by nothing (its job was deleted with ``--cascade=orphan``)."""
+    phase: str
+    scheduled: bool
+    ready: bool
+    deleting: bool
+    exit_code: int | None = None
+    container_reason: str | None = None
+    message: str | None = None
+    pod_reason: str | None = None
+    unschedulable: str | None = None
+    waiting: str | None = None
+    """Why the trainer container has not started (ErrImagePull, CreateContainerConfigError, ...)."""
+    finished_at: str | None = None
+    disrupted: bool = False
+    """The cluster marked it for removal (condition DisruptionTarget: eviction, preemption, node lost)."""
+    deleted_at: str | None = None
+    """metadata.deletionTimestamp: when its grace period ends."""
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def active(self) -> bool:
+        return not self.finished and not self.deleting
+
+    @classmethod
+    def from_pod(cls, pod: dict[str, Any], job_uid: str) -> ObservedPod:
+        meta, status = pod.get("metadata", {}), pod.get("status") or {}
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        controllers = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+        owned = any(ref.get("uid") == job_uid for ref in controllers)
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        scheduled_cond = conditions.get("PodScheduled", {})
+        unschedulable = None
+        if scheduled_cond.get("status") == "False" and scheduled_cond.get("reason") == "Unschedulable":
+            unschedulable = scheduled_cond.get("message") or "unschedulable"
+        terminated: dict[str, Any] = {}
+        waiting = None
+        for cs in status.get("containerStatuses") or []:
+            state = (cs.get("state") or {}).get("terminated")
+            if state and (cs.get("name") == CONTAINER or not terminated):
+                terminated = state
+            wait = (cs.get("state") or {}).get("waiting") or {}
+            if cs.get("name") == CONTAINER and wait.get("reason") not in (None, "ContainerCreating"):
+                waiting = f"{wait['reason']}: {wait.get('message') or ''}".strip().rstrip(":")
+        return cls(
+            name=meta.get("name", ""),
+            index=_int_or_none(labels.get(LABEL_WORKER_INDEX)),
+            generation=_int_or_none(labels.get(LABEL_GANG_GENERATION)),
+            spec_hash=annotations.get(ANNOTATION_SPEC_HASH),
+            job_generation=_int_or_none(annotations.get(ANNOTATION_JOB_GENERATION)),
+            owned=owned,
+            orphan=not controllers,
+            phase=status.get("phase") or "Pending",
+            scheduled=bool((pod.get("spec") or {}).get("nodeName")) or scheduled_cond.get("status") == "True",
+            ready=conditions.get("Ready", {}).get("status") == "True",
+            deleting=bool(meta.get("deletionTimestamp")),
+            exit_code=_int_or_none(terminated.get("exitCode")),
+            container_reason=terminated.get("reason"),
+            message=(terminated.get("message") or status.get("message") or "").strip() or None,
+            pod_reason=status.get("reason"),
+            unschedulable=unschedulable,
+            waiting=waiting,
+            finished_at=terminated.get("finishedAt"),
+            disrupted=conditions.get("DisruptionTarget", {}).get("status") == "True",
+            deleted_at=meta.get("deletionTimestamp"),
+        )
+
+
+def failure_reason(pod: ObservedPod) -> str:
+    """CamelCase reason of a failed worker, from the trainer's exit-code contract."""
+    if pod.exit_code == EXIT_PERMANENT:
+        return "PermanentError"
+    if pod.exit_code == EXIT_CUDA_OOM:
+        return "CudaOutOfMemory"
+    if pod.container_reason == "OOMKilled":
+        return "OOMKilled"
+    if pod.exit_code is None:
+        return pod.pod_reason or ("Disrupted" if pod.disrupted else "WorkerLost")
+    return "WorkerFailed"
+
+
+def failure_message(pod: ObservedPod) -> str:
+    if pod.exit_code is None:
+        what = f"{pod.name} failed ({pod.pod_reason or 'no exit code'})"
+    else:
+        what = f"{pod.name} exited with code {pod.exit_code}"
+    first = (pod.message or "").strip().splitlines()
+    return f"{what}: {first[0].strip()}" if first else what
+
+
+def first_failure(failed: list[ObservedPod]) -> ObservedPod:
+    """The failure that explains the gang's: permanent beats OOM beats the earliest, lowest index."""
+
+    def rank(p: ObservedPod) -> tuple[int, str, int]:
+        severity = {EXIT_PERMANENT: 0, EXIT_CUDA_OOM: 1}.get(p.exit_code or -1, 2)
+        return severity, p.finished_at or "~", p.index if p.index is not None else 1 << 30
+
+    return min(failed, key=rank)
+
+
+def make_conditions(
+    phase: str,
+    reason: str,
+    message: str,
+    *,
+    ready: bool,
+    reconciling: bool,
+    generation: int | None,
+    previous: list[dict[str, Any]],
+    now: datetime,
+    stalled: bool | None = None,
+) -> list[dict[str, Any]]:
+    """The six conditions for a phase; unchanged ones keep their lastTransitionTime.
+
+    ``Stalled`` is True for a failed job and, when ``stalled`` says so, for a gang restarted
+    because its heartbeats stopped.
+    """
+    before = {c.get("type"): c for c in previous}
+    truth = {
+        "Ready": ready,
+        "Reconciling": reconciling,
+        "Stalled": phase == Phase.failed.value if stalled is None else stalled,
+        "Succeeded": phase == Phase.succeeded.value,
+        "Failed": phase == Phase.failed.value,
+        "Suspended": phase == Phase.suspended.value,
+    }
+    out = []
+    for kind in CONDITION_TYPES:
+        status = "True" if truth[kind] else "False"
+        old = before.get(kind) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == status else None
+        out.append(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since or rfc3339(now),
+                "observedGeneration": generation,
+            }
+        )
+    return out

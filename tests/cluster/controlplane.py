@@ -1,0 +1,442 @@
+"""A real Kubernetes control plane on 127.0.0.1, with kwok faking GPU nodes.
+
+etcd, kube-apiserver (TLS, RBAC, service-account tokens), kube-controller-manager
+(garbage collector, node lifecycle, pod GC, taint eviction, ...), kube-scheduler
+and kwok, each a process of the pinned binaries (see ``binaries.py``), on free
+loopback ports. Used by the pytest fixtures (a temp dir, removed on stop) and by
+``python -m tests.cluster up`` (``.dev-cluster/``, detached).
+
+    with ControlPlane() as cp:
+        client = cp.api_client()
+        ...
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import ssl
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.cluster import components, nodes, pki
+from tests.cluster.binaries import bin_dir
+from tests.cluster.components import Layout
+from tests.cluster.processes import (
+    ProcessRecord,
+    RunRecord,
+    free_port,
+    is_running,
+    reap_stale,
+    start_process,
+    stop_process_group,
+)
+from tests.cluster.waiting import wait_for
+
+STATE_FILE = "state.json"
+
+
+@dataclass
+class ClusterConfig:
+    """Knobs of a test control plane; defaults favour fast, realistic fault tests."""
+
+    gpu_nodes: int = 4
+    """Fake GPU nodes created at start, named ``<node_prefix><i>``."""
+    node_prefix: str = "gpu-node-"
+    node_shape: nodes.GpuNodeShape = field(default_factory=nodes.GpuNodeShape)
+    """Capacity, labels and GPU model of the default nodes."""
+    node_monitor_grace_s: int = 15
+    """kube-controller-manager --node-monitor-grace-period: silence before NotReady."""
+    eviction_toleration_s: int = 10
+    """Default not-ready/unreachable NoExecute toleration the apiserver adds to pods
+    (300 s on a real cluster): how long pods stay on a dead node before eviction."""
+    start_timeout_s: float = 180.0
+    """Bound on each start-up wait (etcd, apiserver, controllers, nodes)."""
+    log_verbosity: int = 1
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or to become healthy."""
+
+
+class ControlPlane:
+    """Processes, credentials and helpers of one local control plane.
+
+    ``workdir=None`` uses a fresh temp dir that :meth:`stop` removes. With
+    ``detached=True`` the processes outlive this Python process (dev cluster)
+    and only :meth:`down` stops them; otherwise they are stopped at exit and,
+    should this process be killed, by the kernel (PDEATHSIG) and by the next
+    start's stale-run reaper.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        config: ClusterConfig | None = None,
+        *,
+        detached: bool = False,
+    ) -> None:
+        self.config = config or ClusterConfig()
+        self.detached = detached
+        self._requested_workdir = Path(workdir).resolve() if workdir else None
+        self._layout: Layout | None = None
+        self._record: RunRecord | None = None
+        self._argv: dict[str, list[str]] = {}
+        # Kept so that Python does not warn about, or reap, children still running.
+        self._popen: dict[str, subprocess.Popen] = {}
+        self._admin_client = None
+
+    # ----------------------------------------------------------------- paths
+    @property
+    def layout(self) -> Layout:
+        """Files and ports of the running control plane."""
+        if self._layout is None:
+            raise ControlPlaneError("control plane not started")
+        return self._layout
+
+    @property
+    def workdir(self) -> Path:
+        """Folder of this control plane's data, credentials and logs."""
+        return self.layout.workdir
+
+    @property
+    def bin(self) -> Path:
+        """Folder of the pinned binaries in use (kubectl, helm, ... are there too)."""
+        return self.layout.bin
+
+    @property
+    def server(self) -> str:
+        """kube-apiserver URL."""
+        return self.layout.server
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        """Kubeconfig with a system:masters client certificate."""
+        return self.layout.kubeconfig("admin")
+
+    @property
+    def ca_cert(self) -> Path:
+        """CA that signed the apiserver's serving certificate."""
+        return self.layout.cert("ca")
+
+    @property
+    def logs_dir(self) -> Path:
+        """Folder of per-component logs (``<component>.log``)."""
+        return self.layout.path("logs")
+
+    @property
+    def processes(self) -> list[ProcessRecord]:
+        """The component processes currently recorded."""
+        return list(self._record.processes) if self._record else []
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self, *, build_binaries: bool = True) -> ControlPlane:
+        """Start every component, create the default GPU nodes, wait until Ready.
+
+        ``build_binaries=False`` fails fast (``BinariesUnavailable``) instead of
+        building missing binaries, which takes many minutes when cold.
+        """
+        binaries = bin_dir(build=build_binaries)
+        # Ports are picked free, then bound by the components a moment later; on
+        # the rare collision with another process, start again on new ports.
+        for attempt in range(3):
+            try:
+                return self._start_once(binaries)
+            except ControlPlaneError as error:
+                if "address already in use" not in str(error) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, binaries: Path) -> ControlPlane:
+        reap_stale(workdir=self._requested_workdir)
+        if self._requested_workdir:
+            workdir = self._requested_workdir
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(tempfile.mkdtemp(prefix="rljob-cluster-"))
+        ports = {
+            name: free_port()
+            for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
+        }
+        self._layout = layout = Layout(binaries, workdir, ports)
+        self._record = RunRecord.create(workdir, remove_workdir=True, detached=self.detached)
+        if not self.detached:
+            atexit.register(self.stop)
+        try:
+            components.write_credentials(layout)
+            self._launch("etcd", components.etcd_argv(layout))
+            self._wait_healthy("etcd", lambda: _http_ok(f"{layout.etcd_url}/health"), "etcd /health")
+            self._launch("kube-apiserver", components.apiserver_argv(layout, self.config))
+            self._wait_apiserver_ready()
+            self._start_controllers()
+            if self.config.gpu_nodes:
+                self.add_gpu_nodes(self.config.gpu_nodes)
+            self._wait_default_service_account()
+        except BaseException:
+            self.stop()
+            raise
+        (workdir / STATE_FILE).write_text(
+            json.dumps({"record": self._record.path, "ports": ports, "server": self.server})
+        )
+        return self
+
+    def stop(self) -> None:
+        """Stop every component and remove the work directory. Idempotent."""
+        if self._admin_client is not None:
+            self._admin_client.close()
+            self._admin_client = None
+        if self._record is not None:
+            self._record.stop_all()
+            self._record = None
+        if not self.detached:
+            atexit.unregister(self.stop)
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @classmethod
+    def down(cls, workdir: Path) -> bool:
+        """Stop a (detached) control plane started in ``workdir``; False if none ran."""
+        workdir = Path(workdir).resolve()
+        stopped = bool(reap_stale(workdir=workdir))
+        if workdir.exists():
+            shutil.rmtree(workdir, ignore_errors=True)
+        return stopped
+
+    @classmethod
+    def describe(cls, workdir: Path) -> dict | None:
+        """Ports, server and process liveness of the control plane in ``workdir``."""
+        state_path = Path(workdir).resolve() / STATE_FILE
+        if not state_path.exists():
+            return None
+        state = json.loads(state_path.read_text())
+        try:
+            record = RunRecord.load(Path(state["record"]))
+        except OSError:
+            return None
+        state["processes"] = {p.name: is_running(p.pid, p.exe) for p in record.processes}
+        return state
+
+    # ------------------------------------------------------------ components
+    def _launch(self, name: str, argv: list[str]) -> None:
+        assert self._record is not None
+        self._argv[name] = argv
+        process, record = start_process(
+            name, argv, self.logs_dir / f"{name}.log", die_with_parent=not self.detached
+        )
+        self._popen[name] = process
+        self._record.processes = [p for p in self._record.processes if p.name != name] + [record]
+        self._record.save()
+
+    def _exited(self, name: str) -> bool:
+        records = [p for p in self.processes if p.name == name]
+        return not records or not is_running(records[0].pid, records[0].exe)
+
+    def _log_tail(self, name: str, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.logs_dir / f"{name}.log").read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _wait_healthy(self, name: str, check, what: str) -> None:
+        def healthy() -> bool:
+            if self._exited(name):
+                raise ControlPlaneError(f"{name} exited during start-up:\n{self._log_tail(name)}")
+            return check()
+
+        try:
+            wait_for(healthy, self.config.start_timeout_s, interval=0.1, message=what)
+        except TimeoutError as error:
+            raise ControlPlaneError(f"{error}\n{name} log tail:\n{self._log_tail(name)}") from None
+
+    def _wait_apiserver_ready(self) -> None:
+        layout = self.layout
+        context = ssl.create_default_context(cafile=str(layout.cert("ca")))
+        context.load_cert_chain(str(layout.cert("admin")), str(layout.key("admin")))
+        self._wait_healthy(
+            "kube-apiserver",
+            lambda: _http_ok(f"{layout.server}/readyz", context),
+            "kube-apiserver /readyz",
+        )
+
+    def _start_controllers(self) -> None:
+        layout = self.layout
+        stages = layout.path("kwok-stages.yaml")
+        stages.write_text(yaml.safe_dump_all(components.kwok_stages(self.config), sort_keys=False))
+        self._launch("kube-controller-manager", components.controller_manager_argv(layout, self.config))
+        self._launch("kube-scheduler", components.scheduler_argv(layout, self.config))
+        self._launch("kwok", components.kwok_argv(layout, stages))
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certs, loopback only
+        for name, port_name in (
+            ("kube-controller-manager", "controller-manager"),
+            ("kube-scheduler", "scheduler"),
+        ):
+            url = f"https://127.0.0.1:{layout.ports[port_name]}/healthz"
+            self._wait_healthy(name, lambda url=url: _http_ok(url, insecure), f"{name} /healthz")
+
+    def _wait_default_service_account(self) -> None:
+        core = self._core()
+        wait_for(
+            lambda: core.list_namespaced_service_account("default").items,
+            self.config.start_timeout_s,
+            message="the default service account (kube-controller-manager running)",
+        )
+
+    # ------------------------------------------------------------ fault tests
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same port; etcd keeps the data."""
+        record = next(p for p in self.processes if p.name == "kube-apiserver")
+        stop_process_group(record.pid, record.exe)
+        self._launch("kube-apiserver", self._argv["kube-apiserver"])
+        self._wait_apiserver_ready()
+
+    # ----------------------------------------------------------------- nodes
+    def add_gpu_nodes(
+        self,
+        count: int = 1,
+        *,
+        shape: nodes.GpuNodeShape | None = None,
+        prefix: str | None = None,
+        wait: bool = True,
+    ) -> list[str]:
+        """Create ``count`` fake GPU nodes (next free names) and wait until Ready."""
+        core = self._core()
+        prefix = prefix if prefix is not None else self.config.node_prefix
+        existing = {n.metadata.name for n in core.list_node().items}
+        names: list[str] = []
+        index = 0
+        while len(names) < count:
+            if f"{prefix}{index}" not in existing:
+                names.append(f"{prefix}{index}")
+            index += 1
+        version = self.server_version()
+        for name in names:
+            manifest = nodes.gpu_node_manifest(name, shape or self.config.node_shape, kubelet_version=version)
+            core.create_node(manifest)
+        if wait:
+            for name in names:
+                self.wait_node_ready(name, True)
+        return names
+
+    def wait_node_ready(self, name: str, ready: bool, timeout: float | None = None) -> None:
+        """Wait until node ``name`` reports Ready (``ready``) or not."""
+        core = self._core()
+        wait_for(
+            lambda: nodes.node_is_ready(core.read_node(name)) == ready,
+            timeout or self.config.start_timeout_s,
+            message=f"node {name} Ready={ready}",
+        )
+
+    def set_node_ready(self, name: str, ready: bool, *, wait: bool = True) -> None:
+        """Make a node unreachable (no heartbeats: NotReady/Unknown after the grace
+        period, then its pods are evicted) or bring it back."""
+        value = None if ready else "true"
+        self._core().patch_node(name, {"metadata": {"annotations": {nodes.UNREACHABLE_ANNOTATION: value}}})
+        if wait:
+            self.wait_node_ready(name, ready, timeout=self.config.node_monitor_grace_s * 4 + 30)
+
+    def remove_node(self, name: str, *, wait: bool = True) -> None:
+        """Delete a node, as when a cloud instance disappears."""
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._core()
+        core.delete_node(name)
+        if wait:
+
+            def gone() -> bool:
+                try:
+                    core.read_node(name)
+                except ApiException as error:
+                    return error.status == 404
+                return False
+
+            wait_for(gone, 60, message=f"node {name} deleted")
+
+    # --------------------------------------------------------------- clients
+    def api_client(self, kubeconfig: Path | None = None):
+        """A new ``kubernetes.client.ApiClient`` (admin unless ``kubeconfig``); close it."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(
+            config_file=str(kubeconfig or self.admin_kubeconfig),
+            client_configuration=configuration,
+            persist_config=False,
+            # The client writes the embedded certificates to files; keep them in
+            # the work directory, so they go with it even if this process is killed.
+            temp_file_path=str(self.layout.path("client-files")),
+        )
+        return client.ApiClient(configuration)
+
+    def server_version(self) -> str:
+        """kube-apiserver's gitVersion, e.g. ``v1.37.2``."""
+        from kubernetes import client
+
+        self._core()
+        return client.VersionApi(self._admin_client).get_code().git_version
+
+    def _core(self):
+        from kubernetes import client
+
+        if self._admin_client is None:
+            self._admin_client = self.api_client()
+        return client.CoreV1Api(self._admin_client)
+
+    def service_account_kubeconfig(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        create: bool = True,
+        expiration_s: int = 3600,
+    ) -> Path:
+        """Kubeconfig acting as service account ``namespace/name`` (TokenRequest token).
+
+        Creates the service account when ``create`` and it does not exist.
+        """
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core = self._core()
+        if create:
+            try:
+                core.create_namespaced_service_account(
+                    namespace, {"metadata": {"name": name, "namespace": namespace}}
+                )
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_s)
+        )
+        token = core.create_namespaced_service_account_token(name, namespace, request).status.token
+        path = self.layout.path("kubeconfigs", f"sa-{namespace}-{name}.kubeconfig")
+        path.parent.mkdir(exist_ok=True)
+        return pki.write_kubeconfig(
+            path,
+            self.server,
+            self.ca_cert,
+            user=f"system:serviceaccount:{namespace}:{name}",
+            token=token,
+            namespace=namespace,
+        )
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

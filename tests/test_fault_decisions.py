@@ -1,0 +1,164 @@
+"""Fault tolerance's pure decisions: restart or fail, backoff, OOM batch shape, stalls, force-deletes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import yaml
+from rljob_operator.builders import CONFIG_KEY, desired_configmap
+from rljob_operator.lifecycle import plan_reconcile
+from rljob_operator.restarts import backoff_seconds
+from rljob_operator.status import rfc3339
+
+from tests.test_operator_unit import ENDPOINT, NOW, make_job, observe, pod_json
+
+RUNNING = {"phase": "Running", "startTime": rfc3339(NOW), "gangStartTime": rfc3339(NOW)}
+
+
+def failed_worker(job: Any, code: int, reason: str | None = None, index: int = 1) -> dict[str, Any]:
+    pod = pod_json(job, index, "Failed", False, exit_code=code, message="boom")
+    if reason:
+        pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = reason
+    return pod
+
+
+def plan_after(job: Any, *pods: dict[str, Any], later: float = 0) -> Any:
+    return plan_reconcile(job, observe(job, *pods), NOW + timedelta(seconds=later))
+
+
+def test_retryable_crash_restarts_the_whole_gang_as_a_new_generation() -> None:
+    job = make_job(spec={"runPolicy": {"backoffBaseSeconds": 5}}, status=RUNNING)
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 1))
+    s = plan.status
+    assert (s["phase"], s["reason"], s["gangGeneration"], s["restarts"]) == ("Restarting", "WorkerFailed", 1, 1)
+    assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"] and plan.create_pods == []
+    assert s["lastFailure"] == {"worker": "train-worker-1", "reason": "WorkerFailed", "exitCode": 1,
+                                "message": "train-worker-1 exited with code 1: boom", "time": rfc3339(NOW),
+                                "disruption": False}
+    assert s["nextRestartTime"] == rfc3339(NOW + timedelta(seconds=5))
+    assert plan.gang_restart == "WorkerFailed"
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "WorkerFailed")]
+
+
+def test_a_restarting_gang_waits_for_its_backoff_then_starts_generation_plus_one() -> None:
+    job = make_job(spec={"runPolicy": {"backoffBaseSeconds": 5}}, status=RUNNING)
+    first = plan_after(job, pod_json(job, 0), failed_worker(job, 1))
+    restarting = make_job(spec={"runPolicy": {"backoffBaseSeconds": 5}}, status=first.status)
+    waiting = plan_after(restarting, later=2)
+    assert waiting.status["phase"] == "Restarting" and waiting.create_pods == []
+    assert waiting.requeue_after == 3 and "boom" in waiting.status["message"]
+    again = plan_after(restarting, later=5)
+    assert [p["metadata"]["labels"]["rljob.dev/gang-generation"] for p in again.create_pods] == ["1", "1"]
+    assert again.status["restarts"] == 1 and again.status["gangStartTime"] == rfc3339(NOW + timedelta(seconds=5))
+
+
+def test_the_failure_is_handled_once_when_seen_again() -> None:
+    job = make_job(status=RUNNING)
+    first = plan_after(job, pod_json(job, 0), failed_worker(job, 1))
+    # The operator crashed after writing status: the old pods are still there, now of an old generation.
+    again = make_job(status=first.status)
+    plan = plan_after(again, pod_json(job, 0), failed_worker(job, 1), later=1)
+    assert plan.status["restarts"] == 1 and plan.status["gangGeneration"] == 1
+    assert plan.delete_pods == ["train-worker-0", "train-worker-1"] and plan.events == []
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    job = make_job(spec={"runPolicy": {"backoffBaseSeconds": 2, "backoffMaxSeconds": 10}})
+    assert [backoff_seconds(job, n) for n in (1, 2, 3, 4, 5)] == [2, 4, 8, 10, 10]
+
+
+def test_backoff_limit_exhausted_fails_the_job() -> None:
+    job = make_job(spec={"runPolicy": {"backoffLimit": 2}}, status={**RUNNING, "restarts": 2})
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 1))
+    assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "BackoffLimitExceeded")
+    assert "backoffLimit (2)" in plan.status["message"] and plan.delete_pods == ["train-worker-0"]
+
+
+def test_permanent_exit_code_fails_at_once_without_retry() -> None:
+    job = make_job(status=RUNNING)
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 78))
+    assert (plan.status["phase"], plan.status["reason"], plan.status["restarts"]) == ("Failed", "PermanentError", 0)
+
+
+def test_exit_code_policy_treats_low_codes_as_permanent_and_high_as_retryable() -> None:
+    job = make_job(spec={"runPolicy": {"restartPolicy": "ExitCode"}}, status=RUNNING)
+    low = plan_after(job, pod_json(job, 0), failed_worker(job, 3))
+    assert (low.status["phase"], low.status["reason"]) == ("Failed", "WorkerFailed")
+    assert "ExitCode" in low.status["message"]
+    assert plan_after(job, pod_json(job, 0), failed_worker(job, 137)).status["phase"] == "Restarting"
+    on_failure = make_job(status=RUNNING)
+    assert plan_after(on_failure, pod_json(on_failure, 0), failed_worker(on_failure, 3)).status["phase"] == "Restarting"
+
+
+def test_never_policy_fails_on_any_failure() -> None:
+    job = make_job(spec={"runPolicy": {"restartPolicy": "Never"}}, status=RUNNING)
+    assert plan_after(job, pod_json(job, 0), failed_worker(job, 143)).status["phase"] == "Failed"
+
+
+def test_disruption_restarts_without_consuming_the_backoff_limit() -> None:
+    job = make_job(spec={"runPolicy": {"backoffLimit": 0}}, status=RUNNING)
+    evicted = pod_json(job, 1, "Running", False, deleting=True)
+    evicted["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                            "reason": "DeletionByTaintManager"})
+    plan = plan_after(job, pod_json(job, 0), evicted)
+    s = plan.status
+    assert (s["phase"], s["restarts"], s["disruptions"], s["gangGeneration"]) == ("Restarting", 0, 1, 1)
+    assert s["lastFailure"]["disruption"] is True and s["nextRestartTime"] == rfc3339(NOW)
+    vanished = plan_after(job, pod_json(job, 0))
+    assert (vanished.status["phase"], vanished.status["reason"]) == ("Restarting", "WorkerLost")
+
+
+def test_pod_stuck_terminating_is_force_deleted_after_the_grace_period() -> None:
+    job = make_job(status={**RUNNING, "phase": "Restarting", "gangGeneration": 1})
+    stuck = pod_json(job, 0, deleting=True)  # deletionTimestamp = NOW
+    assert plan_reconcile(job, observe(job, stuck), NOW + timedelta(seconds=5), force_delete_after=10) \
+        .force_delete_pods == []
+    assert plan_reconcile(job, observe(job, stuck), NOW + timedelta(seconds=10), force_delete_after=10) \
+        .force_delete_pods == ["train-worker-0"]
+
+
+def test_oom_halves_the_batch_doubles_accumulation_down_to_the_floor() -> None:
+    spec = {"training": {"batchSize": 8, "numGenerations": 4}, "runPolicy": {"oomMinBatchSize": 2}}
+    job = make_job(spec=spec, status=RUNNING)
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 137, "OOMKilled"))
+    assert plan.status["reason"] == "OOMKilled"
+    assert plan.status["oomRecovery"] == {"batchSize": 4, "gradientAccumulationSteps": 2}
+    assert any(e.reason == "OOMRecovery" for e in plan.events)
+    config = yaml.safe_load(desired_configmap(make_job(spec=spec, status=plan.status), ENDPOINT)["data"][CONFIG_KEY])
+    assert (config["training"]["batchSize"], config["training"]["gradientAccumulationSteps"]) == (4, 2)
+    second = plan_after(make_job(spec=spec, status={**RUNNING, **{k: plan.status[k] for k in ("oomRecovery",)}}),
+                        pod_json(job, 0), failed_worker(job, 200))
+    assert second.status["oomRecovery"] == {"batchSize": 2, "gradientAccumulationSteps": 4}
+    floor = make_job(spec=spec, status={**RUNNING, "oomRecovery": second.status["oomRecovery"]})
+    third = plan_after(floor, pod_json(job, 0), failed_worker(job, 200))
+    assert third.status["oomRecovery"] == {"batchSize": 2, "gradientAccumulationSteps": 4}
+
+
+def test_oom_recovery_can_be_switched_off() -> None:
+    job = make_job(spec={"training": {"batchSize": 8}, "runPolicy": {"oomRecovery": False}}, status=RUNNING)
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 200))
+    assert plan.status["phase"] == "Restarting" and plan.status["oomRecovery"] is None
+
+
+def test_silent_heartbeats_set_stalled_and_restart_the_gang() -> None:
+    status = {**RUNNING, "progress": {"step": 3, "lastHeartbeat": rfc3339(NOW + timedelta(seconds=10))}}
+    job = make_job(spec={"runPolicy": {"stallTimeoutSeconds": 30}}, status=status)
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=39).status["phase"] == "Running"
+    plan = plan_after(job, pod_json(job, 0), pod_json(job, 1), later=40)
+    s = plan.status
+    assert (s["phase"], s["reason"], s["restarts"]) == ("Restarting", "HeartbeatTimeout", 1)
+    assert "stallTimeoutSeconds=30" in s["message"]
+    assert {c["type"]: c["status"] for c in s["conditions"]}["Stalled"] == "True"
+    assert ("Warning", "HeartbeatTimeout") in [(e.type, e.reason) for e in plan.events]
+
+
+def test_no_first_heartbeat_within_the_startup_timeout_restarts_the_gang() -> None:
+    job = make_job(spec={"runPolicy": {"startupTimeoutSeconds": 60, "stallTimeoutSeconds": 5}}, status=RUNNING)
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=59).status["phase"] == "Running"
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=60).status["reason"] == "StartupTimeout"
+
+
+def test_a_running_job_is_checked_every_check_interval() -> None:
+    job = make_job(spec={"runPolicy": {"checkIntervalSeconds": 7}}, status=RUNNING)
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1)).requeue_after == 7

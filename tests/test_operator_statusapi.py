@@ -1,0 +1,109 @@
+"""The status API with real tokens from the TokenRequest API: 401, 403 and 200/202."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests import operator_helpers as helpers
+from tests.cluster.waiting import wait_for
+from tests.operator_helpers import create_job, get_job, job_manifest, job_pods, token_for, wait_phase
+
+# Fixtures shared by the operator's cluster tests.
+kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def running(kube, namespace, operator, tmp_path: Path) -> dict[str, Any]:
+    """An operator, job ``st`` (2 workers) and job ``other`` (1 worker), both Running."""
+    op = operator()
+    create_job(kube, namespace, job_manifest("st", replicas=2))
+    create_job(kube, namespace, job_manifest("other", replicas=1, spec={"training": {"batchSize": 8}}))
+    wait_phase(kube, namespace, "st", "Running")
+    wait_phase(kube, namespace, "other", "Running")
+    cm = kube.request("GET", kube.core_path(namespace, "configmaps", "st-config"))
+    ca = tmp_path / "status-ca.crt"
+    ca.write_text(cm["data"]["status-ca.crt"])
+    pods = {p["metadata"]["name"]: p for p in job_pods(kube, namespace, "st") + job_pods(kube, namespace, "other")}
+    base = f"{op.status_url}/api/v1/namespaces/{namespace}/rltrainingjobs"
+    return {"op": op, "ca": str(ca), "pods": pods, "base": base}
+
+
+def _post(env: dict[str, Any], job: str, token: str | None, body: Any = None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.post(f"{env['base']}/{job}/heartbeat", json=body or {"step": 1, "reward": 0.5, "loss": 1.0},
+                         headers=headers, verify=env["ca"], timeout=10)
+
+
+def _get(env: dict[str, Any], job: str, token: str | None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.get(f"{env['base']}/{job}/status", headers=headers, verify=env["ca"], timeout=10)
+
+
+def test_heartbeats_need_a_token_bound_to_a_worker_of_that_job(kube, namespace, running) -> None:
+    pods = running["pods"]
+    worker = pods["st-worker-1"]
+    missing = _post(running, "st", None)
+    assert missing.status_code == 401 and missing.headers["WWW-Authenticate"].startswith("Bearer")
+    assert _post(running, "st", "not-a-token").status_code == 401
+    # The API server's own audience is not the status API's: such a token is refused.
+    api_token = token_for(kube, namespace, "default", None, pod=worker)
+    assert _post(running, "st", api_token).status_code == 401
+    # Right audience, but not bound to a pod (not what a kubelet projects).
+    unbound = token_for(kube, namespace, "default", "rljob-status")
+    assert _post(running, "st", unbound).status_code == 403
+    # Bound to a worker of another job.
+    foreign = token_for(kube, namespace, "default", "rljob-status", pod=pods["other-worker-0"])
+    response = _post(running, "st", foreign)
+    assert response.status_code == 403 and "not a worker of" in response.json()["error"]
+
+    token = token_for(kube, namespace, "default", "rljob-status", pod=worker)
+    assert _post(running, "st", token, {"reward": 1}).status_code == 400  # no step
+    accepted = _post(running, "st", token, {"step": 5, "reward": 0.25, "loss": 0.5, "checkpoint": "checkpoint-4",
+                                            "best_checkpoint": "checkpoint-2", "best_metric": 0.75, "pod": "x"})
+    assert accepted.status_code == 202
+
+    def progress() -> dict[str, Any] | None:
+        value = get_job(kube, namespace, "st")["status"].get("progress") or {}
+        return value if value.get("step") == 5 else None
+
+    seen = wait_for(progress, 20, message="progress written")
+    assert seen["reward"] == 0.25 and seen["loss"] == 0.5 and seen["checkpoint"] == "checkpoint-4"
+    assert seen["bestCheckpoint"] == "checkpoint-2" and seen["bestMetric"] == 0.75
+    assert seen["lastHeartbeat"].endswith("Z")
+    assert "progress" not in (get_job(kube, namespace, "other")["status"])
+    metrics = running["op"].metrics_text()
+    assert 'rljob_operator_heartbeats_total{result="accepted"}' in metrics
+    assert 'rljob_operator_heartbeats_total{result="forbidden"} 2.0' in metrics
+
+
+def test_reading_status_needs_permission_to_get_that_job(kube, namespace, running) -> None:
+    assert _get(running, "st", None).status_code == 401
+    assert _get(running, "st", "not-a-token").status_code == 401
+    nobody = token_for(kube, namespace, "nobody")
+    denied = _get(running, "st", nobody)
+    assert denied.status_code == 403 and "may not get" in denied.json()["error"]
+
+    rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/" + namespace
+    kube.request("POST", f"{rbac}/roles", {
+        "metadata": {"name": "read-st"},
+        "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["get"],
+                   "resourceNames": ["st"]}],
+    })
+    kube.request("POST", f"{rbac}/rolebindings", {
+        "metadata": {"name": "reader-reads-st"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-st"},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+    })
+    reader = token_for(kube, namespace, "reader")
+    allowed = wait_for(lambda: (r := _get(running, "st", reader)).status_code == 200 and r, 20,
+                       message="RBAC in effect")
+    body = allowed.json()
+    assert body["kind"] == "RLTrainingJob" and body["metadata"]["name"] == "st"
+    assert body["status"]["phase"] == "Running"
+    assert _get(running, "other", reader).status_code == 403  # the Role names only "st"
+    assert _get(running, "missing", nobody).status_code == 403  # no existence oracle without permission

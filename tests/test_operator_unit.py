@@ -1,0 +1,687 @@
+"""The operator's pure parts: the CRD generator, the builders, phases and plans, the work queue."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rljob_operator import builders as builders_module
+from rljob_operator import crd
+from rljob_operator.api import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
+from rljob_operator.builders import (
+    LABEL_GANG_GENERATION,
+    LABEL_JOB,
+    LABEL_WORKER_INDEX,
+    StatusEndpoint,
+    desired_configmap,
+    desired_service,
+    desired_worker_pod,
+    desired_worker_pods,
+    merge_pod_template,
+    spec_hash,
+)
+from rljob_operator.lifecycle import plan_invalid, plan_reconcile
+from rljob_operator.settings import OperatorSettings
+from rljob_operator.status import ObservedPod, first_failure, make_conditions, rfc3339
+from rljob_operator.workqueue import WorkQueue
+from rljob_trainer.config import TrainerConfig
+
+from tests.operator_helpers import INVALID_MANIFESTS, REPO, deep_update, invalid_manifest, job_manifest
+
+NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
+UID = "0123456789abcdef-uid"
+ENDPOINT = StatusEndpoint("https://rljob-operator.rljob-system.svc:8443", "-----BEGIN CERTIFICATE-----\nx\n")
+
+
+def make_job(replicas: int = 2, spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None,
+             generation: int = 1) -> RLTrainingJob:
+    doc = job_manifest("train", replicas, spec, namespace="team-a")
+    doc["metadata"].update({"uid": UID, "generation": generation})
+    if status is not None:
+        doc["status"] = status
+    return parse_job(doc)
+
+
+def pod_json(job: RLTrainingJob, index: int, phase: str = "Running", ready: bool = True, generation: int = 0,
+             exit_code: int | None = None, message: str | None = None, node: str | None = "gpu-node-0",
+             deleting: bool = False, uid: str = UID, unschedulable: str | None = None) -> dict[str, Any]:
+    pod = desired_worker_pod(job, index, generation, ENDPOINT)
+    pod["metadata"]["ownerReferences"][0]["uid"] = uid
+    pod["metadata"]["uid"] = f"pod-{index}-{generation}"
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = rfc3339(NOW)
+    if node:
+        pod["spec"]["nodeName"] = node
+    status: dict[str, Any] = {"phase": phase, "conditions": [{"type": "Ready", "status": str(ready)}]}
+    if unschedulable:
+        status["conditions"].append(
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}
+        )
+    if exit_code is not None:
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                      "finishedAt": rfc3339(NOW)}
+        if message:
+            terminated["message"] = message
+        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": terminated}}]
+    pod["status"] = status
+    return pod
+
+
+def observe(job: RLTrainingJob, *pods: dict[str, Any]) -> list[ObservedPod]:
+    return [ObservedPod.from_pod(p, UID) for p in pods]
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+# --------------------------------------------------------------------------- CRD
+
+
+def test_committed_crd_matches_the_models() -> None:
+    committed = (REPO / crd.CRD_FILE).read_text(encoding="utf-8")
+    assert committed == crd.crd_yaml(), "crds/ drifted from the API models: run `make crd`"
+
+
+def test_rljob_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from rljob_operator.cli import main
+
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == crd.crd_yaml()
+    assert main(["crd", "-o", str(tmp_path / "crd.yaml")]) == 0
+    assert (tmp_path / "crd.yaml").read_text() == crd.crd_yaml()
+
+
+def _walk(node: Any, path: str = "") -> Any:
+    if isinstance(node, dict):
+        yield path, node
+        for key in ("properties",):
+            for name, child in (node.get(key) or {}).items():
+                yield from _walk(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            yield from _walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_crd_schema_is_structural_and_documented() -> None:
+    schema = crd.openapi_schema()
+    for path, node in _walk(schema):
+        for banned in ("$ref", "anyOf", "allOf", "oneOf", "title", "$defs", "nullable"):
+            assert banned not in node, f"{path} has {banned}"
+        typed = ("type" in node or node.get("x-kubernetes-preserve-unknown-fields")
+                 or node.get("x-kubernetes-int-or-string"))
+        assert typed, f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if path.startswith(".spec.") and "[]" not in path.split(".")[-1] and not path.endswith("{}"):
+            assert node.get("description"), f"{path} has no description (kubectl explain shows it)"
+    workers = schema["properties"]["spec"]["properties"]["workers"]
+    assert workers["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert workers["properties"]["resources"]["properties"]["limits"]["additionalProperties"] == {
+        "x-kubernetes-int-or-string": True
+    }
+    trl = schema["properties"]["spec"]["properties"]["training"]["properties"]["trl"]
+    assert trl == {**trl, "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def test_crd_defaults_are_the_models_defaults() -> None:
+    spec_default = crd.openapi_schema()["properties"]["spec"]["default"]
+    assert RLTrainingJobSpec.model_validate(spec_default) == RLTrainingJobSpec()
+    training = crd.openapi_schema()["properties"]["spec"]["properties"]["training"]["properties"]
+    assert training["maxSteps"]["default"] == 100
+    assert training["learningRate"] == {**training["learningRate"], "minimum": 0, "exclusiveMinimum": True}
+
+
+def test_crd_names_subresources_and_columns() -> None:
+    manifest = crd.crd_manifest()
+    spec = manifest["spec"]
+    assert spec["names"]["shortNames"] == ["rltj"] and "rljob" in spec["names"]["categories"]
+    version = spec["versions"][0]
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.workers.replicas"
+    assert version["subresources"]["status"] == {}
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert columns == ["Phase", "Workers", "Step", "Reward", "Age"]
+    conditions = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+
+
+def test_cel_rules_sit_where_their_fields_are() -> None:
+    schema = crd.openapi_schema()
+    for path, rules in crd.CEL_RULES.items():
+        node = crd._at(schema, path)
+        assert node["x-kubernetes-validations"] == rules
+        for rule in rules:
+            if "fieldPath" in rule:  # the field a rule names exists under it
+                crd._at(node, rule["fieldPath"].strip("."))
+
+
+@pytest.mark.parametrize(("case", "patch", "field"), INVALID_MANIFESTS, ids=[c[0] for c in INVALID_MANIFESTS])
+def test_models_reject_what_the_crd_rejects(case: str, patch: dict[str, Any], field: str) -> None:
+    with pytest.raises(ManifestError) as error:
+        parse_job(invalid_manifest(case, patch))
+    assert any(p.startswith(field) or field in p for p in error.value.problems), error.value.problems
+
+
+def test_the_valid_base_manifest_and_the_quickstart_parse() -> None:
+    parse_job(job_manifest("ok"))
+    RLTrainingJob.model_validate(yaml.safe_load((REPO / "examples/quickstart.yaml").read_text()))
+
+
+# ---------------------------------------------------------------------- builders
+
+
+def test_worker_pods_follow_the_trainer_contract() -> None:
+    job = make_job(replicas=3, spec={"workers": {"procsPerWorker": 2}, "training": {"batchSize": 4}})
+    pods = desired_worker_pods(job, generation=5, endpoint=ENDPOINT)
+    assert [p["metadata"]["name"] for p in pods] == ["train-worker-0", "train-worker-1", "train-worker-2"]
+    pod = pods[1]
+    env = env_of(pod)
+    assert env["RLJOB_NNODES"] == "3" and env["RLJOB_NODE_RANK"] == "1" and env["RLJOB_NPROC_PER_NODE"] == "2"
+    assert env["RLJOB_RDZV_ENDPOINT"] == "train-worker-0.train.team-a.svc:29500"
+    assert env["RLJOB_RUN_ID"] == "train-01234567-g5"
+    assert env["RLJOB_OUTPUT_DIR"] == "/workspace/output" and env["RLJOB_METRICS_PORT"] == "9400"
+    assert env["RLJOB_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["RLJOB_STATUS_URL"] == (
+        "https://rljob-operator.rljob-system.svc:8443/api/v1/namespaces/team-a/rltrainingjobs/train/heartbeat"
+    )
+    assert env["RLJOB_TOKEN_FILE"] == "/var/run/secrets/rljob.dev/status/token"
+    assert env["RLJOB_STATUS_CA_FILE"] == "/etc/rljob/status-ca.crt"
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "rljob_trainer.launch", "--config", "/etc/rljob/trainer.yaml"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert (spec["hostname"], spec["subdomain"]) == ("train-worker-1", "train")
+    labels = pod["metadata"]["labels"]
+    assert labels[LABEL_JOB] == "train" and labels[LABEL_WORKER_INDEX] == "1" and labels[LABEL_GANG_GENERATION] == "5"
+    owner = pod["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == UID and owner["controller"] and owner["kind"] == "RLTrainingJob"
+
+
+def test_gpus_are_requested_and_limited_and_their_taint_tolerated() -> None:
+    job = make_job(spec={"workers": {"procsPerWorker": 2, "resources": {"requests": {"cpu": 8, "memory": "64Gi"}}},
+                         "training": {"batchSize": 2}})
+    container = desired_worker_pod(job, 0, 0)["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    tolerations = desired_worker_pod(job, 0, 0)["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    cpu_job = make_job(spec={"workers": {"gpusPerWorker": 0}})
+    assert "nvidia.com/gpu" not in str(desired_worker_pod(cpu_job, 0, 0)["spec"]["containers"][0]["resources"])
+    amd = make_job(spec={"workers": {"gpuResource": "amd.com/gpu", "gpusPerWorker": 4}})
+    assert desired_worker_pod(amd, 0, 0)["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}
+
+
+def test_health_probes_are_on_worker_zero_only() -> None:
+    job = make_job()
+    zero, one = (desired_worker_pod(job, i, 0)["spec"]["containers"][0] for i in (0, 1))
+    assert zero["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9400}
+    assert zero["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9400}
+    assert zero["startupProbe"]["failureThreshold"] * zero["startupProbe"]["periodSeconds"] >= 1800
+    assert not {"readinessProbe", "livenessProbe", "startupProbe"} & set(one)
+
+
+def test_heartbeat_token_is_projected_with_the_status_audience() -> None:
+    pod = desired_worker_pod(make_job(), 0, 0, ENDPOINT)
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "rljob-status-token")
+    token = volume["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "rljob-status" and token["path"] == "token"
+    no_api = desired_worker_pod(make_job(), 0, 0, None)
+    assert "RLJOB_STATUS_URL" not in env_of(no_api)
+    assert all(v["name"] != "rljob-status-token" for v in no_api["spec"]["volumes"])
+
+
+def test_configmap_holds_the_trainer_config_and_the_status_ca() -> None:
+    cm = desired_configmap(make_job(replicas=2), ENDPOINT)
+    assert cm["metadata"]["name"] == "train-config"
+    cfg = TrainerConfig.model_validate(yaml.safe_load(cm["data"]["trainer.yaml"]))
+    assert cfg.world_size == 2 and cfg.output_dir == "/workspace/output" and cfg.job_name == "train"
+    assert cfg.training.max_steps == 3
+    assert cm["data"]["status-ca.crt"] == ENDPOINT.ca_pem
+
+
+def test_service_is_headless_and_publishes_unready_workers() -> None:
+    svc = desired_service(make_job())
+    assert svc["metadata"]["name"] == "train"
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {LABEL_JOB: "train"}
+    assert {p["port"] for p in svc["spec"]["ports"]} == {29500, 9400}
+
+
+def test_user_env_volumes_and_scheduling_fields_reach_the_pod() -> None:
+    job = make_job(spec={"workers": {
+        "env": [{"name": "HF_HOME", "value": "/cache"}, {"name": "RLJOB_NODE_RANK", "value": "7"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "prompts"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "nodeSelector": {"pool": "h100"},
+        "tolerations": [{"key": "spot", "operator": "Exists"}],
+        "priorityClassName": "training", "serviceAccountName": "s3-reader",
+        "affinity": {"nodeAffinity": {}},
+    }})
+    pod = desired_worker_pod(job, 1, 0)
+    env = env_of(pod)
+    assert env["HF_HOME"] == "/cache" and env["RLJOB_NODE_RANK"] == "1"  # the contract wins
+    assert [e["name"] for e in pod["spec"]["containers"][0]["env"]].count("RLJOB_NODE_RANK") == 1
+    assert {"name": "data", "mountPath": "/data"} in pod["spec"]["containers"][0]["volumeMounts"]
+    assert any(v["name"] == "data" for v in pod["spec"]["volumes"])
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"pool": "h100"} and spec["priorityClassName"] == "training"
+    assert spec["serviceAccountName"] == "s3-reader" and spec["affinity"] == {"nodeAffinity": {}}
+    assert {"key": "spot", "operator": "Exists"} in spec["tolerations"] and len(spec["tolerations"]) == 2
+
+
+def test_pod_template_merges_but_operator_fields_win() -> None:
+    job = make_job(spec={"workers": {"podTemplate": {
+        "metadata": {"labels": {"team": "rl", LABEL_JOB: "other"}, "annotations": {"a": "b"}},
+        "spec": {
+            "restartPolicy": "Always",
+            "schedulerName": "volcano",
+            "containers": [
+                {"name": "trainer", "command": ["sh"], "securityContext": {"runAsUser": 1000}},
+                {"name": "sidecar", "image": "busybox"},
+            ],
+            "tolerations": [{"key": "x", "operator": "Exists"}],
+        },
+    }}})
+    pod = desired_worker_pod(job, 0, 0)
+    assert pod["metadata"]["labels"]["team"] == "rl" and pod["metadata"]["labels"][LABEL_JOB] == "train"
+    assert pod["metadata"]["annotations"]["a"] == "b"
+    assert pod["spec"]["restartPolicy"] == "Never" and pod["spec"]["schedulerName"] == "volcano"
+    trainer, sidecar = pod["spec"]["containers"]
+    assert trainer["command"][:3] == ["python", "-m", "rljob_trainer.launch"]
+    # The template's fields merge into ours (so the pod still meets Pod Security "restricted").
+    assert trainer["securityContext"]["runAsUser"] == 1000 and trainer["image"] == job.spec.image
+    assert trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert sidecar == {"name": "sidecar", "image": "busybox"}
+    assert len(pod["spec"]["tolerations"]) == 2
+
+
+def test_merge_pod_template_rules() -> None:
+    base = {"a": {"b": 1, "c": [1, 2]}, "volumes": [{"name": "v", "emptyDir": {}}]}
+    merged = merge_pod_template(base, {"a": {"c": [3]}, "volumes": [{"name": "v", "emptyDir": {"medium": "Memory"}},
+                                                                    {"name": "w"}]})
+    assert merged == {"a": {"b": 1, "c": [3]},
+                      "volumes": [{"name": "v", "emptyDir": {"medium": "Memory"}}, {"name": "w"}]}
+    assert base["a"]["c"] == [1, 2]  # inputs untouched
+
+
+def test_spec_hash_changes_with_the_gang_spec_but_not_run_policy() -> None:
+    job = make_job()
+    assert spec_hash(job) == spec_hash(make_job(spec={"runPolicy": {"suspend": True, "ttlSecondsAfterFinished": 5}}))
+    assert spec_hash(job) != spec_hash(make_job(replicas=4))
+    assert spec_hash(job) != spec_hash(make_job(spec={"image": "other:1"}))
+
+
+# ---------------------------------------------------------------------- plans
+
+
+def test_new_job_creates_every_worker_and_records_its_start() -> None:
+    job = make_job(replicas=3)
+    plan = plan_reconcile(job, [], NOW, ENDPOINT)
+    assert [p["metadata"]["name"] for p in plan.create_pods] == [f"train-worker-{i}" for i in range(3)]
+    assert plan.ensure_children and not plan.delete_pods
+    s = plan.status
+    assert (s["phase"], s["reason"], s["startTime"], s["gangGeneration"]) == ("Pending", "CreatingWorkers",
+                                                                            rfc3339(NOW), 0)
+    assert s["workers"] == {"desired": 3, "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/3"}
+    assert s["selector"] == "rljob.dev/job=train" and s["observedGeneration"] == 1
+    assert [e.reason for e in plan.events] == ["CreatingWorkers"]
+
+
+def test_a_partly_created_gang_is_completed_and_never_duplicated() -> None:
+    job = make_job(replicas=3, status={"phase": "Pending", "startTime": rfc3339(NOW), "gangGeneration": 0})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0, "Pending", False, node=None)), NOW)
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1", "train-worker-2"]
+    full = observe(job, *(pod_json(job, i) for i in range(3)))
+    assert plan_reconcile(job, full, NOW).create_pods == []
+
+
+def test_phases_follow_the_pods() -> None:
+    job = make_job(status={"phase": "Pending", "startTime": rfc3339(NOW)})
+    pending = plan_reconcile(job, observe(job, pod_json(job, 0, "Pending", False, node=None),
+                                          pod_json(job, 1, "Pending", False, node=None,
+                                                   unschedulable="0/4 nodes: Insufficient nvidia.com/gpu")), NOW)
+    assert pending.status["phase"] == "Pending" and pending.status["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in pending.status["message"]
+    starting = plan_reconcile(job, observe(job, pod_json(job, 0, "Running", False), pod_json(job, 1, "Pending", False)),
+                              NOW)
+    assert starting.status["phase"] == "Starting"
+    running = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1)), NOW)
+    assert running.status["phase"] == "Running" and running.status["workers"]["summary"] == "2/2"
+    assert {c["type"]: c["status"] for c in running.status["conditions"]} == {
+        "Ready": "True", "Reconciling": "False", "Stalled": "False", "Succeeded": "False", "Failed": "False",
+        "Suspended": "False"}
+    assert [(e.type, e.reason) for e in running.events] == [("Normal", "Running")]
+
+
+def test_a_running_job_that_loses_readiness_stays_running_but_not_ready() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0, ready=False), pod_json(job, 1)), NOW)
+    assert plan.status["phase"] == "Running" and plan.status["reason"] == "WorkersNotReady"
+    assert next(c for c in plan.status["conditions"] if c["type"] == "Ready")["status"] == "False"
+    assert plan.events == []
+
+
+def test_worker_zero_exiting_0_means_succeeded() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
+    early = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0)), NOW)
+    assert early.status["phase"] == "Running"
+    done = plan_reconcile(job, observe(job, pod_json(job, 0, "Succeeded", False, exit_code=0), pod_json(job, 1)), NOW)
+    assert done.status["phase"] == "Succeeded" and done.status["completionTime"] == rfc3339(NOW)
+    assert done.delete_pods == [] and done.create_pods == []
+    assert next(c for c in done.status["conditions"] if c["type"] == "Succeeded")["status"] == "True"
+
+
+def test_a_permanent_exit_fails_the_job_with_the_termination_message() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(
+        job, pod_json(job, 0),
+        pod_json(job, 1, "Failed", False, exit_code=78, message="spec.training.rewards[0]: cannot import x\nmore"),
+    ), NOW)
+    s = plan.status
+    assert (s["phase"], s["reason"]) == ("Failed", "PermanentError")
+    assert s["message"] == "train-worker-1 exited with code 78: spec.training.rewards[0]: cannot import x"
+    assert plan.delete_pods == ["train-worker-0"]  # the rest of the gang would hang: free the GPUs
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "PermanentError")]
+    conditions = {c["type"]: c["status"] for c in s["conditions"]}
+    assert conditions["Failed"] == conditions["Stalled"] == "True" and conditions["Ready"] == "False"
+
+
+def test_the_most_telling_failure_is_reported() -> None:
+    job = make_job()
+    crash = ObservedPod.from_pod(pod_json(job, 0, "Failed", False, exit_code=1), UID)
+    config = ObservedPod.from_pod(pod_json(job, 1, "Failed", False, exit_code=78), UID)
+    assert first_failure([crash, config]) is config
+
+
+def test_a_worker_disappearing_under_restart_policy_never_fails_the_job() -> None:
+    job = make_job(spec={"runPolicy": {"restartPolicy": "Never"}}, status={"phase": "Running", "startTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0)), NOW)
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "WorkerLost"
+    assert "train-worker-1" in plan.status["message"] and plan.create_pods == []
+
+
+def test_a_pod_of_a_deleted_namesake_job_blocks_its_name() -> None:
+    job = make_job()
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0, uid="old-job-uid", deleting=True)), NOW)
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1"]
+    assert plan.delete_pods == []  # not ours to delete
+    assert plan.requeue_after is not None
+
+
+def test_suspend_deletes_pods_and_resume_starts_a_new_gang() -> None:
+    running = {"phase": "Running", "startTime": rfc3339(NOW - timedelta(hours=1)), "gangGeneration": 2}
+    job = make_job(spec={"runPolicy": {"suspend": True}}, status=running)
+    pods = observe(job, pod_json(job, 0, generation=2), pod_json(job, 1, generation=2))
+    plan = plan_reconcile(job, pods, NOW)
+    assert plan.status["phase"] == "Suspended" and sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"]
+    assert plan.status["startTime"] is None and plan.create_pods == []
+    done = plan_reconcile(make_job(spec={"runPolicy": {"suspend": True}}, status=plan.status), [], NOW)
+    assert done.status["phase"] == "Suspended" and done.requeue_after is None
+    assert next(c for c in done.status["conditions"] if c["type"] == "Suspended")["status"] == "True"
+    resumed = plan_reconcile(make_job(status=done.status), [], NOW + timedelta(minutes=5))
+    assert resumed.status["gangGeneration"] == 3 and resumed.gang_restart == "Resumed"
+    assert {p["metadata"]["labels"][LABEL_GANG_GENERATION] for p in resumed.create_pods} == {"3"}
+    assert resumed.status["startTime"] == rfc3339(NOW + timedelta(minutes=5))  # the deadline clock restarts
+
+
+def test_the_deadline_fails_the_job_and_is_requeued_before() -> None:
+    start = NOW - timedelta(seconds=50)
+    job = make_job(spec={"runPolicy": {"activeDeadlineSeconds": 60}},
+                   status={"phase": "Running", "startTime": rfc3339(start)})
+    pods = observe(job, pod_json(job, 0), pod_json(job, 1))
+    before = plan_reconcile(job, pods, NOW)
+    assert before.status["phase"] == "Running" and before.requeue_after == pytest.approx(10)
+    after = plan_reconcile(job, pods, NOW + timedelta(seconds=11))
+    assert (after.status["phase"], after.status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert sorted(after.delete_pods) == ["train-worker-0", "train-worker-1"]
+
+
+def test_ttl_deletes_a_finished_job_when_due() -> None:
+    status = {"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW), "startTime": rfc3339(NOW)}
+    job = make_job(spec={"runPolicy": {"ttlSecondsAfterFinished": 30}}, status=status)
+    waiting = plan_reconcile(job, [], NOW + timedelta(seconds=10))
+    assert not waiting.delete_job and waiting.requeue_after == pytest.approx(20)
+    assert plan_reconcile(job, [], NOW + timedelta(seconds=30)).delete_job
+    assert not plan_reconcile(make_job(status=status), [], NOW + timedelta(days=9)).delete_job
+
+
+def test_a_finished_job_creates_nothing() -> None:
+    job = make_job(status={"phase": "Failed", "reason": "PermanentError", "completionTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Failed", False, exit_code=78)), NOW)
+    assert plan.create_pods == [] and plan.delete_pods == ["train-worker-0"] and plan.events == []
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "PermanentError"
+
+
+def test_a_spec_change_restarts_the_gang() -> None:
+    old = make_job(replicas=2)
+    pods = [pod_json(old, 0), pod_json(old, 1)]
+    job = make_job(replicas=4, status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0},
+                   generation=2)
+    plan = plan_reconcile(job, observe(job, *pods), NOW)
+    assert plan.status["gangGeneration"] == 1 and plan.gang_restart == "SpecChanged"
+    assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"]
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-2", "train-worker-3"]
+    assert plan.status["phase"] == "Pending" and plan.status["observedGeneration"] == 2
+    assert "SpecChanged" in [e.reason for e in plan.events]
+
+
+def test_an_invalid_spec_fails_until_it_is_edited() -> None:
+    raw = {"metadata": {"name": "x", "generation": 3}, "status": {}}
+    plan = plan_invalid(raw, ["spec.training.trl: max_steps are set by rljob"], NOW)
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "InvalidSpec"
+    assert "spec.training.trl" in plan.status["message"] and plan.events[0].type == "Warning"
+    again = plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: max_steps are set by rljob"], NOW)
+    assert again.events == []
+    fixed = make_job(status={**plan.status, "observedGeneration": 3}, generation=4)
+    assert len(plan_reconcile(fixed, [], NOW).create_pods) == 2
+
+
+def test_conditions_keep_their_transition_time_until_they_flip() -> None:
+    first = make_conditions("Running", "Running", "m", ready=True, reconciling=False, generation=1, previous=[],
+                            now=NOW)
+    later = NOW + timedelta(minutes=1)
+    second = make_conditions("Failed", "X", "m", ready=False, reconciling=False, generation=2, previous=first,
+                             now=later)
+    times = {c["type"]: c["lastTransitionTime"] for c in second}
+    assert times["Ready"] == times["Failed"] == times["Stalled"] == rfc3339(later)
+    assert times["Succeeded"] == times["Suspended"] == rfc3339(NOW)
+    assert {c["observedGeneration"] for c in second} == {2}
+
+
+def test_observed_pod_reads_the_container_termination() -> None:
+    job = make_job()
+    pod = pod_json(job, 1, "Failed", False, exit_code=200, message="CUDA out of memory")
+    observed = ObservedPod.from_pod(pod, UID)
+    assert (observed.index, observed.generation, observed.exit_code) == (1, 0, 200)
+    assert observed.owned and observed.finished and not observed.active
+    assert observed.spec_hash == spec_hash(job)
+    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other").owned
+
+
+# ------------------------------------------------------------------ work queue
+
+
+def test_work_queue_runs_each_key_serially_once_per_burst() -> None:
+    async def scenario() -> tuple[list[str], int]:
+        calls: list[str] = []
+        active: set[str] = set()
+        overlap = 0
+
+        async def handler(key: Any) -> float | None:
+            nonlocal overlap
+            if key in active:
+                overlap += 1
+            active.add(key)
+            calls.append(key)
+            await asyncio.sleep(0.05)
+            active.discard(key)
+            return None
+
+        queue = WorkQueue(handler, workers=4)
+        queue.start()
+        for _ in range(5):
+            queue.add("a")
+        await asyncio.sleep(0.01)
+        for _ in range(5):
+            queue.add("a")  # while "a" runs: one more run afterwards
+        queue.add("b")
+        await asyncio.sleep(0.3)
+        await queue.stop()
+        return calls, overlap
+
+    calls, overlap = asyncio.run(scenario())
+    assert calls.count("a") == 2 and calls.count("b") == 1 and overlap == 0
+
+
+def test_work_queue_requeues_after_a_delay_and_backs_off_errors() -> None:
+    async def scenario() -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        seen: list[tuple[str, float]] = []
+
+        async def handler(key: Any) -> float | None:
+            seen.append((key, loop.time() - start))
+            if key == "later" and len(seen) == 1:
+                return 0.2
+            if key == "boom" and sum(1 for k, _ in seen if k == "boom") < 3:
+                raise RuntimeError("transient")
+            return None
+
+        queue = WorkQueue(handler, workers=2, backoff_base=0.05)
+        queue.start()
+        queue.add("later")
+        await asyncio.sleep(0.35)
+        queue.add("boom")
+        await asyncio.sleep(0.5)
+        await queue.stop()
+        return seen
+
+    seen = asyncio.run(scenario())
+    later = [t for k, t in seen if k == "later"]
+    assert len(later) == 2 and later[1] - later[0] >= 0.19
+    boom = [t for k, t in seen if k == "boom"]
+    assert len(boom) == 3 and boom[2] - boom[1] > boom[1] - boom[0]
+
+
+# --------------------------------------------------------------------- settings
+
+
+def test_settings_come_from_env_then_flags() -> None:
+    env = {"RLJOB_OPERATOR_RESYNC_SECONDS": "2.5", "RLJOB_OPERATOR_NAMESPACES": "a, b",
+           "RLJOB_OPERATOR_LEADER_ELECT": "false", "RLJOB_OPERATOR_STATUS_PORT": "9443"}
+    s = OperatorSettings.from_env(env, status_port=10443, kubeconfig=None)
+    assert s.resync_seconds == 2.5 and s.namespaces == ["a", "b"] and s.leader_elect is False
+    assert s.status_port == 10443
+    assert s.effective_status_url == f"https://rljob-operator.{s.operator_namespace}.svc:10443"
+    assert OperatorSettings.from_env({}, namespaces=["team"]).operator_namespace == "team"
+
+
+def test_deep_update_helper_does_not_mutate() -> None:
+    base = {"a": {"b": 1}}
+    assert deep_update(base, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}} and base == {"a": {"b": 1}}
+
+
+def test_an_operator_upgrade_alone_does_not_restart_running_gangs() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0})
+    pods = [pod_json(job, 0), pod_json(job, 1)]
+    for pod in pods:  # built by an older operator whose spec rendering differed
+        pod["metadata"]["annotations"]["rljob.dev/spec-hash"] = "older-rendering"
+    plan = plan_reconcile(job, observe(job, *pods), NOW)
+    assert plan.status["phase"] == "Running" and plan.delete_pods == [] and plan.gang_restart is None
+
+
+def test_the_operator_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'transformers', 'trl', 'datasets'): sys.modules[name] = None\n"
+        "import rljob_operator.runner, rljob_operator.cli, rljob_operator.crd\n"
+        "rljob_operator.crd.crd_yaml()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_starting_says_why_a_container_does_not_start() -> None:
+    job = make_job(status={"phase": "Starting", "startTime": rfc3339(NOW)})
+    stuck = pod_json(job, 1, "Pending", False)
+    stuck["status"]["containerStatuses"] = [{"name": "trainer", "state": {"waiting": {
+        "reason": "ErrImagePull", "message": "pull access denied for registry.invalid/rljob"}}}]
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0), stuck), NOW)
+    assert plan.status["phase"] == "Starting"
+    assert plan.status["message"].endswith("train-worker-1: ErrImagePull: pull access denied for registry.invalid/rljob")
+
+
+def test_in_a_cluster_replicas_share_one_certificate_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob_operator import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "_own_namespace", lambda: "rljob-system")
+    s = OperatorSettings.from_env({})
+    assert s.operator_namespace == "rljob-system" and s.tls_secret == "rljob-system/rljob-operator-tls"
+    assert s.effective_status_url == "https://rljob-operator.rljob-system.svc:8443"
+    assert OperatorSettings.from_env({}, tls_cert_file="/c", tls_key_file="/k").tls_secret is None
+
+
+def test_storage_credentials_come_from_secrets_as_the_trainer_reads_them() -> None:
+    from rljob_trainer.checkpoint_store import MIRROR_ENV_PREFIX
+
+    assert builders_module.MIRROR_ENV_PREFIX == MIRROR_ENV_PREFIX
+    job = make_job(spec={"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-creds",
+                                        "mirrors": [{"location": "s3://backup/run"},
+                                                    {"location": "s3://other/run", "credentialsSecret": "other"}]}})
+    env_from = desired_worker_pod(job, 0, 0)["spec"]["containers"][0]["envFrom"]
+    assert env_from == [{"secretRef": {"name": "s3-creds"}},
+                        {"prefix": "RLJOB_MIRROR1_", "secretRef": {"name": "other"}}]
+    assert "envFrom" not in desired_worker_pod(make_job(), 0, 0)["spec"]["containers"][0]
+
+
+def test_progress_writes_are_coalesced_and_never_reordered() -> None:
+    import threading
+    import time as time_module
+
+    from rljob_operator.statusapi import ProgressWriter
+
+    class SlowStatus:  # records status writes; the first one is slow
+        def __init__(self) -> None:
+            self.writes: list[dict[str, Any]] = []
+            self.lock = threading.Lock()
+
+        def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+            if not self.writes:
+                time_module.sleep(0.2)
+            with self.lock:
+                self.writes.append(status["progress"])
+
+    async def scenario(sink: SlowStatus) -> None:
+        writer = ProgressWriter(sink, flush_seconds=0.05)  # type: ignore[arg-type]
+        first = asyncio.create_task(writer.submit("ns", "job", {"step": 1}, final=False))
+        await asyncio.sleep(0.01)
+        for step in (2, 3, 4):
+            await writer.submit("ns", "job", {"step": step, "reward": step / 10}, final=False)
+        await writer.submit("ns", "job", {"step": 5}, final=True)
+        await first
+        await asyncio.sleep(0.2)
+
+    sink = SlowStatus()
+    asyncio.run(scenario(sink))
+    steps = [w["step"] for w in sink.writes]
+    assert steps == sorted(steps) and steps[-1] == 5 and len(steps) < 5
+    assert sink.writes[-1]["reward"] == 0.4  # fields of coalesced heartbeats are kept
+
+
+def test_orphaned_pods_of_a_namesake_are_cleared_away() -> None:
+    job = make_job()
+    orphan = pod_json(job, 0)
+    orphan["metadata"]["ownerReferences"] = []
+    plan = plan_reconcile(job, observe(job, orphan), NOW)
+    assert plan.delete_pods == ["train-worker-0"]
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1"]
+    assert plan.status["reason"] == "CreatingWorkers"

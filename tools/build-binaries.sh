@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Build the pinned binaries the cluster tests and `make dev-cluster` need, into a
+# cache outside the checkout, and print a directory holding all of them.
+#
+#   tools/build-binaries.sh            build what is missing, print the bin dir
+#   tools/build-binaries.sh --check    print the bin dir if complete, else exit 1
+#
+# Versions come from the go.mod files under tools/<tool>/: one module per tool,
+# so each builds with the dependency versions its own release uses (kwok, helm
+# and prometheus pin other client-go/otel versions than Kubernetes v1.37.2).
+# Each tool lands in ${RLJOB_CACHE:-$HOME/.cache/rljob}/bin/<tool>-<version>/, so
+# clones on the same machine share it, and a version bump builds a new folder
+# instead of overwriting the old one. The printed directory,
+# bin/set-<hash of the tool versions>/, holds symlinks to the current set.
+# Progress goes to stderr; stdout is only the directory.
+set -euo pipefail
+
+TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE="${RLJOB_CACHE:-$HOME/.cache/rljob}"
+BIN_ROOT="$CACHE/bin"
+CHECK_ONLY=0
+[[ "${1:-}" == "--check" ]] && CHECK_ONLY=1
+
+export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
+# Keep the Go caches out of the checkout but shared across builds.
+export GOCACHE="${GOCACHE:-$(go env GOCACHE)}"
+
+log() { echo "[build-binaries] $*" >&2; }
+
+# Version of a module as required in a tool's go.mod (the single source of truth).
+module_version() {
+  local dir="$1" module="$2"
+  awk -v m="$module" '$1 == m && $2 ~ /^v/ { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' \
+    "$TOOLS_DIR/$dir/go.mod"
+}
+
+K8S_VERSION="$(module_version k8s k8s.io/kubernetes)"
+ETCD_VERSION="$(module_version etcd go.etcd.io/etcd/server/v3)"
+KWOK_VERSION="$(module_version kwok sigs.k8s.io/kwok)"
+HELM_VERSION="$(module_version helm helm.sh/helm/v3)"
+PROMTOOL_VERSION="$(module_version promtool github.com/prometheus/prometheus)"
+
+# name|dir|version|binaries (space-separated "out=package" pairs)
+TOOLS=(
+  "etcd|etcd|$ETCD_VERSION|etcd=go.etcd.io/etcd/server/v3"
+  "kubernetes|k8s|$K8S_VERSION|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl"
+  "kwok|kwok|$KWOK_VERSION|kwok=sigs.k8s.io/kwok/cmd/kwok"
+  "helm|helm|$HELM_VERSION|helm=helm.sh/helm/v3/cmd/helm"
+  "promtool|promtool|$PROMTOOL_VERSION|promtool=github.com/prometheus/prometheus/cmd/promtool"
+)
+
+# -X flags that make binaries report their real version (kubectl version and
+# helm's .Capabilities.KubeVersion read these). kwok's version is a constant.
+ldflags_for() {
+  local name="$1" version="$2"
+  case "$name" in
+    kubernetes)
+      local minor="${version#v1.}"; minor="${minor%%.*}"
+      # buildDate is the tag's time from the module proxy, so rebuilds are identical.
+      local date
+      date="$(go list -m -json "k8s.io/kubernetes@$version" 2>/dev/null | awk -F'"' '/"Time"/ { print $4; exit }')"
+      local flags=""
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        # gitCommit stays empty: the module proxy does not tell us the commit.
+        flags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+        flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=${date:-1970-01-01T00:00:00Z} -X $pkg.gitCommit="
+      done
+      echo "$flags" ;;
+    helm)
+      echo "-X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
+    promtool)
+      # Prometheus 3.x tags its Go module v0.3XY.Z for release 3.XY.Z.
+      local v="${version#v0.}"
+      echo "-X github.com/prometheus/common/version.Version=${v:0:1}.$((10#${v:1:2}))${v:3}" ;;
+    *) echo "" ;;
+  esac
+}
+
+build_tool() {
+  local name="$1" dir="$2" version="$3" bins="$4"
+  local out="$BIN_ROOT/$name-$version"
+  local missing=()
+  for pair in $bins; do
+    [[ -x "$out/${pair%%=*}" ]] || missing+=("$pair")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  if [[ $CHECK_ONLY -eq 1 ]]; then
+    log "missing: $name $version"; return 1
+  fi
+  if [[ -z "${ANNOUNCED:-}" ]]; then
+    ANNOUNCED=1
+    log "building into $BIN_ROOT; from cold this takes 25-45 min on 2 cores, once per machine"
+  fi
+  mkdir -p "$out"
+  local flags; flags="$(ldflags_for "$name" "$version")"
+  for pair in "${missing[@]}"; do
+    local bin="${pair%%=*}" pkg="${pair#*=}" start=$SECONDS
+    log "building $bin $version ..."
+    # Build to a temp name and rename, so an interrupted build never leaves a
+    # half-written binary that a later run would take as done.
+    (cd "$TOOLS_DIR/$dir" && go build -trimpath -ldflags "-s -w $flags" -o "$out/.$bin.tmp" "$pkg")
+    mv -f "$out/.$bin.tmp" "$out/$bin"
+    log "built $bin in $((SECONDS - start))s"
+  done
+}
+
+# A function, so bash has parsed all of it before running: editing this file
+# during a long build cannot derail the build.
+main() {
+  for entry in "${TOOLS[@]}"; do
+    IFS='|' read -r name dir version bins <<<"$entry"
+    [[ -n "$version" ]] || { log "no version for $name in tools/$dir/go.mod"; exit 1; }
+    build_tool "$name" "$dir" "$version" "$bins"
+  done
+
+  # One directory of symlinks for the whole pinned set: callers put it on PATH.
+  set_hash="$(printf '%s\n' "${TOOLS[@]}" | sha256sum | cut -c1-12)"
+  SET_DIR="$BIN_ROOT/set-$set_hash"
+  if [[ ! -d "$SET_DIR" ]]; then
+    tmp="$(mktemp -d "$BIN_ROOT/.set.XXXXXX")"
+    chmod 755 "$tmp"
+    for entry in "${TOOLS[@]}"; do
+      IFS='|' read -r name dir version bins <<<"$entry"
+      for pair in $bins; do
+        ln -s "../$name-$version/${pair%%=*}" "$tmp/${pair%%=*}"
+      done
+    done
+    mv -T "$tmp" "$SET_DIR" 2>/dev/null || rm -rf "$tmp"  # another run won the race
+  fi
+  echo "$SET_DIR"
+}
+
+main "$@"; exit
