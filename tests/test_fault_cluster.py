@@ -53,7 +53,7 @@ def _crash(kube: Any, namespace: str, pod: str, code: int, **kw: Any) -> None:
 
 
 def test_worker_crash_restarts_whole_gang_then_succeeds(kube, namespace, operator) -> None:
-    operator()
+    op = operator()
     create_job(kube, namespace, job_manifest("crash", spec=_policy(backoffBaseSeconds=1)))
     wait_gang(kube, namespace, "crash", 0)
     _crash(kube, namespace, "crash-worker-1", 1, message="RuntimeError: NCCL timeout")
@@ -64,6 +64,9 @@ def test_worker_crash_restarts_whole_gang_then_succeeds(kube, namespace, operato
     assert (failure["worker"], failure["reason"], failure["exitCode"]) == ("crash-worker-1", "WorkerFailed", 1)
     assert "NCCL timeout" in failure["message"]
     assert _warnings(kube, namespace, "crash", "WorkerFailed")
+    metrics = op.metrics_text()
+    assert 'rljob_operator_gang_restarts_total{reason="WorkerFailed"} 1.0' in metrics
+    assert f'rljob_operator_job_phase{{job="crash",namespace="{namespace}",phase="Running"}} 1.0' in metrics
     for i in (1, 0):
         _crash(kube, namespace, f"crash-worker-{i}", 0)
     done = wait_phase(kube, namespace, "crash", "Succeeded", reason="Completed")
@@ -182,3 +185,21 @@ def test_node_deleted_gang_replaced_on_other_nodes_without_consuming_the_limit(
     assert (status["restarts"], status["disruptions"]) == (0, 1)
     assert status["lastFailure"]["disruption"] is True
     assert {p["spec"]["nodeName"] for p in job_pods(kube, namespace, "lost")} == set(spare)
+
+
+def test_node_not_ready_evicted_pods_force_deleted_and_gang_replaced(
+        kube, namespace, operator, fake_gpu_nodes) -> None:
+    pool = f"pool-{uuid.uuid4().hex[:8]}"
+    silent = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
+    operator(env={"RLJOB_OPERATOR_FORCE_DELETE_AFTER_SECONDS": "2"})
+    spec = _policy(backoffLimit=0, backoffBaseSeconds=0)
+    spec["workers"]["nodeSelector"] = {"rljob.dev/test-pool": pool}
+    create_job(kube, namespace, job_manifest("unreach", spec=spec))
+    wait_gang(kube, namespace, "unreach", 0)
+    spare = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
+    fake_gpu_nodes.set_ready(silent[0], False, wait=False)
+    # NotReady after the monitor grace, evicted after the toleration; no kubelet confirms: force-deleted.
+    job = wait_gang(kube, namespace, "unreach", 1, timeout=120)
+    assert (job["status"]["restarts"], job["status"]["disruptions"]) == (0, 1)
+    assert {p["spec"]["nodeName"] for p in job_pods(kube, namespace, "unreach")} == set(spare)
+    assert _warnings(kube, namespace, "unreach", "ForceDeleted")

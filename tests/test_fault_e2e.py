@@ -37,7 +37,7 @@ from tests.test_operator_contract import _local_process
 kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
-MAX_STEPS = 16
+MAX_STEPS = 10
 EVERY = 3
 
 

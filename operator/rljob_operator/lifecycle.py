@@ -20,6 +20,7 @@ generation, and a later reconcile (or another operator replica after a crash) on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +38,7 @@ from rljob_operator.restarts import (
     halved_batch,
     is_oom,
     judge_failure,
+    judge_stall,
     stall,
 )
 from rljob_operator.status import (
@@ -367,7 +369,7 @@ def _after_failure(
     current: list[ObservedPod],
     fault: tuple[list[ObservedPod], list[str], tuple[str, str] | None],
     now: datetime,
-    finish: Any,
+    finish: Callable[[_Draft, list[str], list[Event]], Plan],
     delete: list[str],
     force: list[str],
     events: list[Event],
@@ -386,8 +388,7 @@ def _after_failure(
         worker, exit_code = lost[0], None
     else:
         assert stalled is not None
-        verdict = judge_failure(job, None)
-        verdict = type(verdict)(verdict.restart, False, verdict.why)  # a hang is the job's, not the cluster's
+        verdict = judge_stall(job)
         reason, message = stalled
         worker, exit_code = worker_name(job.metadata.name, 0), None
         events.append(Event("Warning", reason, message))

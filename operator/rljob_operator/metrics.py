@@ -1,7 +1,7 @@
 """The operator's Prometheus metrics and its health endpoints (``/metrics``, ``/healthz``, ``/readyz``).
 
 Series (prefix ``rljob_operator_``): ``jobs{phase}`` (jobs this replica last reconciled, by
-phase), ``reconcile_duration_seconds`` (histogram), ``reconciles_total{result}``,
+phase), ``job_phase{namespace,job,phase}`` (1 for each job's current phase), ``reconcile_duration_seconds`` (histogram), ``reconciles_total{result}``,
 ``api_errors_total{verb,resource,code}`` (failed Kubernetes API calls; 404 and 409, the normal
 answers of get and create-or-adopt, are not counted), ``gang_restarts_total{reason}``
 (worker gangs started again: spec changes, resumes, failures, stalls), ``heartbeats_total{result}`` (status API),
@@ -57,11 +57,20 @@ class JobPhases(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
-            counts = _Counter(self._phases.values())
+            phases = dict(self._phases)
+        counts = _Counter(phases.values())
         family = GaugeMetricFamily("rljob_operator_jobs", "RLTrainingJobs by phase.", labels=["phase"])
         for phase in Phase:
             family.add_metric([phase.value], counts.get(phase.value, 0))
         yield family
+        # One series per job and phase (1 for its phase, 0 for the others), so an alert can say
+        # which job has been Restarting or Failed for how long.
+        per_job = GaugeMetricFamily("rljob_operator_job_phase", "Phase of each RLTrainingJob (1 = current).",
+                                    labels=["namespace", "job", "phase"])
+        for (namespace, job), current in sorted(phases.items()):
+            for phase in Phase:
+                per_job.add_metric([namespace, job, phase.value], 1 if phase.value == current else 0)
+        yield per_job
 
 
 JOB_PHASES = JobPhases()

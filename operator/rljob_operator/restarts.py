@@ -55,6 +55,13 @@ def judge_failure(job: RLTrainingJob, pod: ObservedPod | None) -> Verdict:
     return Verdict(True, False, "")
 
 
+def judge_stall(job: RLTrainingJob) -> Verdict:
+    """A hung gang is restarted (and counted: the hang is the job's, not the cluster's), unless Never."""
+    if job.spec.run_policy.restart_policy == RestartPolicy.never:
+        return Verdict(False, False, "restartPolicy is Never")
+    return Verdict(True, False, "")
+
+
 def backoff_seconds(job: RLTrainingJob, restarts: int) -> float:
     """Wait before gang restart number ``restarts`` (1-based): base × 2^(restarts-1), capped."""
     policy = job.spec.run_policy
