@@ -14,12 +14,11 @@ import argparse
 import json
 
 from datasets import Dataset
-from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
-
 from rljob_trainer.builtin.rewards import repeat_char
 from rljob_trainer.builtin.tasks import builtin_rows
 from rljob_trainer.builtin.tiny_model import materialize_builtin_model
+from transformers import AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
 
 
 def repeat_char_reward(prompts, completions, target, **kwargs):

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-
 from rljob_operator.api import RLTrainingJobSpec
 
 REPO = Path(__file__).resolve().parents[1]
