@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 PY ?= .venv/bin/python
 PYTEST_ARGS ?=
+# The shared venv holds dependencies only; the code comes from this checkout.
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo test test-fast lint typecheck crd check-crd bench clean
@@ -17,7 +19,7 @@ $(PY): requirements.lock pyproject.toml
 	@tools/venv.sh
 
 demo: venv ## Train the embedded quickstart on this machine (output in runs/quickstart/)
-	.venv/bin/rljob train examples/quickstart.yaml
+	$(PY) -m rljob_operator.cli train examples/quickstart.yaml
 
 test: venv binaries lint ## Run every test (unit, trainer, S3, control plane)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -107,7 +107,7 @@ def test_operator_interrupted_at_every_point_of_a_reconcile_converges(kube, name
             healer.stop()
             if job_pods(kube, namespace, name):
                 kube.request("DELETE", kube.job_path(namespace, name))
-                wait_for(lambda name=name: not job_pods(kube, namespace, name), 30, message="clean slate")
+                wait_for(lambda name=name: not job_pods(kube, namespace, name), 120, message="clean slate")  # GC + kwok; slow under load
                 name = f"{name}b"
                 create_job(kube, namespace, job_manifest(name, replicas=REPLICAS, spec=CPU_ONLY))
         crashing = operator(wait=False, identity="chaos", env={FAULT_ENV: str(crash_after)})

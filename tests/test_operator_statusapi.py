@@ -107,3 +107,21 @@ def test_reading_status_needs_permission_to_get_that_job(kube, namespace, runnin
     assert body["status"]["phase"] == "Running"
     assert _get(running, "other", reader).status_code == 403  # the Role names only "st"
     assert _get(running, "missing", nobody).status_code == 403  # no existence oracle without permission
+
+
+def test_resume_fallback_warnings_in_a_heartbeat_become_warning_events(kube, namespace, running) -> None:
+    """The trainer's pre-flight fell back from a corrupt checkpoint; people see it on the job."""
+    token = token_for(kube, namespace, "default", "rljob-status", pod=running["pods"]["st-worker-0"])
+    message = "checkpoint s3://b/run/checkpoint-40 failed verification or download, falling back: md5 mismatch"
+    assert _post(running, "st", token, {"step": 41, "warnings": [message]}).status_code == 202
+
+    def fallback_events() -> list[dict[str, Any]]:
+        events = kube.request("GET", kube.core_path(namespace, "events"))["items"]
+        return [e for e in events if e.get("reason") == "CheckpointFallback"
+                and e["involvedObject"]["name"] == "st"]
+
+    events = wait_for(fallback_events, 20, message="CheckpointFallback event")
+    assert events[0]["type"] == "Warning" and "md5 mismatch" in events[0]["message"]
+    # A heartbeat without warnings adds none.
+    assert _post(running, "st", token, {"step": 42}).status_code == 202
+    assert len(fallback_events()) == 1

@@ -4,8 +4,6 @@
 # The venv lives outside the checkout, in ${RLJOB_CACHE:-~/.cache/rljob}/venv-<hash of
 # requirements.lock>, so every clone on this machine shares it and a warm run installs
 # nothing (torch is large). uv's own cache makes a cold rebuild after a lock change cheap.
-# The project itself is installed editable into the venv; when another clone installed it
-# last, this re-points it here (a second, no-deps install: about a second).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$(pwd)"
@@ -29,8 +27,6 @@ if [[ ! -f "$VENV/.complete" ]]; then
   $UV pip sync --quiet --python "$VENV/bin/python" requirements.lock >&2
   touch "$VENV/.complete"
 fi
-# Editable install of this checkout (no dependencies: the lock already has them).
-if ! "$VENV/bin/python" -c "import rljob_operator, sys; sys.exit(0 if rljob_operator.__file__.startswith('$ROOT/') else 1)" 2>/dev/null; then
-  $UV pip install --quiet --no-deps --python "$VENV/bin/python" -e "$ROOT" >&2
-fi
+# The project itself is not installed: clones share this venv, so each one puts its own
+# operator/ and trainer/ first on PYTHONPATH (the Makefile and tests/conftest.py do).
 ln -sfn "$VENV" .venv

@@ -287,7 +287,7 @@ def crd_manifest() -> dict[str, Any]:
                         },
                         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
                         {"name": "Reward", "type": "number", "jsonPath": ".status.progress.reward"},
-                        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+                        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
                         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

@@ -56,6 +56,7 @@ class HeartbeatBody(BaseModel):
     best_checkpoint: str | None = None
     best_metric: float | None = None
     final: bool = False
+    warnings: list[str] = Field(default_factory=list, max_length=10)
 
 
 @dataclass(frozen=True)
@@ -264,8 +265,22 @@ class StatusAPI:
             if e.status == 404:
                 return _error(404, f"{KIND} {namespace}/{name} not found")
             raise
+        if body.warnings:
+            await asyncio.to_thread(self._warning_events, namespace, name, body.warnings)
         metrics.HEARTBEATS.labels(result="accepted").inc()
         return web.json_response({"accepted": True}, status=202)
+
+    def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
+        """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people."""
+        job = self.kube.get_job(namespace, name)
+        if job is None:
+            return
+        now = rfc3339(datetime.now(UTC))
+        for message in warnings:
+            try:
+                self.kube.post_event(job, "Warning", "CheckpointFallback", message, now)
+            except ApiException as e:  # an Event is worth a log line, not a refused heartbeat
+                log.warning("cannot post CheckpointFallback event for %s/%s: %s", namespace, name, e)
 
     async def get_status(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]

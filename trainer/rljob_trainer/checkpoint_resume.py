@@ -10,6 +10,7 @@ the previous one, or to a mirror's copy, with a warning. The ranks read the deci
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -30,6 +31,7 @@ from rljob_trainer.errors import PermanentError
 log = logging.getLogger("rljob.checkpoints")
 
 #: Set by the launcher's pre-flight for the ranks: the local checkpoint folder to resume from ("" = none).
+RESUME_WARNINGS_ENV = "RLJOB_RESUME_WARNINGS"
 RESUME_ENV = "RLJOB_RESUME_CHECKPOINT"
 DENIED_HINT = (
     "check the bucket name and the trainer's credentials (spec.checkpoint.credentialsSecret, the pod's "
@@ -41,7 +43,7 @@ class StorageUnavailable(Exception):
     """No checkpoint location answered: a transient condition, so the launcher exits retryably."""
 
 
-def check_locations(locations: list[Location]) -> list[Location]:
+def check_locations(locations: list[Location], warnings: list[str] | None = None) -> list[Location]:
     """The reachable ones. A denied or missing bucket is a PermanentError naming the field."""
     reachable = []
     for loc in locations:
@@ -52,10 +54,18 @@ def check_locations(locations: list[Location]) -> list[Location]:
             if e.permanent:
                 raise PermanentError(loc.where, f"{e} — {DENIED_HINT}") from e
             log.warning("checkpoint storage %s is unreachable (%s); trying the others", loc.uri, e)
+            _note(warnings, f"checkpoint storage {loc.uri} is unreachable ({e}); trying the others")
     return reachable
 
 
-def find_and_fetch(locations: list[Location], dest_root: Path) -> tuple[Path, Location] | None:
+def _note(warnings: list[str] | None, message: str) -> None:
+    if warnings is not None:
+        warnings.append(message)
+
+
+def find_and_fetch(
+    locations: list[Location], dest_root: Path, warnings: list[str] | None = None
+) -> tuple[Path, Location] | None:
     """The newest complete checkpoint any location holds that downloads and verifies, as a local copy.
 
     At equal steps the earlier location (the primary) wins. A corrupt, partial or unreachable copy
@@ -69,6 +79,7 @@ def find_and_fetch(locations: list[Location], dest_root: Path) -> tuple[Path, Lo
             if e.permanent:
                 raise PermanentError(loc.where, f"{e} — {DENIED_HINT}") from e
             log.warning("checkpoint storage %s is unreachable (%s); trying the others", loc.uri, e)
+            _note(warnings, f"checkpoint storage {loc.uri} is unreachable ({e}); trying the others")
             continue
         candidates += [(info.step, -idx, loc, listing, info) for info in listing.complete]
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
@@ -78,6 +89,8 @@ def find_and_fetch(locations: list[Location], dest_root: Path) -> tuple[Path, Lo
         except (StorageError, CorruptCheckpoint) as e:
             log.warning("checkpoint %s failed verification or download, falling back to the previous complete "
                         "one: %s", loc.child_uri(info.name), e)
+            _note(warnings, f"checkpoint {loc.child_uri(info.name)} failed verification or download, "
+                            f"falling back to the previous complete one: {e}")
     return None
 
 
@@ -90,20 +103,25 @@ def prepare_checkpoint_storage(cfg: Any) -> dict[str, str]:
     plan = storage_plan(cfg)
     if not plan.managed:
         return {}
-    reachable = check_locations(plan.locations)
+    warnings: list[str] = []
+    reachable = check_locations(plan.locations, warnings)
     if not reachable:
         raise StorageUnavailable(
             "no checkpoint location is reachable (" + ", ".join(loc.uri for loc in plan.locations) + "); "
             "retrying later"
         )
     plan.local_root.mkdir(parents=True, exist_ok=True)
-    found = find_and_fetch(reachable, plan.local_root)
+    found = find_and_fetch(reachable, plan.local_root, warnings)
     resume = found[0] if found else None
     if found:
         log.warning("resume: using %s (verified local copy %s)", found[1].child_uri(found[0].name), found[0])
     if plan.remote_primary:
         discard_local_after(plan.local_root, resume)
-    return {RESUME_ENV: str(resume) if resume else ""}
+    env = {RESUME_ENV: str(resume) if resume else ""}
+    if warnings:
+        # Rank 0 forwards these with its first heartbeat; the operator turns them into Events.
+        env[RESUME_WARNINGS_ENV] = json.dumps(warnings[:10])
+    return env
 
 
 def discard_local_after(root: Path, resume: Path | None) -> None:

@@ -9,6 +9,7 @@ and never stops training.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -19,6 +20,14 @@ from typing import Any
 log = logging.getLogger("rljob.heartbeat")
 
 
+def _warnings_from_env() -> list[str]:
+    try:
+        value = json.loads(os.environ.get("RLJOB_RESUME_WARNINGS", "[]"))
+    except ValueError:
+        return []
+    return [str(w) for w in value] if isinstance(value, list) else []
+
+
 class Heartbeat:
     def __init__(self, url: str, token_file: str | None, ca_file: str | None, pod: str | None) -> None:
         self.url = url
@@ -26,6 +35,8 @@ class Heartbeat:
         self.ca_file = ca_file
         self.pod = pod
         self.checkpoint: str | None = None  # newest complete checkpoint (remote when on object storage)
+        # Resume fallbacks the pre-flight noted; sent until one heartbeat carrying them is accepted.
+        self.warnings: list[str] = _warnings_from_env()
         self.best_checkpoint: str | None = None  # best kept checkpoint by spec.checkpoint.bestMetric
         self.best_metric: float | None = None  # its value of that metric
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=64)
@@ -41,7 +52,8 @@ class Heartbeat:
                    os.environ.get("RLJOB_POD_NAME"))
 
     def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False) -> None:
-        body = {"step": step, "reward": reward, "loss": loss, "checkpoint": self.checkpoint,
+        body: dict[str, Any] = {"warnings": list(self.warnings)} if self.warnings else {}
+        body |= {"step": step, "reward": reward, "loss": loss, "checkpoint": self.checkpoint,
                 "best_checkpoint": self.best_checkpoint, "best_metric": self.best_metric,
                 "pod": self.pod, "final": final, "time": time.time()}
         with contextlib.suppress(queue.Full):  # the operator is slow; newer heartbeats matter more
@@ -72,6 +84,8 @@ class Heartbeat:
             try:
                 resp = session.post(self.url, json=body, headers=headers, timeout=5,
                                     verify=self.ca_file or True)
+                if resp.status_code < 300 and body.get("warnings"):
+                    self.warnings = []
                 if resp.status_code >= 300:
                     log.warning("heartbeat: %s answered %s: %s", self.url, resp.status_code, resp.text[:200])
             except Exception as e:
