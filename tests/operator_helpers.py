@@ -15,7 +15,6 @@ Test modules take the fixtures by assignment (``kube = helpers.kube``), which py
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import signal
 import socket
@@ -29,6 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.trainer_helpers import deep_update  # noqa: F401 - re-exported for the operator tests
+
 REPO = Path(__file__).resolve().parents[1]
 MAX_NAME = "x" * 51
 
@@ -40,16 +41,6 @@ FAST_ENV = {
     "RLJOB_OPERATOR_RETRY_SECONDS": "0.5",
     "RLJOB_OPERATOR_HEARTBEAT_FLUSH_SECONDS": "0.2",
 }
-
-
-def deep_update(doc: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(doc)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_update(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def job_manifest(name: str, replicas: int = 2, spec: dict[str, Any] | None = None,

@@ -28,7 +28,7 @@ def deep_update(doc: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_update(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)
     return out
 
 
