@@ -423,15 +423,22 @@ JOB_RULES = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
+CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list"]}]
+
 
 def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly() -> None:
     rbac = operator_rbac(helm_template())
     assert rbac[("ClusterRole", "", "rljob-operator")] == JOB_RULES
     assert [r["resources"] for r in rbac[("ClusterRole", "", "rljob-operator-reviews")]] == [
         ["tokenreviews"], ["subjectaccessreviews"]]
+    # Autoscaling policy Capacity reads nodes and bound pods, and nothing else, and writes nothing.
+    assert rbac[("ClusterRole", "", "rljob-operator-capacity")] == CAPACITY_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
+                         ("ClusterRole", "", "rljob-operator-capacity"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
                          ("Role", "rljob-system", "rljob-operator-tls")}
+    without = operator_rbac(helm_template("--set", "rbac.capacityAutoscaling=false"))
+    assert ("ClusterRole", "", "rljob-operator-capacity") not in without
 
 
 def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() -> None:
@@ -439,7 +446,7 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     rbac = operator_rbac(docs)
     assert rbac[("Role", "ml-a", "rljob-operator")] == rbac[("Role", "ml-b", "rljob-operator")] == JOB_RULES
     cluster_roles = {k for k in rbac if k[0] == "ClusterRole"}
-    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews")}
+    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-capacity")}
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]
     assert sorted(d["metadata"]["namespace"] for d in trainers) == ["ml-a", "ml-b"]

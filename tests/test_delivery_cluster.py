@@ -113,7 +113,11 @@ def can_i_list(control_plane: Any, service_account: str, namespace: str) -> list
     header, *lines = out.splitlines()
     starts = [header.index(title) for title in ("Resources", "Non-Resource URLs", "Resource Names", "Verbs")]
     bounds = list(zip(starts, [*starts[1:], None], strict=True))
-    return [[line[a:b].strip() for a, b in bounds] for line in lines if line.strip()]
+    rows = [[line[a:b].strip() for a, b in bounds] for line in lines if line.strip()]
+    # kubectl merges the rules of several roles in no fixed order: sort rows and the verbs in each.
+    for row in rows:
+        row[3] = "[" + " ".join(sorted(row[3].strip("[]").split())) + "]"
+    return sorted(rows)
 
 
 HEADER = ["RESOURCES", "NON-RESOURCE URLS", "RESOURCE NAMES", "VERBS"]

@@ -159,6 +159,14 @@ def test_no_first_heartbeat_within_the_startup_timeout_restarts_the_gang() -> No
     assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=60).status["reason"] == "StartupTimeout"
 
 
-def test_a_running_job_is_checked_every_check_interval() -> None:
-    job = make_job(spec={"runPolicy": {"checkIntervalSeconds": 7}}, status=RUNNING)
-    assert plan_after(job, pod_json(job, 0), pod_json(job, 1)).requeue_after == 7
+def test_a_running_job_is_looked_at_again_when_its_heartbeat_deadline_falls_due() -> None:
+    policy = {"startupTimeoutSeconds": 60, "stallTimeoutSeconds": 20}
+    job = make_job(spec={"runPolicy": policy}, status=RUNNING)
+    # No heartbeat yet: the startup clock (60 s from the gang's start; +1 s for second-resolution times).
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=10).requeue_after == 51
+    beat = {**RUNNING, "progress": {"step": 3, "lastHeartbeat": rfc3339(NOW + timedelta(seconds=30))}}
+    job = make_job(spec={"runPolicy": policy}, status=beat)
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=35).requeue_after == 16
+    # Not every checkIntervalSeconds: an idle job costs no API requests between its deadlines.
+    job = make_job(spec={"runPolicy": {**policy, "checkIntervalSeconds": 7}}, status=RUNNING)
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1)).requeue_after == 61

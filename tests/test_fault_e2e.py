@@ -41,9 +41,11 @@ MAX_STEPS = 10
 EVERY = 3
 
 
-def _start_gang(kube: Any, namespace: str, name: str, generation: int, root: Path) -> list[tuple[Any, Any, Path]]:
+def _start_gang(kube: Any, namespace: str, name: str, generation: int, root: Path, size: int = 2
+                ) -> list[tuple[Any, Any, Path]]:
+    """Run gang ``generation``'s pods (``size`` of them) as local processes."""
     pods = sorted(job_pods(kube, namespace, name), key=lambda p: p["metadata"]["name"])
-    assert [p["metadata"]["labels"]["rljob.dev/gang-generation"] for p in pods] == [str(generation)] * 2
+    assert [p["metadata"]["labels"]["rljob.dev/gang-generation"] for p in pods] == [str(generation)] * size
     cm = kube.request("GET", kube.core_path(namespace, "configmaps", f"{name}-config"))
     config_dir = root / f"g{generation}" / "etc-rljob"
     config_dir.mkdir(parents=True)

@@ -41,7 +41,8 @@ MAX_STEPS = 3
 #: Every RLJOB_* variable the operator sets, and how a local process gets it.
 MAPPED = {"RLJOB_RDZV_ENDPOINT", "RLJOB_OUTPUT_DIR", "RLJOB_METRICS_PORT", "RLJOB_TOKEN_FILE",
           "RLJOB_STATUS_CA_FILE", "RLJOB_POD_NAME"}
-AS_BUILT = {"RLJOB_NNODES", "RLJOB_NODE_RANK", "RLJOB_NPROC_PER_NODE", "RLJOB_RUN_ID", "RLJOB_STATUS_URL"}
+AS_BUILT = {"RLJOB_NNODES", "RLJOB_NODE_RANK", "RLJOB_NPROC_PER_NODE", "RLJOB_RUN_ID", "RLJOB_STATUS_URL",
+            "RLJOB_SHUTDOWN_TIMEOUT"}
 
 
 def _local_process(kube: Any, namespace: str, pod: dict[str, Any], work: Path, rdzv: str,

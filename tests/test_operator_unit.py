@@ -310,10 +310,12 @@ def test_merge_pod_template_rules() -> None:
     assert base["a"]["c"] == [1, 2]  # inputs untouched
 
 
-def test_spec_hash_changes_with_the_gang_spec_but_not_run_policy() -> None:
+def test_spec_hash_changes_with_the_gang_spec_but_not_run_policy_or_size() -> None:
     job = make_job()
     assert spec_hash(job) == spec_hash(make_job(spec={"runPolicy": {"suspend": True, "ttlSecondsAfterFinished": 5}}))
-    assert spec_hash(job) != spec_hash(make_job(replicas=4))
+    # The size is the operator's decision (status.scaling): a resize restarts the gang itself.
+    assert spec_hash(job) == spec_hash(make_job(replicas=4, spec={"workers": {"maxReplicas": 8}}))
+    assert spec_hash(job) != spec_hash(make_job(spec={"workers": {"procsPerWorker": 2}}))
     assert spec_hash(job) != spec_hash(make_job(spec={"image": "other:1"}))
 
 
@@ -328,7 +330,8 @@ def test_new_job_creates_every_worker_and_records_its_start() -> None:
     s = plan.status
     assert (s["phase"], s["reason"], s["startTime"], s["gangGeneration"]) == ("Pending", "CreatingWorkers",
                                                                             rfc3339(NOW), 0)
-    assert s["workers"] == {"desired": 3, "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/3"}
+    assert s["workers"] == {"desired": 3, "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/3",
+                            "current": 0}
     assert s["selector"] == "rljob.dev/job=train" and s["observedGeneration"] == 1
     assert [e.reason for e in plan.events] == ["CreatingWorkers"]
 
@@ -459,14 +462,14 @@ def test_a_finished_job_creates_nothing() -> None:
 
 
 def test_a_spec_change_restarts_the_gang() -> None:
-    old = make_job(replicas=2)
-    pods = [pod_json(old, 0), pod_json(old, 1)]
-    job = make_job(replicas=4, status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0},
-                   generation=2)
+    old = make_job(replicas=3)
+    pods = [pod_json(old, 0), pod_json(old, 1), pod_json(old, 2)]
+    job = make_job(replicas=3, spec={"image": "trainer:2"},
+                   status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0}, generation=2)
     plan = plan_reconcile(job, observe(job, *pods), NOW)
     assert plan.status["gangGeneration"] == 1 and plan.gang_restart == "SpecChanged"
-    assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"]
-    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-2", "train-worker-3"]
+    assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1", "train-worker-2"]
+    assert plan.create_pods == []  # the names are taken until the old pods are gone
     assert plan.status["phase"] == "Pending" and plan.status["observedGeneration"] == 2
     assert "SpecChanged" in [e.reason for e in plan.events]
 
@@ -567,6 +570,34 @@ def test_work_queue_requeues_after_a_delay_and_backs_off_errors() -> None:
     assert len(later) == 2 and later[1] - later[0] >= 0.19
     boom = [t for k, t in seen if k == "boom"]
     assert len(boom) == 3 and boom[2] - boom[1] > boom[1] - boom[0]
+
+
+def test_work_queue_serves_events_before_routine_looks() -> None:
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        gate = asyncio.Event()
+
+        async def handler(key: Any) -> float | None:
+            if key == "busy":
+                await gate.wait()
+            order.append(key)
+            return None
+
+        queue = WorkQueue(handler, workers=1)
+        queue.start()
+        queue.add("busy")
+        await asyncio.sleep(0.01)  # the only worker is busy: everything below waits
+        for key in ("resync-1", "resync-2", "raised"):
+            queue.add(key, low=True)
+        queue.add("failed-worker")  # an event
+        queue.add("raised")  # an event for a key already waiting behind the routine looks
+        gate.set()
+        await asyncio.sleep(0.1)
+        await queue.stop()
+        return order
+
+    order = asyncio.run(scenario())
+    assert order == ["busy", "failed-worker", "raised", "resync-1", "resync-2"]  # each key once
 
 
 # --------------------------------------------------------------------- settings

@@ -158,3 +158,40 @@ def test_sigkill_after_checkpoint_resumes_from_it_and_loses_at_most_the_interval
     assert steps_logged[-1] == 60
     assert "resuming from" in (tmp_path / "second.txt").read_text()
     assert summary["checkpoints"] == ["checkpoint-50", "checkpoint-60"]
+
+
+def test_sigterm_saves_a_checkpoint_of_the_current_step_then_exits_143(tmp_path: Path) -> None:
+    """What a resize, a suspend or a preempted node does to a worker: stop, but keep the progress."""
+    doc = deep_update(quickstart_doc(), {
+        "spec": {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 1000, "keepLast": 2}},
+    })
+    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    out = tmp_path / "out"
+    port = free_port()
+    proc = start_rljob("train", str(manifest), "--output", str(out), "--metrics-port", str(port),
+                       log=tmp_path / "log.txt")
+
+    def stepping() -> int | None:
+        try:
+            step = int(scrape(port)["rljob_trainer_step"][()])
+        except (requests.RequestException, KeyError):
+            return None
+        return step if step >= 5 else None
+
+    try:
+        signalled_at = wait_until(stepping, timeout=400, interval=0.2, what="training under way")
+        proc.send_signal(signal.SIGTERM)  # the launcher only, as the kubelet signals a container's PID 1
+        code = proc.wait(timeout=120)
+    finally:
+        kill_group(proc, signal.SIGKILL)
+    log = (tmp_path / "log.txt").read_text(errors="replace")
+    assert code == 143, log[-3000:]
+    assert "stopped by SIGTERM" in log
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    saved = int(latest.split("-")[1])
+    assert signalled_at <= saved < 400  # everySteps is 1000: this checkpoint exists because of the signal
+    assert (out / "checkpoints" / latest / "rljob-manifest.json").exists()  # sealed: complete
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == saved and summary["latest_checkpoint"]["name"] == latest
+    wait_until(lambda: subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1,
+               timeout=30, what="ranks to exit")

@@ -26,6 +26,7 @@ from rljob_trainer.config import (
     TrainerConfig,
     TrainingSpec,
     WorkersSpec,
+    accumulation_for,
     check_generation_batch,
 )
 
@@ -88,10 +89,17 @@ class WorkerPodsSpec(WorkersSpec):
     """The worker pods: one pod per torchrun node, procsPerWorker processes in each."""
 
     min_replicas: int | None = Field(
-        None, ge=1, le=1024, description="Fewest workers the job may run with (autoscaling lower bound)."
+        None, ge=1, le=1024,
+        description="Fewest workers the job may run with. replicas (kubectl scale, an HPA) is clamped to "
+        "[minReplicas, maxReplicas]; setting either bound makes the job elastic (see spec.autoscaling).",
     )
     max_replicas: int | None = Field(
-        None, ge=1, le=1024, description="Most workers the job may run with (autoscaling upper bound)."
+        None, ge=1, le=1024, description="Most workers the job may run with (see minReplicas)."
+    )
+    termination_grace_period_seconds: int = Field(
+        120, ge=10, le=3600,
+        description="How long a stopping worker has to save a checkpoint (the trainer saves one on SIGTERM, "
+        "then exits): a resize, a suspend or a gang restart stops workers this way.",
     )
     gpus_per_worker: int | None = Field(
         None,
@@ -139,12 +147,24 @@ class WorkerPodsSpec(WorkersSpec):
         """GPUs per worker pod."""
         return self.procs_per_worker if self.gpus_per_worker is None else self.gpus_per_worker
 
+    @property
+    def elastic(self) -> bool:
+        """The worker count may change while the job runs (a bound is set)."""
+        return self.min_replicas is not None or self.max_replicas is not None
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(minReplicas, maxReplicas), each defaulting to the API limits 1 and 1024."""
+        return (self.min_replicas or 1, self.max_replicas or 1024)
+
+    def clamp(self, replicas: int) -> int:
+        low, high = self.bounds
+        return min(max(replicas, low), high)
+
     @model_validator(mode="after")
     def _bounds_and_gpus(self) -> WorkerPodsSpec:
-        if self.min_replicas is not None and self.min_replicas > self.replicas:
-            raise ValueError(f"@minReplicas: must be ≤ replicas ({self.min_replicas} > {self.replicas})")
-        if self.max_replicas is not None and self.max_replicas < self.replicas:
-            raise ValueError(f"@maxReplicas: must be ≥ replicas ({self.max_replicas} < {self.replicas})")
+        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"@maxReplicas: must be ≥ minReplicas ({self.max_replicas} < {self.min_replicas})")
         for section in ("requests", "limits"):
             if self.gpu_resource in getattr(self.resources, section):
                 raise ValueError(
@@ -208,7 +228,36 @@ class RunPolicy(Model):
         description="Restart the gang when the first heartbeat of a new gang has not arrived after this long.",
     )
     check_interval_seconds: int = Field(
-        30, ge=1, description="How often a running job's heartbeats are checked."
+        30, ge=1,
+        description="How often autoscaling policy Capacity looks at free GPUs and nodes. (Heartbeat deadlines, "
+        "stallTimeoutSeconds and startupTimeoutSeconds, are checked when they fall due.)",
+    )
+
+
+class ScalingPolicy(StrEnum):
+    manual = "Manual"
+    capacity = "Capacity"
+
+
+class AutoscalingSpec(Model):
+    """How the operator changes the worker count between minReplicas and maxReplicas.
+
+    A resize stops the gang (each worker saves a checkpoint on SIGTERM), starts a gang of the new
+    size and resumes; the global batch is kept by recomputing gradientAccumulationSteps.
+    """
+
+    policy: ScalingPolicy = Field(
+        ScalingPolicy.manual,
+        description="Manual: only spec.workers.replicas (kubectl scale, an HPA, KEDA) sets the size. "
+        "Capacity: grow toward maxReplicas into free GPUs, shrink toward minReplicas when workers cannot be "
+        "scheduled or nodes are lost, wait (Pending) below minReplicas. Capacity needs both bounds.",
+    )
+    cooldown_seconds: int = Field(
+        300, ge=0, le=86400, description="No capacity-driven growth sooner than this after the last resize."
+    )
+    scheduling_timeout_seconds: int = Field(
+        120, ge=1, le=86400,
+        description="Capacity: how long workers may stay unschedulable before the gang shrinks to what fits.",
     )
 
 
@@ -223,6 +272,9 @@ class RLTrainingJobSpec(Model):
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="The training run.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspension, deadline and clean-up.")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Elastic worker count (with workers.minReplicas/maxReplicas)."
+    )
 
     @model_validator(mode="after")
     def _generation_batch_fits(self) -> RLTrainingJobSpec:
@@ -231,6 +283,12 @@ class RLTrainingJobSpec(Model):
             # The trainer checks this when it starts; the cluster should refuse it at once.
             raise ValueError(f"@training.model: unknown built-in model {model!r}; choose one of "
                              f"{', '.join(BUILTIN_MODELS)}")
+        if self.autoscaling.policy == ScalingPolicy.capacity and not (
+            self.workers.min_replicas and self.workers.max_replicas
+        ):
+            raise ValueError("@workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas")
+        if self.workers.elastic:
+            return self  # the operator picks gradientAccumulationSteps for each size (batch_shape)
         world = self.workers.replicas * self.workers.procs_per_worker
         try:
             check_generation_batch(self.training, world)
@@ -283,6 +341,7 @@ class WorkersStatus(StatusModel):
     succeeded: int = Field(0, description="Worker pods that exited 0.")
     failed: int = Field(0, description="Worker pods that exited non-zero.")
     summary: str = Field("", description="ready/desired, for kubectl get.")
+    current: int = Field(0, description="Worker pods of the current gang that are running.")
 
 
 class Progress(StatusModel):
@@ -315,6 +374,23 @@ class OomRecovery(StatusModel):
     gradient_accumulation_steps: int = Field(..., description="gradientAccumulationSteps the gang runs with.")
 
 
+class ScalingStatus(StatusModel):
+    """The worker count the operator runs and why (resizes, the global batch it keeps)."""
+
+    replicas: int = Field(..., description="Workers the current gang is built with.")
+    spec_replicas: int = Field(..., description="spec.workers.replicas when the operator last applied it.")
+    reference_replicas: int = Field(
+        ..., description="Workers the global batch was defined at (the first start): it stays fixed across resizes."
+    )
+    global_batch_size: int = Field(..., description="batchSize × gradientAccumulationSteps × processes in use.")
+    gradient_accumulation_steps: int = Field(..., description="gradientAccumulationSteps of the current gang.")
+    last_scale_time: str | None = Field(None, description="When the last resize was decided (RFC 3339).")
+    last_scale_reason: str | None = Field(
+        None, description="Why: ScaleRequested, CapacityAvailable, Unschedulable, NodesLost or InsufficientCapacity."
+    )
+    last_scale_message: str | None = Field(None, description="The last resize in words.")
+
+
 class RLTrainingJobStatus(StatusModel):
     """Observed state of an RL post-training run (written by the operator)."""
 
@@ -343,6 +419,7 @@ class RLTrainingJobStatus(StatusModel):
     next_restart_time: str | None = Field(None, description="When the Restarting gang's pods are created.")
     gang_start_time: str | None = Field(None, description="When the current gang's pods were created.")
     oom_recovery: OomRecovery | None = Field(None, description="Reduced batch shape after out-of-memory failures.")
+    scaling: ScalingStatus | None = Field(None, description="Worker count in use and the last resize.")
 
 
 class RLTrainingJob(Model):
@@ -363,15 +440,48 @@ class RLTrainingJob(Model):
         return self
 
     @property
+    def replicas(self) -> int:
+        """Workers in use: what the operator decided (status.scaling), else replicas clamped to the bounds."""
+        scaling = self.status.scaling if self.status is not None else None
+        return scaling.replicas if scaling is not None else self.spec.workers.clamp(self.spec.workers.replicas)
+
+    @property
     def world_size(self) -> int:
-        return self.spec.workers.replicas * self.spec.workers.procs_per_worker
+        return self.replicas * self.spec.workers.procs_per_worker
+
+    def batch_shape(self, replicas: int | None = None, reference: int | None = None) -> tuple[int, int, int]:
+        """(batchSize, gradientAccumulationSteps, global batch) at ``replicas`` workers.
+
+        The global batch is the spec's batchSize × gradientAccumulationSteps × processes at the size the
+        job first ran with (status.scaling.referenceReplicas); out-of-memory recovery lowers batchSize;
+        gradientAccumulationSteps is recomputed so the global batch stays (``accumulation_for``).
+        """
+        training, workers = self.spec.training, self.spec.workers
+        status = self.status
+        if reference is None:
+            reference = status.scaling.reference_replicas if status and status.scaling else self.replicas
+        target = training.batch_size * training.gradient_accumulation_steps * reference * workers.procs_per_worker
+        batch = status.oom_recovery.batch_size if status and status.oom_recovery else training.batch_size
+        world = (self.replicas if replicas is None else replicas) * workers.procs_per_worker
+        accumulation = accumulation_for(batch, world, target, training.num_generations)
+        return batch, accumulation, batch * accumulation * world
+
+    def target_global_batch(self) -> int:
+        """The global batch the job keeps across resizes (see ``batch_shape``)."""
+        training, status = self.spec.training, self.status
+        reference = status.scaling.reference_replicas if status and status.scaling else self.replicas
+        return training.batch_size * training.gradient_accumulation_steps * reference * self.spec.workers.procs_per_worker
 
     def trainer_config(self, output_dir: str) -> TrainerConfig:
         """The trainer's view of this job (what the ConfigMap holds)."""
+        batch, accumulation, _ = self.batch_shape()
+        training = self.spec.training
+        if (batch, accumulation) != (training.batch_size, training.gradient_accumulation_steps):
+            training = training.model_copy(update={"batch_size": batch, "gradient_accumulation_steps": accumulation})
         return TrainerConfig(
             job_name=self.metadata.name,
             namespace=self.metadata.namespace,
-            training=self.spec.training,
+            training=training,
             checkpoint=self.spec.checkpoint,
             world_size=self.world_size,
             output_dir=output_dir,

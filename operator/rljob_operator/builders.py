@@ -132,13 +132,20 @@ def _metadata(job: RLTrainingJob, name: str, component: str) -> dict[str, Any]:
 
 
 def spec_hash(job: RLTrainingJob) -> str:
-    """Fingerprint of everything a running gang was built from (all of spec but runPolicy).
+    """Fingerprint of everything a running gang was built from (all of spec but runPolicy and sizing).
+
+    The worker count is not in it: a resize is decided by the operator (``status.scaling``) and
+    starts a new gang itself, whether ``kubectl scale`` or the Capacity policy asked for it.
 
     A gang whose pods carry another hash *and* another ``metadata.generation`` was built
     from a spec the user has since edited, and is restarted. (The generation guard keeps an
     operator upgrade that adds defaulted fields from restarting every running gang.)
     """
-    spec = job.spec.model_dump(by_alias=True, mode="json", exclude={"run_policy"})
+    spec = job.spec.model_dump(
+        by_alias=True, mode="json",
+        exclude={"run_policy": True, "autoscaling": True,
+                 "workers": {"replicas", "min_replicas", "max_replicas", "termination_grace_period_seconds"}},
+    )
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -152,11 +159,6 @@ def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None
     replaces the spec's per-device batch and accumulation.
     """
     config = job.trainer_config(output_dir=OUTPUT_DIR)
-    oom = job.status.oom_recovery if job.status is not None else None
-    if oom is not None:
-        config.training = config.training.model_copy(update={
-            "batch_size": oom.batch_size, "gradient_accumulation_steps": oom.gradient_accumulation_steps,
-        })
     data = {CONFIG_KEY: dump_config(config)}
     if endpoint is not None and endpoint.ca_pem:
         data[STATUS_CA_KEY] = endpoint.ca_pem
@@ -196,7 +198,9 @@ def worker_env(
     """The ``RLJOB_*`` environment of worker ``index`` (the trainer's in-pod contract)."""
     name, namespace, workers = job.metadata.name, job_namespace(job), job.spec.workers
     env: list[dict[str, Any]] = [
-        {"name": "RLJOB_NNODES", "value": str(workers.replicas)},
+        {"name": "RLJOB_NNODES", "value": str(job.replicas)},
+        # The launcher's wait for ranks saving their checkpoint on SIGTERM, inside the pod's grace period.
+        {"name": "RLJOB_SHUTDOWN_TIMEOUT", "value": str(max(5, workers.termination_grace_period_seconds - 10))},
         {"name": "RLJOB_NODE_RANK", "value": str(index)},
         {"name": "RLJOB_NPROC_PER_NODE", "value": str(workers.procs_per_worker)},
         {"name": "RLJOB_RDZV_ENDPOINT", "value": rendezvous_endpoint(name, namespace)},
@@ -354,7 +358,7 @@ def desired_worker_pod(
         "hostname": pod_name,
         "subdomain": service_name(name),
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": workers.termination_grace_period_seconds,
         # Trainers need no Kubernetes API access: the heartbeat token is a separate projected volume.
         "automountServiceAccountToken": False,
         "securityContext": {
@@ -390,7 +394,7 @@ def desired_worker_pods(
     job: RLTrainingJob, generation: int, endpoint: StatusEndpoint | None = None
 ) -> list[dict[str, Any]]:
     """Every worker pod of gang ``generation``, in index order."""
-    return [desired_worker_pod(job, i, generation, endpoint) for i in range(job.spec.workers.replicas)]
+    return [desired_worker_pod(job, i, generation, endpoint) for i in range(job.replicas)]
 
 
 # ------------------------------------------------------------------- pod template merge

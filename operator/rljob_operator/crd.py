@@ -67,22 +67,24 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
     ],
     "spec": [
         _rule(
+            "has(self.workers.minReplicas) || has(self.workers.maxReplicas) || "
             "(self.training.batchSize * self.workers.replicas * self.workers.procsPerWorker"
             " * self.training.gradientAccumulationSteps) % self.training.numGenerations == 0",
             "spec.training.numGenerations must divide the generation batch "
             "batchSize × replicas × procsPerWorker × gradientAccumulationSteps",
             ".training.numGenerations",
         ),
+        _rule(
+            "!has(self.autoscaling) || !has(self.autoscaling.policy) || self.autoscaling.policy != 'Capacity' || "
+            "(has(self.workers.minReplicas) && has(self.workers.maxReplicas))",
+            "spec.workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas",
+            ".workers",
+        ),
     ],
     "spec.workers": [
         _rule(
-            "!has(self.minReplicas) || self.minReplicas <= self.replicas",
-            "spec.workers.minReplicas must be ≤ replicas",
-            ".minReplicas",
-        ),
-        _rule(
-            "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
-            "spec.workers.maxReplicas must be ≥ replicas",
+            "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "spec.workers.maxReplicas must be ≥ minReplicas",
             ".maxReplicas",
         ),
         _rule(

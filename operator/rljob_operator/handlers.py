@@ -57,7 +57,7 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
 class JobWatch:
     """The registry of handlers, feeding ``enqueue`` and remembering which jobs exist."""
 
-    def __init__(self, configuration: Any, enqueue: Callable[[Key], None], forget: Callable[[Key], None]) -> None:
+    def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None]) -> None:
         self.enqueue = enqueue
         self.forget = forget
         self.known: set[Key] = set()
@@ -86,8 +86,8 @@ class JobWatch:
         self.enqueue(key)  # a deleted job is reconciled once more: it clears its metrics
 
     async def resync(self, every: float) -> None:
-        """Queue every known job every ``every`` seconds."""
+        """Queue every known job every ``every`` seconds, behind the jobs that events brought."""
         while True:
             await asyncio.sleep(every)
             for key in list(self.known):
-                self.enqueue(key)
+                self.enqueue(key, low=True)

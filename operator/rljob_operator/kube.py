@@ -44,6 +44,9 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=configuration)
+    # Reconcile workers, their concurrent pod creations and the status API share the client: a pool
+    # smaller than that discards connections and pays a TLS handshake per request under load.
+    configuration.connection_pool_maxsize = 64
     return k8s.ApiClient(configuration)
 
 
@@ -87,6 +90,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
+        metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
         try:
             response = self.api_client.call_api(*request, _request_timeout=self.timeout)
             response.read()
@@ -153,6 +157,14 @@ class Kube:
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         out = self.request("GET", self.core_path(namespace, "pods"), query={"labelSelector": label_selector})
         return list(out.get("items") or [])
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", "/api/v1/nodes").get("items") or [])
+
+    def list_bound_pods(self) -> list[dict[str, Any]]:
+        """Every pod bound to a node and not finished, in all namespaces (what holds node capacity)."""
+        selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+        return list(self.request("GET", "/api/v1/pods", query={"fieldSelector": selector}).get("items") or [])
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None, force: bool = False) -> None:
         """Delete a pod (by uid when given, so a newer pod with the same name survives).

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from rljob_operator.api import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus
+from rljob_operator.api import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
 from rljob_operator.builders import (
     StatusEndpoint,
     desired_worker_pod,
@@ -40,6 +40,16 @@ from rljob_operator.restarts import (
     judge_failure,
     judge_stall,
     stall,
+    stall_check_in,
+)
+from rljob_operator.scaling import (
+    Capacity,
+    Resize,
+    SizeView,
+    decide,
+    requested_size,
+    resize_event_message,
+    scaling_status,
 )
 from rljob_operator.status import (
     STALL_REASONS,
@@ -103,9 +113,11 @@ class _Draft:
     next_restart_time: str | None = None
     gang_start_time: str | None = None
     oom_recovery: dict[str, Any] | None = None
+    scaling: dict[str, Any] | None = None
 
     def carry(self, prev: RLTrainingJobStatus) -> _Draft:
         """Keep the restart bookkeeping of ``prev``."""
+        self.scaling = prev.scaling.model_dump(by_alias=True) if prev.scaling else None
         self.restarts, self.disruptions = prev.restarts, prev.disruptions
         self.last_failure = prev.last_failure.model_dump(by_alias=True) if prev.last_failure else None
         self.next_restart_time, self.gang_start_time = prev.next_restart_time, prev.gang_start_time
@@ -136,6 +148,7 @@ def _status(job: RLTrainingJob, prev: RLTrainingJobStatus, d: _Draft, pods: list
             "succeeded": sum(1 for p in current if p.phase == "Succeeded"),
             "failed": sum(1 for p in current if p.phase == "Failed"),
             "summary": f"{ready}/{d.desired}",
+            "current": sum(1 for p in current if p.phase == "Running" and not p.deleting),
         },
         "gangGeneration": d.generation,
         "selector": selector(job.metadata.name),
@@ -147,6 +160,7 @@ def _status(job: RLTrainingJob, prev: RLTrainingJobStatus, d: _Draft, pods: list
         "nextRestartTime": d.next_restart_time,
         "gangStartTime": d.gang_start_time,
         "oomRecovery": d.oom_recovery,
+        "scaling": d.scaling,
     }
 
 
@@ -154,7 +168,8 @@ def _transition_event(prev: RLTrainingJobStatus, d: _Draft) -> list[Event]:
     before = prev.phase.value if isinstance(prev.phase, Phase) else prev.phase
     if before == d.phase:
         return []
-    kind = "Warning" if d.phase in (Phase.failed.value, Phase.restarting.value) else "Normal"
+    trouble = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason != "Resizing")
+    kind = "Warning" if trouble else "Normal"
     return [Event(kind, d.reason, f"{before or 'New'} → {d.phase}: {d.message}")]
 
 
@@ -179,15 +194,16 @@ def _stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> 
 
 def plan_reconcile(
     job: RLTrainingJob, pods: list[ObservedPod], now: datetime, endpoint: StatusEndpoint | None = None,
-    force_delete_after: float = FORCE_DELETE_AFTER_SECONDS,
+    force_delete_after: float = FORCE_DELETE_AFTER_SECONDS, capacity: Capacity | None = None,
 ) -> Plan:
     """Decide one reconcile of ``job`` given its observed pods (label ``rljob.dev/job``).
 
     ``force_delete_after``: seconds a pod may stay Terminating past its deletion deadline.
+    ``capacity``: the cluster's nodes and bound pods, for policy Capacity (None: not looked at).
     """
     prev = job.status or RLTrainingJobStatus()
     prev_phase = prev.phase.value if isinstance(prev.phase, Phase) else prev.phase
-    replicas = job.spec.workers.replicas
+    replicas = job.replicas
     owned = [p for p in pods if p.owned]
     gen = prev.gang_generation or 0
     meta_generation = (job.metadata.model_extra or {}).get("generation")
@@ -277,11 +293,32 @@ def plan_reconcile(
     lost = [] if restarted or prev_phase != Phase.running.value else [
         worker_name(job.metadata.name, i) for i in range(replicas)
         if i not in by_index or by_index[i].deleting
+        or (capacity is not None and not capacity.node_ok(by_index[i].node))
     ]
     stalled = stall(job, now) if watching and not failed and not lost else None
     if failed or lost or stalled:
         return _after_failure(job, prev, draft, pods, current, (failed, lost, stalled), now, finish,
                               delete, force, events)
+
+    # The worker count: what the spec asks (kubectl scale), or what capacity allows (policy Capacity).
+    spec_size, requested = requested_size(job)
+    if draft.scaling is None:
+        draft.scaling = scaling_status(job, spec_size, None, now)
+    elif requested is not None and requested.replicas == replicas:
+        draft.scaling["specReplicas"] = job.spec.workers.replicas
+        events.append(Event("Warning", "ScaleClamped", requested.message))
+        requested = None
+    view = _size_view(job, replicas, pods, current, prev_phase, restarted, capacity, now)
+    resize = requested or decide(job, view, now)
+    if resize is not None and resize.replicas != replicas:
+        return _resize(job, prev, draft, pods, current, resize, now, delete, force, events)
+    if view.gang_starting and view.total_slots is not None and view.total_slots < job.spec.workers.bounds[0]:
+        draft.phase, draft.reason, draft.reconciling = Phase.pending.value, "InsufficientCapacity", True
+        draft.message = (f"waiting for capacity: minReplicas is {job.spec.workers.bounds[0]} but "
+                         f"{view.total_slots} worker(s) fit on the nodes this job may use")
+        return Plan(status=_status(job, prev, draft, pods, now), delete_pods=delete, force_delete_pods=force,
+                    events=events + _transition_event(prev, draft),
+                    requeue_after=float(job.spec.run_policy.check_interval_seconds))
 
     restarting = prev_phase == Phase.restarting.value
     restart_left = None
@@ -347,8 +384,11 @@ def plan_reconcile(
         waits.append(WAIT_REQUEUE_SECONDS)
     if restart_left is not None and restart_left > 0:
         waits.append(restart_left)
-    if draft.phase in (Phase.starting.value, Phase.running.value):
-        waits.append(float(job.spec.run_policy.check_interval_seconds))  # the stall check
+    if view.free_slots is not None:  # policy Capacity: free GPUs come and go without an event
+        waits.append(float(job.spec.run_policy.check_interval_seconds))
+    if draft.phase in (Phase.starting.value, Phase.running.value):  # the stall check, when it falls due
+        check = stall_check_in(job, now) if not restarted else None
+        waits.append(check if check is not None else float(job.spec.run_policy.check_interval_seconds))
     return Plan(
         status=_status(job, prev, draft, pods, now),
         delete_pods=delete,
@@ -358,6 +398,72 @@ def plan_reconcile(
         events=events + _transition_event(prev, draft),
         requeue_after=min(waits) if waits else None,
         gang_restart=gang_restart,
+    )
+
+
+def _size_view(job: RLTrainingJob, size: int, pods: list[ObservedPod], current: list[ObservedPod],
+               prev_phase: str | None, restarted: bool, capacity: Capacity | None, now: datetime) -> SizeView:
+    live = [p for p in current if not p.deleting]
+    ready = [p for p in live if p.phase == "Running" and p.ready]
+    unschedulable = any(p.unschedulable for p in live)
+    started = parse_time((job.status or RLTrainingJobStatus()).gang_start_time) or now
+    free = total = None
+    if capacity is not None and job.spec.autoscaling.policy == ScalingPolicy.capacity:
+        worker = desired_worker_pod(job, 0, 0)["spec"]  # requests, nodeSelector, tolerations as created
+        own = {(job.metadata.namespace or "", p.name) for p in pods if p.owned}
+        free = capacity.slots(worker)
+        total = capacity.slots(worker, exclude=own)
+    return SizeView(
+        size=size,
+        running=prev_phase == Phase.running.value and not restarted and len(ready) == size,
+        gang_starting=not live,
+        unschedulable_since=started if unschedulable else None,
+        free_slots=free,
+        total_slots=total,
+    )
+
+
+def _resize(
+    job: RLTrainingJob,
+    prev: RLTrainingJobStatus,
+    draft: _Draft,
+    pods: list[ObservedPod],
+    current: list[ObservedPod],
+    resize: Resize,
+    now: datetime,
+    delete: list[str],
+    force: list[str],
+    events: list[Event],
+) -> Plan:
+    """Run the job at ``resize.replicas`` workers: record the size first (status), then stop the gang.
+
+    The workers save a checkpoint on SIGTERM (their grace period is
+    ``workers.terminationGracePeriodSeconds``); the next gang, of the new size and a new
+    generation, resumes from it with gradientAccumulationSteps recomputed for the global batch.
+    A resize is neither a restart nor a disruption: it counts against nothing.
+    """
+    events.append(Event("Normal", "Resized", resize_event_message(job, resize, now)))
+    draft.scaling = scaling_status(job, resize.replicas, resize, now)
+    draft.desired = resize.replicas
+    live = [p for p in current if not p.deleting]
+    prev_phase = prev.phase.value if isinstance(prev.phase, Phase) else prev.phase
+    if live:
+        draft.generation += 1
+        draft.gang_start_time = None
+        draft.next_restart_time = rfc3339(now)
+        draft.phase, draft.reason = Phase.restarting.value, "Resizing"
+        draft.message = f"{resize.message}: stopping generation {draft.generation - 1} (workers save a checkpoint)"
+    else:
+        draft.phase = prev_phase if prev_phase == Phase.restarting.value else Phase.pending.value
+        draft.reason, draft.message = "Resizing", resize.message
+    draft.reconciling = True
+    return Plan(
+        status=_status(job, prev, draft, pods, now),
+        delete_pods=delete + [p.name for p in live],
+        force_delete_pods=force,
+        events=events + _transition_event(prev, draft),
+        requeue_after=0.01 if not live else WAIT_REQUEUE_SECONDS,
+        gang_restart="Resized" if live else None,
     )
 
 

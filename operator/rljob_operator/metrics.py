@@ -2,6 +2,7 @@
 
 Series (prefix ``rljob_operator_``): ``jobs{phase}`` (jobs this replica last reconciled, by
 phase), ``job_phase{namespace,job,phase}`` (1 for each job's current phase), ``reconcile_duration_seconds`` (histogram), ``reconciles_total{result}``,
+``api_requests_total{verb,resource}`` (requests the reconciler sent),
 ``api_errors_total{verb,resource,code}`` (failed Kubernetes API calls; 404 and 409, the normal
 answers of get and create-or-adopt, are not counted), ``gang_restarts_total{reason}``
 (worker gangs started again: spec changes, resumes, failures, stalls), ``heartbeats_total{result}`` (status API),
@@ -27,6 +28,9 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 RECONCILES = Counter("rljob_operator_reconciles_total", "Reconciles by result (ok, error).", ["result"])
+API_REQUESTS = Counter(
+    "rljob_operator_api_requests_total", "Kubernetes API requests the reconciler sent.", ["verb", "resource"]
+)
 API_ERRORS = Counter(
     "rljob_operator_api_errors_total", "Failed Kubernetes API calls.", ["verb", "resource", "code"]
 )
@@ -35,7 +39,7 @@ GANG_RESTARTS = Counter(
 )
 # Series exist from the start, so increase() sees the first restart of each kind.
 for _reason in ("Resumed", "SpecChanged", "WorkerFailed", "WorkerLost", "OOMKilled", "CudaOutOfMemory",
-                "HeartbeatTimeout", "StartupTimeout", "Disrupted"):
+                "HeartbeatTimeout", "StartupTimeout", "Disrupted", "Resized"):
     GANG_RESTARTS.labels(reason=_reason)
 HEARTBEATS = Counter("rljob_operator_heartbeats_total", "Status API heartbeats by result.", ["result"])
 LEADER = Gauge("rljob_operator_leader", "1 while this replica holds the lease and reconciles.")

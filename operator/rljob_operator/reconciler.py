@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
-from rljob_operator.api import ManifestError, RLTrainingJobStatus, parse_job
+from rljob_operator.api import ManifestError, RLTrainingJobStatus, ScalingPolicy, parse_job
 from rljob_operator.builders import (
     LABEL_JOB,
     StatusEndpoint,
@@ -28,15 +29,28 @@ from rljob_operator.builders import (
 )
 from rljob_operator.kube import ChildConflict, Kube
 from rljob_operator.lifecycle import FORCE_DELETE_AFTER_SECONDS, Event, Plan, plan_invalid, plan_reconcile
+from rljob_operator.scaling import Capacity
 from rljob_operator.status import ObservedPod, rfc3339
 
 log = logging.getLogger("rljob.reconciler")
 #: Retry soon when a child's name is taken by something else.
 CONFLICT_REQUEUE_SECONDS = 10.0
+#: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs.
+CAPACITY_MAX_AGE_SECONDS = 1.0
+
+
+def _without_nulls(value: Any) -> Any:
+    """A value as the API server stores it after a merge patch: null members of objects dropped."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def _status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
-    return any(current.get(k) != v for k, v in desired.items())
+    """Would the merge patch ``desired`` change ``current``? (A no-op patch still costs a write.)"""
+    return any(_without_nulls(current.get(k)) != _without_nulls(v) for k, v in desired.items())
 
 
 class Reconciler:
@@ -55,6 +69,9 @@ class Reconciler:
         self.clock = clock
         self.instance = instance
         self.force_delete_after = force_delete_after
+        self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rljob-create")
+        self._capacity_denied = False
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Reconcile ``namespace/name`` once; returns seconds until it wants another look."""
@@ -84,8 +101,31 @@ class Reconciler:
         uid = job_uid(job)
         pods = self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
         observed = [ObservedPod.from_pod(p, uid) for p in pods]
-        plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after)
+        capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
+        plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity)
         return self._apply(raw, plan, now, job=job, pods={p["metadata"]["name"]: p for p in pods})
+
+    def capacity(self) -> Capacity | None:
+        """Nodes and bound pods, shared by the reconciles of the next ``CAPACITY_MAX_AGE_SECONDS``.
+
+        None when the operator may not list nodes or all pods (its RBAC): Capacity jobs then keep
+        their size, as with policy Manual, and the operator says so once in its log.
+        """
+        taken, snapshot = self._capacity
+        if time.monotonic() - taken < CAPACITY_MAX_AGE_SECONDS:
+            return snapshot
+        try:
+            snapshot = Capacity.from_objects(self.kube.list_nodes(), self.kube.list_bound_pods())
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            if not self._capacity_denied:
+                log.warning("autoscaling policy Capacity needs list on nodes and pods (all namespaces); "
+                            "denied (%s): sizes stay as requested", e.reason)
+            self._capacity_denied = True
+            snapshot = None
+        self._capacity = (time.monotonic(), snapshot)
+        return snapshot
 
     def _apply(self, raw: dict[str, Any], plan: Plan, now: datetime, job: Any = None,
                pods: dict[str, dict[str, Any]] | None = None) -> float | None:
@@ -112,11 +152,15 @@ class Reconciler:
             # The ConfigMap follows the status just written (OOM recovery's batch shape).
             job = job.model_copy(update={"status": RLTrainingJobStatus.model_validate(plan.status)})
             try:
-                self.kube.create_or_adopt(desired_configmap(job, self.endpoint), uid, compare_data=True)
-                self.kube.create_or_adopt(desired_service(job), uid)
+                children = [self._pool.submit(self.kube.create_or_adopt, desired_configmap(job, self.endpoint), uid,
+                                              compare_data=True),
+                            self._pool.submit(self.kube.create_or_adopt, desired_service(job), uid)]
+                for child in children:
+                    child.result()  # both exist (or raised) before any pod is created
                 for pod in plan.create_pods:
                     log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
-                    self.kube.create_pod(pod)
+                # A gang's pods are independent requests: send them together (a failure still raises).
+                list(self._pool.map(self.kube.create_pod, plan.create_pods))
             except ChildConflict as e:
                 self._stuck(raw, "ChildConflict", str(e), now)
                 requeue = CONFLICT_REQUEUE_SECONDS

@@ -75,11 +75,9 @@ def is_oom(reason: str) -> bool:
 
 
 def effective_batch(job: RLTrainingJob) -> tuple[int, int]:
-    """(batchSize, gradientAccumulationSteps) the gang runs with: the spec's, or OOM recovery's."""
-    oom = (job.status or RLTrainingJobStatus()).oom_recovery
-    if oom is not None:
-        return oom.batch_size, oom.gradient_accumulation_steps
-    return job.spec.training.batch_size, job.spec.training.gradient_accumulation_steps
+    """(batchSize, gradientAccumulationSteps) the gang runs with (OOM recovery's batch, the current size)."""
+    batch, accumulation, _ = job.batch_shape()
+    return batch, accumulation
 
 
 def halved_batch(job: RLTrainingJob) -> OomRecovery | None:
@@ -124,3 +122,22 @@ def stall(job: RLTrainingJob, now: datetime) -> tuple[str, str] | None:
         "training hangs (a collective that never returns, a dead peer); restarting the gang from the "
         "newest checkpoint"
     )
+
+
+def stall_check_in(job: RLTrainingJob, now: datetime) -> float | None:
+    """Seconds until ``stall`` could first find the gang stalled (None: no clock is running).
+
+    A heartbeat writes status, and so brings the job back anyway; the reconciler needs to look
+    on its own only when this deadline falls due (status times have 1 s resolution: +1 s).
+    """
+    status = job.status or RLTrainingJobStatus()
+    policy = job.spec.run_policy
+    started = parse_time(status.gang_start_time)
+    if started is None:
+        return None
+    beat = parse_time(status.progress.last_heartbeat if status.progress else None)
+    if beat is None or beat < started:
+        due = started.timestamp() + policy.startup_timeout_seconds
+    else:
+        due = beat.timestamp() + policy.stall_timeout_seconds
+    return max(due - now.timestamp(), 0.0) + 1.0

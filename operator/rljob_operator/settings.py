@@ -65,9 +65,9 @@ class OperatorSettings:
     lease_seconds: float = 15.0
     renew_seconds: float = 5.0
     retry_seconds: float = 2.0
-    resync_seconds: float = 60.0
+    resync_seconds: float = 300.0
     """Every job is reconciled at least this often, events or not."""
-    workers: int = 4
+    workers: int = 8
     """Jobs reconciled in parallel."""
     heartbeat_flush_seconds: float = 2.0
     """Heartbeats of one job are written to its status at most this often."""

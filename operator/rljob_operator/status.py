@@ -75,6 +75,8 @@ class ObservedPod:
     """The cluster marked it for removal (condition DisruptionTarget: eviction, preemption, node lost)."""
     deleted_at: str | None = None
     """metadata.deletionTimestamp: when its grace period ends."""
+    node: str | None = None
+    """spec.nodeName: the node it is bound to."""
 
     @property
     def finished(self) -> bool:
@@ -125,6 +127,7 @@ class ObservedPod:
             finished_at=terminated.get("finishedAt"),
             disrupted=conditions.get("DisruptionTarget", {}).get("status") == "True",
             deleted_at=meta.get("deletionTimestamp"),
+            node=(pod.get("spec") or {}).get("nodeName"),
         )
 
 

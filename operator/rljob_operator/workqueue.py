@@ -5,6 +5,10 @@ the reconcile. A key added while its reconcile runs is run once more afterwards 
 concurrently), a key added many times while waiting runs once, a reconcile may ask to be
 run again after a delay (deadlines, TTLs), and a failing one is retried with exponential
 backoff. This is what keeps the kopf handlers one line long and every reconcile serial.
+
+Keys added by events go before keys whose delay ran out and before the periodic resync
+(``low=True``): with a thousand jobs a failed worker's job must not wait behind a thousand
+routine looks at jobs where nothing happened.
 """
 
 from __future__ import annotations
@@ -32,16 +36,21 @@ class WorkQueue:
         self._workers = workers
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
+        self._queued: dict[Key, int] = {}
+        """Queued keys and the best priority they are queued with (0 events, 1 timers and resyncs)."""
+        self._seq = 0
         self._running: set[Key] = set()
         self._dirty: set[Key] = set()
         self._failures: dict[Key, int] = {}
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
-    def add(self, key: Key, delay: float | None = None) -> None:
-        """Reconcile ``key`` soon (after ``delay`` seconds; the earliest pending delay wins)."""
+    def add(self, key: Key, delay: float | None = None, low: bool = False) -> None:
+        """Reconcile ``key`` soon (after ``delay`` seconds; the earliest pending delay wins).
+
+        ``low``: after every key added without it (a routine look, not an event).
+        """
         if delay is not None and delay > 0:
             loop = asyncio.get_running_loop()
             due = loop.time() + delay
@@ -52,15 +61,17 @@ class WorkQueue:
                 timer.cancel()
             self._timers[key] = loop.call_at(due, self._fire, key)
             return
+        priority = 1 if low else 0
         if key in self._running:
             self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+        elif self._queued.get(key, 2) > priority:  # not queued yet, or only behind the routine looks
+            self._queued[key] = priority
+            self._seq += 1
+            self._queue.put_nowait((priority, self._seq, key))
 
     def _fire(self, key: Key) -> None:
         self._timers.pop(key, None)
-        self.add(key)
+        self.add(key, low=True)
 
     def forget(self, key: Key) -> None:
         """Drop pending retries and timers of ``key`` (its object is gone)."""
@@ -74,8 +85,10 @@ class WorkQueue:
 
     async def _worker(self) -> None:
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
+            priority, _, key = await self._queue.get()
+            if self._queued.get(key) != priority:
+                continue  # a duplicate entry: the key was raised to the front, or has run since
+            del self._queued[key]
             self._running.add(key)
             try:
                 requeue = await self._handler(key)

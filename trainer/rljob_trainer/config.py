@@ -7,6 +7,7 @@ camelCase in YAML, snake_case in Python; unknown fields are errors.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from enum import StrEnum
@@ -331,6 +332,20 @@ def check_generation_batch(training: TrainingSpec, world_size: int) -> None:
             f"{training.gradient_accumulation_steps} = {generation_batch}"
         )
 
+
+def accumulation_for(batch_size: int, world_size: int, global_batch: int, num_generations: int) -> int:
+    """``gradientAccumulationSteps`` that keeps ``global_batch`` at ``world_size`` processes.
+
+    The exact value is ``global_batch / (batch_size × world_size)``. When that is not a whole
+    number, or the resulting generation batch would not hold whole groups of ``num_generations``,
+    the nearest valid value is chosen (ties: the larger global batch). Always ≥ 1.
+    """
+    per_step = batch_size * world_size
+    ideal = global_batch / per_step
+    step = num_generations // math.gcd(per_step, num_generations)  # valid values are multiples of this
+    low = max(step, math.floor(ideal / step) * step)
+    candidates = {low, low + step}
+    return min(candidates, key=lambda a: (abs(a * per_step - global_batch), -a))
 
 
 class TrainerConfig(Model):

@@ -135,6 +135,7 @@ def exit_code_for(failures: dict[int, Any]) -> tuple[int, int | None]:
 
 def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | None = None) -> int:
     """Run the gang's processes on this node; returns the node's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -163,10 +164,18 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
         max_restarts=0,  # the operator owns restarts (a whole gang at a time)
         monitor_interval=0.2,
         start_method="spawn",
+        # On SIGTERM the ranks save a checkpoint and stop (worker.StopOnSignal); wait that long for them.
+        shutdown_timeout=int(os.environ.get("RLJOB_SHUTDOWN_TIMEOUT", "110")),
     )
     try:
         elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
         return 0
+    except SignalException as e:
+        code = 128 + int(e.sigval)
+        message = f"stopped by {e.sigval.name}: the ranks saved a checkpoint where they could and exited"
+        print(f"rljob: node {node.node_rank} {message} (exit {code})", file=sys.stderr, flush=True)
+        write_termination_message(message)
+        return code
     except ChildFailedError as e:
         code, rank = exit_code_for(e.failures)
         message = _rank_error(error_dir, rank) or f"rank {rank} exited with code {code}"

@@ -70,6 +70,8 @@ def trl_arguments(cfg: TrainerConfig, checkpoint_dir: str, use_cpu: bool) -> dic
         "reward_weights": [r.weight for r in t.rewards],
         "log_level": "warning",
         "disable_tqdm": os.environ.get("RLJOB_PROGRESS", "1") == "0",
+        # Other ranks wait at the end for rank 0's final uploads (finish_together).
+        "ddp_timeout": max(1800, cfg.checkpoint.upload_timeout_seconds + 600),
     }
 
 
@@ -89,6 +91,52 @@ def resolve_model(cfg: TrainerConfig) -> str:
     if path:
         return path
     return cfg.training.model
+
+
+class StopRequest:
+    """SIGTERM or SIGINT asks the run to stop after saving a checkpoint (a resize, a suspend, a
+    preempted node, Ctrl-C). The handler only records the signal; ``StopOnSignal`` acts on it."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def install(self) -> None:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if not self.signum:
+            log.warning("signal %d: saving a checkpoint at the end of this step, then stopping", signum)
+        self.signum = signum
+
+
+STOP = StopRequest()
+
+
+def stop_on_signal_callback(request: StopRequest) -> Any:
+    """At every step end the ranks agree (max over the group) whether any was signalled; if so, every
+    rank saves the checkpoint of this step and training stops. Agreeing keeps the ranks in lockstep:
+    a rank that stopped alone would leave the others blocked in a collective."""
+    import torch
+    import torch.distributed as dist
+    from transformers import TrainerCallback
+
+    class StopOnSignal(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            signum = request.signum
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+                flag = torch.tensor([signum], dtype=torch.int64, device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                signum = int(flag.item())
+            if signum:
+                request.signum = signum
+                control.should_save = True
+                control.should_training_stop = True
+
+    return StopOnSignal()
 
 
 def run(cfg: TrainerConfig) -> dict[str, Any] | None:
@@ -193,7 +241,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
-            callbacks=[TelemetryCallback(metrics, heartbeat), SealCheckpoint()],
+            callbacks=[TelemetryCallback(metrics, heartbeat), SealCheckpoint(), stop_on_signal_callback(STOP)],
         )
     except (OSError, ValueError) as e:
         raise PermanentError("spec.training", f"cannot build the {cfg.training.algorithm} trainer: {e}") from e
@@ -229,10 +277,26 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
         checkpoints.atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
         if heartbeat is not None:
-            heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None, final=True)
+            heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
+                           final=not STOP.signum)
     if metrics is not None:
         metrics.shutdown()
+    finish_together()
     return summary
+
+
+def finish_together() -> None:
+    """Every rank waits for rank 0's end-of-run work (final uploads, summary), then leaves the group.
+
+    A rank that exits while rank 0 is still waiting for uploads (storage slow or down) can die
+    in its process-group teardown (``terminate called without an active exception``, SIGABRT);
+    torchrun then SIGTERMs rank 0 and the whole run counts as failed after training succeeded.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def die_with_parent() -> None:
@@ -266,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = TrainerConfig.model_validate(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+        STOP.install()
         run(cfg)
+        if STOP.signum:  # stopped early with a checkpoint: not done, so not 0
+            report_fatal(f"stopped by signal {STOP.signum} after saving a checkpoint")
+            return 128 + STOP.signum
         return 0
     except PermanentError as e:
         report_fatal(str(e))

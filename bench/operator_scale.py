@@ -1,0 +1,839 @@
+"""The operator at scale on the real control plane: bursts of RLTrainingJobs × 4 workers on KWOK nodes.
+
+The test harness's control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
+KWOK; ``tests/cluster``) runs 100 fake GPU nodes with 48 ``nvidia.com/gpu`` each: 4,800 GPUs, so the
+largest burst (1,000 jobs × 4 workers × 1 GPU = 4,000 pods) fits with room to spare and nothing
+waits on capacity. A real node has 8 GPUs (4,000 GPUs would be 500 nodes), but 500 heartbeating
+KWOK nodes cost this 2-core machine more than the operator does; pods per node (≤ 48 of 110) and
+GPUs per pod are what the scheduler and the operator see either way.
+
+For each burst size N (default 10, 100, 1000), in a fresh namespace and with a fresh operator
+process (``python -m rljob_operator operator``, production defaults, leader election on, acting
+as a service account so that its requests go through RBAC and API Priority and Fairness as in a
+cluster), the benchmark creates N jobs at once (8 client threads) and records, client-side from
+watch streams on jobs and pods:
+
+* time until every job reports phase Running;
+* per job, latency from the create request to all 4 worker pods created, scheduled, Ready, and to
+  phase Running (p50/p99);
+* the operator's API requests by verb and resource, from the API server's audit log (a policy that
+  logs only the operator's user at Metadata level), during the burst and in an idle window after;
+* the operator's CPU seconds and peak RSS (``VmHWM``), and CPU seconds of each control-plane
+  component, of this process and of the whole machine (another workload shares it).
+
+After the largest burst, F workers (default 100, one per job, 10 per second) are made to exit with
+code 1 (KWOK's ``rljob.dev/fake-exit-code`` annotation); the latency is from the pod turning
+Failed to all 4 pods of the replacement gang (a new ``rljob.dev/gang-generation``) existing, and
+to the job Running again. The jobs set ``runPolicy.backoffBaseSeconds: 0``, so the figure is the
+operator's reaction, not the configured backoff. KWOK makes a scheduled pod Running and Ready at
+once, so the jobs need no pod annotations.
+
+Changes to the harness's components, all in this file: the API server gets the audit policy, and
+kube-scheduler gets ``--kube-api-qps=200 --kube-api-burst=400`` (its default of 50 requests/s
+would bind at most 50 pods/s and measure the scheduler; ``--scheduler-qps 0`` keeps the default),
+the same limits the harness gives kube-controller-manager. Nodes heartbeat every 8-18 s
+(``--node-grace 40``), closer to kubelets' 10 s lease renewals than the tests' 3-7 s.
+
+    python -m bench.operator_scale [--jobs 10 100 1000] [--failures 100] [--idle-seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlparse
+
+import psutil
+
+from bench.common import REPO, write_result
+
+for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
+    if str(REPO / _folder) not in sys.path:
+        sys.path.insert(0, str(REPO / _folder))
+
+from rljob_operator.builders import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX  # noqa: E402
+from rljob_operator.crd import CRD_NAME, crd_manifest  # noqa: E402
+from rljob_operator.kube import Kube  # noqa: E402
+
+from tests.cluster import fake_pods  # noqa: E402
+from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
+from tests.cluster.nodes import GpuNodeShape  # noqa: E402
+from tests.cluster.processes import free_port  # noqa: E402
+from tests.cluster.waiting import wait_for  # noqa: E402
+
+WORKERS = 4
+NODES = 100
+GPUS_PER_NODE = 48
+OPERATOR_NAMESPACE = "rljob-bench-system"
+OPERATOR_SA = "rljob-operator"
+OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}"
+
+TARGET_ALL_RUNNING_S = 120.0  # 1,000 jobs × 4 workers, on the 2-core machine
+TARGET_POD_CREATE_P99_S = 2.0
+TARGET_REPLACEMENT_P99_S = 3.0
+TARGET_RSS_MIB = 300.0
+SETTLE_S = 5.0  # after the last job turns Running, before the idle window starts
+
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  users: ["{OPERATOR_USER}"]
+- level: None
+"""
+
+
+# ------------------------------------------------------------------------- small helpers
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution(values: list[float]) -> dict[str, Any]:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    return {"n": len(values), "p50": r(percentile(values, 50)), "p90": r(percentile(values, 90)),
+            "p99": r(percentile(values, 99)), "max": r(max(values) if values else None)}
+
+
+def job_manifest(name: str) -> dict[str, Any]:
+    """A tiny valid job: 4 workers × 1 process × 1 GPU; no backoff before a gang restart."""
+    return {
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "registry.invalid/rljob-trainer:bench",
+            "workers": {"replicas": WORKERS, "procsPerWorker": 1},
+            "training": {
+                "model": "builtin:tiny",
+                "dataset": {"name": "builtin:repeat-char", "size": 64},
+                "rewards": [{"name": "repeat_char", "kwargs": {"length": 4}}],
+                "batchSize": 4, "numGenerations": 4, "maxCompletionLength": 4, "maxSteps": 3,
+            },
+            "checkpoint": {"everySteps": 100, "keepLast": 1},
+            "runPolicy": {"backoffBaseSeconds": 0},
+        },
+    }
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of ``pid`` in KiB."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+# --------------------------------------------------------------------- the control plane
+
+
+class BenchControlPlane(ControlPlane):
+    """The harness's control plane with an audit log of the operator's requests and a faster scheduler."""
+
+    def __init__(self, config: ClusterConfig, scheduler_qps: int) -> None:
+        super().__init__(config=config)
+        self.scheduler_qps = scheduler_qps
+
+    @property
+    def audit_log(self) -> Path:
+        return self.layout.path("audit.log")
+
+    def _launch(self, name: str, argv: list[str]) -> None:
+        if name == "kube-apiserver":
+            policy = self.layout.path("audit-policy.yaml")
+            policy.write_text(AUDIT_POLICY)
+            argv = [*argv, f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                    "--audit-log-format=json", "--audit-log-maxsize=0"]
+        if name == "kube-scheduler" and self.scheduler_qps:
+            argv = [*argv, f"--kube-api-qps={self.scheduler_qps}", f"--kube-api-burst={2 * self.scheduler_qps}"]
+        super()._launch(name, argv)
+
+
+def install_crd(kube: Kube) -> None:
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    kube.request("POST", path, crd_manifest())
+
+    def established() -> bool:
+        conditions = (kube.request("GET", f"{path}/{CRD_NAME}").get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for(established, 60, message="CRD Established")
+    time.sleep(1)  # discovery catches up
+
+
+def create_namespace(kube: Kube, name: str) -> None:
+    kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    wait_for(lambda: kube.request("GET", kube.core_path(name, "serviceaccounts"),
+                                  query={"fieldSelector": "metadata.name=default"})["items"],
+             60, message=f"service account {name}/default")
+
+
+def operator_kubeconfig(plane: ControlPlane, kube: Kube) -> Path:
+    """A token kubeconfig for the operator's service account, bound to cluster-admin."""
+    create_namespace(kube, OPERATOR_NAMESPACE)
+    path = plane.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA, expiration_s=24 * 3600)
+    kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "rljob-bench-operator"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE}],
+    })
+    return path
+
+
+# ------------------------------------------------------------------------------ watches
+
+
+class Watch(threading.Thread):
+    """List then watch one collection over a raw HTTPS stream; ``handle(t, type, obj)`` per event,
+    with ``t`` the arrival time here (time.time())."""
+
+    def __init__(self, plane: ControlPlane, path: str, handle: Any) -> None:
+        super().__init__(daemon=True, name=f"watch {path}")
+        url = urlparse(plane.server)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 443
+        self.context = ssl.create_default_context(cafile=str(plane.ca_cert))
+        self.context.load_cert_chain(str(plane.layout.cert("admin")), str(plane.layout.key("admin")))
+        self.path, self.handle = path, handle
+        self.stopping = threading.Event()
+        self.listed = threading.Event()
+        self.error: BaseException | None = None
+        self._conn: http.client.HTTPSConnection | None = None
+
+    def _get(self, query: dict[str, str]) -> http.client.HTTPResponse:
+        self._conn = http.client.HTTPSConnection(self.host, self.port, context=self.context)
+        self._conn.request("GET", f"{self.path}?{urlencode(query)}", headers={"Accept": "application/json"})
+        response = self._conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"GET {self.path}: {response.status} {response.read()[:300]!r}")
+        return response
+
+    def run(self) -> None:
+        try:
+            for attempt in range(60):  # a new CRD's storage answers 429 for a moment
+                try:
+                    listing = json.loads(self._get({}).read())
+                    break
+                except RuntimeError as error:
+                    if " 429 " not in str(error) or attempt == 59:
+                        raise
+                    time.sleep(0.5)
+            version = listing["metadata"]["resourceVersion"]
+            for item in listing.get("items") or []:
+                self.handle(time.time(), "ADDED", item)
+            self.listed.set()
+            while not self.stopping.is_set():
+                response = self._get({"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true",
+                                      "timeoutSeconds": "600"})
+                while line := response.readline():
+                    arrived = time.time()
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        raise RuntimeError(f"watch {self.path}: {event['object']}")
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self.handle(arrived, event["type"], event["object"])
+        except Exception as error:  # noqa: BLE001 - reported by the main thread
+            if not self.stopping.is_set():
+                self.error = error
+        finally:
+            self.listed.set()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+
+class Recorder:
+    """When each job and worker pod reached each state, as seen by the watches."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> job, gen, index, created/scheduled/ready/failed/deleted
+        self.phase: dict[str, str] = {}  # job -> current phase
+        self.running_at: dict[tuple[str, int], float] = {}  # (job, gang generation) -> first seen Running
+        self.gangs: dict[tuple[str, int], list[str]] = {}  # (job, gang generation) -> pod uids
+        self.events = Counter[str]()
+
+    def on_pod(self, t: float, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        if LABEL_JOB not in labels:
+            return
+        status = pod.get("status") or {}
+        with self.lock:
+            self.events["pod " + kind] += 1
+            rec = self.pods.get(meta["uid"])
+            if rec is None:
+                rec = self.pods[meta["uid"]] = {
+                    "job": labels[LABEL_JOB], "gen": int(labels.get(LABEL_GANG_GENERATION, -1)),
+                    "index": int(labels.get(LABEL_WORKER_INDEX, -1)), "created": t,
+                }
+                self.gangs.setdefault((rec["job"], rec["gen"]), []).append(meta["uid"])
+            if (pod.get("spec") or {}).get("nodeName"):
+                rec.setdefault("scheduled", t)
+            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+                rec.setdefault("ready", t)
+            if status.get("phase") == "Failed":
+                rec.setdefault("failed", t)
+            if kind == "DELETED":
+                rec.setdefault("deleted", t)
+
+    def on_job(self, t: float, kind: str, job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        status = job.get("status") or {}
+        with self.lock:
+            self.events["job " + kind] += 1
+            if kind == "DELETED":
+                self.phase.pop(name, None)
+                return
+            phase = status.get("phase") or ""
+            self.phase[name] = phase
+            if phase == "Running":
+                self.running_at.setdefault((name, int(status.get("gangGeneration") or 0)), t)
+
+    def count_phase(self, phase: str) -> int:
+        with self.lock:
+            return sum(1 for p in self.phase.values() if p == phase)
+
+    def gang(self, job: str, gen: int) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(self.pods[uid]) for uid in self.gangs.get((job, gen), [])]
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+class Meter:
+    """CPU seconds of the operator, each control-plane component, this process and the machine."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.components = {p.name: psutil.Process(p.pid) for p in plane.processes}
+        self.operator: psutil.Process | None = None
+
+    def snapshot(self) -> dict[str, float]:
+        def cpu(process: psutil.Process) -> float:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                return float("nan")
+            return float(times.user + times.system)
+
+        machine = psutil.cpu_times()
+        out = {"wall": time.time(), "machine_busy": machine.user + machine.system + machine.nice
+               + getattr(machine, "irq", 0) + getattr(machine, "softirq", 0) + getattr(machine, "steal", 0),
+               "bench_client": cpu(psutil.Process())}
+        out.update({name: cpu(p) for name, p in self.components.items()})
+        if self.operator is not None:
+            out["operator"] = cpu(self.operator)
+        return out
+
+    @staticmethod
+    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {k: round(after[k] - before[k], 2) for k in after if k in before}
+
+
+class AuditLog:
+    """The operator's requests, one per audit ID, from the API server's JSON audit log."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.requests: dict[str, dict[str, Any]] = {}
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("user", {}).get("username") != OPERATOR_USER or event["auditID"] in self.requests:
+                continue
+            ref = event.get("objectRef") or {}
+            resource = ref.get("resource", event.get("requestURI", "?").split("?")[0])
+            if ref.get("subresource"):
+                resource += "/" + ref["subresource"]
+            received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+            done = event.get("stage") == "ResponseComplete" and event["verb"] != "watch"
+            self.requests[event["auditID"]] = {
+                "t": received,
+                # Server side, from authentication to the response (API Priority and Fairness queueing included).
+                "latency": datetime.fromisoformat(event["stageTimestamp"]).timestamp() - received if done else None,
+                "verb": event["verb"], "resource": resource,
+                "code": (event.get("responseStatus") or {}).get("code"),
+                "client": "kopf" if "kopf" in (event.get("userAgent") or "") else "reconciler",
+            }
+
+    def window(self, start: float, end: float) -> dict[str, Any]:
+        """Requests received in [start, end): total, by verb, by verb and resource, by client."""
+        self.read()
+        chosen = [r for r in self.requests.values() if start <= r["t"] < end]
+        latency: dict[str, list[float]] = {}
+        for r in chosen:
+            if r["latency"] is not None:
+                latency.setdefault(r["verb"], []).append(r["latency"])
+        return {
+            "server_latency_s": {verb: distribution(v) for verb, v in sorted(latency.items())},
+            "total": len(chosen),
+            "by_verb": dict(Counter(r["verb"] for r in chosen).most_common()),
+            "by_verb_resource": dict(Counter(f"{r['verb']} {r['resource']}" for r in chosen).most_common()),
+            "by_client": dict(Counter(r["client"] for r in chosen).most_common()),
+            "errors": dict(Counter(f"{r['verb']} {r['resource']} {r['code']}" for r in chosen
+                                   if r["code"] and r["code"] >= 400).most_common()),
+        }
+
+
+class OperatorProcess:
+    """``rljob operator`` watching one namespace, as the operator's service account."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.metrics_port, status_port = free_port(), free_port()
+        self.log = log
+        self.args = [
+            sys.executable, "-m", "rljob_operator", "operator",
+            "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+            "--operator-namespace", OPERATOR_NAMESPACE, "--identity", f"bench-{namespace}",
+            "--status-port", str(status_port), "--status-url", f"https://127.0.0.1:{status_port}",
+            "--metrics-port", str(self.metrics_port), "--leader-elect",
+        ]
+        path = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer"), str(REPO)]
+                               + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+        self.env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        with self.log.open("ab") as f:
+            self.proc = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+                                         preexec_fn=_die_with_parent)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
+
+    def wait_leader(self, timeout: float = 90) -> None:
+        def leading() -> bool:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+                    return "rljob_operator_leader 1.0" in r.read().decode()
+            except OSError:
+                return False
+
+        wait_for(leading, timeout, interval=0.2, message="the operator leading")
+
+    def reconciles(self) -> dict[str, float]:
+        """The operator's own counters: reconciles (ok, error) and the seconds they took in all."""
+        out: dict[str, float] = {}
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                for prefix, key in (('rljob_operator_reconciles_total{result="ok"}', "ok"),
+                                    ('rljob_operator_reconciles_total{result="error"}', "error"),
+                                    ("rljob_operator_reconcile_duration_seconds_sum", "seconds")):
+                    if line.startswith(prefix + " "):
+                        out[key] = float(line.split()[-1])
+        return out
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+# ------------------------------------------------------------------------------- phases
+
+
+def wait_until(predicate: Any, timeout: float, checks: list[Any], what: str) -> bool:
+    """Poll ``predicate`` (4/s) until true or ``timeout``; ``checks`` raise if something died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for check in checks:
+            check()
+        if predicate():
+            return True
+        time.sleep(0.25)
+    print(f"  timed out after {timeout:.0f}s waiting for {what}", flush=True)
+    return False
+
+
+def create_burst(kube: Kube, namespace: str, names: list[str]) -> dict[str, float]:
+    """Create the jobs from 8 threads; each job's time is when its create request was sent."""
+    sent: dict[str, float] = {}
+
+    def create(name: str) -> None:
+        doc = job_manifest(name)
+        sent[name] = time.time()
+        kube.request("POST", kube.job_path(namespace), doc)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(create, names))
+    return sent
+
+
+def gang_latencies(recorder: Recorder, jobs: dict[str, float], gen: int) -> dict[str, list[float]]:
+    """Per job, seconds from ``jobs[name]`` to its gang ``gen`` created, scheduled, Ready, and Running."""
+    out: dict[str, list[float]] = {k: [] for k in ("pods_created", "pods_scheduled", "pods_ready", "running",
+                                                   "scheduled_after_created", "ready_after_scheduled",
+                                                   "running_after_ready")}
+    for name, start in jobs.items():
+        pods = recorder.gang(name, gen)
+        stamps = {}
+        for stage in ("created", "scheduled", "ready"):
+            times = [p[stage] for p in pods if stage in p]
+            stamps[stage] = max(times) if len(times) == WORKERS else None
+        stamps["running"] = recorder.running_at.get((name, gen))
+        for stage, key in (("created", "pods_created"), ("scheduled", "pods_scheduled"), ("ready", "pods_ready"),
+                           ("running", "running")):
+            if stamps[stage] is not None:
+                out[key].append(stamps[stage] - start)
+        for a, b, key in (("created", "scheduled", "scheduled_after_created"),
+                          ("scheduled", "ready", "ready_after_scheduled"), ("ready", "running", "running_after_ready")):
+            if stamps[a] is not None and stamps[b] is not None:
+                out[key].append(stamps[b] - stamps[a])
+    return out
+
+
+def inject_failures(kube: Kube, namespace: str, recorder: Recorder, names: list[str], count: int,
+                    interval: float, timeout: float, checks: list[Any], seed: int) -> dict[str, Any]:
+    """Make one worker of ``count`` distinct jobs exit 1; time the replacement gangs."""
+    rng = random.Random(seed)
+    victims = rng.sample(names, min(count, len(names)))
+    injected: dict[str, tuple[float, int]] = {}
+    for name in victims:
+        index = rng.randrange(WORKERS)
+        injected[name] = (time.time(), index)
+        kube.request("PATCH", kube.core_path(namespace, "pods", f"{name}-worker-{index}"),
+                     {"metadata": {"annotations": {fake_pods.EXIT_CODE: "1"}}},
+                     content_type="application/merge-patch+json")
+        time.sleep(interval)
+    injected_done = time.time()
+
+    def replaced() -> bool:
+        with recorder.lock:
+            return all((name, 1) in recorder.running_at for name in victims)
+
+    all_back = wait_until(replaced, timeout, checks, "every replacement gang Running")
+    latencies: dict[str, list[float]] = {"failed_after_injected": [], "replacement_created": [],
+                                         "replacement_running": [], "replacement_created_after_injected": []}
+    for name, (t_injected, index) in injected.items():
+        failed = [p["failed"] for p in recorder.gang(name, 0) if p["index"] == index and "failed" in p]
+        replacement = recorder.gang(name, 1)
+        created = max(p["created"] for p in replacement) if len(replacement) == WORKERS else None
+        running = recorder.running_at.get((name, 1))
+        if failed:
+            latencies["failed_after_injected"].append(failed[0] - t_injected)
+            if created is not None:
+                latencies["replacement_created"].append(created - failed[0])
+            if running is not None:
+                latencies["replacement_running"].append(running - failed[0])
+        if created is not None:
+            latencies["replacement_created_after_injected"].append(created - t_injected)
+    return {"failures": len(victims), "interval_s": interval, "all_replaced_running": all_back,
+            "injection_window": [min(t for t, _ in injected.values()), injected_done],
+            "latency_s": {k: distribution(v) for k, v in latencies.items()}, "raw_s": latencies}
+
+
+def delete_namespace(kube: Kube, namespace: str, timeout: float) -> None:
+    kube.request("DELETE", f"/api/v1/namespaces/{namespace}")
+
+    def gone() -> bool:
+        try:
+            kube.request("GET", f"/api/v1/namespaces/{namespace}")
+        except Exception as error:  # noqa: BLE001
+            return getattr(error, "status", None) == 404
+        return False
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(gone, timeout, interval=0.5, message=f"namespace {namespace} deleted")
+
+
+def run_burst(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: AuditLog, meter: Meter, n: int,
+              args: argparse.Namespace, logs: Path, with_failures: bool) -> dict[str, Any]:
+    namespace = f"rljob-scale-{n}"
+    create_namespace(kube, namespace)
+    recorder = Recorder()
+    watches = [Watch(plane, f"/api/v1/namespaces/{namespace}/pods", recorder.on_pod),
+               Watch(plane, kube.job_path(namespace), recorder.on_job)]
+    operator = OperatorProcess(kubeconfig, namespace, logs / f"operator-{n}.log")
+    result: dict[str, Any] = {"jobs": n, "namespace": namespace, "timeout_s": args.timeout}
+
+    def check() -> None:
+        operator.check_alive()
+        for w in watches:
+            if w.error is not None:
+                raise RuntimeError(f"{w.name}: {w.error}")
+
+    try:
+        for w in watches:
+            w.start()
+            w.listed.wait(30)
+        t_operator = time.time()
+        operator.start()
+        meter.operator = psutil.Process(operator.pid)
+        operator.wait_leader()
+        time.sleep(2)  # kopf's watches are up
+        snap_ready = meter.snapshot()
+        memory = {"after_start_kib": _proc_status(operator.pid)}
+        reconciles = {"start": operator.reconciles()}
+
+        names = [f"job-{i:04d}" for i in range(n)]
+        print(f"N={n}: creating {n} jobs × {WORKERS} workers", flush=True)
+        t_burst = time.time()
+        sent = create_burst(kube, namespace, names)
+        t_created = time.time()
+        done = wait_until(lambda: recorder.count_phase("Running") == n, args.timeout, [check],
+                          f"{n} jobs Running")
+        t_all_running = max(recorder.running_at.get((name, 0), 0.0) for name in names) if done else time.time()
+        snap_running = meter.snapshot()
+        memory["all_running_kib"] = _proc_status(operator.pid)
+        reconciles["all_running"] = operator.reconciles()
+        running = recorder.count_phase("Running")
+        latencies = gang_latencies(recorder, sent, 0)
+        elapsed = t_all_running - t_burst
+        print(f"  {running}/{n} Running after {elapsed:.1f}s; apply→pods created p99 "
+              f"{percentile(latencies['pods_created'], 99) or float('nan'):.2f}s", flush=True)
+        result.update({
+            "all_running": done, "running": running,
+            "create_requests_s": round(t_created - t_burst, 2),
+            "all_running_s": round(elapsed, 2) if done else None,
+            "latency_s": {k: distribution(v) for k, v in latencies.items()},
+            "raw_latency_s": {k: [round(x, 3) for x in latencies[k]] for k in ("pods_created", "running")},
+        })
+
+        # Idle: every job Running, nothing happening but the operator's own resync and checks. The
+        # burst's requests end a few seconds after the last job turned Running (Events, queued reconciles).
+        t_idle = max(time.time(), t_all_running + SETTLE_S)
+        time.sleep(max(0.0, t_idle + args.idle_seconds - time.time()))
+        check()
+        snap_idle = meter.snapshot()
+        t_idle_end = time.time()
+        memory["after_idle_kib"] = _proc_status(operator.pid)
+        reconciles["after_idle"] = operator.reconciles()
+
+        windows = {"startup": (t_operator, t_burst), "burst": (t_burst, t_idle),
+                   "idle": (t_idle, t_idle_end)}
+        cpu = {"burst": Meter.delta(snap_ready, snap_running), "idle": Meter.delta(snap_running, snap_idle)}
+        if with_failures and args.failures:
+            print(f"  injecting {min(args.failures, n)} worker failures", flush=True)
+            failures = inject_failures(kube, namespace, recorder, names, args.failures, args.failure_interval,
+                                       args.timeout, [check], args.seed)
+            windows["failures"] = (failures["injection_window"][0], time.time())
+            cpu["failures"] = Meter.delta(snap_idle, meter.snapshot())
+            memory["after_failures_kib"] = _proc_status(operator.pid)
+            reconciles["after_failures"] = operator.reconciles()
+            result["failures"] = failures
+            lat = failures["latency_s"]["replacement_created"]
+            print(f"  failure → replacement gang created p50 {lat['p50']}s p99 {lat['p99']}s", flush=True)
+        final = _proc_status(operator.pid)
+        memory["peak_rss_mib"] = round(final.get("VmHWM", 0) / 1024, 1)
+        result["operator_memory"] = memory
+        result["operator_reconciles"] = reconciles
+        result["cpu_s"] = cpu
+        result["operator_cpu_s_total"] = round(meter.snapshot()["operator"] - snap_ready.get("operator", 0.0), 2)
+        result["watch_events"] = dict(recorder.events)
+        time.sleep(0.5)
+        result["api_requests"] = {k: audit.window(a, b) for k, (a, b) in windows.items()}
+        result["windows_s"] = {k: round(b - a, 2) for k, (a, b) in windows.items()}
+    finally:
+        operator.stop()
+        meter.operator = None
+        for w in watches:
+            w.stop()
+    result["operator_log_tail"] = operator.log_tail(5)
+    return result
+
+
+# -------------------------------------------------------------------------------- report
+
+
+def _pair(dist: dict[str, Any]) -> str:
+    return f"{dist['p50']} / {dist['p99']}"
+
+
+def summary_rows(runs: list[dict[str, Any]], idle_seconds: float) -> list[dict[str, Any]]:
+    """The README rows: per burst size, time to Running, latencies and the operator's cost; then the
+    largest run's memory and failure recovery. Targets are the issue's (1,000-job burst, 2-core machine)."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        n = run["jobs"]
+        all_running = run["all_running_s"]
+        row: dict[str, Any] = {"metric": f"{n} jobs × {WORKERS} workers: all Running after", "unit": "s",
+                               "value": all_running if all_running is not None else f"> {_timed_out(run)}"}
+        if n == 1000:
+            row.update(target=f"≤ {TARGET_ALL_RUNNING_S:g}",
+                       met=all_running is not None and all_running <= TARGET_ALL_RUNNING_S)
+        rows.append(row)
+        created = run["latency_s"]["pods_created"]
+        rows.append({"metric": f"{n} jobs: apply → {WORKERS} pods created, p50 / p99", "value": _pair(created),
+                     "unit": "s", "target": f"p99 ≤ {TARGET_POD_CREATE_P99_S:g}",
+                     "met": created["p99"] is not None and created["p99"] <= TARGET_POD_CREATE_P99_S})
+        rows.append({"metric": f"{n} jobs: apply → job Running, p50 / p99", "value": _pair(run["latency_s"]["running"]),
+                     "unit": "s"})
+        burst = run["api_requests"]["burst"]["total"]
+        cpu_ms = 1000 * run["cpu_s"]["burst"].get("operator", float("nan")) / n
+        rows.append({"metric": f"{n} jobs: operator API requests / CPU per job, burst",
+                     "value": f"{burst / n:.1f} / {cpu_ms:.0f} ms", "unit": ""})
+        rows.append({"metric": f"{n} jobs Running, idle: operator API requests/s",
+                     "value": round(run["api_requests"]["idle"]["total"] / idle_seconds, 1), "unit": "req/s"})
+    largest = runs[-1]
+    rss = largest["operator_memory"]["peak_rss_mib"]
+    rows.append({"metric": f"operator peak RSS ({largest['jobs']} jobs)", "value": rss, "unit": "MiB",
+                 "target": f"≤ {TARGET_RSS_MIB:g}", "met": rss <= TARGET_RSS_MIB})
+    if "failures" in largest:
+        f = largest["failures"]
+        lat = f["latency_s"]
+        p99 = lat["replacement_created"]["p99"]
+        rows.append({"metric": f"{f['failures']} worker failures ({largest['jobs']} jobs): failure → replacement "
+                               "gang created, p50 / p99", "value": _pair(lat["replacement_created"]), "unit": "s",
+                     "target": f"p99 ≤ {TARGET_REPLACEMENT_P99_S:g}",
+                     "met": p99 is not None and p99 <= TARGET_REPLACEMENT_P99_S})
+        rows.append({"metric": f"{f['failures']} worker failures ({largest['jobs']} jobs): failure → job Running "
+                               "again, p50 / p99", "value": _pair(lat["replacement_running"]), "unit": "s"})
+    return rows
+
+
+def _timed_out(run: dict[str, Any]) -> str:
+    return f"{run['timeout_s']:g} ({run['running']}/{run['jobs']} Running)"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    width = max(len(r["metric"]) for r in rows)
+    for r in rows:
+        met = {True: "met", False: "MISSED"}.get(r.get("met"), "")  # type: ignore[arg-type]
+        value = f"{r['value']} {r.get('unit', '')}".strip()
+        print(f"{r['metric']:<{width}}  {value:>22}  {r.get('target', ''):>10} {met}")
+
+
+def source_state() -> str:
+    """The commit measured, and whether operator/ had uncommitted changes (it is worked on concurrently)."""
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "operator", "crds")
+    return f"{head}{' + uncommitted changes in operator/' if dirty else ''}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, nargs="+", default=[10, 100, 1000], help="burst sizes, run in order")
+    p.add_argument("--failures", type=int, default=100, help="worker failures injected after the largest burst")
+    p.add_argument("--failure-interval", type=float, default=0.1, help="seconds between injected failures")
+    p.add_argument("--idle-seconds", type=float, default=30.0, help="idle window after each burst")
+    p.add_argument("--timeout", type=float, default=300.0, help="bound on each wait for Running")
+    p.add_argument("--scheduler-qps", type=int, default=200, help="kube-scheduler --kube-api-qps (0: its default)")
+    p.add_argument("--node-grace", type=int, default=40, help="node monitor grace period; heartbeats every 1/5")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
+    sizes = sorted(a.jobs)
+    config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
+                           node_monitor_grace_s=a.node_grace, start_timeout_s=300)
+    plane = BenchControlPlane(config, a.scheduler_qps)
+    runs: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="rljob-bench-scale-") as tmp:
+        started = time.time()
+        try:
+            print(f"starting the control plane with {NODES} KWOK nodes × {GPUS_PER_NODE} GPUs", flush=True)
+            plane.start(build_binaries=False)
+            print(f"  up in {time.time() - started:.0f}s", flush=True)
+            api_client = plane.api_client()
+            kube = Kube(api_client)
+            install_crd(kube)
+            kubeconfig = operator_kubeconfig(plane, kube)
+            audit = AuditLog(plane.audit_log)
+            meter = Meter(plane)
+            for i, n in enumerate(sizes):
+                last = i == len(sizes) - 1
+                runs.append(run_burst(plane, kube, kubeconfig, audit, meter, n, a, Path(tmp), with_failures=last))
+                if not last:
+                    delete_namespace(kube, runs[-1]["namespace"], timeout=max(60, n))
+            api_client.close()
+        finally:
+            plane.stop()
+    rows = summary_rows(runs, a.idle_seconds)
+    path = write_result("operator_scale", {
+        "config": {"nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "workers_per_job": WORKERS,
+                   "gpus_per_worker": 1, "bursts": sizes, "failures": a.failures,
+                   "failure_interval_s": a.failure_interval, "idle_seconds": a.idle_seconds,
+                   "scheduler_qps": a.scheduler_qps or "default (50)", "node_monitor_grace_s": a.node_grace,
+                   "operator": "defaults (4 reconcile workers, 60 s resync, leader election) unless "
+                               "operator_env says otherwise; a service account bound to cluster-admin",
+                   "operator_env": {k: v for k, v in os.environ.items() if k.startswith("RLJOB_OPERATOR_")},
+                   "source": source_state(),
+                   "load_average_before": [round(x, 2) for x in load_before],
+                   "load_average_after": [round(x, 2) for x in os.getloadavg()],
+                   "wall_s": round(time.time() - started, 1)},
+        "runs": runs,
+        "summary": rows,
+    })
+    print_table(rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
