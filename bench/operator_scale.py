@@ -54,7 +54,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -74,10 +73,10 @@ from rljob_operator.builders import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORK
 from rljob_operator.crd import CRD_NAME, crd_manifest  # noqa: E402
 from rljob_operator.kube import Kube  # noqa: E402
 
+from tests import operator_helpers as helpers  # noqa: E402
 from tests.cluster import fake_pods  # noqa: E402
 from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
 from tests.cluster.nodes import GpuNodeShape  # noqa: E402
-from tests.cluster.processes import free_port  # noqa: E402
 from tests.cluster.waiting import wait_for  # noqa: E402
 
 WORKERS = 4
@@ -126,24 +125,9 @@ def distribution(values: list[float]) -> dict[str, Any]:
 
 
 def job_manifest(name: str) -> dict[str, Any]:
-    """A tiny valid job: 4 workers × 1 process × 1 GPU; no backoff before a gang restart."""
-    return {
-        "apiVersion": "rljob.dev/v1alpha1",
-        "kind": "RLTrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "registry.invalid/rljob-trainer:bench",
-            "workers": {"replicas": WORKERS, "procsPerWorker": 1},
-            "training": {
-                "model": "builtin:tiny",
-                "dataset": {"name": "builtin:repeat-char", "size": 64},
-                "rewards": [{"name": "repeat_char", "kwargs": {"length": 4}}],
-                "batchSize": 4, "numGenerations": 4, "maxCompletionLength": 4, "maxSteps": 3,
-            },
-            "checkpoint": {"everySteps": 100, "keepLast": 1},
-            "runPolicy": {"backoffBaseSeconds": 0},
-        },
-    }
+    """The tests' tiny valid job at 4 workers × 1 process × 1 GPU; no backoff before a gang restart."""
+    return helpers.job_manifest(name, WORKERS, {"image": "registry.invalid/rljob-trainer:bench",
+                                                "runPolicy": {"backoffBaseSeconds": 0}})
 
 
 def _die_with_parent() -> None:
@@ -429,23 +413,16 @@ class AuditLog:
         }
 
 
-class OperatorProcess:
-    """``rljob operator`` watching one namespace, as the operator's service account."""
+class OperatorProcess(helpers.OperatorProcess):
+    """The tests' ``rljob operator`` process, but with production settings (not the tests' fast
+    resyncs and leases), as the operator's service account, dying with this process."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
-        self.metrics_port, status_port = free_port(), free_port()
-        self.log = log
-        self.args = [
-            sys.executable, "-m", "rljob_operator", "operator",
-            "--kubeconfig", str(kubeconfig), "--namespace", namespace,
-            "--operator-namespace", OPERATOR_NAMESPACE, "--identity", f"bench-{namespace}",
-            "--status-port", str(status_port), "--status-url", f"https://127.0.0.1:{status_port}",
-            "--metrics-port", str(self.metrics_port), "--leader-elect",
-        ]
+        super().__init__(kubeconfig, namespace, log, identity=f"bench-{namespace}")
+        self.args += ["--operator-namespace", OPERATOR_NAMESPACE]
         path = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer"), str(REPO)]
                                + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
         self.env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
         with self.log.open("ab") as f:
@@ -459,47 +436,19 @@ class OperatorProcess:
         return self.proc.pid
 
     def check_alive(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if not self.alive():
             raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
-
-    def wait_leader(self, timeout: float = 90) -> None:
-        def leading() -> bool:
-            self.check_alive()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
-                    return "rljob_operator_leader 1.0" in r.read().decode()
-            except OSError:
-                return False
-
-        wait_for(leading, timeout, interval=0.2, message="the operator leading")
 
     def reconciles(self) -> dict[str, float]:
         """The operator's own counters: reconciles (ok, error) and the seconds they took in all."""
         out: dict[str, float] = {}
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            for line in r.read().decode().splitlines():
-                for prefix, key in (('rljob_operator_reconciles_total{result="ok"}', "ok"),
-                                    ('rljob_operator_reconciles_total{result="error"}', "error"),
-                                    ("rljob_operator_reconcile_duration_seconds_sum", "seconds")):
-                    if line.startswith(prefix + " "):
-                        out[key] = float(line.split()[-1])
+        for line in self.metrics_text().splitlines():
+            for prefix, key in (('rljob_operator_reconciles_total{result="ok"}', "ok"),
+                                ('rljob_operator_reconciles_total{result="error"}', "error"),
+                                ("rljob_operator_reconcile_duration_seconds_sum", "seconds")):
+                if line.startswith(prefix + " "):
+                    out[key] = float(line.split()[-1])
         return out
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
 
 # ------------------------------------------------------------------------------- phases
@@ -632,7 +581,7 @@ def run_burst(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: Aud
         t_operator = time.time()
         operator.start()
         meter.operator = psutil.Process(operator.pid)
-        operator.wait_leader()
+        operator.wait_leader(timeout=90)
         time.sleep(2)  # kopf's watches are up
         snap_ready = meter.snapshot()
         memory = {"after_start_kib": _proc_status(operator.pid)}

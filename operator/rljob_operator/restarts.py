@@ -93,8 +93,8 @@ def halved_batch(job: RLTrainingJob) -> OomRecovery | None:
     return OomRecovery(batch_size=batch // 2, gradient_accumulation_steps=accumulation * 2)
 
 
-def stall(job: RLTrainingJob, now: datetime) -> tuple[str, str] | None:
-    """(reason, message) when a running gang has stopped sending heartbeats, else None.
+def _stall_clock(job: RLTrainingJob) -> tuple[bool, datetime, int] | None:
+    """(heartbeat seen, since when, timeout) of the clock that judges the gang, or None (no gang yet).
 
     Before the gang's first heartbeat the clock is ``startupTimeoutSeconds`` from the gang's
     start; after it, ``stallTimeoutSeconds`` from the last heartbeat.
@@ -106,19 +106,26 @@ def stall(job: RLTrainingJob, now: datetime) -> tuple[str, str] | None:
         return None
     beat = parse_time(status.progress.last_heartbeat if status.progress else None)
     if beat is None or beat < started:
-        waited = (now - started).total_seconds()
-        if waited < policy.startup_timeout_seconds:
-            return None
+        return False, started, policy.startup_timeout_seconds
+    return True, beat, policy.stall_timeout_seconds
+
+
+def stall(job: RLTrainingJob, now: datetime) -> tuple[str, str] | None:
+    """(reason, message) when a running gang has stopped sending heartbeats, else None."""
+    clock = _stall_clock(job)
+    if clock is None:
+        return None
+    beating, since, timeout = clock
+    waited = (now - since).total_seconds()
+    if waited < timeout:
+        return None
+    if not beating:
         return "StartupTimeout", (
             f"no progress heartbeat {int(waited)}s after the gang started (startupTimeoutSeconds="
-            f"{policy.startup_timeout_seconds}): check worker 0's logs (model download, rendezvous); "
-            "restarting the gang"
+            f"{timeout}): check worker 0's logs (model download, rendezvous); restarting the gang"
         )
-    silent = (now - beat).total_seconds()
-    if silent < policy.stall_timeout_seconds:
-        return None
     return "HeartbeatTimeout", (
-        f"no progress heartbeat for {int(silent)}s (stallTimeoutSeconds={policy.stall_timeout_seconds}): "
+        f"no progress heartbeat for {int(waited)}s (stallTimeoutSeconds={timeout}): "
         "training hangs (a collective that never returns, a dead peer); restarting the gang from the "
         "newest checkpoint"
     )
@@ -130,14 +137,8 @@ def stall_check_in(job: RLTrainingJob, now: datetime) -> float | None:
     A heartbeat writes status, and so brings the job back anyway; the reconciler needs to look
     on its own only when this deadline falls due (status times have 1 s resolution: +1 s).
     """
-    status = job.status or RLTrainingJobStatus()
-    policy = job.spec.run_policy
-    started = parse_time(status.gang_start_time)
-    if started is None:
+    clock = _stall_clock(job)
+    if clock is None:
         return None
-    beat = parse_time(status.progress.last_heartbeat if status.progress else None)
-    if beat is None or beat < started:
-        due = started.timestamp() + policy.startup_timeout_seconds
-    else:
-        due = beat.timestamp() + policy.stall_timeout_seconds
-    return max(due - now.timestamp(), 0.0) + 1.0
+    _, since, timeout = clock
+    return max(since.timestamp() + timeout - now.timestamp(), 0.0) + 1.0
