@@ -298,12 +298,16 @@ class S3Location(Location):
     def listing(self) -> Listing:
         out = Listing()
         root = self._root()
-        has_latest = False
         with _storage_errors(self.uri):
+            # `latest` first: it only ever names a checkpoint whose manifest was written before it,
+            # so the object listing that follows contains that checkpoint. (Read last, it could name
+            # one completed after the listing, which would then look incomplete.)
+            latest = self._get(self.key(LATEST))
+            if latest is not None:
+                out.latest = latest.decode("utf-8", "replace").strip() or None
             for obj in self._keys(root):
                 rel = obj["Key"][len(root):]
                 if rel == LATEST:
-                    has_latest = True
                     continue
                 name, _, rest = rel.partition("/")
                 if step_of(name) is not None and rest:
@@ -318,9 +322,6 @@ class S3Location(Location):
                     out.manifests[name] = data
                 except (ValueError, KeyError, TypeError) as e:
                     log.warning("checkpoint %s: unreadable manifest (%s); treated as incomplete", self.child_uri(name), e)
-            latest = self._get(self.key(LATEST)) if has_latest else None
-            if latest is not None:
-                out.latest = latest.decode("utf-8", "replace").strip() or None
         out.complete.sort(key=lambda c: c.step)
         return out
 
@@ -441,6 +442,9 @@ class LocalLocation(Location):
         if not self.root.is_dir():
             return out
         with _storage_errors(self.uri):
+            latest = self.root / LATEST  # first, as for S3Location.listing
+            if latest.exists():
+                out.latest = latest.read_text(encoding="utf-8").strip() or None
             for child in self.root.iterdir():
                 if child.is_dir() and step_of(child.name) is not None:
                     out.objects[child.name] = {p.relative_to(child).as_posix(): (p.stat().st_size, None)
@@ -448,9 +452,6 @@ class LocalLocation(Location):
             out.complete = ck.complete_checkpoints(self.root)
             for info in out.complete:
                 out.manifests[info.name] = json.loads((self.root / info.name / MANIFEST).read_text(encoding="utf-8"))
-            latest = self.root / LATEST
-            if latest.exists():
-                out.latest = latest.read_text(encoding="utf-8").strip() or None
         return out
 
     def verify(self, info: CheckpointInfo, listing: Listing) -> list[str]:
