@@ -716,3 +716,17 @@ def test_orphaned_pods_of_a_namesake_are_cleared_away() -> None:
     assert plan.delete_pods == ["train-worker-0"]
     assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1"]
     assert plan.status["reason"] == "CreatingWorkers"
+
+
+def test_the_watch_cache_keeps_everything_the_reconciler_reads_of_a_pod() -> None:
+    from rljob_operator.status import slim_pod
+
+    job = make_job()
+    pods = [pod_json(job, 0), pod_json(job, 1, "Failed", False, exit_code=137, message="OOM"),
+            pod_json(job, 0, "Pending", False, node=None, unschedulable="0/4 nodes"),
+            pod_json(job, 1, deleting=True, generation=3)]
+    for pod in pods:
+        slim = slim_pod(pod)
+        assert ObservedPod.from_pod(slim, UID) == ObservedPod.from_pod(pod, UID)
+        assert slim["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert len(repr(slim)) < len(repr(pod)) / 2  # no container specs, volumes or env

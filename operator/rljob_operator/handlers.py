@@ -18,8 +18,11 @@ import kopf
 
 from rljob_operator.api import GROUP, PLURAL, VERSION
 from rljob_operator.builders import LABEL_JOB
+from rljob_operator.status import slim_pod
 
 Key = tuple[str, str]
+#: The kopf index of worker pods by job: (namespace, job name) → the pods' bodies.
+POD_INDEX = "worker_pods"
 
 
 def kopf_settings() -> kopf.OperatorSettings:
@@ -62,20 +65,41 @@ class JobWatch:
         self.forget = forget
         self.known: set[Key] = set()
         self.registry = kopf.OperatorRegistry()
+        self.pod_index: Any = None
+        """kopf's index of worker pods, filled from the pod watch (kopf handles no event before
+        its initial listing is indexed, so it is complete by the first reconcile)."""
         registry = self.registry
+
+        @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
+        def worker_pods(body: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
+                        ) -> dict[Key, dict[str, Any]]:
+            return {(namespace or "", labels[LABEL_JOB]): slim_pod(body)}
 
         @kopf.on.login(registry=registry, id="rljob_login")
         def rljob_login(**_: Any) -> kopf.ConnectionInfo:
             return connection_info(configuration)
 
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rltrainingjob_event")
-        async def rltrainingjob_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+        async def rltrainingjob_event(type: str, name: str, namespace: str | None, **kw: Any) -> None:
+            self.pod_index = kw[POD_INDEX]
             self.job_changed((namespace or "", name), deleted=type == "DELETED")
 
         @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry,
                        id="worker_pod_event")
-        async def worker_pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        async def worker_pod_event(labels: Mapping[str, str], namespace: str | None, **kw: Any) -> None:
+            self.pod_index = kw[POD_INDEX]
             self.enqueue((namespace or "", labels[LABEL_JOB]))
+
+    def cached_pods(self, namespace: str, name: str) -> list[dict[str, Any]] | None:
+        """The job's worker pods as the watch last saw them; None before the watch has started.
+
+        Called from reconcile threads: ``list()`` of a dict's values is one step for the GIL.
+        """
+        index = self.pod_index
+        if index is None:
+            return None
+        store = index.get((namespace, name))
+        return list(store) if store is not None else []
 
     def job_changed(self, key: Key, deleted: bool) -> None:
         if deleted:

@@ -54,6 +54,11 @@ _RESOURCES = ("pods", "configmaps", "services", "events", "leases", "secrets", P
               "tokenreviews", "subjectaccessreviews")
 
 
+def namespace_terminating(status: int | None, body: str | None) -> bool:
+    """The API server's answer to a create in a namespace that is being deleted."""
+    return status == 403 and "because it is being terminated" in (body or "")
+
+
 def _resource_of(path: str) -> str:
     parts = path.split("/")
     return next((r for r in _RESOURCES if r in parts), "other")
@@ -98,10 +103,12 @@ class Kube:
             metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code="connection").inc()
             raise
         if not 200 <= response.status <= 299:
+            body = (response.data or b"").decode(errors="replace")
             if response.status not in (404, 409):  # normal answers to get and create-or-adopt
-                metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code=str(response.status)).inc()
-            raise ApiException.from_response(http_resp=response, body=(response.data or b"").decode(errors="replace"),
-                                             data=None)
+                # Creating in a namespace being deleted is refused with 403: not a permission problem.
+                code = "NamespaceTerminating" if namespace_terminating(response.status, body) else str(response.status)
+                metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code=code).inc()
+            raise ApiException.from_response(http_resp=response, body=body, data=None)
         if method != "GET" and count_write:
             self._after_write()
         return json.loads(response.data) if response.data else None

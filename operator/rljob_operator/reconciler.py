@@ -27,7 +27,7 @@ from rljob_operator.builders import (
     desired_service,
     job_uid,
 )
-from rljob_operator.kube import ChildConflict, Kube
+from rljob_operator.kube import ChildConflict, Kube, namespace_terminating
 from rljob_operator.lifecycle import FORCE_DELETE_AFTER_SECONDS, Event, Plan, plan_invalid, plan_reconcile
 from rljob_operator.scaling import Capacity
 from rljob_operator.status import ObservedPod, rfc3339
@@ -63,8 +63,10 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         instance: str = "",
         force_delete_after: float = FORCE_DELETE_AFTER_SECONDS,
+        pod_cache: Callable[[str, str], list[dict[str, Any]] | None] | None = None,
     ) -> None:
         self.kube = kube
+        self.pod_cache = pod_cache
         self.endpoint = endpoint
         self.clock = clock
         self.instance = instance
@@ -99,11 +101,21 @@ class Reconciler:
             self._apply(raw, plan, now)
             return None
         uid = job_uid(job)
-        pods = self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
-        observed = [ObservedPod.from_pod(p, uid) for p in pods]
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
-        plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity)
+        cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
+        pods = cached if cached is not None else self._list_pods(namespace, name)
+        plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
+                              self.force_delete_after, capacity)
+        if cached is not None and (plan.create_pods or plan.gang_restart):
+            # The watch may lag behind the API server by a moment: what is absent from it (a pod just
+            # created, one gone) is looked up before pods are created or a gang is restarted.
+            pods = self._list_pods(namespace, name)
+            plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
+                                  self.force_delete_after, capacity)
         return self._apply(raw, plan, now, job=job, pods={p["metadata"]["name"]: p for p in pods})
+
+    def _list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
 
     def capacity(self) -> Capacity | None:
         """Nodes and bound pods, shared by the reconciles of the next ``CAPACITY_MAX_AGE_SECONDS``.
@@ -165,6 +177,9 @@ class Reconciler:
                 self._stuck(raw, "ChildConflict", str(e), now)
                 requeue = CONFLICT_REQUEUE_SECONDS
             except ApiException as e:
+                if namespace_terminating(e.status, e.body):  # the job goes with its namespace: nothing to do
+                    log.info("%s/%s: namespace is being deleted; not creating its pods", namespace, name)
+                    return None
                 if e.status == 422:  # the API server rejected the pod (podTemplate, volumes): permanent
                     self._fail(raw, "InvalidPodSpec", _api_message(e), now)
                     return None
@@ -190,7 +205,8 @@ class Reconciler:
             self.kube.post_event(raw, event.type, event.reason, event.message, rfc3339(now),
                                  instance=self.instance)
         except ApiException as e:  # an Event is worth a log line, not a failed reconcile
-            log.warning("cannot post event %s: %s", event.reason, e.reason)
+            if not namespace_terminating(e.status, e.body):
+                log.warning("cannot post event %s: %s", event.reason, e.reason)
 
     def _stuck(self, raw: dict[str, Any], reason: str, message: str, now: datetime) -> None:
         meta = raw["metadata"]

@@ -95,7 +95,9 @@ async def operate(s: OperatorSettings) -> int:
     else:
         metrics.LEADER.set(1)
 
-    reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds)
+    watch_ref: list[JobWatch] = []
+    reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
+                            pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
 
     async def reconcile(key: object) -> float | None:
         namespace, name = cast(tuple[str, str], key)
@@ -104,6 +106,7 @@ async def operate(s: OperatorSettings) -> int:
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget)
+    watch_ref.append(watch)
     stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
     # Our tasks exist before kopf starts, so kopf does not wait for them as "hung" when it stops.
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())

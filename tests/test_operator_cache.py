@@ -1,0 +1,57 @@
+"""The reconciler reads worker pods from the watch (kopf's index), and the watch can lag: a stale
+view must never create a second pod or restart a healthy gang. Real API server, in-process reconciler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rljob_operator import metrics
+from rljob_operator.reconciler import Reconciler
+
+from tests import operator_helpers as helpers
+from tests.cluster.waiting import wait_for
+from tests.operator_helpers import create_job, get_job, job_manifest, job_pods
+
+kube, crd_installed = helpers.kube, helpers.crd_installed
+pytestmark = pytest.mark.cluster
+
+
+def _count(verb: str, resource: str) -> float:
+    return metrics.API_REQUESTS.labels(verb=verb, resource=resource)._value.get()  # noqa: SLF001
+
+
+def test_a_lagging_pod_cache_creates_nothing_twice_and_restarts_no_healthy_gang(kube, namespace, crd_installed) -> None:
+    view: dict[str, list[dict[str, Any]] | None] = {"pods": None}  # None: no watch yet, LIST
+    reconciler = Reconciler(kube, pod_cache=lambda ns, name: view["pods"])
+    create_job(kube, namespace, job_manifest("cached", 2))
+
+    view["pods"] = []  # the watch has not seen the job's pods (there are none yet)
+    reconciler.reconcile(namespace, "cached")
+    assert len(job_pods(kube, namespace, "cached")) == 2
+
+    # Created a moment ago, not yet in the watch: the reconciler looks them up instead of creating again.
+    posts, lists = _count("POST", "pods"), _count("GET", "pods")
+    reconciler.reconcile(namespace, "cached")
+    assert _count("POST", "pods") == posts and _count("GET", "pods") == lists + 1
+
+    def running() -> bool:
+        view["pods"] = job_pods(kube, namespace, "cached")  # the watch caught up
+        reconciler.reconcile(namespace, "cached")
+        return (get_job(kube, namespace, "cached").get("status") or {}).get("phase") == "Running"
+
+    wait_for(running, 60, interval=0.3, message="cached Running")
+    uids = sorted(p["metadata"]["uid"] for p in job_pods(kube, namespace, "cached"))
+
+    # A watch that lost both pods of a Running gang would mean "workers lost": verified first, no restart.
+    view["pods"] = []
+    reconciler.reconcile(namespace, "cached")
+    status = get_job(kube, namespace, "cached")["status"]
+    assert status["gangGeneration"] == 0 and status["disruptions"] == 0 and status["phase"] == "Running"
+    assert sorted(p["metadata"]["uid"] for p in job_pods(kube, namespace, "cached")) == uids
+
+    # An up-to-date view answers without a LIST.
+    view["pods"] = job_pods(kube, namespace, "cached")
+    lists = _count("GET", "pods")
+    reconciler.reconcile(namespace, "cached")
+    assert _count("GET", "pods") == lists
