@@ -19,4 +19,4 @@ for _p in reversed(_PATHS):
 os.environ["PYTHONPATH"] = os.pathsep.join(_PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                      if p and p not in _PATHS])
 
-pytest_plugins = ["tests.cluster.fixtures"]
+pytest_plugins = ["tests.cluster.fixtures", "tests.operator_helpers"]  # cluster and operator fixtures

@@ -1,6 +1,6 @@
 """Helpers and fixtures for the operator's tests: manifests, the CRD, the operator as a process.
 
-Test modules take the fixtures by assignment (``kube = helpers.kube``), which pytest collects.
+A pytest plugin (``tests/conftest.py``): every test module gets these fixtures by name.
 
 * ``job_manifest(name, ...)``: a small valid RLTrainingJob (2 workers × 1 GPU by default).
 * ``INVALID_MANIFESTS``: (case, spec patch, field) — each must be rejected naming ``field``,

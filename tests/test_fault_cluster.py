@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import operator_helpers as helpers
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
@@ -29,7 +28,6 @@ from tests.operator_helpers import (
     wait_phase,
 )
 
-kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
 pytestmark = pytest.mark.cluster
 
 #: Pods that go away within a second once deleted (kwok confirms at once; stuck ones need the force).

@@ -9,11 +9,9 @@ import pytest
 from rljob_operator import metrics
 from rljob_operator.reconciler import Reconciler
 
-from tests import operator_helpers as helpers
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, get_job, job_manifest, job_pods
 
-kube, crd_installed = helpers.kube, helpers.crd_installed
 pytestmark = pytest.mark.cluster
 
 

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests import operator_helpers as helpers
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
     create_job,
@@ -27,8 +26,6 @@ from tests.operator_helpers import (
     patch_spec,
 )
 
-# Fixtures shared by the operator's cluster tests.
-kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
 pytestmark = pytest.mark.cluster
 
 FAULT_ENV = "RLJOB_FAULT_CRASH_AFTER_WRITES"

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from tests import operator_helpers as helpers
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
@@ -33,8 +32,6 @@ from tests.operator_helpers import (
     wait_phase,
 )
 
-# Fixtures shared by the operator's cluster tests.
-kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
 MAX_STEPS = 3

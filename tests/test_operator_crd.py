@@ -8,11 +8,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from rljob_operator.api import RLTrainingJobSpec, parse_job
 
-from tests import operator_helpers as helpers
 from tests.operator_helpers import INVALID_MANIFESTS, create_job, get_job, invalid_manifest, job_manifest
 
-# Fixtures shared by the operator's cluster tests.
-kube, crd_installed = helpers.kube, helpers.crd_installed
 pytestmark = pytest.mark.cluster
 
 

@@ -8,12 +8,9 @@ from typing import Any
 import pytest
 import requests
 
-from tests import operator_helpers as helpers
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, get_job, job_manifest, job_pods, token_for, wait_phase
 
-# Fixtures shared by the operator's cluster tests.
-kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
 pytestmark = pytest.mark.cluster
 
 

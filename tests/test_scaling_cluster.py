@@ -9,11 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import operator_helpers as helpers
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, events_for, get_job, job_manifest, job_pods
 
-kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
 pytestmark = pytest.mark.cluster
 
 #: Global batch 12 at every size the tests visit: batchSize 1 × accumulation (6, 4, 3) × workers (2, 3, 4).

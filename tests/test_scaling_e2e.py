@@ -17,12 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import operator_helpers as helpers
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, get_job, job_manifest, job_pods
 from tests.test_fault_e2e import _logs, _start_gang, _stop
 
-kube, crd_installed, operator = helpers.kube, helpers.crd_installed, helpers.operator
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
 MAX_STEPS = 30

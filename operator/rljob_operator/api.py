@@ -452,24 +452,22 @@ class RLTrainingJob(Model):
     def batch_shape(self, replicas: int | None = None, reference: int | None = None) -> tuple[int, int, int]:
         """(batchSize, gradientAccumulationSteps, global batch) at ``replicas`` workers.
 
-        The global batch is the spec's batchSize × gradientAccumulationSteps × processes at the size the
-        job first ran with (status.scaling.referenceReplicas); out-of-memory recovery lowers batchSize;
-        gradientAccumulationSteps is recomputed so the global batch stays (``accumulation_for``).
+        The global batch kept is ``target_global_batch(reference)``; out-of-memory recovery lowers
+        batchSize; gradientAccumulationSteps is recomputed so the global batch stays
+        (``accumulation_for``).
         """
-        training, workers = self.spec.training, self.spec.workers
-        status = self.status
-        if reference is None:
-            reference = status.scaling.reference_replicas if status and status.scaling else self.replicas
-        target = training.batch_size * training.gradient_accumulation_steps * reference * workers.procs_per_worker
+        training, status = self.spec.training, self.status
         batch = status.oom_recovery.batch_size if status and status.oom_recovery else training.batch_size
-        world = (self.replicas if replicas is None else replicas) * workers.procs_per_worker
-        accumulation = accumulation_for(batch, world, target, training.num_generations)
+        world = (self.replicas if replicas is None else replicas) * self.spec.workers.procs_per_worker
+        accumulation = accumulation_for(batch, world, self.target_global_batch(reference), training.num_generations)
         return batch, accumulation, batch * accumulation * world
 
-    def target_global_batch(self) -> int:
-        """The global batch the job keeps across resizes (see ``batch_shape``)."""
+    def target_global_batch(self, reference: int | None = None) -> int:
+        """The spec's batchSize × gradientAccumulationSteps × processes at ``reference`` workers, by default
+        the size the job first ran with (status.scaling.referenceReplicas): kept across resizes."""
         training, status = self.spec.training, self.status
-        reference = status.scaling.reference_replicas if status and status.scaling else self.replicas
+        if reference is None:
+            reference = status.scaling.reference_replicas if status and status.scaling else self.replicas
         return training.batch_size * training.gradient_accumulation_steps * reference * self.spec.workers.procs_per_worker
 
     def trainer_config(self, output_dir: str) -> TrainerConfig:

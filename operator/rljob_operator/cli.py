@@ -115,19 +115,24 @@ def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
     return location_for(root, endpoint_url=args.endpoint_url, region=args.region), name
 
 
-def _storage_failure(e: Exception) -> int:
-    print(f"rljob: error: {e}", file=sys.stderr)
-    return 1
+def _storage_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A checkpoints command whose storage errors (access denied, no bucket, unreachable) exit 1 with one line."""
+
+    def run(args: argparse.Namespace) -> int:
+        from rljob_trainer.checkpoint_store import StorageError
+
+        try:
+            return command(args)
+        except StorageError as e:
+            print(f"rljob: error: {e}", file=sys.stderr)
+            return 1
+
+    return run
 
 
 def cmd_checkpoints_list(args: argparse.Namespace) -> int:
-    from rljob_trainer.checkpoint_store import StorageError
-
     loc, only = _checkpoint_root(args)
-    try:
-        listing = loc.listing()
-    except StorageError as e:
-        return _storage_failure(e)
+    listing = loc.listing()
     complete = {c.name: c for c in listing.complete}
     rows: list[dict[str, Any]] = []
     for name in sorted(listing.objects, key=lambda n: int(n.rsplit("-", 1)[1])):
@@ -154,13 +159,10 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
 def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rljob_trainer.checkpoint_store import StorageError, compare_checkpoint
+    from rljob_trainer.checkpoint_store import compare_checkpoint
 
     loc, only = _checkpoint_root(args)
-    try:
-        listing = loc.listing()
-    except StorageError as e:
-        return _storage_failure(e)
+    listing = loc.listing()
     targets = [c for c in listing.complete if only is None or c.name == only]
     if not targets:
         print(f"rljob: error: no complete checkpoint {only or ''} at {loc.uri}", file=sys.stderr)
@@ -174,11 +176,7 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
             if only is None and not local_dir.is_dir():
                 print(f"{info.name}: no local copy under {local}; skipped")
                 continue
-        try:
-            checks = compare_checkpoint(loc, listing, info, local_dir)
-        except StorageError as e:
-            return _storage_failure(e)
-        for c in checks:
+        for c in compare_checkpoint(loc, listing, info, local_dir):
             bad += not c.ok
             print(f"{'ok' if c.ok else 'MISMATCH':<8} {c.checkpoint}/{c.file}: {c.detail}")
     print(f"{bad} mismatch(es) in {len(targets)} checkpoint(s) at {loc.uri}")
@@ -186,20 +184,16 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
-    from rljob_trainer.checkpoint_store import StorageError
     from rljob_trainer.checkpoints import retention_plan
 
     loc, _ = _checkpoint_root(args)
-    try:
-        listing = loc.listing()
-        doomed = retention_plan(listing.complete, listing.incomplete(), args.keep_last, args.keep_best,
-                                args.best_metric, set(args.protect or ()))
-        for name in doomed:
-            print(f"{'would delete' if args.dry_run else 'deleting'} {loc.child_uri(name)}")
-            if not args.dry_run:
-                loc.delete(name)
-    except StorageError as e:
-        return _storage_failure(e)
+    listing = loc.listing()
+    doomed = retention_plan(listing.complete, listing.incomplete(), args.keep_last, args.keep_best,
+                            args.best_metric, set(args.protect or ()))
+    for name in doomed:
+        print(f"{'would delete' if args.dry_run else 'deleting'} {loc.child_uri(name)}")
+        if not args.dry_run:
+            loc.delete(name)
     print(f"kept {len(listing.complete) - len([n for n in doomed if n in {c.name for c in listing.complete}])} "
           f"complete checkpoint(s) at {loc.uri}")
     return 0
@@ -219,12 +213,12 @@ def add_checkpoints_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
     c = cmds.add_parser("list", parents=[common], help="checkpoints, complete or not, and where latest points")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(func=cmd_checkpoints_list)
+    c.set_defaults(func=_storage_errors(cmd_checkpoints_list))
 
     c = cmds.add_parser("verify", parents=[common],
                         help="compare stored files with their manifest and, with --local, with a local copy")
     c.add_argument("--local", help="local checkpoint folder (or folder of checkpoints) to compare file by file")
-    c.set_defaults(func=cmd_checkpoints_verify)
+    c.set_defaults(func=_storage_errors(cmd_checkpoints_verify))
 
     c = cmds.add_parser("prune", parents=[common], help="apply retention: keep the newest N and the best K")
     c.add_argument("--keep-last", type=int, required=True, help="newest complete checkpoints kept (the newest "
@@ -233,7 +227,7 @@ def add_checkpoints_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
     c.add_argument("--best-metric", default="reward", help="manifest metric ranking checkpoints (higher is better)")
     c.add_argument("--protect", action="append", help="never delete this checkpoint (repeatable)")
     c.add_argument("--dry-run", action="store_true", help="print what would be deleted")
-    c.set_defaults(func=cmd_checkpoints_prune)
+    c.set_defaults(func=_storage_errors(cmd_checkpoints_prune))
 
 
 def build_parser() -> argparse.ArgumentParser:
