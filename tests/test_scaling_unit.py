@@ -235,3 +235,14 @@ def test_nodes_lost_shrink_the_next_gang_and_below_min_it_waits() -> None:
     # Back above: the gang starts again.
     back = plan_reconcile(after(job, waiting), [], NOW + timedelta(seconds=9), capacity=cluster(left, []))
     assert len(back.create_pods) == 2
+
+
+def test_a_new_gang_counts_its_own_terminating_pods_as_free_whatever_the_watch_shows() -> None:
+    nodes = [node(n, 1) for n in "abcd"]
+    job = make(4, CAPACITY)
+    job = after(job, plan_reconcile(job, [], NOW, capacity=cluster(nodes, [])))
+    # The old gang (3 workers) is still terminating on a, b, c in the cluster's view, while the
+    # reconciler's watch has already dropped it: those GPUs are the job's own, so 4 still fit.
+    old = [pod_json(job, i, deleting=True, node=n) for i, n in enumerate("abc")]
+    plan = plan_reconcile(job, [], NOW + timedelta(seconds=1), capacity=cluster(nodes, old))
+    assert plan.status["scaling"]["replicas"] == 4 and len(plan.create_pods) == 4

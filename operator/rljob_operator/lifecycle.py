@@ -308,7 +308,7 @@ def plan_reconcile(
         draft.scaling["specReplicas"] = job.spec.workers.replicas
         events.append(Event("Warning", "ScaleClamped", requested.message))
         requested = None
-    view = _size_view(job, replicas, pods, current, prev_phase, restarted, capacity, now)
+    view = _size_view(job, replicas, current, prev_phase, restarted, capacity, now)
     resize = requested or decide(job, view, now)
     if resize is not None and resize.replicas != replicas:
         return _resize(job, prev, draft, pods, current, resize, now, delete, force, events)
@@ -401,7 +401,7 @@ def plan_reconcile(
     )
 
 
-def _size_view(job: RLTrainingJob, size: int, pods: list[ObservedPod], current: list[ObservedPod],
+def _size_view(job: RLTrainingJob, size: int, current: list[ObservedPod],
                prev_phase: str | None, restarted: bool, capacity: Capacity | None, now: datetime) -> SizeView:
     live = [p for p in current if not p.deleting]
     ready = [p for p in live if p.phase == "Running" and p.ready]
@@ -410,9 +410,8 @@ def _size_view(job: RLTrainingJob, size: int, pods: list[ObservedPod], current: 
     free = total = None
     if capacity is not None and job.spec.autoscaling.policy == ScalingPolicy.capacity:
         worker = desired_worker_pod(job, 0, 0)["spec"]  # requests, nodeSelector, tolerations as created
-        own = {(job.metadata.namespace or "", p.name) for p in pods if p.owned}
         free = capacity.slots(worker)
-        total = capacity.slots(worker, exclude=own)
+        total = capacity.slots(worker, exclude_job=(job.metadata.namespace or "", job.metadata.name))
     return SizeView(
         size=size,
         running=prev_phase == Phase.running.value and not restarted and len(ready) == size,

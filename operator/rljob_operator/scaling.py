@@ -20,7 +20,7 @@ scheduler stays the judge, and a grow that does not fit ends as an ``Unschedulab
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -29,6 +29,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from rljob_operator.api import RLTrainingJob, ScalingPolicy
+from rljob_operator.builders import LABEL_JOB
 from rljob_operator.status import parse_time, rfc3339
 
 #: Pods that hold no resources any more.
@@ -66,6 +67,8 @@ class PodUsage:
     namespace: str
     name: str
     requests: dict[str, Decimal]
+    job: str | None = None
+    """Its ``rljob.dev/job`` label: which job's worker it is."""
 
     @classmethod
     def from_pod(cls, pod: dict[str, Any]) -> PodUsage | None:
@@ -73,7 +76,8 @@ class PodUsage:
         node = spec.get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") in FINISHED_POD_PHASES:
             return None
-        return cls(node, meta.get("namespace", ""), meta.get("name", ""), pod_requests(spec))
+        return cls(node, meta.get("namespace", ""), meta.get("name", ""), pod_requests(spec),
+                   (meta.get("labels") or {}).get(LABEL_JOB))
 
 
 def pod_requests(spec: dict[str, Any]) -> dict[str, Decimal]:
@@ -105,16 +109,17 @@ class Capacity:
         """The node exists and is Ready (a pod on any other node is lost); True for no node (unbound)."""
         return name is None or any(n.name == name and n.ready for n in self.nodes)
 
-    def slots(self, pod_spec: dict[str, Any], exclude: Collection[tuple[str, str]] = ()) -> int:
+    def slots(self, pod_spec: dict[str, Any], exclude_job: tuple[str, str] | None = None) -> int:
         """Pods like ``pod_spec`` (a worker's: requests, nodeSelector, tolerations) that fit in free capacity.
 
-        ``exclude``: (namespace, name) of pods not to count as using capacity (the job's own gang,
-        which a restart at another size would release).
+        ``exclude_job``: (namespace, job) whose worker pods do not count as using capacity (its own
+        gang, which a restart at another size releases) — judged from this same snapshot, so pods
+        still terminating are recognised whatever the reconciler's view of them.
         """
         worker = pod_requests(pod_spec)
         used: dict[str, dict[str, Decimal]] = {}
         for p in self.pods:
-            if (p.namespace, p.name) in exclude:
+            if exclude_job is not None and (p.namespace, p.job) == exclude_job:
                 continue
             node_used = used.setdefault(p.node, {})
             for k, v in p.requests.items():
