@@ -133,7 +133,8 @@ def test_stalled_heartbeats_set_stalled_then_restart_the_gang(kube, namespace, o
     assert (job["status"]["phase"], job["status"]["reason"]) == ("Restarting", "HeartbeatTimeout")
     stalled_condition = next(c for c in job["status"]["conditions"] if c["type"] == "Stalled")
     assert "stallTimeoutSeconds=3" in stalled_condition["message"]
-    assert _warnings(kube, namespace, "hung", "HeartbeatTimeout")
+    # Events are posted after the status is written: wait for it rather than race it.
+    wait_for(lambda: _warnings(kube, namespace, "hung", "HeartbeatTimeout"), 20, message="HeartbeatTimeout event")
     job = wait_gang(kube, namespace, "hung", 1)
     assert job["status"]["restarts"] == 1
     assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Stalled"] == "False"

@@ -63,14 +63,17 @@ def _start_gang(kube: Any, namespace: str, name: str, generation: int, root: Pat
 
 
 def _stop(procs: list[tuple[Any, Any, Path]], sig: int = signal.SIGKILL) -> None:
-    for p, log, _ in procs:
+    """Signal every node's process group at once (as the kubelets do for a gang's deleted pods), then
+    wait for each (SIGKILL after 20 s)."""
+    for p, _, _ in procs:
         if p.poll() is None:
             os.killpg(p.pid, sig)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=60)
+    for p, log, _ in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=60)
         log.close()
 
 
