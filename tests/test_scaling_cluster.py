@@ -23,9 +23,24 @@ def _time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def _pool_nodes(kube: Any, fake_gpu_nodes: Any, pool: str, count: int) -> list[str]:
+    """GPU nodes for this test's job only: labelled and tainted with the pool, so that no other
+    test's pods take their GPUs while the job's capacity is being judged."""
+    names = fake_gpu_nodes.add(count, gpus=1, labels={"rljob.dev/test-pool": pool})
+    for name in names:
+        node = kube.request("GET", f"/api/v1/nodes/{name}")
+        taints = [*(node["spec"].get("taints") or []), {"key": "rljob.dev/test-pool", "value": pool,
+                                                         "effect": "NoSchedule"}]
+        kube.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": taints}},
+                     content_type="application/merge-patch+json")
+    return names
+
+
 def _spec(pool: str, **autoscaling: Any) -> dict[str, Any]:
     return {
         "workers": {"minReplicas": 2, "maxReplicas": 4, "nodeSelector": {"rljob.dev/test-pool": pool},
+                    "tolerations": [{"key": "rljob.dev/test-pool", "operator": "Equal", "value": pool,
+                                     "effect": "NoSchedule"}],
                     "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
         "training": BATCH,
         "autoscaling": autoscaling,
@@ -68,8 +83,7 @@ def _resized(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
 def test_capacity_grows_with_nodes_shrinks_when_they_go_waits_below_min_and_resumes(
         kube, namespace, operator, fake_gpu_nodes) -> None:
     pool = f"pool-{uuid.uuid4().hex[:8]}"
-    labels = {"rljob.dev/test-pool": pool}
-    first = fake_gpu_nodes.add(2, gpus=1, labels=labels)
+    first = _pool_nodes(kube, fake_gpu_nodes, pool, 2)
     operator(env=FAST)
     create_job(kube, namespace, job_manifest("elastic", 2, _spec(pool, policy="Capacity", cooldownSeconds=6,
                                                                   schedulingTimeoutSeconds=5)))
@@ -77,16 +91,16 @@ def test_capacity_grows_with_nodes_shrinks_when_they_go_waits_below_min_and_resu
     batches = [_global_batch(kube, namespace, "elastic")]
 
     # One more GPU: grow to 3. Another at once: the cooldown holds the second grow back.
-    third = fake_gpu_nodes.add(1, gpus=1, labels=labels)
+    third = _pool_nodes(kube, fake_gpu_nodes, pool, 1)
     job = _running_at(kube, namespace, "elastic", 3)
     grown_at = _time(job["status"]["scaling"]["lastScaleTime"])
     assert job["status"]["scaling"]["lastScaleReason"] == "CapacityAvailable"
     batches.append(_global_batch(kube, namespace, "elastic"))
-    fourth = fake_gpu_nodes.add(1, gpus=1, labels=labels)
+    fourth = _pool_nodes(kube, fake_gpu_nodes, pool, 1)
     job = _running_at(kube, namespace, "elastic", 4)
     assert (_time(job["status"]["scaling"]["lastScaleTime"]) - grown_at).total_seconds() >= 6 - 1  # 1 s resolution
     batches.append(_global_batch(kube, namespace, "elastic"))
-    fake_gpu_nodes.add(1, gpus=1, labels=labels)  # beyond maxReplicas: stays at 4
+    _pool_nodes(kube, fake_gpu_nodes, pool, 1)  # beyond maxReplicas: stays at 4
 
     # Two nodes go: their workers are lost at once, the next gang starts at what fits (the spare and two).
     for name in first:
@@ -108,7 +122,7 @@ def test_capacity_grows_with_nodes_shrinks_when_they_go_waits_below_min_and_resu
 
     job = wait_for(waiting, 120, interval=0.2, message="elastic waiting for capacity")
     assert job["status"]["phase"] == "Pending" and "minReplicas is 2" in job["status"]["message"]
-    fake_gpu_nodes.add(1, gpus=1, labels=labels)
+    _pool_nodes(kube, fake_gpu_nodes, pool, 1)
     job = _running_at(kube, namespace, "elastic", 2)
     batches.append(_global_batch(kube, namespace, "elastic"))
 
