@@ -19,7 +19,7 @@ $(PY): requirements.lock pyproject.toml
 	@tools/venv.sh
 
 demo: venv ## Train the embedded quickstart on this machine (output in runs/quickstart/)
-	$(PY) -m rljob_operator.cli train examples/quickstart.yaml
+	$(PY) -m rljob.cli train examples/quickstart.yaml
 
 test: venv binaries lint ## Run every test (unit, trainer, S3, control plane)
 	$(PY) -m pytest $(PYTEST_ARGS)

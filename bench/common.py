@@ -40,7 +40,7 @@ def rljob_train(manifest: dict[str, Any], out: Path, nproc: int | None = None) -
     out.mkdir(parents=True, exist_ok=True)
     path = out / "job.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    cmd = [sys.executable, "-m", "rljob_operator.cli", "train", str(path), "--output", str(out / "run")]
+    cmd = [sys.executable, "-m", "rljob", "train", str(path), "--output", str(out / "run")]
     if nproc:
         cmd += ["--nproc", str(nproc)]
     wall = run(cmd)

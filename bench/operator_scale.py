@@ -8,7 +8,7 @@ KWOK nodes cost this 2-core machine more than the operator does; pods per node (
 GPUs per pod are what the scheduler and the operator see either way.
 
 For each burst size N (default 10, 100, 1000), in a fresh namespace and with a fresh operator
-process (``python -m rljob_operator operator``, production defaults, leader election on, acting
+process (``python -m rljob operator``, production defaults, leader election on, acting
 as a service account so that its requests go through RBAC and API Priority and Fairness as in a
 cluster), the benchmark creates N jobs at once (8 client threads) and records, client-side from
 watch streams on jobs and pods:
@@ -69,9 +69,9 @@ for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a b
     if str(REPO / _folder) not in sys.path:
         sys.path.insert(0, str(REPO / _folder))
 
-from rljob_operator.builders import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX  # noqa: E402
+from rljob_operator.cluster.kube import Kube  # noqa: E402
 from rljob_operator.crd import CRD_NAME, crd_manifest  # noqa: E402
-from rljob_operator.kube import Kube  # noqa: E402
+from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX  # noqa: E402
 
 from tests import operator_helpers as helpers  # noqa: E402
 from tests.cluster import fake_pods  # noqa: E402

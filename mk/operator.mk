@@ -2,10 +2,10 @@
 .PHONY: crd check-crd operator-image
 
 crd: $(PY) ## Regenerate crds/ from the API models
-	$(PY) -m rljob_operator crd -o crds/rljob.dev_rltrainingjobs.yaml
+	$(PY) -m rljob crd -o crds/rljob.dev_rltrainingjobs.yaml
 
 check-crd: $(PY) ## Fail when crds/ drifted from the API models
-	$(PY) -m rljob_operator crd | diff -u crds/rljob.dev_rltrainingjobs.yaml - \
+	$(PY) -m rljob crd | diff -u crds/rljob.dev_rltrainingjobs.yaml - \
 	  || { echo "crds/ drifted from the API models: run 'make crd'"; exit 1; }
 
 operator-image: ## Build the operator image (needs docker or podman)

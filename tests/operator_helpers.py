@@ -126,7 +126,7 @@ def free_port() -> int:
 
 
 def _kube(api_client: Any) -> Any:
-    from rljob_operator.kube import Kube
+    from rljob_operator.cluster.kube import Kube
 
     return Kube(api_client)
 
@@ -176,7 +176,7 @@ class OperatorProcess:
         self.identity = identity or f"test-{uuid.uuid4().hex[:6]}"
         self.log = log
         self.args = [
-            sys.executable, "-m", "rljob_operator", "operator",
+            sys.executable, "-m", "rljob", "operator",
             "--kubeconfig", str(kubeconfig),
             "--namespace", namespace,
             "--status-port", str(self.status_port),

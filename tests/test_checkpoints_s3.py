@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import requests
-from rljob_operator import cli
 from rljob_operator.api import API_VERSION, KIND, ManifestError, parse_job
 from rljob_trainer import checkpoint_resume as resume
 from rljob_trainer import checkpoint_store as cs
@@ -29,6 +28,7 @@ from rljob_trainer import checkpoints as ck
 from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage import credentials_from_env
 
+from rljob import cli
 from tests.s3_server import (  # noqa: F401 - fixtures register by import
     S3_ENV,
     EndpointProxy,

@@ -53,7 +53,7 @@ RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.
 
 @pytest.fixture(scope="module")
 def kube(api_client: Any) -> Any:
-    from rljob_operator.kube import Kube
+    from rljob_operator.cluster.kube import Kube
 
     return Kube(api_client)
 
@@ -292,7 +292,7 @@ class LocalOperator:
         self.log = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rljob_operator", "operator", "--kubeconfig", str(kubeconfig)],
+                [sys.executable, "-m", "rljob", "operator", "--kubeconfig", str(kubeconfig)],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=REPO)
 
     @property
@@ -400,7 +400,8 @@ def test_trainer_pods_meet_the_restricted_pod_security_standard(namespace: str, 
     """A worker pod as the operator builds it, dry-run into a namespace enforcing "restricted"."""
     from kubernetes.client.exceptions import ApiException
     from rljob_operator.api import parse_job
-    from rljob_operator.builders import StatusEndpoint, desired_worker_pod
+    from rljob_operator.decisions.children import desired_worker_pod
+    from rljob_operator.names import StatusEndpoint
 
     kube.request("PATCH", f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": RESTRICTED}},
                  content_type="application/merge-patch+json")

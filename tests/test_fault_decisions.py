@@ -6,10 +6,11 @@ from datetime import timedelta
 from typing import Any
 
 import yaml
-from rljob_operator.builders import CONFIG_KEY, desired_configmap
-from rljob_operator.lifecycle import plan_reconcile
-from rljob_operator.restarts import backoff_seconds
-from rljob_operator.status import rfc3339
+from rljob_operator.decisions.children import desired_configmap
+from rljob_operator.decisions.lifecycle import plan_reconcile
+from rljob_operator.decisions.restarts import backoff_seconds
+from rljob_operator.names import CONFIG_KEY
+from rljob_operator.times import rfc3339
 
 from tests.test_operator_unit import ENDPOINT, NOW, make_job, observe, pod_json
 

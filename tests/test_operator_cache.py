@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from rljob_operator import metrics
-from rljob_operator.reconciler import Reconciler
+from rljob_operator.cluster.reconciler import Reconciler
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, get_job, job_manifest, job_pods

@@ -10,14 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
-from rljob_operator import builders as builders_module
 from rljob_operator import crd
 from rljob_operator.api import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
-from rljob_operator.builders import (
-    LABEL_GANG_GENERATION,
-    LABEL_JOB,
-    LABEL_WORKER_INDEX,
-    StatusEndpoint,
+from rljob_operator.cluster.workqueue import WorkQueue
+from rljob_operator.decisions import children as builders_module
+from rljob_operator.decisions.children import (
     desired_configmap,
     desired_service,
     desired_worker_pod,
@@ -25,10 +22,12 @@ from rljob_operator.builders import (
     merge_pod_template,
     spec_hash,
 )
-from rljob_operator.lifecycle import plan_invalid, plan_reconcile
+from rljob_operator.decisions.conditions import make_conditions
+from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
+from rljob_operator.decisions.observed import ObservedPod, first_failure
+from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX, StatusEndpoint
 from rljob_operator.settings import OperatorSettings
-from rljob_operator.status import ObservedPod, first_failure, make_conditions, rfc3339
-from rljob_operator.workqueue import WorkQueue
+from rljob_operator.times import rfc3339
 from rljob_trainer.config import TrainerConfig
 
 from tests.operator_helpers import INVALID_MANIFESTS, REPO, deep_update, invalid_manifest, job_manifest
@@ -89,7 +88,7 @@ def test_committed_crd_matches_the_models() -> None:
 
 
 def test_rljob_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from rljob_operator.cli import main
+    from rljob.cli import main
 
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == crd.crd_yaml()
@@ -634,7 +633,7 @@ def test_the_operator_imports_without_torch() -> None:
     code = (
         "import sys\n"
         "for name in ('torch', 'transformers', 'trl', 'datasets'): sys.modules[name] = None\n"
-        "import rljob_operator.runner, rljob_operator.cli, rljob_operator.crd\n"
+        "import rljob_operator.cluster.runner, rljob.cli, rljob_operator.crd\n"
         "rljob_operator.crd.crd_yaml()\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -678,7 +677,7 @@ def test_progress_writes_are_coalesced_and_never_reordered() -> None:
     import threading
     import time as time_module
 
-    from rljob_operator.statusapi import ProgressWriter
+    from rljob_operator.server.statusapi import ProgressWriter
 
     class SlowStatus:  # records status writes; the first one is slow
         def __init__(self) -> None:
@@ -719,7 +718,7 @@ def test_orphaned_pods_of_a_namesake_are_cleared_away() -> None:
 
 
 def test_the_watch_cache_keeps_everything_the_reconciler_reads_of_a_pod() -> None:
-    from rljob_operator.status import slim_pod
+    from rljob_operator.decisions.observed import slim_pod
 
     job = make_job()
     pods = [pod_json(job, 0), pod_json(job, 1, "Failed", False, exit_code=137, message="OOM"),

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import yaml
 from rljob_operator.api import RLTrainingJob, parse_job
-from rljob_operator.builders import CONFIG_KEY, desired_configmap, desired_worker_pod
-from rljob_operator.lifecycle import Plan, plan_reconcile
-from rljob_operator.scaling import Capacity
-from rljob_operator.status import rfc3339
+from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
+from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
+from rljob_operator.decisions.scaling import Capacity
+from rljob_operator.names import CONFIG_KEY
+from rljob_operator.times import rfc3339
 from rljob_trainer.config import accumulation_for
 
 from tests.operator_helpers import job_manifest

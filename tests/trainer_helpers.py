@@ -47,7 +47,7 @@ def trainer_env(**extra: str) -> dict[str, str]:
 
 
 def rljob_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rljob_operator.cli", *args]
+    return [sys.executable, "-m", "rljob", *args]
 
 
 def run_rljob(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rljob_operator.builders import TOKEN_AUDIENCE
+from rljob_operator.names import TOKEN_AUDIENCE
 
 ENV_PREFIX = "RLJOB_OPERATOR_"
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

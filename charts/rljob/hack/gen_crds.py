@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write the chart's and kustomize's copies of the RLTrainingJob CRD from ``rljob crd``.
 
-    python -m rljob_operator crd | python charts/rljob/hack/gen_crds.py           # write both
-    python -m rljob_operator crd | python charts/rljob/hack/gen_crds.py --check   # exit 1 on drift
+    python -m rljob crd | python charts/rljob/hack/gen_crds.py           # write both
+    python -m rljob crd | python charts/rljob/hack/gen_crds.py --check   # exit 1 on drift
 
 The CRD's one source is the API models (``rljob crd``); this script only reshapes that text,
 so it needs neither the rljob package nor Helm:

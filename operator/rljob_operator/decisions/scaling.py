@@ -29,8 +29,8 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from rljob_operator.api import RLTrainingJob, ScalingPolicy
-from rljob_operator.builders import LABEL_JOB
-from rljob_operator.status import parse_time, rfc3339
+from rljob_operator.names import LABEL_JOB
+from rljob_operator.times import parse_time, rfc3339
 
 #: Pods that hold no resources any more.
 FINISHED_POD_PHASES = ("Succeeded", "Failed")

@@ -17,15 +17,16 @@ from urllib.parse import urlparse
 
 from aiohttp import web
 
-from rljob_operator import metrics, tls
-from rljob_operator.builders import StatusEndpoint
-from rljob_operator.handlers import JobWatch, kopf_settings
-from rljob_operator.kube import Kube, load_api_client
-from rljob_operator.leader import LeaderElector
-from rljob_operator.reconciler import Reconciler
+from rljob_operator import metrics
+from rljob_operator.cluster.handlers import JobWatch, kopf_settings
+from rljob_operator.cluster.kube import Kube, load_api_client
+from rljob_operator.cluster.leader import LeaderElector
+from rljob_operator.cluster.reconciler import Reconciler
+from rljob_operator.cluster.workqueue import WorkQueue
+from rljob_operator.names import StatusEndpoint
+from rljob_operator.server import tls
+from rljob_operator.server.statusapi import StatusAPI
 from rljob_operator.settings import OperatorSettings
-from rljob_operator.statusapi import StatusAPI
-from rljob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("rljob.operator")
 

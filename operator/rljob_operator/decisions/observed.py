@@ -1,41 +1,20 @@
-"""What the operator observes and reports (pure): worker pods as seen, phases, conditions.
-
-Conditions are kstatus-compatible: ``Ready``, ``Reconciling`` and ``Stalled``, plus one per
-terminal or paused phase (``Succeeded``, ``Failed``, ``Suspended``); each carries the
-``observedGeneration`` it describes and keeps its ``lastTransitionTime`` until its status flips.
-"""
+"""What the operator observes (pure): worker pods as seen, and what a failed worker means."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT
 
-from rljob_operator.api import Phase
-from rljob_operator.builders import (
+from rljob_operator.names import (
     ANNOTATION_JOB_GENERATION,
     ANNOTATION_SPEC_HASH,
     CONTAINER,
     LABEL_GANG_GENERATION,
     LABEL_WORKER_INDEX,
 )
-
-CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Succeeded", "Failed", "Suspended")
-#: Reasons of a gang restarted because it stopped making progress (the Stalled condition).
-STALL_REASONS = frozenset({"HeartbeatTimeout", "StartupTimeout"})
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -179,45 +158,3 @@ def first_failure(failed: list[ObservedPod]) -> ObservedPod:
     return min(failed, key=rank)
 
 
-def make_conditions(
-    phase: str,
-    reason: str,
-    message: str,
-    *,
-    ready: bool,
-    reconciling: bool,
-    generation: int | None,
-    previous: list[dict[str, Any]],
-    now: datetime,
-    stalled: bool | None = None,
-) -> list[dict[str, Any]]:
-    """The six conditions for a phase; unchanged ones keep their lastTransitionTime.
-
-    ``Stalled`` is True for a failed job and, when ``stalled`` says so, for a gang restarted
-    because its heartbeats stopped.
-    """
-    before = {c.get("type"): c for c in previous}
-    truth = {
-        "Ready": ready,
-        "Reconciling": reconciling,
-        "Stalled": phase == Phase.failed.value if stalled is None else stalled,
-        "Succeeded": phase == Phase.succeeded.value,
-        "Failed": phase == Phase.failed.value,
-        "Suspended": phase == Phase.suspended.value,
-    }
-    out = []
-    for kind in CONDITION_TYPES:
-        status = "True" if truth[kind] else "False"
-        old = before.get(kind) or {}
-        since = old.get("lastTransitionTime") if old.get("status") == status else None
-        out.append(
-            {
-                "type": kind,
-                "status": status,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": since or rfc3339(now),
-                "observedGeneration": generation,
-            }
-        )
-    return out

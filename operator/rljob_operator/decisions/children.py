@@ -18,108 +18,39 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from rljob_trainer.launch import dump_config
 
-from rljob_operator.api import API_VERSION, KIND, RLTrainingJob
-
-LABEL_JOB = "rljob.dev/job"
-LABEL_WORKER_INDEX = "rljob.dev/worker-index"
-LABEL_GANG_GENERATION = "rljob.dev/gang-generation"
-ANNOTATION_SPEC_HASH = "rljob.dev/spec-hash"
-ANNOTATION_JOB_GENERATION = "rljob.dev/job-generation"
-MANAGED_BY = "rljob-operator"
-
-CONTAINER = "trainer"
-RDZV_PORT = 29500
-METRICS_PORT = 9400
-CONFIG_DIR = "/etc/rljob"
-CONFIG_KEY = "trainer.yaml"
-STATUS_CA_KEY = "status-ca.crt"
-OUTPUT_DIR = "/workspace/output"
-TOKEN_DIR = "/var/run/secrets/rljob.dev/status"
-TOKEN_FILE = "token"
-#: Audience of the projected token the trainer sends with heartbeats; the status API asks
-#: TokenReview for exactly this audience, so the token is useless against the API server.
-TOKEN_AUDIENCE = "rljob-status"
-TOKEN_EXPIRATION_SECONDS = 3600
-TRAINER_COMMAND = ["python", "-m", "rljob_trainer.launch", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"]
-#: ``envFrom`` prefix of mirror ``i``'s credentialsSecret (``rljob_trainer.checkpoint_store.MIRROR_ENV_PREFIX``).
-MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
-
-
-@dataclass(frozen=True)
-class StatusEndpoint:
-    """Where trainers send heartbeats: the operator's status API."""
-
-    base_url: str
-    """``https://rljob-operator.rljob-system.svc:8443`` (no trailing slash)."""
-    ca_pem: str | None = None
-    """PEM the trainer trusts for that URL (shipped in the job's ConfigMap)."""
-    audience: str = TOKEN_AUDIENCE
-
-    def heartbeat_url(self, namespace: str, name: str) -> str:
-        return f"{self.base_url}/api/v1/namespaces/{namespace}/rltrainingjobs/{name}/heartbeat"
-
-
-# ------------------------------------------------------------------------------ names
-
-
-def worker_name(job_name: str, index: int) -> str:
-    return f"{job_name}-worker-{index}"
-
-
-def service_name(job_name: str) -> str:
-    return job_name
-
-
-def configmap_name(job_name: str) -> str:
-    return f"{job_name}-config"
-
-
-def rendezvous_endpoint(job_name: str, namespace: str) -> str:
-    """c10d endpoint: worker 0's stable DNS name through the headless Service."""
-    return f"{worker_name(job_name, 0)}.{service_name(job_name)}.{namespace}.svc:{RDZV_PORT}"
-
-
-def run_id(job: RLTrainingJob, generation: int) -> str:
-    """Rendezvous id, unique per job object and gang generation."""
-    return f"{job.metadata.name}-{job_uid(job)[:8]}-g{generation}"
-
-
-def job_uid(job: RLTrainingJob) -> str:
-    return str((job.metadata.model_extra or {}).get("uid") or "")
-
-
-def job_namespace(job: RLTrainingJob) -> str:
-    return job.metadata.namespace or "default"
-
-
-def selector(job_name: str) -> str:
-    """Label selector of a job's worker pods (``status.selector``, for the scale subresource)."""
-    return f"{LABEL_JOB}={job_name}"
-
-
-def job_labels(job: RLTrainingJob) -> dict[str, str]:
-    return {
-        LABEL_JOB: job.metadata.name,
-        "app.kubernetes.io/name": "rljob",
-        "app.kubernetes.io/instance": job.metadata.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-    }
-
-
-def owner_reference(job: RLTrainingJob) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": job.metadata.name,
-        "uid": job_uid(job),
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+from rljob_operator.api import RLTrainingJob
+from rljob_operator.names import (
+    ANNOTATION_JOB_GENERATION,
+    ANNOTATION_SPEC_HASH,
+    CONFIG_DIR,
+    CONFIG_KEY,
+    CONTAINER,
+    LABEL_GANG_GENERATION,
+    LABEL_JOB,
+    LABEL_WORKER_INDEX,
+    METRICS_PORT,
+    MIRROR_ENV_PREFIX,
+    OUTPUT_DIR,
+    RDZV_PORT,
+    STATUS_CA_KEY,
+    TOKEN_DIR,
+    TOKEN_EXPIRATION_SECONDS,
+    TOKEN_FILE,
+    TRAINER_COMMAND,
+    StatusEndpoint,
+    configmap_name,
+    job_labels,
+    job_namespace,
+    owner_reference,
+    rendezvous_endpoint,
+    run_id,
+    service_name,
+    worker_name,
+)
 
 
 def _metadata(job: RLTrainingJob, name: str, component: str) -> dict[str, Any]:

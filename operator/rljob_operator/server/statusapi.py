@@ -34,9 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rljob_operator import metrics
 from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL
-from rljob_operator.builders import LABEL_JOB, TOKEN_AUDIENCE
-from rljob_operator.kube import Kube
-from rljob_operator.status import rfc3339
+from rljob_operator.cluster.kube import Kube
+from rljob_operator.names import LABEL_JOB, TOKEN_AUDIENCE
+from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.statusapi")
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"

@@ -2,7 +2,7 @@
 
 Handlers stay one line long: every event (a job created, edited, its status written; a
 worker pod scheduled, ready, exited) only adds the job's key to the work queue, and the
-queue runs :class:`~rljob_operator.reconciler.Reconciler` serially per job. No handler
+queue runs :class:`~rljob_operator.cluster.reconciler.Reconciler` serially per job. No handler
 needs a finalizer (kopf timers and daemons would add one and block ``kubectl delete`` while
 the operator is down); deadlines and TTLs are delayed re-queues, and a periodic resync
 catches anything a watch missed.
@@ -17,8 +17,8 @@ from typing import Any
 import kopf
 
 from rljob_operator.api import GROUP, PLURAL, VERSION
-from rljob_operator.builders import LABEL_JOB
-from rljob_operator.status import slim_pod
+from rljob_operator.decisions.observed import slim_pod
+from rljob_operator.names import LABEL_JOB
 
 Key = tuple[str, str]
 #: The kopf index of worker pods by job: (namespace, job name) → the pods' bodies.

@@ -212,7 +212,7 @@ class Kube:
         controller = next((r for r in refs if r.get("controller")), None)
         patch: dict[str, Any] = {}
         if controller is None:
-            from rljob_operator.builders import LABEL_JOB
+            from rljob_operator.names import LABEL_JOB
 
             if (existing["metadata"].get("labels") or {}).get(LABEL_JOB) != meta["labels"].get(LABEL_JOB):
                 raise ChildConflict(f"{obj['kind']} {namespace}/{name} exists and is not part of this job")

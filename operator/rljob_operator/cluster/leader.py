@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
-from rljob_operator.kube import Kube
+from rljob_operator.cluster.kube import Kube
 
 log = logging.getLogger("rljob.leader")
 

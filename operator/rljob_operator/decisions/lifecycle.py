@@ -26,14 +26,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rljob_operator.api import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
-from rljob_operator.builders import (
-    StatusEndpoint,
-    desired_worker_pod,
-    selector,
-    spec_hash,
-    worker_name,
-)
-from rljob_operator.restarts import (
+from rljob_operator.decisions.children import desired_worker_pod, spec_hash
+from rljob_operator.decisions.conditions import STALL_REASONS, make_conditions
+from rljob_operator.decisions.observed import ObservedPod, failure_message, failure_reason, first_failure
+from rljob_operator.decisions.restarts import (
     backoff_seconds,
     halved_batch,
     is_oom,
@@ -42,7 +38,7 @@ from rljob_operator.restarts import (
     stall,
     stall_check_in,
 )
-from rljob_operator.scaling import (
+from rljob_operator.decisions.scaling import (
     Capacity,
     Resize,
     SizeView,
@@ -51,16 +47,8 @@ from rljob_operator.scaling import (
     resize_event_message,
     scaling_status,
 )
-from rljob_operator.status import (
-    STALL_REASONS,
-    ObservedPod,
-    failure_message,
-    failure_reason,
-    first_failure,
-    make_conditions,
-    parse_time,
-    rfc3339,
-)
+from rljob_operator.names import StatusEndpoint, selector, worker_name
+from rljob_operator.times import parse_time, rfc3339
 
 #: How soon to look again while waiting for pods to go away.
 WAIT_REQUEUE_SECONDS = 2.0

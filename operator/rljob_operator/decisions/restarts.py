@@ -14,7 +14,8 @@ from datetime import datetime
 from rljob_trainer.errors import EXIT_PERMANENT
 
 from rljob_operator.api import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
-from rljob_operator.status import ObservedPod, parse_time
+from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.times import parse_time
 
 #: Pod reasons and conditions the cluster sets when it, not the trainer, ended a pod.
 DISRUPTION_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated",

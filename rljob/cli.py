@@ -87,7 +87,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from rljob_operator.runner import run
+    from rljob_operator.cluster.runner import run
     from rljob_operator.settings import OperatorSettings
 
     settings = OperatorSettings.from_env(

@@ -20,17 +20,19 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
 from rljob_operator.api import ManifestError, RLTrainingJobStatus, ScalingPolicy, parse_job
-from rljob_operator.builders import (
-    LABEL_JOB,
-    StatusEndpoint,
-    desired_configmap,
-    desired_service,
-    job_uid,
+from rljob_operator.cluster.kube import ChildConflict, Kube, namespace_terminating
+from rljob_operator.decisions.children import desired_configmap, desired_service
+from rljob_operator.decisions.lifecycle import (
+    FORCE_DELETE_AFTER_SECONDS,
+    Event,
+    Plan,
+    plan_invalid,
+    plan_reconcile,
 )
-from rljob_operator.kube import ChildConflict, Kube, namespace_terminating
-from rljob_operator.lifecycle import FORCE_DELETE_AFTER_SECONDS, Event, Plan, plan_invalid, plan_reconcile
-from rljob_operator.scaling import Capacity
-from rljob_operator.status import ObservedPod, rfc3339
+from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.scaling import Capacity
+from rljob_operator.names import LABEL_JOB, StatusEndpoint, job_uid
+from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.reconciler")
 #: Retry soon when a child's name is taken by something else.
@@ -214,7 +216,7 @@ class Reconciler:
         self._event(raw, Event("Warning", reason, message), now)
 
     def _fail(self, raw: dict[str, Any], reason: str, message: str, now: datetime) -> None:
-        from rljob_operator.status import make_conditions
+        from rljob_operator.decisions.conditions import make_conditions
 
         meta = raw["metadata"]
         previous = (raw.get("status") or {}).get("conditions") or []

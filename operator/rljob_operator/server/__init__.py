@@ -1,0 +1,1 @@
+"""The operator's own HTTPS endpoint: the status API that trainers report to, and its certificate."""

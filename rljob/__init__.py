@@ -1,0 +1,1 @@
+"""The ``rljob`` command: one CLI for both programs (see ``rljob.cli``)."""
