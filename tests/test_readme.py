@@ -47,3 +47,15 @@ def test_readme_commands_exist_as_make_targets() -> None:
     for target in sorted(set(re.findall(r"make ([a-z][a-z-]+)", readme))):
         assert re.search(rf"^{target}:", makefiles, re.M), f"README mentions `make {target}`, no such target"
     assert (REPO / ".ci" / "run").read_text().strip().endswith("make test")
+
+
+def test_readme_and_docs_link_only_files_inside_the_repository() -> None:
+    """A person who clones the repository has nothing beside it: every relative link resolves inside it."""
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            resolved = (doc.parent / target).resolve()
+            assert resolved.is_relative_to(REPO), f"{doc.name} links {target}, outside the repository"
+            assert resolved.exists(), f"{doc.name} links {target}, which does not exist"
