@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from rljob_operator.api import FINISHED_PHASES, Phase, RLTrainingJobStatus
 from rljob_operator.cluster.kube import ChildConflict
 from rljob_operator.cluster.reconciler import Reconciler
+from rljob_operator.decisions import plan as plan_module
 from rljob_operator.decisions import situation as situation_module
 from rljob_operator.decisions.lifecycle import STEPS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.plan import (
@@ -126,6 +127,20 @@ def test_pod_creations_carry_the_configmap_and_service_built_from_the_status_wri
     assert len(plan.create_pods) == 2 and plan.service is not None and plan.service["kind"] == "Service"
     assert plan.configmap is not None and "batchSize: 2" in next(iter(plan.configmap["data"].values()))
     assert plan_reconcile(job, observe(job, *(pod_json(job, i, generation=1) for i in range(2))), NOW).configmap is None
+
+
+def test_a_plan_renders_its_configmap_only_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered: list[str] = []
+    real = plan_module.desired_configmap
+
+    def counted(job: Any, endpoint: Any) -> dict[str, Any]:
+        rendered.append("cm")
+        return real(job, endpoint)
+
+    monkeypatch.setattr(plan_module, "desired_configmap", counted)
+    plan = plan_reconcile(make_job(), [], NOW, ENDPOINT)  # the reconciler may discard it (a lagging watch)
+    assert plan.children is not None and rendered == []
+    assert plan.configmap is plan.configmap and rendered == ["cm"]  # rendered once
 
 
 # ------------------------------------------------------------------- refusals

@@ -193,13 +193,13 @@ class Reconciler:
     def _create(self, raw: dict[str, Any], plan: Plan) -> None:
         """The ConfigMap and Service (both exist before any pod is created), then the pods."""
         namespace, name, uid = raw["metadata"]["namespace"], raw["metadata"]["name"], raw["metadata"]["uid"]
-        children = []
-        if plan.configmap is not None:
-            children.append(self._pool.submit(self.kube.create_or_adopt, plan.configmap, uid, compare_data=True))
-        if plan.service is not None:
-            children.append(self._pool.submit(self.kube.create_or_adopt, plan.service, uid))
-        for child in children:
-            child.result()  # both exist (or raised) before any pod is created
+        if plan.children is not None:
+            children = [
+                self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True),
+                self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid),
+            ]
+            for child in children:
+                child.result()  # both exist (or raised) before any pod is created
         for pod in plan.create_pods:
             log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
         # A gang's pods are independent requests: send them together (a failure still raises).

@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
-from rljob_operator.api import Phase, RLTrainingJobStatus
+from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus
+from rljob_operator.decisions.children import desired_configmap, desired_service
 from rljob_operator.decisions.conditions import STALL_REASONS, make_conditions
 from rljob_operator.decisions.observed import ObservedPod
-from rljob_operator.names import selector
+from rljob_operator.names import StatusEndpoint, selector
 
 #: Written when a job's spec is rejected before any pod is looked at (``plan_invalid``): the
 #: outcome only; the worker counts and restart bookkeeping of earlier reconciles stay as written.
@@ -40,12 +42,36 @@ class Event:
     message: str
 
 
+@dataclass(frozen=True)
+class Children:
+    """The ConfigMap and Service a Plan's pods mount and resolve, rendered on first use.
+
+    The ConfigMap follows the status the Plan writes (OOM recovery's batch shape, the size in
+    use). Rendering the trainer config costs milliseconds, and the reconciler discards a Plan
+    decided from its watch when the API server shows another picture: only an applied Plan pays.
+    """
+
+    job: RLTrainingJob
+    status: dict[str, Any]
+    """The status the Plan writes."""
+    endpoint: StatusEndpoint | None = None
+
+    @cached_property
+    def configmap(self) -> dict[str, Any]:
+        job = self.job.model_copy(update={"status": RLTrainingJobStatus.model_validate(self.status)})
+        return desired_configmap(job, self.endpoint)
+
+    @cached_property
+    def service(self) -> dict[str, Any]:
+        return desired_service(self.job)
+
+
 @dataclass
 class Plan:
     """The whole desired state of one reconcile; the reconciler applies it in this order.
 
     ``status`` first (it records decisions such as a new gang generation or the start time), then
-    ``delete_pods`` and ``force_delete_pods``, then ``configmap`` and ``service``, then
+    ``delete_pods`` and ``force_delete_pods``, then ``children`` (ConfigMap and Service), then
     ``create_pods``, then ``events``, then ``delete_job``.
     """
 
@@ -54,16 +80,22 @@ class Plan:
     delete_pods: list[str] = field(default_factory=list)
     force_delete_pods: list[str] = field(default_factory=list)
     """Pods stuck Terminating (their node never confirms): deleted with grace period 0."""
-    configmap: dict[str, Any] | None = None
-    """The ConfigMap to create or bring up to date, before any pod (None: not touched)."""
-    service: dict[str, Any] | None = None
-    """The headless Service to create or adopt, before any pod (None: not touched)."""
+    children: Children | None = None
+    """The ConfigMap (brought up to date) and Service to create or adopt before any pod (None: not touched)."""
     create_pods: list[dict[str, Any]] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     gang_restart: str | None = None
     """Why this reconcile starts a new gang generation (Resumed, SpecChanged, a failure reason)."""
+
+    @property
+    def configmap(self) -> dict[str, Any] | None:
+        return self.children.configmap if self.children is not None else None
+
+    @property
+    def service(self) -> dict[str, Any] | None:
+        return self.children.service if self.children is not None else None
 
 
 @dataclass
