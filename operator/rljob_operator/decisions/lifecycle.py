@@ -50,6 +50,7 @@ from rljob_operator.times import parse_time, rfc3339
 
 __all__ = ["FORCE_DELETE_AFTER_SECONDS", "WAIT_REQUEUE_SECONDS", "Event", "Plan", "plan_invalid", "plan_reconcile"]
 
+
 def finished(ctx: Situation) -> Plan | None:
     """A finished job stays finished; only its TTL and the leftover pods of a failure are handled."""
     prev, phase = ctx.prev, ctx.prev.phase

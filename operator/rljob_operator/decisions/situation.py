@@ -14,10 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
-from rljob_operator.decisions.children import (
-    desired_worker_pod,
-    spec_hash,
-)
+from rljob_operator.decisions.children import desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Children, Event, Plan, StatusDraft, build_status, transition_event
 from rljob_operator.decisions.scaling import (
