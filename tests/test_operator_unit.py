@@ -325,7 +325,7 @@ def test_new_job_creates_every_worker_and_records_its_start() -> None:
     job = make_job(replicas=3)
     plan = plan_reconcile(job, [], NOW, ENDPOINT)
     assert [p["metadata"]["name"] for p in plan.create_pods] == [f"train-worker-{i}" for i in range(3)]
-    assert plan.ensure_children and not plan.delete_pods
+    assert plan.configmap is not None and plan.service is not None and not plan.delete_pods
     s = plan.status
     assert (s["phase"], s["reason"], s["startTime"], s["gangGeneration"]) == ("Pending", "CreatingWorkers",
                                                                             rfc3339(NOW), 0)

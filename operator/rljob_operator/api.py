@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from rljob_trainer.config import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_MODELS,
@@ -420,6 +420,13 @@ class RLTrainingJobStatus(StatusModel):
     gang_start_time: str | None = Field(None, description="When the current gang's pods were created.")
     oom_recovery: OomRecovery | None = Field(None, description="Reduced batch shape after out-of-memory failures.")
     scaling: ScalingStatus | None = Field(None, description="Worker count in use and the last resize.")
+
+    @field_validator("phase", mode="after")
+    @classmethod
+    def _plain_phase(cls, value: str | None) -> str | None:
+        """The phase is kept as a plain str (never a :class:`Phase` member), however it was given:
+        it compares, hashes and formats as the status the API server stores (``FINISHED_PHASES``)."""
+        return None if value is None else Phase(value).value
 
 
 class RLTrainingJob(Model):

@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
 from rljob_operator.api import GROUP, PLURAL, VERSION
+from rljob_operator.decisions.refusals import namespace_terminating
 
 log = logging.getLogger("rljob.kube")
 FAULT_ENV = "RLJOB_FAULT_CRASH_AFTER_WRITES"
@@ -52,11 +53,6 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
 
 _RESOURCES = ("pods", "configmaps", "services", "events", "leases", "secrets", PLURAL,
               "tokenreviews", "subjectaccessreviews")
-
-
-def namespace_terminating(status: int | None, body: str | None) -> bool:
-    """The API server's answer to a create in a namespace that is being deleted."""
-    return status == 403 and "because it is being terminated" in (body or "")
 
 
 def _resource_of(path: str) -> str:

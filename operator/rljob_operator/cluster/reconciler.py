@@ -1,10 +1,21 @@
-"""One reconcile of one RLTrainingJob: observe, decide (``lifecycle.plan_reconcile``), act.
+"""One reconcile of one RLTrainingJob: observe, decide (``decisions/``), apply the Plan.
 
-The order of actions is what makes an interrupted reconcile converge: the status (with the
-gang generation and start time it decided) is written first, then stale pods are deleted,
-then the ConfigMap and Service are created or adopted, then missing pods are created under
-their deterministic names, then Events are posted. A crash between any two steps leaves a
-state the next reconcile reads and finishes; no step can produce a second pod for a name.
+The reconciler decides nothing itself: ``lifecycle.plan_reconcile`` (or ``plan_invalid``) turns
+what it observes into a :class:`~rljob_operator.decisions.plan.Plan`, and it applies that Plan
+in this order, which is what makes an interrupted reconcile converge:
+
+1. the status (with the gang generation and start time it decided), skipped when already stored;
+2. deletions of stale pods, then force deletions of pods stuck Terminating (each followed by
+   its ``ForceDeleted`` Event);
+3. the ConfigMap and the Service, created or adopted concurrently, both before any pod;
+4. the missing pods, under their deterministic names, created concurrently;
+5. the Events;
+6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
+
+A crash between any two steps leaves a state the next reconcile reads and finishes; no step
+can produce a second pod for a name. When a create in steps 3-4 is refused,
+``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
+job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
 
 from __future__ import annotations
@@ -19,24 +30,17 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
-from rljob_operator.api import ManifestError, RLTrainingJobStatus, ScalingPolicy, parse_job
-from rljob_operator.cluster.kube import ChildConflict, Kube, namespace_terminating
-from rljob_operator.decisions.children import desired_configmap, desired_service
-from rljob_operator.decisions.lifecycle import (
-    FORCE_DELETE_AFTER_SECONDS,
-    Event,
-    Plan,
-    plan_invalid,
-    plan_reconcile,
-)
+from rljob_operator.api import ManifestError, ScalingPolicy, parse_job
+from rljob_operator.cluster.kube import ChildConflict, Kube
+from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
+from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
 from rljob_operator.decisions.scaling import Capacity
 from rljob_operator.names import LABEL_JOB, StatusEndpoint, job_uid
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.reconciler")
-#: Retry soon when a child's name is taken by something else.
-CONFLICT_REQUEUE_SECONDS = 10.0
 #: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs.
 CAPACITY_MAX_AGE_SECONDS = 1.0
 
@@ -114,7 +118,7 @@ class Reconciler:
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
                                   self.force_delete_after, capacity)
-        return self._apply(raw, plan, now, job=job, pods={p["metadata"]["name"]: p for p in pods})
+        return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
 
     def _list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
@@ -141,66 +145,79 @@ class Reconciler:
         self._capacity = (time.monotonic(), snapshot)
         return snapshot
 
-    def _apply(self, raw: dict[str, Any], plan: Plan, now: datetime, job: Any = None,
+    def _apply(self, raw: dict[str, Any], plan: Plan, now: datetime,
                pods: dict[str, dict[str, Any]] | None = None) -> float | None:
-        meta = raw["metadata"]
-        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        if _status_changed(raw.get("status") or {}, plan.status):
-            self.kube.patch_job_status(namespace, name, plan.status)
-        metrics.JOB_PHASES.set((namespace, name), plan.status.get("phase"))
+        """Carry ``plan`` out in the module's order; returns seconds until the job wants another look.
 
+        A create the API server refuses ends the plan there: ``refusals.plan_for_refusal`` decides
+        what replaces the rest of it, and that Plan is applied the same way.
+        """
+        meta = raw["metadata"]
+        stored = self._write_status(raw, raw.get("status") or {}, plan)
+        self._delete_pods(raw, plan, pods or {}, now)
+        try:
+            self._create(raw, plan)
+        except (ChildConflict, ApiException) as e:
+            refusal = (Refusal(None, conflict=str(e)) if isinstance(e, ChildConflict)
+                       else Refusal(e.status, e.body or "", str(e.reason)))
+            rest = plan_for_refusal(raw, plan, refusal, now)
+            if rest is None:
+                raise
+            log.info("%s/%s: a create was refused (%s): %s", meta["namespace"], meta["name"],
+                     refusal.status or "ChildConflict", rest.status.get("reason") or "nothing more to do")
+            self._write_status(raw, stored, rest)
+            plan = rest
+        return self._finish(raw, plan, now)
+
+    def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan) -> dict[str, Any]:
+        """Patch the plan's status unless it is already stored; returns the status now stored."""
+        meta = raw["metadata"]
+        if _status_changed(stored, plan.status):
+            self.kube.patch_job_status(meta["namespace"], meta["name"], plan.status)
+        if "phase" in plan.status:
+            metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
+        return _merge_patch(stored, plan.status)
+
+    def _delete_pods(self, raw: dict[str, Any], plan: Plan, pods: dict[str, dict[str, Any]], now: datetime) -> None:
+        namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
         for pod_name in plan.delete_pods:
-            pod_uid = ((pods or {}).get(pod_name) or {}).get("metadata", {}).get("uid")
+            pod_uid = (pods.get(pod_name) or {}).get("metadata", {}).get("uid")
             log.info("%s/%s: deleting pod %s", namespace, name, pod_name)
             self.kube.delete_pod(namespace, pod_name, pod_uid)
         for pod_name in plan.force_delete_pods:
-            pod_uid = ((pods or {}).get(pod_name) or {}).get("metadata", {}).get("uid")
+            pod_uid = (pods.get(pod_name) or {}).get("metadata", {}).get("uid")
             log.warning("%s/%s: pod %s is stuck terminating: force-deleting it", namespace, name, pod_name)
             self.kube.delete_pod(namespace, pod_name, pod_uid, force=True)
-            self._event(raw, Event("Warning", "ForceDeleted",
-                                   f"{pod_name} stayed Terminating past its grace period (its node does not "
-                                   "answer): force-deleted it"), now)
+            self._event(raw, force_deleted_event(pod_name), now)
 
-        requeue = plan.requeue_after
-        if plan.create_pods:
-            # The ConfigMap follows the status just written (OOM recovery's batch shape).
-            job = job.model_copy(update={"status": RLTrainingJobStatus.model_validate(plan.status)})
-            try:
-                children = [self._pool.submit(self.kube.create_or_adopt, desired_configmap(job, self.endpoint), uid,
-                                              compare_data=True),
-                            self._pool.submit(self.kube.create_or_adopt, desired_service(job), uid)]
-                for child in children:
-                    child.result()  # both exist (or raised) before any pod is created
-                for pod in plan.create_pods:
-                    log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
-                # A gang's pods are independent requests: send them together (a failure still raises).
-                list(self._pool.map(self.kube.create_pod, plan.create_pods))
-            except ChildConflict as e:
-                self._stuck(raw, "ChildConflict", str(e), now)
-                requeue = CONFLICT_REQUEUE_SECONDS
-            except ApiException as e:
-                if namespace_terminating(e.status, e.body):  # the job goes with its namespace: nothing to do
-                    log.info("%s/%s: namespace is being deleted; not creating its pods", namespace, name)
-                    return None
-                if e.status == 422:  # the API server rejected the pod (podTemplate, volumes): permanent
-                    self._fail(raw, "InvalidPodSpec", _api_message(e), now)
-                    return None
-                if e.status == 403 and "quota" in (e.body or ""):
-                    self._stuck(raw, "QuotaExceeded", _api_message(e), now)
-                    requeue = CONFLICT_REQUEUE_SECONDS
-                else:
-                    raise
+    def _create(self, raw: dict[str, Any], plan: Plan) -> None:
+        """The ConfigMap and Service (both exist before any pod is created), then the pods."""
+        namespace, name, uid = raw["metadata"]["namespace"], raw["metadata"]["name"], raw["metadata"]["uid"]
+        if plan.children is not None:
+            children = [
+                self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True),
+                self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid),
+            ]
+            for child in children:
+                child.result()  # both exist (or raised) before any pod is created
+        for pod in plan.create_pods:
+            log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
+        # A gang's pods are independent requests: send them together (a failure still raises).
+        list(self._pool.map(self.kube.create_pod, plan.create_pods))
 
+    def _finish(self, raw: dict[str, Any], plan: Plan, now: datetime) -> float | None:
+        """Events, then the job's deletion once its TTL passed."""
+        meta = raw["metadata"]
         if plan.gang_restart:
             metrics.GANG_RESTARTS.labels(reason=plan.gang_restart).inc()
         for event in plan.events:
             self._event(raw, event, now)
         if plan.delete_job:
-            log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
-            self.kube.delete_job(namespace, name, uid)
-            metrics.JOB_PHASES.set((namespace, name), None)
+            log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", meta["namespace"], meta["name"])
+            self.kube.delete_job(meta["namespace"], meta["name"], meta["uid"])
+            metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), None)
             return None
-        return requeue
+        return plan.requeue_after
 
     def _event(self, raw: dict[str, Any], event: Event, now: datetime) -> None:
         try:
@@ -210,32 +227,15 @@ class Reconciler:
             if not namespace_terminating(e.status, e.body):
                 log.warning("cannot post event %s: %s", event.reason, e.reason)
 
-    def _stuck(self, raw: dict[str, Any], reason: str, message: str, now: datetime) -> None:
-        meta = raw["metadata"]
-        self.kube.patch_job_status(meta["namespace"], meta["name"], {"reason": reason, "message": message})
-        self._event(raw, Event("Warning", reason, message), now)
 
-    def _fail(self, raw: dict[str, Any], reason: str, message: str, now: datetime) -> None:
-        from rljob_operator.decisions.conditions import make_conditions
-
-        meta = raw["metadata"]
-        previous = (raw.get("status") or {}).get("conditions") or []
-        status = {
-            "phase": "Failed",
-            "reason": reason,
-            "message": message,
-            "completionTime": rfc3339(now),
-            "conditions": make_conditions("Failed", reason, message, ready=False, reconciling=False,
-                                          generation=meta.get("generation"), previous=previous, now=now),
-        }
-        self.kube.patch_job_status(meta["namespace"], meta["name"], status)
-        self._event(raw, Event("Warning", reason, message), now)
-
-
-def _api_message(error: ApiException) -> str:
-    import json
-
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.reason)
-    except ValueError:
-        return str(error.reason)
+def _merge_patch(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``current`` after the JSON merge patch ``patch`` (RFC 7386): null removes, objects merge."""
+    out = dict(current)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge_patch(out[key], value)
+        else:
+            out[key] = _without_nulls(value)
+    return out

@@ -208,22 +208,21 @@ def _probes(index: int) -> dict[str, Any]:
 TRAINER_UID = 1000
 
 
-def desired_worker_pod(
-    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None
-) -> dict[str, Any]:
-    """Worker ``index`` of gang ``generation``: one torchrun node."""
-    name, workers = job.metadata.name, job.spec.workers
-    pod_name = worker_name(name, index)
-    labels = {LABEL_WORKER_INDEX: str(index), LABEL_GANG_GENERATION: str(generation)}
-    metadata = _metadata(job, pod_name, "worker")
-    metadata["labels"].update(labels)
+def _worker_metadata(job: RLTrainingJob, index: int, generation: int) -> dict[str, Any]:
+    """Name, labels (index, gang generation) and the annotations a spec change is detected by."""
+    metadata = _metadata(job, worker_name(job.metadata.name, index), "worker")
+    metadata["labels"].update({LABEL_WORKER_INDEX: str(index), LABEL_GANG_GENERATION: str(generation)})
     metadata["annotations"] = {
         ANNOTATION_SPEC_HASH: spec_hash(job),
         ANNOTATION_JOB_GENERATION: str((job.metadata.model_extra or {}).get("generation") or ""),
     }
+    return metadata
 
+
+def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trainer container: our environment over the user's, the operator's mounts, probes on worker 0."""
+    workers = job.spec.workers
     user_env = [e.model_dump(by_alias=True, exclude_none=True) for e in workers.env]
-    env = worker_env(job, index, generation, endpoint)
     ours = {e["name"] for e in env}
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -257,55 +256,53 @@ def desired_worker_pod(
         container["envFrom"] = env_from
     if job.spec.image_pull_policy:
         container["imagePullPolicy"] = job.spec.image_pull_policy
-    volumes: list[dict[str, Any]] = [
-        {"name": "rljob-config", "configMap": {"name": configmap_name(name)}},
+    return container
+
+
+def _volumes(job: RLTrainingJob) -> list[dict[str, Any]]:
+    """The operator's volumes: the ConfigMap, scratch space, shared memory and /tmp."""
+    return [
+        {"name": "rljob-config", "configMap": {"name": configmap_name(job.metadata.name)}},
         {"name": "rljob-workspace", "emptyDir": {}},
         # NCCL and DataLoader workers need more shared memory than a container's 64 MiB.
         {"name": "rljob-shm", "emptyDir": {"medium": "Memory"}},
         {"name": "rljob-tmp", "emptyDir": {}},
     ]
-    if endpoint is not None:
-        container["volumeMounts"].append({"name": "rljob-status-token", "mountPath": TOKEN_DIR, "readOnly": True})
-        volumes.append(
-            {
-                "name": "rljob-status-token",
-                "projected": {
-                    "sources": [
-                        {
-                            "serviceAccountToken": {
-                                "audience": endpoint.audience,
-                                "expirationSeconds": TOKEN_EXPIRATION_SECONDS,
-                                "path": TOKEN_FILE,
-                            }
-                        }
-                    ]
-                },
-            }
-        )
-    volumes.extend(copy.deepcopy(workers.volumes))
 
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "hostname": pod_name,
-        "subdomain": service_name(name),
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": workers.termination_grace_period_seconds,
-        # Trainers need no Kubernetes API access: the heartbeat token is a separate projected volume.
-        "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "fsGroup": TRAINER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
+
+def _status_token(endpoint: StatusEndpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount) of the projected, audience-bound token the trainer's heartbeats carry."""
+    volume = {
+        "name": "rljob-status-token",
+        "projected": {
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "audience": endpoint.audience,
+                        "expirationSeconds": TOKEN_EXPIRATION_SECONDS,
+                        "path": TOKEN_FILE,
+                    }
+                }
+            ]
         },
-        "containers": [container],
-        "volumes": volumes,
-        "tolerations": [
-            {"key": workers.gpu_resource, "operator": "Exists", "effect": "NoSchedule"},
-            *copy.deepcopy(workers.tolerations),
-        ],
     }
+    return volume, {"name": "rljob-status-token", "mountPath": TOKEN_DIR, "readOnly": True}
+
+
+def _pod_security_context() -> dict[str, Any]:
+    """Pod Security "restricted": the trainer image's non-root user, the runtime's seccomp profile."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "fsGroup": TRAINER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _add_scheduling(job: RLTrainingJob, spec: dict[str, Any]) -> None:
+    """The user's placement and identity fields, set only when given."""
+    workers = job.spec.workers
     if workers.node_selector:
         spec["nodeSelector"] = dict(workers.node_selector)
     if workers.affinity:
@@ -315,6 +312,38 @@ def desired_worker_pod(
     if workers.service_account_name:
         spec["serviceAccountName"] = workers.service_account_name
 
+
+def desired_worker_pod(
+    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None
+) -> dict[str, Any]:
+    """Worker ``index`` of gang ``generation``: one torchrun node (then ``workers.podTemplate`` merged)."""
+    name, workers = job.metadata.name, job.spec.workers
+    metadata = _worker_metadata(job, index, generation)
+    env = worker_env(job, index, generation, endpoint)
+    container = _trainer_container(job, index, env)
+    volumes = _volumes(job)
+    if endpoint is not None:
+        token_volume, token_mount = _status_token(endpoint)
+        container["volumeMounts"].append(token_mount)
+        volumes.append(token_volume)
+    volumes.extend(copy.deepcopy(workers.volumes))
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": metadata["name"],
+        "subdomain": service_name(name),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": workers.termination_grace_period_seconds,
+        # Trainers need no Kubernetes API access: the heartbeat token is a separate projected volume.
+        "automountServiceAccountToken": False,
+        "securityContext": _pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        "tolerations": [
+            {"key": workers.gpu_resource, "operator": "Exists", "effect": "NoSchedule"},
+            *copy.deepcopy(workers.tolerations),
+        ],
+    }
+    _add_scheduling(job, spec)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
     if workers.pod_template:
         pod = _apply_pod_template(pod, workers.pod_template, metadata, env)
@@ -364,6 +393,7 @@ def merge_pod_template(base: Any, override: Any, key: str | None = None) -> Any:
 def _apply_pod_template(
     pod: dict[str, Any], template: dict[str, Any], metadata: dict[str, Any], env: list[dict[str, Any]]
 ) -> dict[str, Any]:
+    """``workers.podTemplate`` merged over ``pod``; the names, labels, command and environment we rely on win."""
     override = {k: v for k, v in template.items() if k in ("metadata", "spec")}
     merged: dict[str, Any] = merge_pod_template(pod, override)
     # What the operator relies on always wins.

@@ -1,0 +1,200 @@
+"""What one reconcile does (a :class:`Plan`) and the one builder of the job's status (pure).
+
+Every decision in ``decisions/`` ends in a Plan: ``lifecycle.plan_reconcile`` (a reconcile
+of a valid job), ``lifecycle.plan_invalid`` (a spec the models reject) and
+``refusals.plan_for_refusal`` (a create the API server refused). The reconciler only
+applies Plans. All of them write status through :func:`build_status`, from a
+:class:`StatusDraft`, so a phase, its conditions and the pod counts are always derived the same
+way; a Plan that writes only part of the status names the fields it writes (``*_FIELDS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus
+from rljob_operator.decisions.children import desired_configmap, desired_service
+from rljob_operator.decisions.conditions import STALL_REASONS, make_conditions
+from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.names import StatusEndpoint, selector
+
+#: Written when a job's spec is rejected before any pod is looked at (``plan_invalid``): the
+#: outcome only; the worker counts and restart bookkeeping of earlier reconciles stay as written.
+INVALID_SPEC_FIELDS = ("phase", "reason", "message", "observedGeneration", "conditions", "completionTime")
+#: Written when the API server rejects a worker pod: the outcome only. This reconcile's first
+#: status write already recorded ``observedGeneration``.
+REJECTED_POD_FIELDS = ("phase", "reason", "message", "completionTime", "conditions")
+#: Written while a create is refused for a reason that may pass (a name taken, a quota): the
+#: phase and conditions of this reconcile's first status write stay; only why it is stuck is said.
+STUCK_FIELDS = ("reason", "message")
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the job."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Children:
+    """The ConfigMap and Service a Plan's pods mount and resolve, rendered on first use.
+
+    The ConfigMap follows the status the Plan writes (OOM recovery's batch shape, the size in
+    use). Rendering the trainer config costs milliseconds, and the reconciler discards a Plan
+    decided from its watch when the API server shows another picture: only an applied Plan pays.
+    """
+
+    job: RLTrainingJob
+    status: dict[str, Any]
+    """The status the Plan writes."""
+    endpoint: StatusEndpoint | None = None
+
+    @cached_property
+    def configmap(self) -> dict[str, Any]:
+        job = self.job.model_copy(update={"status": RLTrainingJobStatus.model_validate(self.status)})
+        return desired_configmap(job, self.endpoint)
+
+    @cached_property
+    def service(self) -> dict[str, Any]:
+        return desired_service(self.job)
+
+
+@dataclass
+class Plan:
+    """The whole desired state of one reconcile; the reconciler applies it in this order.
+
+    ``status`` first (it records decisions such as a new gang generation or the start time), then
+    ``delete_pods`` and ``force_delete_pods``, then ``children`` (ConfigMap and Service), then
+    ``create_pods``, then ``events``, then ``delete_job``.
+    """
+
+    status: dict[str, Any]
+    """Operator-owned status fields (camelCase) to merge-patch; ``progress`` belongs to the status API."""
+    delete_pods: list[str] = field(default_factory=list)
+    force_delete_pods: list[str] = field(default_factory=list)
+    """Pods stuck Terminating (their node never confirms): deleted with grace period 0."""
+    children: Children | None = None
+    """The ConfigMap (brought up to date) and Service to create or adopt before any pod (None: not touched)."""
+    create_pods: list[dict[str, Any]] = field(default_factory=list)
+    delete_job: bool = False
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    gang_restart: str | None = None
+    """Why this reconcile starts a new gang generation (Resumed, SpecChanged, a failure reason)."""
+
+    @property
+    def configmap(self) -> dict[str, Any] | None:
+        return self.children.configmap if self.children is not None else None
+
+    @property
+    def service(self) -> dict[str, Any] | None:
+        return self.children.service if self.children is not None else None
+
+
+@dataclass
+class StatusDraft:
+    """The operator's status of a job as a decision fills it in; :func:`build_status` renders it."""
+
+    phase: str
+    reason: str
+    message: str
+    ready: bool = False
+    reconciling: bool = False
+    start_time: str | None = None
+    completion_time: str | None = None
+    generation: int = 0
+    desired: int = 0
+    restarts: int = 0
+    disruptions: int = 0
+    last_failure: dict[str, Any] | None = None
+    next_restart_time: str | None = None
+    gang_start_time: str | None = None
+    oom_recovery: dict[str, Any] | None = None
+    scaling: dict[str, Any] | None = None
+
+    def carry(self, prev: RLTrainingJobStatus) -> StatusDraft:
+        """Keep the restart bookkeeping of ``prev``."""
+        self.scaling = prev.scaling.model_dump(by_alias=True) if prev.scaling else None
+        self.restarts, self.disruptions = prev.restarts, prev.disruptions
+        self.last_failure = prev.last_failure.model_dump(by_alias=True) if prev.last_failure else None
+        self.next_restart_time, self.gang_start_time = prev.next_restart_time, prev.gang_start_time
+        self.oom_recovery = prev.oom_recovery.model_dump(by_alias=True) if prev.oom_recovery else None
+        return self
+
+
+def _workers(d: StatusDraft, pods: Sequence[ObservedPod]) -> dict[str, Any]:
+    current = [p for p in pods if p.owned and p.generation == d.generation]
+    ready = sum(1 for p in current if p.ready and p.active)
+    return {
+        "desired": d.desired,
+        "active": sum(1 for p in pods if p.owned and p.active),
+        "ready": ready,
+        "succeeded": sum(1 for p in current if p.phase == "Succeeded"),
+        "failed": sum(1 for p in current if p.phase == "Failed"),
+        "summary": f"{ready}/{d.desired}",
+        "current": sum(1 for p in current if p.phase == "Running" and not p.deleting),
+    }
+
+
+def build_status(
+    d: StatusDraft,
+    *,
+    job_name: str,
+    observed_generation: int | None,
+    previous_conditions: list[dict[str, Any]],
+    now: datetime,
+    pods: Sequence[ObservedPod] = (),
+    fields: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """The status patch for draft ``d``: every operator-owned field, or only ``fields`` (in that order).
+
+    ``pods``: the job's observed pods (the worker counts); ``previous_conditions``: the stored
+    conditions, whose ``lastTransitionTime`` is kept while their status does not change.
+    A None value clears the field (merge patch).
+    """
+    status = {
+        "phase": d.phase,
+        "reason": d.reason,
+        "message": d.message,
+        "observedGeneration": observed_generation,
+        "conditions": make_conditions(
+            d.phase, d.reason, d.message, ready=d.ready, reconciling=d.reconciling,
+            generation=observed_generation, previous=previous_conditions, now=now,
+            stalled=d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason in STALL_REASONS),
+        ),
+        "workers": _workers(d, pods),
+        "gangGeneration": d.generation,
+        "selector": selector(job_name),
+        "startTime": d.start_time,
+        "completionTime": d.completion_time,
+        "restarts": d.restarts,
+        "disruptions": d.disruptions,
+        "lastFailure": d.last_failure,
+        "nextRestartTime": d.next_restart_time,
+        "gangStartTime": d.gang_start_time,
+        "oomRecovery": d.oom_recovery,
+        "scaling": d.scaling,
+    }
+    return status if fields is None else {k: status[k] for k in fields}
+
+
+def transition_event(prev_phase: str | None, d: StatusDraft) -> list[Event]:
+    """The Event of a phase change (none when the phase stays): Warning for trouble, else Normal."""
+    if prev_phase == d.phase:
+        return []
+    trouble = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason != "Resizing")
+    kind = "Warning" if trouble else "Normal"
+    return [Event(kind, d.reason, f"{prev_phase or 'New'} → {d.phase}: {d.message}")]
+
+
+def force_deleted_event(pod_name: str) -> Event:
+    """Posted right after a pod stuck Terminating is force-deleted."""
+    return Event("Warning", "ForceDeleted",
+                 f"{pod_name} stayed Terminating past its grace period (its node does not answer): force-deleted it")

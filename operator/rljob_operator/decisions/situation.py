@@ -1,0 +1,293 @@
+"""What one reconcile decides from (pure): a job, its observed pods, the time, and values derived from them.
+
+A :class:`Situation` is built once per reconcile; each derived value is computed on first use
+and then shared by the decision steps of ``lifecycle`` (a finished job never computes its spec
+hash or its size). It also turns a :class:`~rljob_operator.decisions.plan.StatusDraft` into a
+:class:`~rljob_operator.decisions.plan.Plan`, so every step renders status and events the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar, overload
+
+from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
+from rljob_operator.decisions.children import desired_worker_pod, spec_hash
+from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.plan import Children, Event, Plan, StatusDraft, build_status, transition_event
+from rljob_operator.decisions.scaling import (
+    Capacity,
+    Resize,
+    SizeView,
+    decide,
+    requested_size,
+    scaling_status,
+)
+from rljob_operator.names import StatusEndpoint
+from rljob_operator.times import parse_time, rfc3339
+
+#: How soon to look again while waiting for pods to go away.
+WAIT_REQUEUE_SECONDS = 2.0
+#: Default for how long a pod may stay Terminating past its deletion before it is force-deleted.
+FORCE_DELETE_AFTER_SECONDS = 60.0
+
+
+T = TypeVar("T")
+
+
+class derived(Generic[T]):
+    """A value derived from a Situation, computed on first use and then kept in the instance.
+
+    ``functools.cached_property`` does the same but, before Python 3.12, takes a lock on every
+    first use, which made a reconcile's decisions markedly slower; a Situation lives in one thread.
+    """
+
+    def __init__(self, func: Callable[[Any], T]) -> None:
+        self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> derived[T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | derived[T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)  # shadows this descriptor from now on
+        return value
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The worker count decision: the scaling status to write, its Events, and a resize (if any)."""
+
+    scaling: dict[str, Any]
+    events: list[Event]
+    resize: Resize | None
+
+
+def stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> list[str]:
+    """Pods still Terminating ``after`` seconds past their deletion deadline (no kubelet confirms)."""
+    out = []
+    for p in pods:
+        deadline = parse_time(p.deleted_at)
+        if p.deleting and deadline is not None and (now - deadline).total_seconds() >= after:
+            out.append(p.name)
+    return out
+
+
+@dataclass(frozen=True)
+class Situation:
+    """One reconcile's inputs and the values derived from them (cached on first use)."""
+
+    job: RLTrainingJob
+    pods: list[ObservedPod]
+    now: datetime
+    endpoint: StatusEndpoint | None = None
+    capacity: Capacity | None = None
+    """The cluster's nodes and bound pods, for policy Capacity (None: not looked at)."""
+    force_delete_after: float = FORCE_DELETE_AFTER_SECONDS
+    """Seconds a pod may stay Terminating past its deletion deadline."""
+
+    # ---------------------------------------------------------------- the job as stored
+    @derived
+    def prev(self) -> RLTrainingJobStatus:
+        """The status as last written (its phase a plain str: see ``RLTrainingJobStatus``)."""
+        return self.job.status or RLTrainingJobStatus()
+
+    @derived
+    def replicas(self) -> int:
+        return self.job.replicas
+
+    @derived
+    def meta_generation(self) -> int | None:
+        return (self.job.metadata.model_extra or {}).get("generation")
+
+    @derived
+    def retry_invalid(self) -> bool:
+        """A job that failed because of its spec is looked at again once the spec is edited."""
+        return self.prev.reason in ("InvalidSpec", "InvalidPodSpec") and \
+            self.prev.observed_generation != self.meta_generation
+
+    @derived
+    def start(self) -> datetime:
+        return parse_time(self.prev.start_time) or self.now
+
+    @derived
+    def deadline_left(self) -> float | None:
+        """Seconds left of ``activeDeadlineSeconds`` (None: no deadline)."""
+        deadline = self.job.spec.run_policy.active_deadline_seconds
+        if deadline is None:
+            return None
+        return (self.start + timedelta(seconds=deadline) - self.now).total_seconds()
+
+    # ---------------------------------------------------------------------- the pods
+    @derived
+    def owned(self) -> list[ObservedPod]:
+        return [p for p in self.pods if p.owned]
+
+    @derived
+    def force_delete(self) -> list[str]:
+        return stuck_terminating([p for p in self.pods if p.owned or p.orphan], self.now, self.force_delete_after)
+
+    # ------------------------------------------------------------------- the gang
+    @derived
+    def resumed(self) -> bool:
+        """Resuming a suspended job: a new gang with a new rendezvous id."""
+        return self.prev.phase == Phase.suspended.value
+
+    @derived
+    def base_generation(self) -> int:
+        """The gang generation before a spec change is looked for."""
+        return (self.prev.gang_generation or 0) + (1 if self.resumed else 0)
+
+    @derived
+    def _same_generation(self) -> list[ObservedPod]:
+        return [p for p in self.owned
+                if p.generation == self.base_generation and p.index is not None and p.index < self.replicas]
+
+    @derived
+    def spec_changed(self) -> bool:
+        """The running gang was built from a spec the user has since edited (``spec_hash``)."""
+        want = spec_hash(self.job)
+        return any(p.spec_hash != want and p.job_generation != self.meta_generation
+                   for p in self._same_generation if not p.deleting)
+
+    @derived
+    def generation(self) -> int:
+        """The gang generation this reconcile works on."""
+        return self.base_generation + (1 if self.spec_changed else 0)
+
+    @derived
+    def restarted(self) -> bool:
+        """This reconcile starts a new gang (resumed or spec changed)."""
+        return self.generation != (self.prev.gang_generation or 0)
+
+    @derived
+    def gang_restart(self) -> str | None:
+        return "SpecChanged" if self.spec_changed else "Resumed" if self.resumed else None
+
+    @derived
+    def lead_events(self) -> list[Event]:
+        """Events every plan after the spec check starts with."""
+        if not self.spec_changed:
+            return []
+        return [Event("Normal", "SpecChanged", f"spec changed: restarting the worker gang as generation "
+                                               f"{self.generation}")]
+
+    @derived
+    def current(self) -> list[ObservedPod]:
+        """Pods of the current gang, one per index in use."""
+        return [] if self.spec_changed else self._same_generation
+
+    @derived
+    def by_index(self) -> dict[int | None, ObservedPod]:
+        return {p.index: p for p in self.current}
+
+    @derived
+    def stale_deletions(self) -> list[str]:
+        """Pods of old gangs or beyond the size, and orphans, not yet being deleted."""
+        stale = [p for p in self.owned if p not in self.current]
+        # Orphans carrying this job's label (a namesake deleted with --cascade=orphan) would block the
+        # gang's names for ever; nothing else manages them.
+        stale += [p for p in self.pods if p.orphan]
+        return [p.name for p in stale if not p.deleting]
+
+    # ---------------------------------------------------------------------- sizing
+    @derived
+    def size_view(self) -> SizeView:
+        """The gang as the scaling policy sees it."""
+        live = [p for p in self.current if not p.deleting]
+        ready = [p for p in live if p.phase == "Running" and p.ready]
+        started = parse_time(self.prev.gang_start_time) or self.now
+        free = total = None
+        if self.capacity is not None and self.job.spec.autoscaling.policy == ScalingPolicy.capacity:
+            worker = desired_worker_pod(self.job, 0, 0)["spec"]  # requests, nodeSelector, tolerations as created
+            free = self.capacity.slots(worker)
+            total = self.capacity.slots(worker, exclude_job=(self.job.metadata.namespace or "", self.job.metadata.name))
+        return SizeView(
+            size=self.replicas,
+            running=self.prev.phase == Phase.running.value and not self.restarted and len(ready) == self.replicas,
+            gang_starting=not live,
+            unschedulable_since=started if any(p.unschedulable for p in live) else None,
+            free_slots=free,
+            total_slots=total,
+        )
+
+    @derived
+    def sizing(self) -> Sizing:
+        """The worker count: what the spec asks (kubectl scale), or what capacity allows (policy Capacity)."""
+        job, prev = self.job, self.prev
+        spec_size, requested = requested_size(job)
+        events: list[Event] = []
+        scaling = prev.scaling.model_dump(by_alias=True) if prev.scaling else None
+        if scaling is None:
+            scaling = scaling_status(job, spec_size, None, self.now)
+        elif requested is not None and requested.replicas == self.replicas:
+            scaling["specReplicas"] = job.spec.workers.replicas
+            events.append(Event("Warning", "ScaleClamped", requested.message))
+            requested = None
+        return Sizing(scaling, events, requested or decide(job, self.size_view, self.now))
+
+    # ------------------------------------------------------------------ rendering
+    def draft(self, *, spec_checked: bool = True) -> StatusDraft:
+        """A status draft of the gang: restart bookkeeping carried, the gang generation decided.
+
+        ``spec_checked=False``: the generation before a spec change is looked for (the deadline
+        check runs first).
+        """
+        generation = self.generation if spec_checked else self.base_generation
+        d = StatusDraft("", "", "", start_time=rfc3339(self.start), generation=generation,
+                        desired=self.replicas).carry(self.prev)
+        if generation != (self.prev.gang_generation or 0):
+            d.gang_start_time = None  # a new gang: set when its pods are created
+        return d
+
+    def status(self, d: StatusDraft) -> dict[str, Any]:
+        """The full status patch of draft ``d`` (``plan.build_status``)."""
+        return build_status(
+            d, job_name=self.job.metadata.name, observed_generation=self.meta_generation,
+            previous_conditions=[c.model_dump(by_alias=True) for c in self.prev.conditions],
+            now=self.now, pods=self.pods,
+        )
+
+    def plan(self, d: StatusDraft, *, delete: list[str], events: list[Event], requeue_after: float | None,
+             gang_restart: str | None = None, create: list[dict[str, Any]] | None = None) -> Plan:
+        """A Plan writing draft ``d``; the phase-change Event follows ``events``.
+
+        Pods are created with the ConfigMap and Service they mount and resolve (``Children``).
+        """
+        status = self.status(d)
+        return Plan(
+            status=status,
+            delete_pods=delete,
+            force_delete_pods=self.force_delete,
+            children=Children(self.job, status, self.endpoint) if create else None,
+            create_pods=create or [],
+            events=events + transition_event(self.prev.phase, d),
+            requeue_after=requeue_after,
+            gang_restart=gang_restart,
+        )
+
+
+def _ttl(job: RLTrainingJob, completion: str | None, now: datetime) -> tuple[bool, float | None]:
+    """Has ``ttlSecondsAfterFinished`` passed since ``completion``, and if not, how many seconds are left."""
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    done = parse_time(completion)
+    if ttl is None or done is None:
+        return False, None
+    left = (done + timedelta(seconds=ttl) - now).total_seconds()
+    return left <= 0, (None if left <= 0 else left)
+
+
+def settled(ctx: Situation, d: StatusDraft, delete: list[str], events: list[Event] | None = None) -> Plan:
+    """A Plan for a job that is finished, finishing or suspended: no restart pending, no pod created;
+    once ``ttlSecondsAfterFinished`` has passed since its completion the job is deleted."""
+    expired, left = _ttl(ctx.job, d.completion_time, ctx.now)
+    d.next_restart_time = None
+    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=left)
+    plan.delete_job = expired
+    return plan
