@@ -1,0 +1,11 @@
+# Schema: TRL's config fields, generated at build time so `rljob validate` and the operator check
+# spec.training.trl without importing torch or TRL (trainer/rljob_trainer/trl_fields.py, committed).
+.PHONY: generate trl-fields check-trl-fields
+
+generate: trl-fields crd chart-crds ## Regenerate every generated file (TRL fields, then the CRD and its copies)
+
+trl-fields: $(PY) ## Regenerate trainer/rljob_trainer/trl_fields.py from the installed TRL
+	$(PY) trainer/hack/gen_trl_fields.py
+
+check-trl-fields: $(PY) ## Fail when trl_fields.py drifted from the installed TRL
+	$(PY) trainer/hack/gen_trl_fields.py --check
