@@ -9,3 +9,8 @@ trl-fields: $(PY) ## Regenerate trainer/rljob_trainer/trl_fields.py from the ins
 
 check-trl-fields: $(PY) ## Fail when trl_fields.py drifted from the installed TRL
 	$(PY) trainer/hack/gen_trl_fields.py --check
+
+# Packaging: `pip install rljob` gives `rljob validate`/`crd` with pydantic and PyYAML only.
+.PHONY: check-wheel
+check-wheel: ## Build the wheel, install it (base deps only) in a fresh venv: rljob --help/validate/crd work, no torch
+	@tools/check-wheel.sh
