@@ -144,6 +144,20 @@ def test_validate_crd_and_help_import_nothing_heavy() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_commands_of_an_extra_name_it_when_its_packages_are_missing() -> None:
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'kopf'): sys.modules[name] = None\n"
+        "from rljob.cli import main\n"
+        f"assert main(['train', {str(REPO / 'examples/quickstart.yaml')!r}]) == 1\n"
+        "assert main(['operator']) == 1\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "`rljob train` needs torch, which this install lacks: pip install 'rljob[trainer]'" in result.stderr
+    assert "`rljob operator` needs kopf, which this install lacks: pip install 'rljob[operator]'" in result.stderr
+
+
 def test_trl_values_keep_their_strict_types_in_the_configmap_round_trip() -> None:
     job = parse_job(deep_update(quickstart_doc(), {"spec": {"training": {"trl": {"top_k": 5, "temperature": 1}}}}))
     cfg = job.trainer_config("/out")
