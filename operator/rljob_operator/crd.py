@@ -255,6 +255,9 @@ def reward_kwargs_schema(description: str) -> tuple[dict[str, Any], dict[str, An
             node = field_node({"type": schema["type"]}, f"Built-in reward option ({schema['description']})")
             if properties.setdefault(option, node)["type"] != node["type"]:
                 raise ValueError(f"built-in reward option {option} has two types; rename one")
+    # Structural schemas cannot type a key by the sibling name, so the options' types hold for every function.
+    description += (f" A custom function's key named like a built-in option ({', '.join(properties)}) must have "
+                    "that option's type.")
     kwargs = {"type": "object", "description": description, "properties": properties,
               "x-kubernetes-preserve-unknown-fields": True}
     branches: list[dict[str, Any]] = [{"properties": {"name": {"not": {"enum": sorted(BUILTIN_REWARD_OPTIONS)}}}}]
