@@ -21,7 +21,7 @@ $(PY): requirements.lock pyproject.toml
 demo: venv ## Train the embedded quickstart on this machine (output in runs/quickstart/)
 	$(PY) -m rljob.cli train examples/quickstart.yaml
 
-test: venv binaries lint ## Run every test (unit, trainer, S3, control plane)
+test: venv binaries lint check-wheel ## Run every test (unit, trainer, S3, control plane) and the wheel check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (no torchrun, no cluster)

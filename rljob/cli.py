@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from rljob_trainer.checkpoint_store import Location
 
 EXIT_PERMANENT = 78  # mirrors rljob_trainer.errors without importing the trainer's runtime
+#: Packages of the optional extras (`pip install 'rljob[trainer]'`): a base install (pydantic and
+#: PyYAML only) runs validate and crd; other commands name the extra they need.
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers"), "trainer"),
+    **dict.fromkeys(("kopf", "kubernetes", "aiohttp", "cryptography"), "operator"),
+    **dict.fromkeys(("boto3", "botocore", "prometheus_client"), "trainer] or rljob[operator"),
+}
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -276,9 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``rljob`` command; returns its exit status."""
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
+    try:
+        return func(args)
+    except ModuleNotFoundError as e:
+        package = (e.name or "").split(".")[0]
+        extra = EXTRA_OF_MODULE.get(package)
+        if extra is None:
+            raise
+        print(f"rljob: error: `rljob {args.command}` needs {package}, which this install lacks: "
+              f"pip install 'rljob[{extra}]'", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from kubernetes.client.exceptions import ApiException
 from rljob_operator.api import RLTrainingJobSpec, parse_job
 
 from tests.operator_helpers import INVALID_MANIFESTS, create_job, get_job, invalid_manifest, job_manifest
+from tests.schema_mutations import UNKNOWN_KEY, quickstart_mutations
+from tests.trainer_helpers import quickstart_doc
 
 pytestmark = pytest.mark.cluster
 
@@ -51,3 +53,59 @@ def test_kubectl_explain_shows_the_models_descriptions(crd_installed, control_pl
     out = subprocess.run([*kubectl, "explain", "rltj.spec.training.numGenerations"], capture_output=True, text=True,
                          check=True)
     assert "Completions sampled per prompt" in out.stdout
+
+
+def test_the_api_server_refuses_every_quickstart_mutation_naming_the_path(kube, crd_installed, namespace) -> None:
+    """What `rljob validate` refuses (test_schema.py), `kubectl apply` refuses: the same 26 mutations."""
+    mutations = quickstart_mutations()
+    assert len(mutations) == 26
+    create_job(kube, namespace, quickstart_doc())  # the unmutated quickstart is accepted
+    problems = []
+    for i, (case, doc, path) in enumerate(mutations):
+        doc["metadata"]["name"] = f"mutation-{i}"
+        # An unknown key inside kwargs (an object that keeps a custom function's keys) is refused by
+        # the count of keys, which names kwargs, not the key.
+        expected = path.removesuffix(f".{UNKNOWN_KEY}") if path.endswith(f"kwargs.{UNKNOWN_KEY}") else path
+        try:
+            create_job(kube, namespace, doc)
+        except ApiException as e:
+            message = e.body or ""
+            if e.status not in (400, 422) or expected not in message:
+                problems.append(f"{case}: HTTP {e.status}, expected {expected!r} in: {message[:400]}")
+        else:
+            problems.append(f"{case}: accepted")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_api_server_applies_the_trl_and_kwargs_rules(kube, crd_installed, namespace) -> None:
+    cases = [
+        ({"trl": {"max_steps": 5}}, "spec.training.trl.max_steps: set by rljob; use spec.training.maxSteps"),
+        ({"algorithm": "rloo", "trl": {"loss_type": "dapo"}}, "loss_type"),
+        ({"trl": {"reward_clip_range": [0, 1]}}, "are not fields of TRL's GRPOConfig"),
+        ({"rewards": [{"name": "regex_match", "kwargs": {"mode": "match"}}]}, "spec.training.rewards[0].kwargs.mode"),
+        ({"rewards": [{"name": "repeat_char", "kwargs": {"length": 0}}]}, "spec.training.rewards[0].kwargs.length"),
+        # anyOf failures name the list item (its best-matching branch decides the detail).
+        ({"rewards": [{"name": "digit_match", "kwargs": {"length": 6}}]}, "spec.training.rewards[0]"),
+    ]
+    problems = []
+    for i, (training, expected) in enumerate(cases):
+        try:
+            create_job(kube, namespace, job_manifest(f"rules-{i}", spec={"training": training}))
+        except ApiException as e:
+            if expected not in (e.body or ""):
+                problems.append(f"{training}: expected {expected!r} in: {(e.body or '')[:400]}")
+        else:
+            problems.append(f"{training}: accepted")
+    assert not problems, "\n".join(problems)
+    accepted = [
+        {"algorithm": "rloo", "trl": {"normalize_advantages": True, "reward_clip_range": [-1, 1]}},
+        {"trl": {"deepspeed": "/etc/ds.json", "pad_to_multiple_of": "auto", "loss_type": "dapo"}},
+        {"rewards": [{"name": "pkg.mod:fn", "kwargs": {"free": {"form": [1]}, "n": 2}},
+                     {"name": "regex_match", "kwargs": {"pattern": "a+", "mode": "fullmatch"}}]},
+    ]
+    for i, training in enumerate(accepted):
+        doc = job_manifest(f"fine-{i}", spec={"training": training})
+        create_job(kube, namespace, doc)
+        stored = get_job(kube, namespace, f"fine-{i}")["spec"]["training"]
+        assert stored.get("trl", {}) == training.get("trl", {})  # nothing pruned, no TRL defaults added
+        assert parse_job(doc).spec.training.trl == training.get("trl", {})

@@ -210,9 +210,9 @@ def test_a_gang_that_does_not_fit_stays_pending_with_the_schedulers_reason(kube,
 
 def test_a_spec_only_the_trainer_models_reject_fails_until_fixed(kube, namespace, operator) -> None:
     operator()
-    # The CRD keeps trl free-form; the models refuse keys rljob manages itself.
+    # A union-typed TRL field (deepspeed: a mapping or a path) cannot be typed in the CRD; the models check it.
     create_job(kube, namespace, job_manifest("trl", replicas=1, spec={
-        "training": {"batchSize": 8, "trl": {"max_steps": 5}}}))
+        "training": {"batchSize": 8, "trl": {"deepspeed": 5}}}))
     job = wait_phase(kube, namespace, "trl", "Failed", reason="InvalidSpec")
     assert "spec.training.trl" in job["status"]["message"] and not job_pods(kube, namespace, "trl")
     kube.request("PATCH", kube.job_path(namespace, "trl"), {"spec": {"training": {"trl": None}}},

@@ -108,11 +108,32 @@ def _walk(node: Any, path: str = "") -> Any:
             yield from _walk(node["additionalProperties"], f"{path}{{}}")
 
 
+def _value_validations_only(node: Any, outside: dict[str, Any], path: str) -> None:
+    """Kubernetes' structural rule for logical junctors: no types, descriptions, defaults inside, and
+    every property they name is also specified outside them."""
+    if isinstance(node, list):
+        for n in node:
+            _value_validations_only(n, outside, path)
+        return
+    for banned in ("type", "description", "default", "additionalProperties", "nullable", "$ref", "title",
+                   "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string"):
+        assert banned not in node, f"{path}: {banned} inside a junctor"
+    for name, child in (node.get("properties") or {}).items():
+        assert name in outside.get("properties", {}), f"{path}: {name} is not specified outside the junctor"
+        _value_validations_only(child, outside["properties"][name], f"{path}.{name}")
+    for junctor in ("anyOf", "allOf", "oneOf", "not"):
+        if junctor in node:
+            _value_validations_only(node[junctor], outside, path)
+
+
 def test_crd_schema_is_structural_and_documented() -> None:
     schema = crd.openapi_schema()
+    # The one junctor: a built-in reward's kwargs take only its options (value validations, no types).
+    rewards_item = crd._at(schema, "spec.training.rewards[]")
+    _value_validations_only(rewards_item["anyOf"], rewards_item, ".spec.training.rewards[]")
     for path, node in _walk(schema):
         for banned in ("$ref", "anyOf", "allOf", "oneOf", "title", "$defs", "nullable"):
-            assert banned not in node, f"{path} has {banned}"
+            assert banned not in node or (node is rewards_item and banned == "anyOf"), f"{path} has {banned}"
         typed = ("type" in node or node.get("x-kubernetes-preserve-unknown-fields")
                  or node.get("x-kubernetes-int-or-string"))
         assert typed, f"{path} has no type"
@@ -124,8 +145,14 @@ def test_crd_schema_is_structural_and_documented() -> None:
     assert workers["properties"]["resources"]["properties"]["limits"]["additionalProperties"] == {
         "x-kubernetes-int-or-string": True
     }
+    # trl lists TRL's fields with their types: unknown keys are pruned (refused by strict validation).
     trl = schema["properties"]["spec"]["properties"]["training"]["properties"]["trl"]
-    assert trl == {**trl, "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    assert trl["type"] == "object" and "x-kubernetes-preserve-unknown-fields" not in trl
+    assert trl["properties"]["temperature"]["type"] == "number"
+    assert "constant" in trl["properties"]["lr_scheduler_type"]["enum"]
+    kwargs = rewards_item["properties"]["kwargs"]
+    assert kwargs["x-kubernetes-preserve-unknown-fields"] is True  # a custom reward's kwargs stay free-form
+    assert kwargs["properties"]["length"]["type"] == "integer"
 
 
 def test_crd_defaults_are_the_models_defaults() -> None:

@@ -51,6 +51,12 @@ STATIC_CASES = [
     ("malformed-reward-ref", training(rewards=[{"name": "my module:fn"}]), "spec.training.rewards[0].name"),
     ("empty-rewards", training(rewards=[]), "spec.training.rewards"),
     ("managed-trl-field", training(trl={"max_steps": 5}), "spec.training.trl"),
+    # Checked against the generated TRL fields (rljob_trainer.trl_fields), no longer at pre-flight.
+    ("unknown-trl-field", training(trl={"not_a_field": 1}),
+     "spec.training.trl.not_a_field: not a field of TRL's GRPOConfig"),
+    ("wrong-type-trl-field", training(trl={"temperature": "hot"}), "spec.training.trl.temperature"),
+    ("unknown-builtin-reward-option", training(rewards=[{"name": "repeat_char", "kwargs": {"lenght": 6}}]),
+     "spec.training.rewards[0].kwargs.lenght: not an option of the built-in reward repeat_char"),
     ("zero-replicas", {"spec": {"workers": {"replicas": 0}}}, "spec.workers.replicas"),
     ("bad-name", {"metadata": {"name": "Bad_Name"}}, "metadata.name"),
     ("wrong-api-version", {"apiVersion": "rljob.dev/v1"}, "apiVersion must be rljob.dev/v1alpha1"),
@@ -66,8 +72,6 @@ PREFLIGHT_CASES = [
      "rljob_test_rewards:no_args must accept (prompts, completions, **kwargs)"),
     ("missing-dataset-file", training(dataset={"name": "/nonexistent/prompts.jsonl"}),
      "spec.training.dataset.name: dataset file '/nonexistent/prompts.jsonl' does not exist"),
-    ("unknown-trl-field", training(trl={"not_a_field": 1}),
-     "spec.training.trl.not_a_field: not a field of TRL's GRPOConfig"),
     ("unknown-builtin-model", training(model="builtin:huge"), "spec.training.model"),
 ]
 

@@ -7,8 +7,14 @@ structural OpenAPI v3 schema:
 * ``$ref``s are inlined, titles dropped, descriptions kept (``kubectl explain`` shows them);
 * ``Optional[X]`` becomes plain ``X`` (not ``nullable``): the API server prunes nulls, which
   is what ``None`` means in the models, and CEL ``has()`` guards never meet a null;
-* free-form maps (``trl``, ``kwargs``, Kubernetes types such as ``affinity``) keep unknown
-  fields; ``int | str`` is ``x-kubernetes-int-or-string``;
+* free-form maps (Kubernetes types such as ``affinity``) keep unknown fields; ``int | str`` is
+  ``x-kubernetes-int-or-string``;
+* ``spec.training.trl`` lists every field of TRL's GRPOConfig/RLOOConfig with its type (from the
+  generated ``rljob_trainer.trl_fields``), so unknown keys and wrong types are refused; CEL refuses the
+  fields rljob manages and the fields of the other algorithm (:func:`trl_schema`, :func:`trl_rules`);
+* a built-in reward's ``kwargs`` take only its options, by value validations on the list item
+  (``anyOf`` branches by name, no types inside) and CEL; a custom reward's stay free-form
+  (:func:`reward_kwargs_schema`);
 * nested sections default to ``{}`` so the API server fills in every nested default;
 * cross-field rules the models check in validators are CEL ``x-kubernetes-validations``
   (:data:`CEL_RULES`), so the API server rejects what ``rljob validate`` rejects.
@@ -17,14 +23,23 @@ structural OpenAPI v3 schema:
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
-from rljob_trainer.builtin.rewards import BUILTIN_REWARDS
-from rljob_trainer.config import BUILTIN_DATASETS, BUILTIN_MODELS, CUSTOM_REWARD_RE
+from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARDS
+from rljob_trainer.config import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    CUSTOM_REWARD_RE,
+    MANAGED_TRL_FIELDS,
+    describe_type,
+    managed_message,
+)
+from rljob_trainer.trl_fields import CONFIG_CLASSES, TRL_FIELDS, TRL_VERSION
 
 from rljob_operator.api import (
     API_VERSION,
@@ -125,6 +140,155 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         ),
     ],
 }
+
+def field_node(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+    """A field schema (``trl_fields`` vocabulary) as a structural OpenAPI node.
+
+    ``int | str`` is ``x-kubernetes-int-or-string``; other unions (``dict | str``, ``str | bool``) cannot
+    be typed in a structural schema, and CEL cannot see untyped values, so they keep any value here and
+    the models check them. Nulls are pruned by the API server, so ``nullable`` is dropped.
+    """
+    node: dict[str, Any] = {}
+    if "anyOf" in schema:
+        kinds = sorted(str(s.get("type")) for s in schema["anyOf"])
+        key = "x-kubernetes-int-or-string" if kinds == ["integer", "string"] else "x-kubernetes-preserve-unknown-fields"
+        node[key] = True
+    else:
+        node["type"] = schema["type"]
+        if "enum" in schema:
+            node["enum"] = list(schema["enum"])
+        for bound in ("minimum", "minItems", "maxItems"):
+            if bound in schema:
+                node[bound] = schema[bound]
+        if schema["type"] == "array":
+            node["items"] = field_node(schema.get("items", {}))
+        elif schema["type"] == "object":
+            if schema.get("additionalProperties"):
+                node["additionalProperties"] = field_node(schema["additionalProperties"])
+            else:
+                node["x-kubernetes-preserve-unknown-fields"] = True
+    if description:
+        node = {"description": description, **node}
+    return node
+
+
+def _exposed(node: dict[str, Any]) -> bool:
+    """Whether CEL sees this property (``has(self.x)`` compiles): typed or int-or-string."""
+    return "type" in node or bool(node.get("x-kubernetes-int-or-string"))
+
+
+def _trl_description(name: str) -> str:
+    field = TRL_FIELDS[name]
+    only = "" if len(field["algorithms"]) == len(CONFIG_CLASSES) else f" ({', '.join(field['algorithms'])} only)"
+    if name in MANAGED_TRL_FIELDS:
+        return f"Not settable: {managed_message(name)}."
+    return f"{field['description']}{only}"
+
+
+def trl_schema() -> dict[str, Any]:
+    """``spec.training.trl``: every field of TRL's config classes, typed; unknown keys are refused.
+
+    rljob's managed fields are listed (typed loosely where their type is a union, so CEL can see
+    them) only so that :func:`trl_rules` can refuse them with the rljob field to use.
+    """
+    properties: dict[str, Any] = {}
+    for name, field in TRL_FIELDS.items():
+        if "unsupported" in field["schema"]:
+            continue  # not writable in a manifest: left out, so it is an unknown field
+        node = field_node(field["schema"], _trl_description(name))
+        if name in MANAGED_TRL_FIELDS and not _exposed(node):
+            node = {"description": node["description"], "x-kubernetes-int-or-string": True}
+        properties[name] = node
+    return {
+        "type": "object",
+        "description": (
+            f"Further fields of TRL's {' or '.join(CONFIG_CLASSES.values())} (trl {TRL_VERSION}), by their TRL "
+            "names; fields rljob sets itself are refused with the rljob field to use."
+        ),
+        "properties": properties,
+    }
+
+
+def trl_rules() -> dict[str, list[dict[str, str]]]:
+    """CEL: the fields rljob manages, and each algorithm's foreign fields, are refused under trl."""
+    managed = [
+        _rule(f"!has(self.{name})", f"spec.training.trl.{name}: {managed_message(name)}", f".{name}")
+        for name in MANAGED_TRL_FIELDS if name in TRL_FIELDS
+    ]
+    schema = trl_schema()["properties"]
+    per_algorithm = []
+    for algorithm, config in CONFIG_CLASSES.items():
+        foreign = [n for n, f in TRL_FIELDS.items() if algorithm not in f["algorithms"] and n in schema
+                   and _exposed(schema[n])]
+        if foreign:
+            present = " || ".join(f"has(self.trl.{n})" for n in foreign)
+            per_algorithm.append(_rule(
+                f"!has(self.trl) || self.algorithm != '{algorithm}' || !({present})",
+                f"spec.training.trl: {', '.join(foreign)} are not fields of TRL's {config} (algorithm {algorithm})",
+                ".trl",
+            ))
+    return {"spec.training.trl": managed, "spec.training": per_algorithm}
+
+
+def _options_within(options: list[str]) -> dict[str, Any]:
+    """Value validations of a ``kwargs`` object that holds no key outside ``options``.
+
+    Unknown keys are invisible to CEL in an object that keeps unknown fields, so this counts them:
+    for some subset T of the options, every key of T is present and there are no more than |T| keys.
+    """
+    subsets = [list(t) for k in range(len(options) + 1) for t in itertools.combinations(options, k)]
+    branches = [{"required": t, "maxProperties": len(t)} if t else {"maxProperties": 0} for t in subsets]
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def reward_kwargs_schema(description: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(kwargs node, value validations of the list item) for ``spec.training.rewards[]``.
+
+    ``kwargs`` keeps unknown fields (a custom function's are free-form) and types the built-ins'
+    options; the item's ``anyOf`` (one branch per built-in, one for custom names; value validations
+    only, as structural schemas require) refuses a built-in's unknown keys; CEL
+    (:func:`reward_option_rules`) checks option values that only apply to one built-in.
+    """
+    properties: dict[str, Any] = {}
+    for options in BUILTIN_REWARD_OPTIONS.values():
+        for option, schema in options.items():
+            node = field_node({"type": schema["type"]}, f"Built-in reward option ({schema['description']})")
+            if properties.setdefault(option, node)["type"] != node["type"]:
+                raise ValueError(f"built-in reward option {option} has two types; rename one")
+    # Structural schemas cannot type a key by the sibling name, so the options' types hold for every function.
+    description += (f" A custom function's key named like a built-in option ({', '.join(properties)}) must have "
+                    "that option's type.")
+    kwargs = {"type": "object", "description": description, "properties": properties,
+              "x-kubernetes-preserve-unknown-fields": True}
+    branches: list[dict[str, Any]] = [{"properties": {"name": {"not": {"enum": sorted(BUILTIN_REWARD_OPTIONS)}}}}]
+    branches += [
+        {"properties": {"name": {"enum": [reward]}, "kwargs": _options_within(list(options))}}
+        for reward, options in BUILTIN_REWARD_OPTIONS.items()
+    ]
+    return kwargs, {"anyOf": branches}
+
+
+def reward_option_rules() -> list[dict[str, str]]:
+    """CEL on ``spec.training.rewards[]``: a built-in's option values (enum, minimum) that only apply to it."""
+    rules = []
+    for reward, options in BUILTIN_REWARD_OPTIONS.items():
+        for option, schema in options.items():
+            guard = f"self.name != '{reward}' || !has(self.kwargs) || !has(self.kwargs.{option})"
+            if "enum" in schema:
+                rules.append(_rule(f"{guard} || self.kwargs.{option} in {_cel_list(schema['enum'])}",
+                                   f"spec.training.rewards[].kwargs.{option} of {reward} must be "
+                                   f"{describe_type(schema)}", f".kwargs.{option}"))
+            if "minimum" in schema:
+                rules.append(_rule(f"{guard} || self.kwargs.{option} >= {schema['minimum']}",
+                                   f"spec.training.rewards[].kwargs.{option} of {reward} must be ≥ "
+                                   f"{schema['minimum']}", f".kwargs.{option}"))
+    return rules
+
+
+# The generated rules join the hand-written ones (CEL_RULES is the one table openapi_schema applies).
+for _path, _rules in [*trl_rules().items(), ("spec.training.rewards[]", reward_option_rules())]:
+    CEL_RULES[_path] = [*CEL_RULES.get(_path, []), *_rules]
+
 
 #: Bounds the models leave open but CEL cost estimation needs (strings and lists CEL walks).
 CEL_BOUNDS: dict[str, dict[str, int]] = {
@@ -238,6 +402,12 @@ def openapi_schema() -> dict[str, Any]:
             "status": status,
         },
     }
+    training = _at(root, "spec.training")
+    training["properties"]["trl"] = trl_schema()
+    item = _at(root, "spec.training.rewards[]")
+    kwargs, item_validations = reward_kwargs_schema(item["properties"]["kwargs"]["description"])
+    item["properties"]["kwargs"] = kwargs
+    item.update(item_validations)
     for path, bounds in CEL_BOUNDS.items():
         _at(root, path).update(bounds)
     for path, rules in CEL_RULES.items():

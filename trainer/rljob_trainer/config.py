@@ -7,14 +7,28 @@ camelCase in YAML, snake_case in Python; unknown fields are errors.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from rljob_trainer.trl_fields import CONFIG_CLASSES, TRL_FIELDS, TRL_VERSION
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny",)
@@ -81,7 +95,12 @@ class RewardSpec(Model):
     )
     weight: float = Field(1.0, description="Weight of this reward in the weighted sum.")
     kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments bound to the function (for example pattern)."
+        default_factory=dict,
+        description=(
+            "Keyword arguments bound to the function. A built-in takes only its options (repeat_char: length; "
+            "exact_match: prefix; regex_match: pattern, mode; length_penalty: target_length; digit_match: none); "
+            "a custom function's are free-form."
+        ),
     )
 
     @field_validator("name")
@@ -97,6 +116,25 @@ class RewardSpec(Model):
                 f"unknown built-in reward {v!r}; choose one of {', '.join(sorted(BUILTIN_REWARDS))} "
                 "or give package.module:function"
             )
+        return v
+
+    @field_validator("kwargs")
+    @classmethod
+    def _builtin_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
+
+        name = info.data.get("name")
+        if name not in BUILTIN_REWARD_OPTIONS:
+            return v  # a custom function's kwargs are its own business
+        options = BUILTIN_REWARD_OPTIONS[name]
+        takes = ", ".join(options) or "no options"
+        check_options(v, options, "kwargs", unknown=f"not an option of the built-in reward {name} (it takes {takes})",
+                      adapter_owner=name)
+        if name == "regex_match" and isinstance(v.get("pattern"), str):
+            try:
+                re.compile(v["pattern"])
+            except re.error as e:
+                raise ValueError(f"@pattern: not a regular expression: {e}") from None
         return v
 
 
@@ -132,46 +170,161 @@ class TrainingSpec(Model):
     logging_steps: int = Field(1, ge=1, description="Log metrics every N steps.")
     trl: dict[str, Any] = Field(
         default_factory=dict,
-        description="Further TRL config fields (GRPOConfig/RLOOConfig), validated when the trainer starts.",
+        description=(
+            f"Further fields of TRL's GRPOConfig or RLOOConfig (trl {TRL_VERSION}), by their TRL names; "
+            "fields rljob sets itself are refused with the rljob field to use."
+        ),
     )
 
     @field_validator("trl")
     @classmethod
-    def _trl_no_managed_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
-        managed = sorted(set(v) & MANAGED_TRL_FIELDS)
-        if managed:
-            raise ValueError(
-                f"{', '.join(managed)} are set by rljob from the named fields or the job; remove them from trl"
-            )
+    def _trl_fields(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        algorithm = info.data.get("algorithm")  # absent when the algorithm itself was invalid
+        check_trl(v, algorithm if algorithm in CONFIG_CLASSES else None)
         return v
 
 
-#: TRL fields rljob sets itself; users set them through the named fields above.
-MANAGED_TRL_FIELDS = frozenset(
-    {
-        "output_dir",
-        "per_device_train_batch_size",
-        "max_steps",
-        "learning_rate",
-        "num_generations",
-        "max_completion_length",
-        "gradient_accumulation_steps",
-        "seed",
-        "bf16",
-        "fp16",
-        "use_cpu",
-        "dataloader_num_workers",
-        "beta",
-        "save_steps",
-        "save_strategy",
-        "save_total_limit",
-        "logging_steps",
-        "logging_dir",
-        "report_to",
-        "reward_weights",
-        "resume_from_checkpoint",
-    }
-)
+#: TRL config fields rljob sets itself (``worker.trl_arguments`` and ``trainer.train``) and what a user
+#: sets instead. The one list: the models and the CRD refuse these under ``spec.training.trl``, and the
+#: worker sets no TRL field that is neither here nor in TRL_DEFAULTS.
+MANAGED_TRL_FIELDS: dict[str, str] = {
+    "output_dir": "spec.checkpoint.storage (the trainer picks the local folder)",
+    "per_device_train_batch_size": "spec.training.batchSize",
+    "max_steps": "spec.training.maxSteps",
+    "learning_rate": "spec.training.learningRate",
+    "num_generations": "spec.training.numGenerations",
+    "max_completion_length": "spec.training.maxCompletionLength",
+    "gradient_accumulation_steps": "spec.training.gradientAccumulationSteps",
+    "seed": "spec.training.seed",
+    "bf16": "spec.training.precision",
+    "fp16": "spec.training.precision",
+    "use_cpu": "spec.workers.gpusPerWorker (0 runs on CPU)",
+    "dataloader_num_workers": "spec.training.dataloaderWorkers",
+    "beta": "spec.training.beta",
+    "save_steps": "spec.checkpoint.everySteps",
+    "save_strategy": "spec.checkpoint.everySteps",
+    "save_total_limit": "spec.checkpoint.keepLast",
+    "logging_steps": "spec.training.loggingSteps",
+    "report_to": "it reports to TensorBoard and the operator's status API",
+    "reward_weights": "spec.training.rewards[].weight",
+    "resume_from_checkpoint": "it resumes from the newest complete checkpoint",
+}
+#: TRL fields the worker gives a default that ``spec.training.trl`` may override.
+TRL_DEFAULTS = frozenset({"data_seed", "log_level", "disable_tqdm", "ddp_timeout"})
+
+
+def python_type(schema: dict[str, Any]) -> Any:
+    """A field schema (``trl_fields``, ``BUILTIN_REWARD_OPTIONS``) → a strict pydantic type.
+
+    Strict, so ``rljob validate`` refuses what the API server's structural schema refuses
+    ("1.0" for a number, 1 for a string); integers are still numbers.
+    """
+    if "anyOf" in schema:
+        tp: Any = Union[tuple(python_type(s) for s in schema["anyOf"])]  # noqa: UP007 - built at run time
+    elif "enum" in schema:
+        tp = Literal[tuple(schema["enum"])]
+    else:
+        kind = schema.get("type")
+        if kind == "array":
+            tp = list[python_type(schema.get("items", {}))]  # type: ignore[misc]
+            if "minItems" in schema or "maxItems" in schema:
+                tp = Annotated[tp, Field(min_length=schema.get("minItems"), max_length=schema.get("maxItems"))]
+        elif kind == "object":
+            tp = dict[str, python_type(schema.get("additionalProperties", {}))]  # type: ignore[misc]
+        else:
+            scalars: dict[str | None, Any] = {"boolean": bool, "integer": int, "number": float, "string": str}
+            tp = Annotated[scalars[kind], Strict()] if kind in scalars else Any
+            if "minimum" in schema:
+                tp = Annotated[tp, Field(ge=schema["minimum"])]
+    return Optional[tp] if schema.get("nullable") else tp  # noqa: UP045 - tp may be Any, built at run time
+
+
+def describe_type(schema: dict[str, Any]) -> str:
+    """A field schema in words, for messages: ``a mapping or a string``."""
+    if "anyOf" in schema:
+        return " or ".join(describe_type(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return "one of " + ", ".join(repr(v) for v in schema["enum"])
+    kind = schema.get("type")
+    if kind == "array":
+        return f"a list of {describe_type(schema.get('items', {})).removeprefix('a ').removeprefix('an ')}s"
+    words = {"boolean": "a boolean", "integer": "an integer", "number": "a number", "string": "a string",
+             "object": "a mapping"}
+    return words.get(kind or "", "any value")
+
+
+#: Field schemas of TRL's config classes (TRL_FIELDS without algorithms and descriptions).
+TRL_SCHEMAS: dict[str, dict[str, Any]] = {name: field["schema"] for name, field in TRL_FIELDS.items()}
+
+
+@functools.cache
+def _adapter(owner: str, name: str) -> TypeAdapter[Any]:
+    return TypeAdapter(python_type(_schemas(owner)[name]))
+
+
+def _schemas(owner: str) -> dict[str, dict[str, Any]]:
+    """Field schemas by owner: ``trl`` or a built-in reward's name."""
+    if owner == "trl":
+        return TRL_SCHEMAS
+    from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
+
+    return BUILTIN_REWARD_OPTIONS[owner]
+
+
+def _problem(key: str, message: str, value: Any, *loc: str | int) -> InitErrorDetails:
+    error = PydanticCustomError("rljob_option", "{message}", {"message": message})
+    return InitErrorDetails(type=error, loc=(key, *loc), input=value)
+
+
+def check_options(
+    values: dict[str, Any], fields: dict[str, dict[str, Any]], owner: str, unknown: str,
+    refused: dict[str, str] | None = None, adapter_owner: str | None = None,
+) -> None:
+    """Check ``values`` against ``fields`` (name → schema): every problem at once, each at its key.
+
+    Raises ValidationError whose locations are the keys (pydantic prefixes the field's path), so
+    ``format_validation_error`` prints ``spec.training.trl.temperature: Input should be a valid number``.
+    ``refused``: key → message for keys that exist but must not be set here.
+    """
+    problems: list[InitErrorDetails] = []
+    for key, value in values.items():
+        if refused and key in refused:
+            problems.append(_problem(key, refused[key], value))
+        elif key not in fields:
+            problems.append(_problem(key, unknown, value))
+        elif "unsupported" in fields[key]:
+            problems.append(_problem(key, f"cannot be set in a manifest (its type is {fields[key]['unsupported']})",
+                                     value))
+        else:
+            try:
+                _adapter(adapter_owner or owner, key).validate_python(value)
+            except ValidationError as e:
+                if "anyOf" in fields[key]:  # pydantic's per-member errors would name the Python types
+                    problems.append(_problem(key, f"Input should be {describe_type(fields[key])}", value))
+                else:
+                    problems += [_problem(key, err["msg"], value, *err["loc"]) for err in e.errors()]
+    if problems:
+        raise ValidationError.from_exception_data(owner, problems)
+
+
+def managed_message(key: str) -> str:
+    """Why ``spec.training.trl.<key>`` is refused: the rljob field to use, or what rljob does instead."""
+    use = MANAGED_TRL_FIELDS[key]
+    return f"set by rljob; use {use}" if use.startswith("spec.") else f"set by rljob ({use}); remove it from trl"
+
+
+def check_trl(trl: dict[str, Any], algorithm: str | None) -> None:
+    """``spec.training.trl`` against TRL's config class for ``algorithm`` (None: either class)."""
+    config = CONFIG_CLASSES.get(algorithm or "", "/".join(CONFIG_CLASSES.values()))
+    refused = {k: managed_message(k) for k in MANAGED_TRL_FIELDS}
+    if algorithm is not None:
+        for key, field in TRL_FIELDS.items():
+            if algorithm not in field["algorithms"]:
+                others = "/".join(CONFIG_CLASSES[a] for a in field["algorithms"])
+                refused.setdefault(key, f"a field of TRL's {others} only; {config} (algorithm {algorithm}) has "
+                                        "no such field")
+    check_options(trl, TRL_SCHEMAS, "trl", unknown=f"not a field of TRL's {config} (trl {TRL_VERSION})",
+                  refused=refused)
 
 
 #: Manifest keys that look like credentials: refused with a pointer to credentialsSecret.

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rljob_trainer.config import TrainerConfig
+from rljob_trainer.config import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig
 from rljob_trainer.errors import ERROR_FILE_ENV, EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, report_fatal
 
 log = logging.getLogger("rljob.worker")
@@ -78,6 +78,11 @@ def trl_arguments(cfg: TrainerConfig, checkpoint_dir: str, use_cpu: bool) -> dic
 def build_trl_config(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use_cpu: bool) -> Any:
     check_trl_fields(config_cls, cfg.training.trl)
     kwargs = trl_arguments(cfg, checkpoint_dir, use_cpu)
+    # The models refuse MANAGED_TRL_FIELDS under trl; a field set here but not listed there could be
+    # silently overridden by the user's trl below.
+    unlisted = sorted(set(kwargs) - MANAGED_TRL_FIELDS.keys() - TRL_DEFAULTS)
+    if unlisted:
+        raise RuntimeError(f"trl_arguments sets {unlisted}: add them to rljob_trainer.config.MANAGED_TRL_FIELDS")
     kwargs.update(cfg.training.trl)
     try:
         return config_cls(**kwargs)

@@ -1,0 +1,16 @@
+# Schema: TRL's config fields, generated at build time so `rljob validate` and the operator check
+# spec.training.trl without importing torch or TRL (trainer/rljob_trainer/trl_fields.py, committed).
+.PHONY: generate trl-fields check-trl-fields
+
+generate: trl-fields crd chart-crds ## Regenerate every generated file (TRL fields, then the CRD and its copies)
+
+trl-fields: $(PY) ## Regenerate trainer/rljob_trainer/trl_fields.py from the installed TRL
+	$(PY) trainer/hack/gen_trl_fields.py
+
+check-trl-fields: $(PY) ## Fail when trl_fields.py drifted from the installed TRL
+	$(PY) trainer/hack/gen_trl_fields.py --check
+
+# Packaging: `pip install rljob` gives `rljob validate`/`crd` with pydantic and PyYAML only.
+.PHONY: check-wheel
+check-wheel: ## Build the wheel, install it (base deps only) in a fresh venv: rljob --help/validate/crd work, no torch
+	@tools/check-wheel.sh
