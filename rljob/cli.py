@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rljob_operator.api import ManifestError, load_job, load_jobs
 
 if TYPE_CHECKING:
-    from rljob_trainer.checkpoint_store import Location
+    from rljob_trainer.checkpoints.locations import Location
 
 EXIT_PERMANENT = 78  # mirrors rljob_trainer.errors without importing the trainer's runtime
 
@@ -109,7 +109,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
     """(location, single checkpoint name or None) for a checkpoints command's URI."""
-    from rljob_trainer.checkpoint_store import location_for, split_checkpoint_uri
+    from rljob_trainer.checkpoints.compare import split_checkpoint_uri
+    from rljob_trainer.checkpoints.plan import location_for
 
     root, name = split_checkpoint_uri(args.uri)
     return location_for(root, endpoint_url=args.endpoint_url, region=args.region), name
@@ -119,7 +120,7 @@ def _storage_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[a
     """A checkpoints command whose storage errors (access denied, no bucket, unreachable) exit 1 with one line."""
 
     def run(args: argparse.Namespace) -> int:
-        from rljob_trainer.checkpoint_store import StorageError
+        from rljob_trainer.checkpoints.locations import StorageError
 
         try:
             return command(args)
@@ -159,7 +160,7 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
 def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rljob_trainer.checkpoint_store import compare_checkpoint
+    from rljob_trainer.checkpoints.compare import compare_checkpoint
 
     loc, only = _checkpoint_root(args)
     listing = loc.listing()
@@ -184,7 +185,7 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
-    from rljob_trainer.checkpoints import retention_plan
+    from rljob_trainer.checkpoints.retention import retention_plan
 
     loc, _ = _checkpoint_root(args)
     listing = loc.listing()

@@ -57,16 +57,12 @@ def test_retention_keeps_last_best_newest_and_protected(tmp_path: Path) -> None:
         make_checkpoint(tmp_path, step, reward)
     make_checkpoint(tmp_path, 5, seal=False)   # crash debris older than the newest: removed
     make_checkpoint(tmp_path, 60, seal=False)  # may still be being written: kept
-    deleted = ck.apply_retention(tmp_path, keep_last=2, keep_best=1, protect={"checkpoint-20"})
+    deleted, after = ck.LocalLocation(tmp_path).apply_retention(ck.RetentionPolicy(keep_last=2, keep_best=1),
+                                                                protect={"checkpoint-20"})
     assert sorted(deleted) == ["checkpoint-30", "checkpoint-5"]
     remaining = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
     assert remaining == ["checkpoint-10", "checkpoint-20", "checkpoint-40", "checkpoint-50", "checkpoint-60"]
-
-
-def test_retention_never_deletes_the_newest_complete_checkpoint() -> None:
-    infos = [ck.CheckpointInfo(f"checkpoint-{s}", s, {"reward": 1.0 - s / 100}) for s in (1, 2, 3)]
-    keep = ck.retention_keep(infos, keep_last=0, keep_best=1)
-    assert "checkpoint-3" in keep and "checkpoint-1" in keep
+    assert [c.name for c in after.complete] == ["checkpoint-10", "checkpoint-20", "checkpoint-40", "checkpoint-50"]
 
 
 def _failure(code: int, ts: int) -> SimpleNamespace:
