@@ -185,18 +185,16 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
-    from rljob_trainer.checkpoints.retention import retention_plan
+    """Apply retention at a location with the trainer's own code path (``Location.apply_retention``)."""
+    from rljob_trainer.checkpoints.retention import RetentionPolicy
 
     loc, _ = _checkpoint_root(args)
-    listing = loc.listing()
-    doomed = retention_plan(listing.complete, listing.incomplete(), args.keep_last, args.keep_best,
-                            args.best_metric, set(args.protect or ()))
-    for name in doomed:
-        print(f"{'would delete' if args.dry_run else 'deleting'} {loc.child_uri(name)}")
-        if not args.dry_run:
-            loc.delete(name)
-    print(f"kept {len(listing.complete) - len([n for n in doomed if n in {c.name for c in listing.complete}])} "
-          f"complete checkpoint(s) at {loc.uri}")
+    _, after = loc.apply_retention(
+        RetentionPolicy(args.keep_last, args.keep_best, args.best_metric), set(args.protect or ()),
+        dry_run=args.dry_run,
+        on_delete=lambda name: print(f"{'would delete' if args.dry_run else 'deleting'} {loc.child_uri(name)}"),
+    )
+    print(f"kept {len(after.complete)} complete checkpoint(s) at {loc.uri}")
     return 0
 
 

@@ -65,6 +65,33 @@ def test_retention_keeps_last_best_newest_and_protected(tmp_path: Path) -> None:
     assert [c.name for c in after.complete] == ["checkpoint-10", "checkpoint-20", "checkpoint-40", "checkpoint-50"]
 
 
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes (manifests and ``latest`` included)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_prune_dry_run_deletes_nothing_and_names_what_prune_then_deletes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rljob import cli
+
+    for step, reward in [(10, 0.9), (20, 0.1), (30, 0.2), (40, 0.3)]:
+        make_checkpoint(tmp_path, step, reward)
+    make_checkpoint(tmp_path, 5, seal=False)  # crash debris: pruned too
+    before = tree(tmp_path)
+    args = ["checkpoints", "prune", str(tmp_path), "--keep-last", "1", "--keep-best", "1"]
+    assert cli.main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    would = [line.split()[-1] for line in out.splitlines() if line.startswith("would delete")]
+    assert would == [str(tmp_path / n) for n in ("checkpoint-5", "checkpoint-20", "checkpoint-30")]
+    assert f"kept 2 complete checkpoint(s) at {tmp_path}" in out
+    assert tree(tmp_path) == before  # not one file deleted or rewritten
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("deleting")] == would
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-40"]
+
+
 def _failure(code: int, ts: int) -> SimpleNamespace:
     return SimpleNamespace(exitcode=code, timestamp=ts)
 
