@@ -300,6 +300,40 @@ def test_publisher_applies_retention_remotely_trims_staging_and_reports(
 
 
 @s3
+def test_local_and_s3_primaries_keep_the_same_checkpoints_through_one_retention_path(
+    s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applied: list[tuple[str, str]] = []
+    real = ck.Location.apply_retention
+
+    def spy(self: ck.Location, *args: Any, **kwargs: Any) -> Any:
+        applied.append((type(self).__name__, self.uri))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ck.Location, "apply_retention", spy)
+    policy = ck.RetentionPolicy(keep_last=2, keep_best=1)
+    pvc, staging, remote = tmp_path / "pvc", tmp_path / "staging", s3_location(s3_server, bucket, "run")
+    local_plan = ck.StoragePlan(ck.LocalLocation(pvc), [], pvc, SMALL_PARTS)
+    s3_plan = ck.StoragePlan(remote, [], staging, SMALL_PARTS)
+    local, on_s3 = (upload.CheckpointPublisher.for_plan(plan, policy, retries=0) for plan in (local_plan, s3_plan))
+    for step, reward in {10: 0.9, 20: 0.1, 30: 0.2, 40: 0.3, 50: 0.4, 60: 0.25}.items():
+        local.save(make_staged(pvc, step), step, metrics_of(reward))
+        on_s3.save(make_staged(staging, step), step, metrics_of(reward))
+    assert local.close(timeout=5) and on_s3.close(timeout=120) and on_s3.failures == 0
+
+    expected = ["checkpoint-10", "checkpoint-50", "checkpoint-60"]
+    assert [c.name for c in ck.LocalLocation(pvc).listing().complete] == expected
+    assert [c.name for c in remote.listing().complete] == expected
+    assert local.summary_fields()["checkpoints"] == on_s3.summary_fields()["checkpoints"] == expected
+    assert ck.LocalLocation(pvc).listing().latest == remote.listing().latest == "checkpoint-60"
+    # Both went through Location.apply_retention: the folder (a local primary), the bucket, and the
+    # staging folder in front of it — six checkpoints each.
+    assert sorted(set(applied)) == [("LocalLocation", str(pvc)), ("LocalLocation", str(staging)),
+                                    ("S3Location", f"s3://{bucket}/run")]
+    assert all(applied.count(a) == 6 for a in set(applied))
+
+
+@s3
 def test_local_storage_is_mirrored_to_s3_and_a_folder_and_resumes_from_a_mirror(
     s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

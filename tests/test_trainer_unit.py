@@ -92,6 +92,36 @@ def test_prune_dry_run_deletes_nothing_and_names_what_prune_then_deletes(
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-40"]
 
 
+def test_local_primary_and_a_mirror_folder_share_the_publisher_and_its_retention(tmp_path: Path) -> None:
+    from rljob_trainer.checkpoints.publisher import CheckpointPublisher
+
+    primary, mirror = ck.LocalLocation(tmp_path / "pvc"), ck.LocalLocation(tmp_path / "mirror")
+    heartbeat = SimpleNamespace(checkpoint=None, best_checkpoint=None, best_metric=None)
+    pub = CheckpointPublisher(primary, [mirror], ck.RetentionPolicy(keep_last=2, keep_best=1),
+                              transfer=ck.TransferSettings(), folder_is_primary=True, retries=0, heartbeat=heartbeat)
+    for step, reward in [(10, 0.9), (20, 0.1), (30, 0.2), (40, 0.3), (50, 0.4)]:
+        d = make_checkpoint(primary.root, step, seal=False)
+        pub.save(d, step, {"reward": reward})
+        # Sealed in place before save returns: a complete checkpoint the moment training goes on.
+        assert (primary.root / ck.LATEST).read_text() == f"checkpoint-{step}\n" and ck.verify_checkpoint(d) == []
+        assert heartbeat.checkpoint == f"checkpoint-{step}" and heartbeat.best_checkpoint == "checkpoint-10"
+    assert pub.close(timeout=60) and pub.failures == 0
+    # Retention at the primary keeps what was still being copied, so finish with one more prune pass.
+    primary.apply_retention(pub.policy)
+    expected = ["checkpoint-10", "checkpoint-40", "checkpoint-50"]
+    assert [c.name for c in primary.listing().complete] == expected
+    assert [c.name for c in mirror.listing().complete] == expected and mirror.listing().latest == "checkpoint-50"
+    fields = pub.summary_fields()
+    assert fields["checkpoints"] == expected and fields["checkpoint_upload_failures"] == 0
+    assert fields["best_checkpoint"]["location"] == str(primary.root / "checkpoint-10")
+
+
+def test_retention_never_deletes_the_newest_complete_checkpoint() -> None:
+    infos = [ck.CheckpointInfo(f"checkpoint-{s}", s, {"reward": 1.0 - s / 100}) for s in (1, 2, 3)]
+    keep = ck.retention_keep(infos, keep_last=0, keep_best=1)
+    assert "checkpoint-3" in keep and "checkpoint-1" in keep
+
+
 def _failure(code: int, ts: int) -> SimpleNamespace:
     return SimpleNamespace(exitcode=code, timestamp=ts)
 
