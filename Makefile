@@ -29,7 +29,7 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 
 lint: venv ## ruff and mypy
 	.venv/bin/ruff check operator trainer tests bench charts/rljob/hack
-	.venv/bin/mypy operator/rljob_operator trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints.py \
+	.venv/bin/mypy operator/rljob_operator trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints \
 		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py
 
 clean: ## Remove run outputs and caches in the checkout

@@ -83,19 +83,18 @@ def checkpoint_files(folder: Path, total_mib: int) -> Path:
 
 
 def throughput(server: Any, bucket: str, total_mib: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
-    from rljob_trainer import checkpoint_store as cs
     from rljob_trainer import checkpoints as ck
 
     from tests.s3_server import client
 
     folder = checkpoint_files(tmp / "files", total_mib)
     size = sum(p.stat().st_size for p in folder.iterdir())
-    transfer = cs.TransferSettings()
+    transfer = ck.TransferSettings()
     started = time.perf_counter()
     manifest = ck.build_manifest(folder, 100, {"reward": 0.5}, part_size=transfer.part_size)
     seal_seconds = time.perf_counter() - started
     plain = client(server.endpoint)
-    ours = cs.S3Location(f"s3://{bucket}/ours", endpoint_url=server.endpoint, transfer=transfer)
+    ours = ck.S3Location(f"s3://{bucket}/ours", endpoint_url=server.endpoint, transfer=transfer)
     rates: dict[str, list[float]] = {"plain_upload_file": [], "rljob_uploader": [], "seal_md5_etag": [size / seal_seconds]}
     for i in range(repeats):
         for side in (["plain_upload_file", "rljob_uploader"] if i % 2 == 0 else ["rljob_uploader", "plain_upload_file"]):

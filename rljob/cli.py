@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rljob_operator.api import ManifestError, load_job, load_jobs
 
 if TYPE_CHECKING:
-    from rljob_trainer.checkpoint_store import Location
+    from rljob_trainer.checkpoints.locations import Location
 
 EXIT_PERMANENT = 78  # mirrors rljob_trainer.errors without importing the trainer's runtime
 #: Packages of the optional extras (`pip install 'rljob[trainer]'`): a base install (pydantic and
@@ -116,7 +116,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
     """(location, single checkpoint name or None) for a checkpoints command's URI."""
-    from rljob_trainer.checkpoint_store import location_for, split_checkpoint_uri
+    from rljob_trainer.checkpoints.compare import split_checkpoint_uri
+    from rljob_trainer.checkpoints.plan import location_for
 
     root, name = split_checkpoint_uri(args.uri)
     return location_for(root, endpoint_url=args.endpoint_url, region=args.region), name
@@ -126,7 +127,7 @@ def _storage_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[a
     """A checkpoints command whose storage errors (access denied, no bucket, unreachable) exit 1 with one line."""
 
     def run(args: argparse.Namespace) -> int:
-        from rljob_trainer.checkpoint_store import StorageError
+        from rljob_trainer.checkpoints.locations import StorageError
 
         try:
             return command(args)
@@ -166,7 +167,7 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
 def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rljob_trainer.checkpoint_store import compare_checkpoint
+    from rljob_trainer.checkpoints.compare import compare_checkpoint
 
     loc, only = _checkpoint_root(args)
     listing = loc.listing()
@@ -191,18 +192,16 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
-    from rljob_trainer.checkpoints import retention_plan
+    """Apply retention at a location with the trainer's own code path (``Location.apply_retention``)."""
+    from rljob_trainer.checkpoints.retention import RetentionPolicy
 
     loc, _ = _checkpoint_root(args)
-    listing = loc.listing()
-    doomed = retention_plan(listing.complete, listing.incomplete(), args.keep_last, args.keep_best,
-                            args.best_metric, set(args.protect or ()))
-    for name in doomed:
-        print(f"{'would delete' if args.dry_run else 'deleting'} {loc.child_uri(name)}")
-        if not args.dry_run:
-            loc.delete(name)
-    print(f"kept {len(listing.complete) - len([n for n in doomed if n in {c.name for c in listing.complete}])} "
-          f"complete checkpoint(s) at {loc.uri}")
+    _, after = loc.apply_retention(
+        RetentionPolicy(args.keep_last, args.keep_best, args.best_metric), set(args.protect or ()),
+        dry_run=args.dry_run,
+        on_delete=lambda name: print(f"{'would delete' if args.dry_run else 'deleting'} {loc.child_uri(name)}"),
+    )
+    print(f"kept {len(after.complete)} complete checkpoint(s) at {loc.uri}")
     return 0
 
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import requests
 from rljob_operator.api import API_VERSION, KIND, ManifestError, parse_job
-from rljob_trainer import checkpoint_resume as resume
-from rljob_trainer import checkpoint_store as cs
-from rljob_trainer import checkpoint_upload as upload
 from rljob_trainer import checkpoints as ck
+from rljob_trainer.checkpoints import publisher as upload
+from rljob_trainer.checkpoints import resume
+from rljob_trainer.checkpoints import s3 as s3_store
 from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage import credentials_from_env
 
@@ -48,7 +48,7 @@ from tests.trainer_helpers import (
 )
 
 MiB = 1 << 20
-SMALL_PARTS = cs.TransferSettings(part_size=5 * MiB, concurrency=4)
+SMALL_PARTS = ck.TransferSettings(part_size=5 * MiB, concurrency=4)
 
 
 def make_staged(root: Path, step: int, reward: float | None = None, big: bool = False) -> Path:
@@ -82,8 +82,8 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(resume.RESUME_ENV, raising=False)
 
 
-def s3_location(server: MotoServer, bucket: str, prefix: str = "run", **kw: Any) -> cs.S3Location:
-    return cs.S3Location(f"s3://{bucket}/{prefix}", endpoint_url=server.endpoint, transfer=SMALL_PARTS,
+def s3_location(server: MotoServer, bucket: str, prefix: str = "run", **kw: Any) -> ck.S3Location:
+    return ck.S3Location(f"s3://{bucket}/{prefix}", endpoint_url=server.endpoint, transfer=SMALL_PARTS,
                          max_attempts=2, **kw)
 
 
@@ -128,17 +128,17 @@ def test_listing_problems_name_missing_resized_and_changed_files() -> None:
         "a": {"size": 3, "md5": "x", "etag": "e1"}, "b": {"size": 4, "md5": "y", "etag": "e2"},
         "c": {"size": 5, "md5": "z", "etag": "e3-2"},
     })
-    problems = cs.listing_problems(info, {"a": (3, "e1"), "b": (5, "e2"), "c": (5, "other-2")})
+    problems = ck.listing_problems(info, {"a": (3, "e1"), "b": (5, "e2"), "c": (5, "other-2")})
     assert problems == ["b: size 5 != 4", "c: ETag other-2 != e3-2"]
-    assert cs.listing_problems(info, {"a": (3, "e1")}) == ["b: missing", "c: missing"]
+    assert ck.listing_problems(info, {"a": (3, "e1")}) == ["b: missing", "c: missing"]
 
 
 def test_kms_encrypted_objects_are_not_held_to_an_md5_etag() -> None:
-    assert cs.etag_is_opaque({"ServerSideEncryption": "aws:kms"})
-    assert cs.etag_is_opaque({"ServerSideEncryption": "aws:kms:dsse"})
-    assert cs.etag_is_opaque({"SSECustomerAlgorithm": "AES256"})
-    assert not cs.etag_is_opaque({"ServerSideEncryption": "AES256"})  # SSE-S3 keeps MD5 ETags
-    assert not cs.etag_is_opaque({})
+    assert ck.etag_is_opaque({"ServerSideEncryption": "aws:kms"})
+    assert ck.etag_is_opaque({"ServerSideEncryption": "aws:kms:dsse"})
+    assert ck.etag_is_opaque({"SSECustomerAlgorithm": "AES256"})
+    assert not ck.etag_is_opaque({"ServerSideEncryption": "AES256"})  # SSE-S3 keeps MD5 ETags
+    assert not ck.etag_is_opaque({})
 
 
 def job_doc(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -171,10 +171,10 @@ def test_mirror_credentials_come_from_the_prefixed_environment() -> None:
 
 
 def test_checkpoint_uri_may_name_one_checkpoint() -> None:
-    assert cs.split_checkpoint_uri("s3://b/run/checkpoint-40/") == ("s3://b/run", "checkpoint-40")
-    assert cs.split_checkpoint_uri("s3://b/run") == ("s3://b/run", None)
-    assert cs.split_checkpoint_uri("s3://b/checkpoint-40") == ("s3://b", "checkpoint-40")
-    assert cs.split_checkpoint_uri("/data/ckpts") == ("/data/ckpts", None)
+    assert ck.split_checkpoint_uri("s3://b/run/checkpoint-40/") == ("s3://b/run", "checkpoint-40")
+    assert ck.split_checkpoint_uri("s3://b/run") == ("s3://b/run", None)
+    assert ck.split_checkpoint_uri("s3://b/checkpoint-40") == ("s3://b", "checkpoint-40")
+    assert ck.split_checkpoint_uri("/data/ckpts") == ("/data/ckpts", None)
 
 
 # --- a real S3 endpoint, no training ------------------------------------------------------------
@@ -200,12 +200,12 @@ def test_publish_uploads_verifies_then_writes_manifest_and_latest(
 
     # An upload that does not verify gets no manifest, and latest stays where it was.
     d20, m20 = sealed(tmp_path, 20, 0.6)
-    real = cs.listing_problems
-    monkeypatch.setattr(cs, "listing_problems",
+    real = s3_store.listing_problems
+    monkeypatch.setattr(s3_store, "listing_problems",
                         lambda info, objs: ["model.safetensors: ETag x != y"] if info.step == 20 else real(info, objs))
-    with pytest.raises(cs.StorageError, match="VerificationFailed on s3://.*/run/checkpoint-20"):
+    with pytest.raises(ck.StorageError, match="VerificationFailed on s3://.*/run/checkpoint-20"):
         loc.publish(d20, m20)
-    monkeypatch.setattr(cs, "listing_problems", real)
+    monkeypatch.setattr(s3_store, "listing_problems", real)
     listing = loc.listing()
     assert [i.name for i in listing.complete] == ["checkpoint-10"] and listing.incomplete() == ["checkpoint-20"]
     assert listing.latest == "checkpoint-10"
@@ -244,10 +244,10 @@ def test_resume_falls_back_past_corrupt_and_partial_checkpoints_and_to_a_mirror(
     listing = primary.listing()
     info = next(i for i in listing.complete if i.step == 10)
     c.put_object(Bucket=bucket, Key="run/checkpoint-10/trainer_state.json", Body=b"{}")
-    with pytest.raises(cs.CorruptCheckpoint, match="trainer_state.json: size"):
+    with pytest.raises(ck.CorruptCheckpoint, match="trainer_state.json: size"):
         primary.fetch(info, listing, tmp_path / "other")
     # Primary endpoint down: the mirror answers.
-    down = cs.S3Location(f"s3://{bucket}/run", endpoint_url=dead_endpoint(), max_attempts=1)
+    down = ck.S3Location(f"s3://{bucket}/run", endpoint_url=dead_endpoint(), max_attempts=1)
     assert resume.check_locations([down, mirror]) == [mirror]
     path, loc = resume.find_and_fetch([down, mirror], tmp_path / "third")
     assert loc is mirror and path.name == "checkpoint-20"
@@ -269,14 +269,15 @@ def test_publisher_applies_retention_remotely_trims_staging_and_reports(
 
     staging = tmp_path / "staging"
     primary = s3_location(s3_server, bucket, "run")
-    down = cs.S3Location(f"s3://{bucket}/mirror", endpoint_url=dead_endpoint(), max_attempts=1)
+    down = ck.S3Location(f"s3://{bucket}/mirror", endpoint_url=dead_endpoint(), max_attempts=1)
     metrics, heartbeat = TrainerMetrics(), SimpleNamespace(checkpoint=None, best_checkpoint=None, best_metric=None)
-    pub = upload.CheckpointPublisher([primary, down], cs.RetentionPolicy(keep_last=2, keep_best=1), transfer=SMALL_PARTS,
-                                 seal=True, staging=staging, retries=1, backoff=0.01, metrics=metrics,
-                                 heartbeat=heartbeat)
+    pub = upload.CheckpointPublisher(ck.LocalLocation(staging), [primary, down],
+                                     ck.RetentionPolicy(keep_last=2, keep_best=1), transfer=SMALL_PARTS,
+                                     folder_is_primary=False, retries=1, backoff=0.01, metrics=metrics,
+                                     heartbeat=heartbeat)
     rewards = {10: 0.9, 20: 0.1, 30: 0.2, 40: 0.3, 50: 0.4}
     for step, reward in rewards.items():
-        pub.submit(make_staged(staging, step), step, metrics_of(reward))
+        pub.save(make_staged(staging, step), step, metrics_of(reward))
     assert pub.close(timeout=120)
 
     listing = primary.listing()
@@ -299,6 +300,40 @@ def test_publisher_applies_retention_remotely_trims_staging_and_reports(
 
 
 @s3
+def test_local_and_s3_primaries_keep_the_same_checkpoints_through_one_retention_path(
+    s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applied: list[tuple[str, str]] = []
+    real = ck.Location.apply_retention
+
+    def spy(self: ck.Location, *args: Any, **kwargs: Any) -> Any:
+        applied.append((type(self).__name__, self.uri))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ck.Location, "apply_retention", spy)
+    policy = ck.RetentionPolicy(keep_last=2, keep_best=1)
+    pvc, staging, remote = tmp_path / "pvc", tmp_path / "staging", s3_location(s3_server, bucket, "run")
+    local_plan = ck.StoragePlan(ck.LocalLocation(pvc), [], pvc, SMALL_PARTS)
+    s3_plan = ck.StoragePlan(remote, [], staging, SMALL_PARTS)
+    local, on_s3 = (upload.CheckpointPublisher.for_plan(plan, policy, retries=0) for plan in (local_plan, s3_plan))
+    for step, reward in {10: 0.9, 20: 0.1, 30: 0.2, 40: 0.3, 50: 0.4, 60: 0.25}.items():
+        local.save(make_staged(pvc, step), step, metrics_of(reward))
+        on_s3.save(make_staged(staging, step), step, metrics_of(reward))
+    assert local.close(timeout=5) and on_s3.close(timeout=120) and on_s3.failures == 0
+
+    expected = ["checkpoint-10", "checkpoint-50", "checkpoint-60"]
+    assert [c.name for c in ck.LocalLocation(pvc).listing().complete] == expected
+    assert [c.name for c in remote.listing().complete] == expected
+    assert local.summary_fields()["checkpoints"] == on_s3.summary_fields()["checkpoints"] == expected
+    assert ck.LocalLocation(pvc).listing().latest == remote.listing().latest == "checkpoint-60"
+    # Both went through Location.apply_retention: the folder (a local primary), the bucket, and the
+    # staging folder in front of it — six checkpoints each.
+    assert sorted(set(applied)) == [("LocalLocation", str(pvc)), ("LocalLocation", str(staging)),
+                                    ("S3Location", f"s3://{bucket}/run")]
+    assert all(applied.count(a) == 6 for a in set(applied))
+
+
+@s3
 def test_local_storage_is_mirrored_to_s3_and_a_folder_and_resumes_from_a_mirror(
     s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,14 +342,15 @@ def test_local_storage_is_mirrored_to_s3_and_a_folder_and_resumes_from_a_mirror(
         {"location": f"s3://{bucket}/backup", "endpointUrl": s3_server.endpoint},
         {"location": str(tmp_path / "other-disk")},
     ])
-    plan = cs.storage_plan(cfg)
+    plan = ck.storage_plan(cfg)
     assert not plan.remote_primary and plan.local_root == primary and len(plan.publish_to) == 2
-    pub = upload.CheckpointPublisher(plan.publish_to, cs.RetentionPolicy(keep_last=1), transfer=plan.transfer,
-                                     seal=False, retries=0)
+    assert plan.folder is plan.primary  # the HF Trainer saves straight into the local primary
+    pub = upload.CheckpointPublisher.for_plan(plan, ck.RetentionPolicy(keep_last=1), retries=0)
     for step in (10, 20):
         d = make_staged(primary, step, big=step == 20)
-        ck.seal_checkpoint(d, step, {"reward": 0.1})  # sealed in place by the trainer, without ETags
-        pub.submit(d, step, {"reward": 0.1})
+        pub.save(d, step, {"reward": 0.1})  # sealed in place before it returns (no ETags), then mirrored
+        assert (primary / ck.LATEST).read_text() == f"checkpoint-{step}\n" and ck.verify_checkpoint(d) == []
+        assert "etag" not in json.loads((d / ck.MANIFEST).read_text())["files"]["model.safetensors"]
     assert pub.close(timeout=120) and pub.failures == 0
     for loc in plan.mirrors:
         listing = loc.listing()
@@ -339,11 +375,11 @@ def test_denied_and_missing_buckets_are_permanent_errors_naming_the_location(
         name = server.create_bucket()
         no_s3 = server.iam_user_without_s3()
         server.enforce_auth()
-        denied = cs.S3Location(f"s3://{name}/run", endpoint_url=server.endpoint, max_attempts=1, credentials={
+        denied = ck.S3Location(f"s3://{name}/run", endpoint_url=server.endpoint, max_attempts=1, credentials={
             "aws_access_key_id": no_s3["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": no_s3["AWS_SECRET_ACCESS_KEY"]})
         with pytest.raises(PermanentError, match=rf"spec.checkpoint.storage: AccessDenied on s3://{name}/run"):
             resume.check_locations([denied])
-        missing = cs.S3Location("s3://no-such-bucket/run", endpoint_url=server.endpoint, max_attempts=1,
+        missing = ck.S3Location("s3://no-such-bucket/run", endpoint_url=server.endpoint, max_attempts=1,
                                 where="spec.checkpoint.mirrors[0].location", credentials={
             "aws_access_key_id": no_s3["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": no_s3["AWS_SECRET_ACCESS_KEY"]})
         with pytest.raises(PermanentError, match=r"mirrors\[0\].location: (AccessDenied|NoSuchBucket) on s3://no-such"):
@@ -423,7 +459,7 @@ def expected_after(kept: dict[int, float], saves: list[tuple[int, float]], keep_
     return [f"checkpoint-{s}" for s in sorted(state)]
 
 
-def rewards_of(listing: cs.Listing) -> dict[int, float]:
+def rewards_of(listing: ck.Listing) -> dict[int, float]:
     return {c.step: c.metrics["reward"] for c in listing.complete}
 
 
@@ -434,7 +470,7 @@ def test_s3_resume_after_sigkill_skips_a_corrupt_checkpoint_and_retention_stays_
 ) -> None:
     env = {**S3_ENV, "AWS_ENDPOINT_URL": s3_server.endpoint}  # endpoint from the environment, as boto3 users expect
     manifest = s3_job(tmp_path, "job", 30, {"storage": f"s3://{bucket}/job", "keepBest": 1})
-    remote = cs.S3Location(f"s3://{bucket}/job", endpoint_url=s3_server.endpoint)
+    remote = ck.S3Location(f"s3://{bucket}/job", endpoint_url=s3_server.endpoint)
     first = start_rljob("train", str(manifest), "--output", str(tmp_path / "pod-1"), "--metrics-port", "0",
                         log=tmp_path / "first.txt", **env)
     try:
@@ -496,8 +532,8 @@ def test_endpoint_killed_mid_upload_never_exposes_a_partial_checkpoint_and_resum
         "storage": f"s3://{bucket}/run", "endpointUrl": proxy.endpoint, "uploadRetries": 2,
         "mirrors": [{"location": f"s3://{bucket}/mirror", "endpointUrl": s3_server.endpoint}],
     })
-    primary = cs.S3Location(f"s3://{bucket}/run", endpoint_url=s3_server.endpoint)  # the test looks directly
-    mirror = cs.S3Location(f"s3://{bucket}/mirror", endpoint_url=s3_server.endpoint)
+    primary = ck.S3Location(f"s3://{bucket}/run", endpoint_url=s3_server.endpoint)  # the test looks directly
+    mirror = ck.S3Location(f"s3://{bucket}/mirror", endpoint_url=s3_server.endpoint)
     seen_latest: list[tuple[str, bool]] = []
 
     def upload_in_flight() -> bool:

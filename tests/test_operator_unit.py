@@ -688,7 +688,7 @@ def test_in_a_cluster_replicas_share_one_certificate_secret(monkeypatch: pytest.
 
 
 def test_storage_credentials_come_from_secrets_as_the_trainer_reads_them() -> None:
-    from rljob_trainer.checkpoint_store import MIRROR_ENV_PREFIX
+    from rljob_trainer.checkpoints.plan import MIRROR_ENV_PREFIX
 
     assert builders_module.MIRROR_ENV_PREFIX == MIRROR_ENV_PREFIX
     job = make_job(spec={"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-creds",

@@ -32,7 +32,7 @@ TOKEN_FILE = "token"
 TOKEN_AUDIENCE = "rljob-status"
 TOKEN_EXPIRATION_SECONDS = 3600
 TRAINER_COMMAND = ["python", "-m", "rljob_trainer.launch", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"]
-#: ``envFrom`` prefix of mirror ``i``'s credentialsSecret (``rljob_trainer.checkpoint_store.MIRROR_ENV_PREFIX``).
+#: ``envFrom`` prefix of mirror ``i``'s credentialsSecret (``rljob_trainer.checkpoints.plan.MIRROR_ENV_PREFIX``).
 MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
 
 

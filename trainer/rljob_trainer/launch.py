@@ -81,7 +81,7 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
     Returns environment additions for the ranks (the materialised model path, the checkpoint
     to resume from).
     """
-    from rljob_trainer.checkpoint_resume import StorageUnavailable, prepare_checkpoint_storage
+    from rljob_trainer.checkpoints.resume import StorageUnavailable, prepare_checkpoint_storage
     from rljob_trainer.data import check_dataset_source
     from rljob_trainer.rewards import resolve_rewards
     from rljob_trainer.worker import check_trl_fields, trl_classes

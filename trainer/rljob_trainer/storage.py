@@ -124,7 +124,3 @@ def download_prefix(uri: str, dest: str, where: str = "spec.training.model") -> 
         raise _permanent_from(e, uri, where) from e
     return dest
 
-
-def local_staging_dir(cfg: Any) -> str:
-    """Local folder where checkpoints are written before upload to object storage."""
-    return os.path.join(cfg.output_dir, "checkpoint-staging")

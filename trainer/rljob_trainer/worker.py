@@ -144,38 +144,29 @@ def stop_on_signal_callback(request: StopRequest) -> Any:
     return StopOnSignal()
 
 
-def run(cfg: TrainerConfig) -> dict[str, Any] | None:
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoTokenizer, TrainerCallback
+@dataclasses.dataclass
+class Inputs:
+    """What the trainer is built from: the TRL config, reward functions, prompts, model and tokenizer."""
 
-    from rljob_trainer import checkpoint_resume, checkpoint_store, checkpoint_upload, checkpoints
+    args: Any
+    reward_funcs: list[Any]
+    dataset: Any
+    model_path: str
+    tokenizer: Any
+
+
+def prepare_inputs(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use_cpu: bool) -> Inputs:
+    """Build the TRL config, the rewards, the prompt dataset and the tokenizer (errors name the spec field)."""
+    from transformers import AutoTokenizer
+
     from rljob_trainer.data import load_prompts
-    from rljob_trainer.heartbeat import Heartbeat
     from rljob_trainer.rewards import resolve_rewards
-    from rljob_trainer.telemetry import (
-        TelemetryCallback,
-        TrainerMetrics,
-        compact_progress_callback,
-        write_summary,
-    )
 
-    started = time.time()
-    rank = int(os.environ.get("RANK", "0"))
-    use_cpu = not torch.cuda.is_available()
-    if cfg.training.precision != "fp32" and use_cpu:
-        raise PermanentError("spec.training.precision", f"{cfg.training.precision} needs a GPU; use fp32 on CPU")
-
-    config_cls, trainer_cls = trl_classes(cfg.training.algorithm)
-    # With object storage the HF Trainer writes to a local staging folder; rank 0 uploads from there.
-    storage = checkpoint_store.storage_plan(cfg)
-    checkpoint_dir = str(storage.local_root)
     # transformers 5 reads the TensorBoard folder from the environment only.
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
     args = build_trl_config(cfg, config_cls, checkpoint_dir, use_cpu)
     reward_funcs, _ = resolve_rewards(cfg.training.rewards)
     dataset = load_prompts(cfg.training.dataset, cfg.training.seed, os.path.join(cfg.output_dir, ".cache"))
-
     model_path = resolve_model(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -183,107 +174,130 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         raise PermanentError("spec.training.model", f"cannot load tokenizer from {model_path!r}: {e}") from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return Inputs(args, reward_funcs, dataset, model_path, tokenizer)
 
-    resume = checkpoint_resume.resume_checkpoint(checkpoint_dir)  # fetched and verified by the pre-flight
-    metrics = None
-    if rank == 0:
-        metrics = TrainerMetrics()
-        port = int(os.environ.get(METRICS_PORT_ENV, "9400"))
-        bound = metrics.serve(port)
-        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.output_dir) / "metrics-port").write_text(str(bound))
-    heartbeat = Heartbeat.from_env() if rank == 0 else None
-    policy = checkpoint_store.RetentionPolicy(
-        cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric
-    )
-    publisher = None
-    if rank == 0 and storage.publish_to:
-        # No resume protection in retention: every node fetched and loaded its resume checkpoint
-        # before the first step, so by the first save nothing is reading it any more.
-        publisher = checkpoint_upload.CheckpointPublisher(
-            storage.publish_to, policy, transfer=storage.transfer, seal=storage.remote_primary,
-            staging=storage.local_root if storage.remote_primary else None,
-            retries=cfg.checkpoint.upload_retries, metrics=metrics, heartbeat=heartbeat,
-        )
 
-    class SealCheckpoint(TrainerCallback):  # type: ignore[misc]
-        """After every rank has saved (rank 0). On object storage: hand the checkpoint to the background
-        publisher (seal, upload, verify, manifest, ``latest``, retention). Locally: seal it here
-        (manifest, ``latest``), apply retention, and copy it to any mirrors in the background."""
+def start_reporting(cfg: TrainerConfig, rank: int) -> tuple[Any, Any]:
+    """(metrics, heartbeat) on rank 0 — Prometheus served on ``RLJOB_METRICS_PORT``, its bound port
+    written to ``<output>/metrics-port`` — and (None, None) on the other ranks."""
+    from rljob_trainer.heartbeat import Heartbeat
+    from rljob_trainer.telemetry import TrainerMetrics
 
+    if rank != 0:
+        return None, None
+    metrics = TrainerMetrics()
+    bound = metrics.serve(int(os.environ.get(METRICS_PORT_ENV, "9400")))
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.output_dir) / "metrics-port").write_text(str(bound))
+    return metrics, Heartbeat.from_env()
+
+
+def checkpoint_callback(publisher: Any) -> Any:
+    """A TrainerCallback handing each saved checkpoint to rank 0's publisher once every rank has saved
+    (the publisher seals it, copies it where the plan says, and applies retention)."""
+    import torch.distributed as dist
+    from transformers import TrainerCallback
+
+    class PublishCheckpoint(TrainerCallback):  # type: ignore[misc]
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if dist.is_available() and dist.is_initialized():
                 dist.barrier()
-            if not state.is_world_process_zero:
+            if not state.is_world_process_zero or publisher is None:
                 return
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             recent = [h for h in state.log_history if "reward" in h]
             metrics_now = {"reward": float(recent[-1]["reward"])} if recent else {}
-            if publisher is not None and storage.remote_primary:
-                publisher.submit(ckpt, state.global_step, metrics_now)
-                return
-            checkpoints.seal_checkpoint(ckpt, state.global_step, metrics_now)
-            # The resume source was fully loaded before the first step, so by the first save
-            # it needs no protection beyond what keepLast/keepBest give it.
-            checkpoints.apply_retention(
-                args.output_dir, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric,
-                protect=publisher.pending() if publisher is not None else None,  # still being mirrored
-            )
-            if publisher is not None:
-                publisher.submit(ckpt, state.global_step, metrics_now)
-            if metrics is not None:
-                metrics.last_checkpoint.set(state.global_step)
-            if heartbeat is not None:
-                heartbeat.checkpoint = ckpt.name
-                best = checkpoint_store.best_of(checkpoints.complete_checkpoints(args.output_dir), policy.best_metric)
-                heartbeat.best_checkpoint = best.name if best else None
-                heartbeat.best_metric = best.metrics.get(policy.best_metric) if best else None
+            publisher.save(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step, metrics_now)
+
+    return PublishCheckpoint()
+
+
+def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callbacks: list[Any]) -> Any:
+    """The TRL trainer, with rljob's callbacks and a compact progress bar instead of per-step dicts."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from rljob_trainer.telemetry import compact_progress_callback
 
     try:
         trainer = trainer_cls(
-            model=model_path,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=[TelemetryCallback(metrics, heartbeat), SealCheckpoint(), stop_on_signal_callback(STOP)],
+            model=inputs.model_path,
+            reward_funcs=inputs.reward_funcs,
+            args=inputs.args,
+            train_dataset=inputs.dataset,
+            processing_class=inputs.tokenizer,
+            callbacks=callbacks,
         )
     except (OSError, ValueError) as e:
         raise PermanentError("spec.training", f"cannot build the {cfg.training.algorithm} trainer: {e}") from e
     # Keep the progress bar, drop the per-step dict printing (metrics go to Prometheus/TensorBoard).
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
     trainer.remove_callback(PrinterCallback)
-    if not args.disable_tqdm:
+    if not inputs.args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(compact_progress_callback())
+    return trainer
+
+
+def write_run_summary(
+    cfg: TrainerConfig, trainer: Any, publisher: Any, resume: Path | None, started: float, heartbeat: Any
+) -> dict[str, Any]:
+    """Rank 0's end of run: wait (bounded) for the last uploads, write summary.json, send the final heartbeat."""
+    from rljob_trainer.checkpoints.manifest import atomic_write_text
+    from rljob_trainer.telemetry import write_summary
+
+    publisher.close(cfg.checkpoint.upload_timeout_seconds)  # an unfinished upload has no manifest: ignored
+    checkpoint_fields = publisher.summary_fields()
+    summary = write_summary(
+        cfg.output_dir,
+        steps=trainer.state.global_step,
+        log_history=trainer.state.log_history,
+        checkpoints=checkpoint_fields.pop("checkpoints"),
+        resumed_from=resume.name if resume is not None else None,
+        wall_seconds=time.time() - started,
+    )
+    summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
+    atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
+    if heartbeat is not None:
+        heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
+                       final=not STOP.signum)
+    return summary
+
+
+def run(cfg: TrainerConfig) -> dict[str, Any] | None:
+    """Train one rank: inputs, reporting, rank 0's checkpoint publisher, the trainer, the summary."""
+    import torch
+
+    from rljob_trainer.checkpoints.plan import storage_plan
+    from rljob_trainer.checkpoints.publisher import CheckpointPublisher
+    from rljob_trainer.checkpoints.resume import resume_checkpoint
+    from rljob_trainer.checkpoints.retention import RetentionPolicy
+    from rljob_trainer.telemetry import TelemetryCallback
+
+    started = time.time()
+    rank = int(os.environ.get("RANK", "0"))
+    use_cpu = not torch.cuda.is_available()
+    if cfg.training.precision != "fp32" and use_cpu:
+        raise PermanentError("spec.training.precision", f"{cfg.training.precision} needs a GPU; use fp32 on CPU")
+    config_cls, trainer_cls = trl_classes(cfg.training.algorithm)
+    # The HF Trainer saves into the plan's folder: the local primary itself, or a staging folder in
+    # front of object storage; rank 0's publisher seals each checkpoint there and copies it onwards.
+    storage = storage_plan(cfg)
+    inputs = prepare_inputs(cfg, config_cls, str(storage.local_root), use_cpu)
+    resume = resume_checkpoint(storage.local_root)  # fetched and verified by the pre-flight
+    metrics, heartbeat = start_reporting(cfg, rank)
+    publisher = None
+    if rank == 0:
+        # No resume protection in retention: every node fetched and loaded its resume checkpoint
+        # before the first step, so by the first save nothing is reading it any more.
+        policy = RetentionPolicy(cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric)
+        publisher = CheckpointPublisher.for_plan(storage, policy, retries=cfg.checkpoint.upload_retries,
+                                                 metrics=metrics, heartbeat=heartbeat)
+    callbacks = [TelemetryCallback(metrics, heartbeat), checkpoint_callback(publisher), stop_on_signal_callback(STOP)]
+    trainer = build_trainer(cfg, trainer_cls, inputs, callbacks)
     if resume is not None and rank == 0:
         log.warning("resuming from %s", resume)
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
-
     summary = None
-    if trainer.is_world_process_zero():
-        if publisher is not None:  # bounded: an unfinished upload has no manifest and is ignored
-            publisher.close(cfg.checkpoint.upload_timeout_seconds)
-        if publisher is not None and storage.remote_primary:
-            checkpoint_fields = publisher.summary_fields()
-        else:
-            checkpoint_fields = checkpoint_upload.local_summary_fields(checkpoint_dir, policy.best_metric)
-            if publisher is not None:
-                checkpoint_fields["checkpoint_upload_failures"] = publisher.failures
-        summary = write_summary(
-            cfg.output_dir,
-            steps=trainer.state.global_step,
-            log_history=trainer.state.log_history,
-            checkpoints=checkpoint_fields.pop("checkpoints"),
-            resumed_from=resume.name if resume is not None else None,
-            wall_seconds=time.time() - started,
-        )
-        summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
-        checkpoints.atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
-        if heartbeat is not None:
-            heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
-                           final=not STOP.signum)
+    if trainer.is_world_process_zero() and publisher is not None:
+        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat)
     if metrics is not None:
         metrics.shutdown()
     finish_together()

@@ -1,4 +1,4 @@
-"""Checkpoints a resume can trust: a manifest of checksums, an atomic ``latest`` pointer, retention.
+"""The manifest that makes a checkpoint complete: checksums, the ``latest`` pointer, folder checks.
 
 A checkpoint is a folder ``checkpoint-<step>`` written by the HF Trainer. It counts only
 once ``rljob-manifest.json`` lists every file with its size and MD5 — the manifest is
@@ -7,8 +7,8 @@ written last, atomically, after every rank has finished saving. Only then does t
 ignored by resume and retention alike; a resume verifies checksums and falls back to the
 previous complete checkpoint when one does not match.
 
-The same layout and rules hold on object storage (``rljob_trainer.checkpoint_store``); for
-that the manifest also records each file's expected S3 ETag (``etag``) for the multipart part
+The same layout and rules hold at every location (``rljob_trainer.checkpoints.locations``); for
+object storage the manifest also records each file's expected S3 ETag (``etag``) for the multipart part
 size the uploader uses, so a bucket listing alone verifies an upload.
 """
 
@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger("rljob.checkpoints")
 
 MANIFEST = "rljob-manifest.json"
 LATEST = "latest"
@@ -43,6 +41,7 @@ class CheckpointInfo:
 
 
 def file_md5(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """The hex MD5 of a file, read in ``chunk``-sized blocks."""
     digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -94,6 +93,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def step_of(name: str) -> int | None:
+    """The step of a ``checkpoint-<step>`` name, or None for any other name."""
     m = CHECKPOINT_RE.match(name)
     return int(m.group(1)) if m else None
 
@@ -144,22 +144,16 @@ def build_manifest(
     return manifest
 
 
-def seal_checkpoint(
-    ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[str, float], part_size: int | None = None
-) -> CheckpointInfo:
-    """Write the manifest (making the checkpoint complete) and move ``latest`` to it."""
-    ckpt_dir = Path(ckpt_dir)
-    manifest = build_manifest(ckpt_dir, step, metrics, part_size)
-    atomic_write_text(ckpt_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-    atomic_write_text(ckpt_dir.parent / LATEST, ckpt_dir.name + "\n")
-    return CheckpointInfo(ckpt_dir.name, step, metrics, manifest["files"])
+def info_from_manifest(data: dict[str, Any]) -> CheckpointInfo:
+    """The :class:`CheckpointInfo` a parsed manifest describes (KeyError/TypeError when malformed)."""
+    return CheckpointInfo(str(data["name"]), int(data["step"]), dict(data.get("metrics", {})), dict(data["files"]))
 
 
 def read_manifest(ckpt_dir: str | os.PathLike[str]) -> CheckpointInfo | None:
+    """The manifest of a local checkpoint folder, or None when it has none (or an unreadable one)."""
     path = Path(ckpt_dir) / MANIFEST
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return CheckpointInfo(data["name"], int(data["step"]), dict(data.get("metrics", {})), dict(data["files"]))
+        return info_from_manifest(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -196,81 +190,24 @@ def complete_checkpoints(root: str | os.PathLike[str]) -> list[CheckpointInfo]:
     return sorted(found, key=lambda c: c.step)
 
 
-def find_resume_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint whose files match its manifest, or None.
-
-    A corrupt one is skipped with a warning and the previous one is tried.
-    """
-    for info in reversed(complete_checkpoints(root)):
-        path = Path(root) / info.name
-        problems = verify_checkpoint(path)
-        if not problems:
-            return path
-        log.warning("checkpoint %s failed verification, falling back: %s", path, "; ".join(problems[:3]))
-    return None
-
-
-def retention_keep(
-    checkpoints: list[CheckpointInfo],
-    keep_last: int,
-    keep_best: int = 0,
-    best_metric: str = "reward",
-    protect: set[str] | None = None,
-) -> set[str]:
-    """Names to keep: the newest ``keep_last``, the best ``keep_best`` by ``best_metric``
-    (higher is better), the newest one always, and any in ``protect`` (a resume source)."""
-    ordered = sorted(checkpoints, key=lambda c: c.step)
-    keep = {c.name for c in ordered[-max(1, keep_last) :]}
-    if keep_best > 0:
-        scored = [c for c in ordered if best_metric in c.metrics]
-        scored.sort(key=lambda c: (c.metrics[best_metric], c.step), reverse=True)
-        keep |= {c.name for c in scored[:keep_best]}
-    return keep | (protect or set())
-
-
-def retention_plan(
-    complete: list[CheckpointInfo],
-    incomplete: list[str],
-    keep_last: int,
-    keep_best: int = 0,
-    best_metric: str = "reward",
-    protect: set[str] | None = None,
-) -> list[str]:
-    """Names to delete at one location: complete checkpoints outside the kept set, and incomplete
-    ones older than the newest complete one (debris of a crash or a failed upload; a newer incomplete
-    one may still be being written). Pure, so local folders and bucket listings share it."""
-    if not complete:
-        return []
-    keep = retention_keep(complete, keep_last, keep_best, best_metric, protect)
-    newest = max(c.step for c in complete)
-    doomed = [c.name for c in complete if c.name not in keep]
-    doomed += [n for n in incomplete if (s := step_of(n)) is not None and s < newest and n not in keep]
-    return sorted(doomed, key=lambda n: step_of(n) or 0)
-
-
-def apply_retention(
-    root: str | os.PathLike[str],
-    keep_last: int,
-    keep_best: int = 0,
-    best_metric: str = "reward",
-    protect: set[str] | None = None,
-) -> list[str]:
-    """Delete complete checkpoints outside the kept set, and incomplete folders older than the
-    newest complete one (debris of a crash; a newer incomplete one may still be being written).
-    Returns the names deleted."""
-    root = Path(root)
-    complete = complete_checkpoints(root)
-    complete_names = {c.name for c in complete}
-    incomplete = [c.name for c in root.iterdir() if c.is_dir() and step_of(c.name) is not None
-                  and c.name not in complete_names] if root.is_dir() else []
-    deleted = retention_plan(complete, incomplete, keep_last, keep_best, best_metric, protect)
-    for name in deleted:
-        delete_checkpoint(root / name)
-    return deleted
-
-
 def delete_checkpoint(ckpt_dir: str | os.PathLike[str]) -> None:
     """Remove the manifest first, so a crash mid-delete leaves an incomplete (ignored) folder."""
     ckpt_dir = Path(ckpt_dir)
     (ckpt_dir / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def listing_problems(info: CheckpointInfo, objects: Mapping[str, tuple[int, str | None]]) -> list[str]:
+    """Files of a manifest that are missing at a location, or whose size or ETag differ from it."""
+    problems = []
+    for rel, meta in sorted(info.files.items()):
+        found = objects.get(rel)
+        if found is None:
+            problems.append(f"{rel}: missing")
+            continue
+        size, etag = found
+        if size != meta["size"]:
+            problems.append(f"{rel}: size {size} != {meta['size']}")
+        elif etag is not None and meta.get("etag") and etag != meta["etag"]:
+            problems.append(f"{rel}: ETag {etag} != {meta['etag']}")
+    return problems

@@ -16,16 +16,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rljob_trainer import checkpoints as ck
-from rljob_trainer.checkpoint_store import (
+from rljob_trainer.checkpoints.locations import CorruptCheckpoint, Listing, Location, StorageError
+from rljob_trainer.checkpoints.manifest import (
     CheckpointInfo,
-    CorruptCheckpoint,
-    Listing,
-    Location,
-    StorageError,
-    storage_plan,
+    complete_checkpoints,
+    delete_checkpoint,
+    step_of,
+    verify_checkpoint,
 )
-from rljob_trainer.checkpoints import step_of
+from rljob_trainer.checkpoints.plan import storage_plan
 from rljob_trainer.errors import PermanentError
 
 log = logging.getLogger("rljob.checkpoints")
@@ -132,7 +131,7 @@ def discard_local_after(root: Path, resume: Path | None) -> None:
         step = step_of(child.name)
         newer = step is not None and (limit is None or step > limit)
         if child.is_dir() and (newer or child.name.startswith(".fetch-")):
-            ck.delete_checkpoint(child)
+            delete_checkpoint(child)
 
 
 def resume_checkpoint(local_root: str | os.PathLike[str]) -> Path | None:
@@ -140,5 +139,19 @@ def resume_checkpoint(local_root: str | os.PathLike[str]) -> Path | None:
     local checkpoint (plain local storage)."""
     decided = os.environ.get(RESUME_ENV)
     if decided is None:
-        return ck.find_resume_checkpoint(local_root)
+        return find_resume_checkpoint(local_root)
     return Path(decided) if decided else None
+
+
+def find_resume_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint in a local folder whose files match its manifest, or None.
+
+    A corrupt one is skipped with a warning and the previous one is tried.
+    """
+    for info in reversed(complete_checkpoints(root)):
+        path = Path(root) / info.name
+        problems = verify_checkpoint(path)
+        if not problems:
+            return path
+        log.warning("checkpoint %s failed verification, falling back: %s", path, "; ".join(problems[:3]))
+    return None

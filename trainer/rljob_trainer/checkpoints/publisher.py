@@ -1,12 +1,14 @@
-"""Rank 0's background uploader: each saved checkpoint is sealed, copied to every location, verified,
-made complete (manifest), pointed at (``latest``) and retention is applied there — all in a
-thread, so training never waits on the network (only at the very end, bounded).
+"""Rank 0's checkpoint pipeline: every checkpoint the HF Trainer saves is sealed where it was saved,
+copied to every other location, verified, made complete there (manifest), pointed at (``latest``),
+and retention is applied at each location — by the same :class:`~rljob_trainer.checkpoints.locations.Location`
+methods whether the location is a folder or a bucket.
 
+Copies run in a thread, so training never waits on the network (only at the very end, bounded).
 A failed location is retried with exponential backoff, then skipped for that checkpoint; a location
 that failed its last checkpoint gets one attempt per checkpoint until it recovers (an outage does not
 build a backlog), and the newest checkpoint gets a last full round of retries when training ends.
 Failures count in ``rljob_trainer_checkpoint_upload_failures_total``; a checkpoint complete on the
-primary sets ``rljob_trainer_last_checkpoint_upload_timestamp_seconds``.
+first location copied to sets ``rljob_trainer_last_checkpoint_upload_timestamp_seconds``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -22,19 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob_trainer import checkpoints as ck
-from rljob_trainer.checkpoint_store import (
+from rljob_trainer.checkpoints.locations import Listing, LocalLocation, Location, StorageError
+from rljob_trainer.checkpoints.manifest import (
+    MANIFEST,
     CheckpointInfo,
-    Listing,
-    LocalLocation,
-    Location,
-    RetentionPolicy,
-    S3Location,
-    StorageError,
-    TransferSettings,
-    best_of,
+    build_manifest,
+    file_digests,
+    s3_part_size,
 )
-from rljob_trainer.checkpoints import MANIFEST
+from rljob_trainer.checkpoints.plan import StoragePlan
+from rljob_trainer.checkpoints.retention import RetentionPolicy, best_of
+from rljob_trainer.checkpoints.s3 import S3Location, TransferSettings
+
+#: The staging folder in front of object storage keeps its newest checkpoint (a fast resume after
+#: a container restart) and those still being uploaded.
+STAGING_POLICY = RetentionPolicy(keep_last=1)
 
 log = logging.getLogger("rljob.checkpoints")
 
@@ -60,35 +63,41 @@ class _Job:
 
 
 class CheckpointPublisher:
-    """Rank 0's background uploader: for each saved checkpoint, seal it (when ``seal``), then publish
-    it to every location in order (files, verify, manifest, ``latest``, retention), retrying a failed
-    location ``retries`` times with exponential backoff before skipping it for that checkpoint.
+    """Rank 0's checkpoint pipeline for the folder the HF Trainer saves into (``folder``) and the
+    locations each checkpoint is copied to (``locations``, in order), all under one ``policy``.
 
-    A location that failed its last checkpoint gets one attempt per checkpoint until it recovers, so
-    an outage does not build a backlog; :meth:`close` gives the newest checkpoint a last full round
-    where it is missing. With ``staging`` (a remote primary), the local folder is trimmed to the newest
-    checkpoint and those still pending. Training only waits in :meth:`close`, bounded.
+    With ``folder_is_primary`` (a local primary), :meth:`save` seals the checkpoint in the folder
+    (manifest, ``latest``) and applies retention there — keeping checkpoints still being copied —
+    before training goes on, as a checkpoint counts once it is sealed; the copies to ``locations``
+    (the mirrors) follow in the background. Otherwise (object storage), :meth:`save` returns at once;
+    the background thread seals the staging copy (with the ETags S3 will report), publishes it to
+    every location, and trims the folder to its newest checkpoint and those still pending.
+
+    A location is retried ``retries`` times with exponential backoff before it is skipped for that
+    checkpoint; one that failed its last checkpoint gets one attempt per checkpoint until it
+    recovers, so an outage does not build a backlog; :meth:`close` gives the newest checkpoint a
+    last full round where it is missing. Training only waits in :meth:`close`, bounded.
     """
 
     def __init__(
         self,
+        folder: LocalLocation,
         locations: list[Location],
         policy: RetentionPolicy,
         *,
         transfer: TransferSettings,
-        seal: bool,
-        staging: Path | None = None,
+        folder_is_primary: bool,
         protect: set[str] | None = None,
         retries: int = 3,
         backoff: float = 2.0,
         metrics: Any = None,
         heartbeat: Any = None,
     ) -> None:
+        self.folder = folder
         self.locations = locations
         self.policy = policy
         self.transfer = transfer
-        self.seal = seal
-        self.staging = staging
+        self.folder_is_primary = folder_is_primary
         self.protect = set(protect or ())
         self.retries = retries
         self.backoff = backoff
@@ -101,21 +110,50 @@ class CheckpointPublisher:
         self._pending: list[str] = []
         self._lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="rljob-checkpoint-upload", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if locations:
+            self._thread = threading.Thread(target=self._run, name="rljob-checkpoint-upload", daemon=True)
+            self._thread.start()
+
+    @classmethod
+    def for_plan(cls, plan: StoragePlan, policy: RetentionPolicy, **kwargs: Any) -> CheckpointPublisher:
+        """The publisher of a run's :class:`StoragePlan`: its folder, the locations copied to, its transfer settings."""
+        return cls(plan.folder, plan.publish_to, policy, transfer=plan.transfer,
+                   folder_is_primary=not plan.remote_primary, **kwargs)
+
+    def save(self, ckpt_dir: Path, step: int, metrics: dict[str, float]) -> None:
+        """A checkpoint the HF Trainer has just saved (every rank done): seal it now when the folder is
+        the primary, and hand it to the background thread for the other locations."""
+        if self.folder_is_primary:
+            self._seal_in_folder(Path(ckpt_dir), step, metrics)
+        if self.locations:
+            self.submit(Path(ckpt_dir), step, metrics)
+
+    def _seal_in_folder(self, ckpt_dir: Path, step: int, metrics: dict[str, float]) -> None:
+        """Seal a checkpoint in the primary folder and apply retention there (the calling thread)."""
+        self.folder.publish(ckpt_dir, build_manifest(ckpt_dir, step, metrics))
+        deleted, listing = self.folder.apply_retention(self.policy, self.pending() | self.protect)
+        if deleted:
+            log.info("checkpoint retention at %s deleted %s", self.folder.uri, ", ".join(deleted))
+        self._announce(ckpt_dir.name, step, best_of(listing.complete, self.policy.best_metric))
 
     def submit(self, ckpt_dir: Path, step: int, metrics: dict[str, float]) -> None:
-        """Hand over a saved checkpoint (returns at once)."""
+        """Queue a saved checkpoint for the background thread (returns at once)."""
+        if self._thread is None:
+            raise RuntimeError("CheckpointPublisher.submit: no locations to publish to")
         with self._lock:
             self._pending.append(ckpt_dir.name)
         self._queue.put(_Job(Path(ckpt_dir), step, dict(metrics)))
 
     def pending(self) -> set[str]:
+        """Checkpoints queued or being copied."""
         with self._lock:
             return set(self._pending)
 
     def close(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for pending uploads; True when all finished."""
+        if self._thread is None:
+            return True
         self._queue.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -146,13 +184,14 @@ class CheckpointPublisher:
                     self._pending.remove(job.ckpt_dir.name)
 
     def _manifest(self, job: _Job) -> dict[str, Any]:
-        if self.seal:
-            ck.seal_checkpoint(job.ckpt_dir, job.step, job.metrics, part_size=self.transfer.part_size)
+        if not self.folder_is_primary:  # sealed here, off the training thread, with the ETags S3 will report
+            self.folder.publish(job.ckpt_dir, build_manifest(job.ckpt_dir, job.step, job.metrics,
+                                                             part_size=self.transfer.part_size))
         manifest: dict[str, Any] = json.loads((job.ckpt_dir / MANIFEST).read_text(encoding="utf-8"))
         if manifest.get("part_size") != self.transfer.part_size:  # sealed without ETags (a local primary)
             for rel, meta in manifest["files"].items():
-                part = ck.s3_part_size(self.transfer.part_size, meta["size"])
-                meta["etag"] = meta["md5"] if part is None else ck.file_digests(job.ckpt_dir / rel, part)[1]
+                part = s3_part_size(self.transfer.part_size, meta["size"])
+                meta["etag"] = meta["md5"] if part is None else file_digests(job.ckpt_dir / rel, part)[1]
             manifest["part_size"] = self.transfer.part_size
         return manifest
 
@@ -161,9 +200,8 @@ class CheckpointPublisher:
         self._newest = (job, manifest)
         for i, loc in enumerate(self.locations):
             self._publish_to(i, loc, job, manifest)
-        if self.staging is not None:
-            # Keep the newest staged checkpoint (a fast resume after a container restart) and pending ones.
-            ck.apply_retention(self.staging, keep_last=1, protect=self.pending() | self.protect)
+        if not self.folder_is_primary:
+            self.folder.apply_retention(STAGING_POLICY, self.pending() | self.protect)
         self._report()
 
     def _retry_newest(self) -> None:
@@ -215,17 +253,37 @@ class CheckpointPublisher:
         return None, None, None
 
     def _report(self) -> None:
-        loc, latest, best = self.state()
-        if latest is None:
+        """Announce the primary's state after a background publish. A primary folder was announced when
+        the checkpoint was sealed there; a mirror's state (which lags) must not overwrite it."""
+        if self.folder_is_primary:
             return
+        loc, latest, best = self.state()
+        if latest is not None:
+            self._announce(latest.name, latest.step, best)
+
+    def _announce(self, latest: str, step: int, best: CheckpointInfo | None) -> None:
+        """The newest and best checkpoints, to Prometheus and the operator (with the next heartbeat)."""
         if self.metrics is not None:
-            self.metrics.last_checkpoint.set(latest.step)
+            self.metrics.last_checkpoint.set(step)
         if self.heartbeat is not None:
-            self.heartbeat.checkpoint = latest.name
+            self.heartbeat.checkpoint = latest
             self.heartbeat.best_checkpoint = best.name if best else None
             self.heartbeat.best_metric = best.metrics.get(self.policy.best_metric) if best else None
 
     def summary_fields(self) -> dict[str, Any]:
+        """summary.json's checkpoint fields, from the primary: what it holds, latest, best, and the
+        failed copies (absent when nothing is copied anywhere)."""
+        if self.folder_is_primary:
+            complete = self.folder.listing().complete
+            fields = {
+                "checkpoints": [c.name for c in complete],
+                "latest_checkpoint": checkpoint_ref(complete[-1] if complete else None, self.folder),
+                "best_checkpoint": checkpoint_ref(best_of(complete, self.policy.best_metric), self.folder,
+                                                  self.policy.best_metric),
+            }
+            if self.locations:
+                fields["checkpoint_upload_failures"] = self.failures
+            return fields
         loc, latest, best = self.state()
         listing = self.listings.get(self.locations.index(loc)) if loc is not None else None
         return {
@@ -235,13 +293,3 @@ class CheckpointPublisher:
             "checkpoint_upload_failures": self.failures,
         }
 
-
-def local_summary_fields(root: str | os.PathLike[str], best_metric: str) -> dict[str, Any]:
-    """summary.json's checkpoint fields for checkpoints kept in a local folder."""
-    complete = ck.complete_checkpoints(root)
-    loc = LocalLocation(root)
-    return {
-        "checkpoints": [c.name for c in complete],
-        "latest_checkpoint": checkpoint_ref(complete[-1] if complete else None, loc),
-        "best_checkpoint": checkpoint_ref(best_of(complete, best_metric), loc, best_metric),
-    }

@@ -1,0 +1,101 @@
+"""Where one run's checkpoints go: the primary location, the mirrors, the folder the HF Trainer saves into."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rljob_trainer.checkpoints.locations import LocalLocation, Location
+from rljob_trainer.checkpoints.s3 import MiB, S3Location, TransferSettings
+from rljob_trainer.storage import credentials_from_env
+
+log = logging.getLogger("rljob.checkpoints")
+
+#: ``envFrom`` prefix under which the operator exposes mirror ``i``'s credentialsSecret.
+MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
+
+
+def location_for(
+    uri: str,
+    *,
+    where: str = "spec.checkpoint.storage",
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    credentials: dict[str, str] | None = None,
+    transfer: TransferSettings | None = None,
+) -> Location:
+    """The location a URI names: ``s3://bucket/prefix`` is object storage, anything else a local folder."""
+    if uri.startswith("s3://"):
+        return S3Location(uri, where=where, endpoint_url=endpoint_url, region=region, credentials=credentials,
+                          transfer=transfer)
+    return LocalLocation(uri, where=where)
+
+
+@dataclass
+class StoragePlan:
+    """Where a run's checkpoints go: the primary, the mirrors, and the folder the HF Trainer writes to
+    (a staging folder when the primary is remote, the primary itself when it is a local path)."""
+
+    primary: Location
+    mirrors: list[Location]
+    local_root: Path
+    transfer: TransferSettings
+
+    @property
+    def remote_primary(self) -> bool:
+        """Whether the primary is object storage (the HF Trainer then writes to a staging folder)."""
+        return isinstance(self.primary, S3Location)
+
+    @property
+    def folder(self) -> LocalLocation:
+        """The folder the HF Trainer saves into, as a location: checkpoints are sealed there in place.
+        A local primary is that folder; in front of object storage it is the staging folder."""
+        if isinstance(self.primary, LocalLocation) and self.primary.root == self.local_root:
+            return self.primary
+        return LocalLocation(self.local_root)
+
+    @property
+    def locations(self) -> list[Location]:
+        """The primary, then the mirrors (the order resume prefers at equal steps)."""
+        return [self.primary, *self.mirrors]
+
+    @property
+    def publish_to(self) -> list[Location]:
+        """Where rank 0's background publisher copies each checkpoint (a local primary is sealed in place)."""
+        return self.locations if self.remote_primary else self.mirrors
+
+    @property
+    def managed(self) -> bool:
+        """Whether object storage or mirrors are involved (else the plain local behaviour applies)."""
+        return self.remote_primary or bool(self.mirrors)
+
+
+def local_staging_dir(cfg: Any) -> str:
+    """Local folder where checkpoints are written before upload to object storage."""
+    return os.path.join(cfg.output_dir, "checkpoint-staging")
+
+
+def storage_plan(cfg: Any, environ: Mapping[str, str] | None = None) -> StoragePlan:
+    """The :class:`StoragePlan` of a TrainerConfig (``spec.checkpoint``); mirror ``i``'s credentials
+    come from ``RLJOB_MIRROR<i>_AWS_*`` in ``environ`` (default: the process environment)."""
+    spec = cfg.checkpoint
+    transfer = TransferSettings(part_size=spec.part_size_mib * MiB, concurrency=spec.upload_concurrency)
+    location = cfg.checkpoint_location()
+    primary = location_for(location, endpoint_url=spec.endpoint_url, region=spec.region, transfer=transfer)
+    mirrors = []
+    for i, m in enumerate(spec.mirrors):
+        creds = credentials_from_env(MIRROR_ENV_PREFIX.format(index=i), environ) if m.credentials_secret else None
+        if m.credentials_secret and creds is None:
+            log.warning("mirror %s: credentialsSecret %s is not exposed as %sAWS_* in the environment; using the "
+                        "default credentials", m.location, m.credentials_secret, MIRROR_ENV_PREFIX.format(index=i))
+        mirrors.append(location_for(
+            m.location, where=f"spec.checkpoint.mirrors[{i}].location",
+            endpoint_url=m.endpoint_url or (spec.endpoint_url if m.location.startswith("s3://") else None),
+            region=m.region or spec.region, credentials=creds, transfer=transfer,
+        ))
+    local_root = Path(local_staging_dir(cfg)) if location.startswith("s3://") else Path(location)
+    return StoragePlan(primary, mirrors, local_root, transfer)

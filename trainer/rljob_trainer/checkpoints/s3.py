@@ -1,0 +1,247 @@
+"""Checkpoints on object storage: a prefix in a bucket on any S3-compatible endpoint, through boto3.
+
+The layout and protocol are :mod:`rljob_trainer.checkpoints.locations`'s; this module moves the
+bytes (boto3's transfer manager, with part sizes — and so ETags — the manifest predicts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rljob_trainer.checkpoints.locations import (
+    ACCESS_PROBE,
+    Listing,
+    Location,
+    StorageError,
+    storage_errors,
+)
+from rljob_trainer.checkpoints.manifest import (
+    LATEST,
+    MANIFEST,
+    CheckpointInfo,
+    info_from_manifest,
+    listing_problems,
+    step_of,
+)
+from rljob_trainer.storage import error_code, s3_client, split_s3
+
+log = logging.getLogger("rljob.checkpoints")
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """How uploads and downloads use boto3's transfer manager."""
+
+    part_size: int = 16 * MiB
+    concurrency: int = 10
+
+    def config(self) -> Any:
+        from boto3.s3.transfer import TransferConfig
+
+        # The classic (pure-Python) client, so part sizes — and so ETags — are the ones we predict.
+        return TransferConfig(
+            multipart_threshold=self.part_size,
+            multipart_chunksize=self.part_size,
+            max_concurrency=self.concurrency,
+            use_threads=True,
+            preferred_transfer_client="classic",
+        )
+
+
+def etag_is_opaque(head: Mapping[str, Any]) -> bool:
+    """Whether a HeadObject response describes an object whose ETag is not an MD5 of its bytes."""
+    return str(head.get("ServerSideEncryption", "")).startswith("aws:kms") or bool(head.get("SSECustomerAlgorithm"))
+
+
+class S3Location(Location):
+    """A prefix in a bucket on any S3-compatible endpoint, spoken to through boto3."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        where: str = "spec.checkpoint.storage",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        credentials: dict[str, str] | None = None,
+        transfer: TransferSettings | None = None,
+        max_attempts: int = 3,
+    ) -> None:
+        self.bucket, prefix = split_s3(uri)
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.where = where
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.credentials = credentials
+        self.transfer = transfer or TransferSettings()
+        self.max_attempts = max_attempts
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._manifest_cache: dict[tuple[str, str | None], bytes] = {}  # (name, manifest ETag) → body
+
+    @property
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = s3_client(
+                    self.endpoint_url, self.region, credentials=self.credentials, max_attempts=self.max_attempts,
+                    connect_timeout=5, max_pool_connections=self.transfer.concurrency + 2,
+                )
+            return self._client
+
+    def key(self, *parts: str) -> str:
+        return "/".join([self.prefix, *parts]) if self.prefix else "/".join(parts)
+
+    def _keys(self, prefix: str) -> Iterator[dict[str, Any]]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        for page in pages:
+            yield from page.get("Contents", [])
+
+    def _root(self) -> str:
+        return self.prefix + "/" if self.prefix else ""
+
+    def check_access(self) -> None:
+        """List, write and delete a probe object: a denied or missing bucket fails here, before training."""
+        with storage_errors(self.uri):
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._root(), MaxKeys=1)
+            self.client.put_object(Bucket=self.bucket, Key=self.key(ACCESS_PROBE), Body=b"rljob\n")
+        try:
+            with storage_errors(self.uri):
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(ACCESS_PROBE))
+        except StorageError as e:
+            log.warning("checkpoint storage %s: cannot delete objects (%s); retention will fail there", self.uri, e)
+
+    def listing(self) -> Listing:
+        out = Listing()
+        root = self._root()
+        with storage_errors(self.uri):
+            # `latest` first: it only ever names a checkpoint whose manifest was written before it,
+            # so the object listing that follows contains that checkpoint. (Read last, it could name
+            # one completed after the listing, which would then look incomplete.)
+            latest = self._get(self.key(LATEST))
+            if latest is not None:
+                out.latest = latest.decode("utf-8", "replace").strip() or None
+            for obj in self._keys(root):
+                rel = obj["Key"][len(root):]
+                if rel == LATEST:
+                    continue
+                name, _, rest = rel.partition("/")
+                if step_of(name) is not None and rest:
+                    out.objects.setdefault(name, {})[rest] = (int(obj["Size"]), str(obj["ETag"]).strip('"'))
+            for name, files in out.objects.items():
+                body = self._manifest_body(name, files[MANIFEST][1]) if MANIFEST in files else None
+                if body is None:  # no manifest, or deleted (by retention) since the listing: incomplete
+                    continue
+                try:
+                    data = json.loads(body)
+                    out.complete.append(info_from_manifest(data))
+                    out.manifests[name] = data
+                except (ValueError, KeyError, TypeError) as e:
+                    log.warning("checkpoint %s: unreadable manifest (%s); treated as incomplete", self.child_uri(name), e)
+        out.complete.sort(key=lambda c: c.step)
+        return out
+
+    def _manifest_body(self, name: str, etag: str | None) -> bytes | None:
+        """A manifest's bytes; unchanged manifests (same ETag) are not fetched again."""
+        cached = self._manifest_cache.get((name, etag))
+        if cached is None:
+            cached = self._get(self.key(name, MANIFEST))
+            if cached is not None and len(self._manifest_cache) < 10_000:
+                self._manifest_cache[(name, etag)] = cached
+        return cached
+
+    def _get(self, key: str) -> bytes | None:
+        """An object's bytes, or None when it does not exist (any more)."""
+        try:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except Exception as e:
+            if error_code(e) in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    def _objects(self, name: str) -> dict[str, tuple[int, str | None]]:
+        prefix = self.key(name) + "/"
+        return {o["Key"][len(prefix):]: (int(o["Size"]), str(o["ETag"]).strip('"')) for o in self._keys(prefix)}
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i : i + 1000]]
+            resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            if resp.get("Errors"):
+                err = resp["Errors"][0]
+                raise StorageError(err.get("Code", "DeleteFailed"), f"s3://{self.bucket}/{err.get('Key')}",
+                                   err.get("Message", ""))
+
+    def delete(self, name: str) -> None:
+        with storage_errors(self.child_uri(name)):
+            existing = self._objects(name)
+            if MANIFEST in existing:
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(name, MANIFEST))
+            self._delete_keys([self.key(name, rel) for rel in existing if rel != MANIFEST])
+
+    def upload(self, local_dir: Path, manifest: dict[str, Any]) -> None:
+        from boto3.s3.transfer import create_transfer_manager
+
+        name = manifest["name"]
+        target = self.child_uri(name)
+        with storage_errors(target):
+            if self._objects(name):  # a stale or partial copy: its manifest goes first
+                self.delete(name)
+            with create_transfer_manager(self.client, self.transfer.config()) as tm:
+                futures = [tm.upload(str(local_dir / rel), self.bucket, self.key(name, rel)) for rel in manifest["files"]]
+                for f in futures:
+                    f.result()
+            objects = self._objects(name)
+            manifest = self._without_opaque_etags(name, manifest, objects)
+            problems = listing_problems(info_from_manifest(manifest), objects)
+            if problems:
+                raise StorageError("VerificationFailed", target, "; ".join(problems[:3]))
+            self.client.put_object(Bucket=self.bucket, Key=self.key(name, MANIFEST),
+                                   Body=json.dumps(manifest, indent=1, sort_keys=True).encode(),
+                                   ContentType="application/json")
+
+    def _without_opaque_etags(
+        self, name: str, manifest: dict[str, Any], objects: Mapping[str, tuple[int, str | None]]
+    ) -> dict[str, Any]:
+        """Under SSE-KMS or SSE-C an ETag is not an MD5. For such objects, size and the checksum the
+        server validated on upload (botocore sends one with every request) stand in for it, and this
+        location's manifest records no ETag; downloads are still verified by MD5."""
+        opaque = []
+        for rel, meta in manifest["files"].items():
+            found = objects.get(rel)
+            if found and meta.get("etag") and found[1] != meta["etag"] and found[0] == meta["size"]:
+                head = self.client.head_object(Bucket=self.bucket, Key=self.key(name, rel))
+                if etag_is_opaque(head):
+                    opaque.append(rel)
+        if not opaque:
+            return manifest
+        files = {rel: ({k: v for k, v in meta.items() if k != "etag"} if rel in opaque else meta)
+                 for rel, meta in manifest["files"].items()}
+        return {**manifest, "files": files}
+
+    def set_latest(self, name: str) -> None:
+        with storage_errors(self.uri):
+            self.client.put_object(Bucket=self.bucket, Key=self.key(LATEST), Body=f"{name}\n".encode(),
+                                   ContentType="text/plain")
+
+    def download(self, info: CheckpointInfo, dest: Path) -> None:
+        from boto3.s3.transfer import create_transfer_manager
+
+        with storage_errors(self.child_uri(info.name)), create_transfer_manager(
+            self.client, self.transfer.config()
+        ) as tm:
+            futures = []
+            for rel in info.files:
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                futures.append(tm.download(self.bucket, self.key(info.name, rel), str(dest / rel)))
+            for f in futures:
+                f.result()
