@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rljob_operator.api import ManifestError, load_job, load_jobs
+from rljob_trainer.contract import EXIT_PERMANENT, METRICS_PORT_ENV
 
 if TYPE_CHECKING:
     from rljob_trainer.checkpoints.locations import Location
 
-EXIT_PERMANENT = 78  # mirrors rljob_trainer.errors without importing the trainer's runtime
 #: Packages of the optional extras (`pip install 'rljob[trainer]'`): a base install (pydantic and
 #: PyYAML only) runs validate and crd; other commands name the extra they need.
 EXTRA_OF_MODULE = {
@@ -67,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
         cfg = cfg.model_copy(update={"world_size": nproc})
     node = NodeSettings.local(nproc, run_id=job.metadata.name)
-    env = {"RLJOB_METRICS_PORT": str(args.metrics_port)}
+    env = {METRICS_PORT_ENV: str(args.metrics_port)}
     print(f"rljob: training {job.metadata.name} with {nproc} process(es); output in {output}", flush=True)
     code = launch(cfg, node, extra_env=env)
     summary_path = os.path.join(output, "summary.json")

@@ -29,6 +29,7 @@ from rljob_trainer.config import (
     accumulation_for,
     check_generation_batch,
 )
+from rljob_trainer.contract import format_validation_error
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"
@@ -500,29 +501,6 @@ class ManifestError(Exception):
         self.source = source
         self.problems = problems
         super().__init__("\n".join(f"{source}: {p}" for p in problems))
-
-
-def format_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
-    """``ValidationError`` → one ``spec.training.maxSteps: message`` line per problem."""
-    problems = []
-    for item in error.errors():
-        parts: list[str] = [prefix] if prefix else []
-        for loc in item["loc"]:
-            if isinstance(loc, int):
-                parts[-1:] = [f"{parts[-1]}[{loc}]"] if parts else [f"[{loc}]"]
-            else:
-                parts.append(str(loc))
-        msg = item["msg"]
-        if item["type"] == "extra_forbidden":
-            msg = "unknown field"
-        msg = msg.removeprefix("Value error, ")
-        if msg.startswith("@") and ": " in msg:
-            # A model validator that names a nested field: "@training.numGenerations: ...".
-            sub, msg = msg[1:].split(": ", 1)
-            parts.append(sub)
-        path = ".".join(parts) or "(root)"
-        problems.append(f"{path}: {msg}")
-    return problems
 
 
 def parse_job(document: Any, source: str = "<manifest>") -> RLTrainingJob:

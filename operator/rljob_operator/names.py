@@ -9,6 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The config mount, the trainer command and the mirror credential prefix are the trainer's contract,
+# re-exported here beside the names the operator chooses itself.
+from rljob_trainer.contract import CONFIG_DIR as CONFIG_DIR
+from rljob_trainer.contract import CONFIG_KEY as CONFIG_KEY
+from rljob_trainer.contract import MIRROR_ENV_PREFIX as MIRROR_ENV_PREFIX
+from rljob_trainer.contract import TRAINER_COMMAND as TRAINER_COMMAND
+from rljob_trainer.contract import heartbeat_path
+
 from rljob_operator.api import API_VERSION, KIND, RLTrainingJob
 
 LABEL_JOB = "rljob.dev/job"
@@ -21,8 +29,6 @@ MANAGED_BY = "rljob-operator"
 CONTAINER = "trainer"
 RDZV_PORT = 29500
 METRICS_PORT = 9400
-CONFIG_DIR = "/etc/rljob"
-CONFIG_KEY = "trainer.yaml"
 STATUS_CA_KEY = "status-ca.crt"
 OUTPUT_DIR = "/workspace/output"
 TOKEN_DIR = "/var/run/secrets/rljob.dev/status"
@@ -31,9 +37,6 @@ TOKEN_FILE = "token"
 #: TokenReview for exactly this audience, so the token is useless against the API server.
 TOKEN_AUDIENCE = "rljob-status"
 TOKEN_EXPIRATION_SECONDS = 3600
-TRAINER_COMMAND = ["python", "-m", "rljob_trainer.launch", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"]
-#: ``envFrom`` prefix of mirror ``i``'s credentialsSecret (``rljob_trainer.checkpoints.plan.MIRROR_ENV_PREFIX``).
-MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class StatusEndpoint:
     audience: str = TOKEN_AUDIENCE
 
     def heartbeat_url(self, namespace: str, name: str) -> str:
-        return f"{self.base_url}/api/v1/namespaces/{namespace}/rltrainingjobs/{name}/heartbeat"
+        return self.base_url + heartbeat_path(namespace, name)
 
 
 # ------------------------------------------------------------------------------ names

@@ -1,4 +1,4 @@
-"""Exit codes and error reporting: the trainer's contract with the operator.
+"""Error reporting, by the exit codes of the trainer's contract with the operator (``rljob_trainer.contract``).
 
 * ``EXIT_OK`` (0): training finished.
 * ``EXIT_PERMANENT`` (78, sysexits' EX_CONFIG): bad config, missing data, a reward function
@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import sys
 
-EXIT_OK = 0
-EXIT_PERMANENT = 78
-EXIT_CUDA_OOM = 200
+# Re-exported: the codes and names are the contract's; this module reports errors by them.
+from rljob_trainer.contract import ERROR_FILE_ENV as ERROR_FILE_ENV
+from rljob_trainer.contract import EXIT_CUDA_OOM as EXIT_CUDA_OOM
+from rljob_trainer.contract import EXIT_OK as EXIT_OK
+from rljob_trainer.contract import EXIT_PERMANENT as EXIT_PERMANENT
+from rljob_trainer.contract import TERMINATION_LOG_ENV
+
 TERMINATION_LOG = "/dev/termination-log"
-#: Set by the launcher so every rank can hand its first error line back to it.
-ERROR_FILE_ENV = "RLJOB_ERROR_FILE"
 
 
 class PermanentError(Exception):
@@ -46,7 +48,7 @@ def write_termination_message(message: str, path: str = TERMINATION_LOG) -> None
     Only when the file is writable (in a pod, or a test that points the env at a file);
     never create ``/dev`` entries on a laptop.
     """
-    path = os.environ.get("RLJOB_TERMINATION_LOG", path)
+    path = os.environ.get(TERMINATION_LOG_ENV, path)
     target_dir = os.path.dirname(path) or "."
     if os.path.exists(path) and not os.access(path, os.W_OK):
         return

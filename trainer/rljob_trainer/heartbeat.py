@@ -2,8 +2,9 @@
 
 The operator sets ``RLJOB_STATUS_URL`` (``https://…/api/v1/namespaces/NS/rltrainingjobs/NAME/heartbeat``),
 ``RLJOB_TOKEN_FILE`` (a projected, audience-bound service-account token) and optionally
-``RLJOB_STATUS_CA_FILE``. Heartbeats are sent from a background thread; a failure is logged
-and never stops training.
+``RLJOB_STATUS_CA_FILE``; the body is ``rljob_trainer.contract.HeartbeatBody``, which the status
+API validates. Heartbeats are sent from a background thread; a failure is logged and never stops
+training.
 """
 
 from __future__ import annotations
@@ -17,12 +18,24 @@ import threading
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
+from rljob_trainer.contract import (
+    MAX_HEARTBEAT_WARNINGS,
+    POD_NAME_ENV,
+    RESUME_WARNINGS_ENV,
+    STATUS_CA_FILE_ENV,
+    STATUS_URL_ENV,
+    TOKEN_FILE_ENV,
+    HeartbeatBody,
+)
+
 log = logging.getLogger("rljob.heartbeat")
 
 
 def _warnings_from_env() -> list[str]:
     try:
-        value = json.loads(os.environ.get("RLJOB_RESUME_WARNINGS", "[]"))
+        value = json.loads(os.environ.get(RESUME_WARNINGS_ENV, "[]"))
     except ValueError:
         return []
     return [str(w) for w in value] if isinstance(value, list) else []
@@ -45,17 +58,23 @@ class Heartbeat:
 
     @classmethod
     def from_env(cls) -> Heartbeat | None:
-        url = os.environ.get("RLJOB_STATUS_URL")
+        url = os.environ.get(STATUS_URL_ENV)
         if not url:
             return None
-        return cls(url, os.environ.get("RLJOB_TOKEN_FILE"), os.environ.get("RLJOB_STATUS_CA_FILE"),
-                   os.environ.get("RLJOB_POD_NAME"))
+        return cls(url, os.environ.get(TOKEN_FILE_ENV), os.environ.get(STATUS_CA_FILE_ENV),
+                   os.environ.get(POD_NAME_ENV))
 
     def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False) -> None:
-        body: dict[str, Any] = {"warnings": list(self.warnings)} if self.warnings else {}
-        body |= {"step": step, "reward": reward, "loss": loss, "checkpoint": self.checkpoint,
-                "best_checkpoint": self.best_checkpoint, "best_metric": self.best_metric,
-                "pod": self.pod, "final": final, "time": time.time()}
+        """Queue a heartbeat (the contract's ``HeartbeatBody``); one the status API would refuse is logged."""
+        try:
+            body = HeartbeatBody(
+                step=step, reward=reward, loss=loss, checkpoint=self.checkpoint,
+                best_checkpoint=self.best_checkpoint, best_metric=self.best_metric, pod=self.pod,
+                final=final, time=time.time(), warnings=self.warnings[:MAX_HEARTBEAT_WARNINGS],
+            ).wire()
+        except ValidationError as e:  # a heartbeat never stops training
+            log.warning("heartbeat: not sent, invalid: %s", e)
+            return
         with contextlib.suppress(queue.Full):  # the operator is slow; newer heartbeats matter more
             self._queue.put_nowait(body)
         if final:

@@ -2,13 +2,9 @@
 
 ``rljob train MANIFEST`` (a laptop) and the in-pod entrypoint
 (``python -m rljob_trainer.launch --config /etc/rljob/trainer.yaml``) both end in ``launch()``.
-In a pod the operator sets the node's place in the gang through the environment:
-
-* ``RLJOB_NNODES`` — worker pods in the gang; ``RLJOB_NODE_RANK`` — this pod's index;
-* ``RLJOB_NPROC_PER_NODE`` — processes in this pod;
-* ``RLJOB_RDZV_ENDPOINT`` — ``host:port`` of worker 0 (c10d rendezvous, hosted by node rank 0);
-* ``RLJOB_RUN_ID`` — rendezvous id, unique per gang generation;
-* ``RLJOB_OUTPUT_DIR`` — where logs, TensorBoard events and the summary go.
+In a pod the operator sets the node's place in the gang through the environment
+(``rljob_trainer.contract``: gang size, node rank, processes per node, rendezvous endpoint and id,
+output folder), and mounts the config the operator wrote with ``contract.dump_config``.
 
 The exit code of the whole node is the most telling of its ranks' codes: permanent (78)
 beats out-of-memory (200) beats anything else; a rank killed by signal N counts as 128+N.
@@ -17,7 +13,6 @@ beats out-of-memory (200) beats anything else; a rank killed by signal N counts 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -26,16 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from rljob_trainer import contract
 from rljob_trainer.config import TrainerConfig
-from rljob_trainer.errors import (
-    EXIT_CUDA_OOM,
-    EXIT_PERMANENT,
-    PermanentError,
-    report_fatal,
-    write_termination_message,
-)
+from rljob_trainer.contract import EXIT_CUDA_OOM, EXIT_PERMANENT, EXIT_RETRYABLE
+from rljob_trainer.errors import PermanentError, report_fatal, write_termination_message
 
 CONFIG_FILE = "trainer-config.json"
 
@@ -55,12 +44,12 @@ class NodeSettings:
     def from_env(cls, default_nproc: int) -> NodeSettings:
         env = os.environ
         return cls(
-            nnodes=int(env.get("RLJOB_NNODES", "1")),
-            nproc_per_node=int(env.get("RLJOB_NPROC_PER_NODE", str(default_nproc))),
-            node_rank=int(env.get("RLJOB_NODE_RANK", "0")),
-            rdzv_endpoint=env.get("RLJOB_RDZV_ENDPOINT", "127.0.0.1:29500"),
-            run_id=env.get("RLJOB_RUN_ID", "rljob"),
-            rdzv_timeout=int(env.get("RLJOB_RDZV_TIMEOUT", "900")),
+            nnodes=int(env.get(contract.NNODES_ENV, "1")),
+            nproc_per_node=int(env.get(contract.NPROC_PER_NODE_ENV, str(default_nproc))),
+            node_rank=int(env.get(contract.NODE_RANK_ENV, "0")),
+            rdzv_endpoint=env.get(contract.RDZV_ENDPOINT_ENV, "127.0.0.1:29500"),
+            run_id=env.get(contract.RUN_ID_ENV, "rljob"),
+            rdzv_timeout=int(env.get(contract.RDZV_TIMEOUT_ENV, "900")),
         )
 
     @classmethod
@@ -106,23 +95,20 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
         from rljob_trainer.builtin.tiny_model import materialize_builtin_model
 
         path = materialize_builtin_model(cache, cfg.training.model_overrides, cfg.training.seed)
-        return {**env, "RLJOB_MODEL_PATH": str(path)}
+        return {**env, contract.MODEL_PATH_ENV: str(path)}
     if model.startswith("s3://"):
         from rljob_trainer.storage import download_prefix
 
-        return {**env, "RLJOB_MODEL_PATH": download_prefix(model, os.path.join(cache, "model"))}
+        return {**env, contract.MODEL_PATH_ENV: download_prefix(model, os.path.join(cache, "model"))}
     if model.startswith(("/", "./", "../")) and not os.path.isdir(model):
         raise PermanentError("spec.training.model", f"model folder {model!r} does not exist")
     return env
 
 
-#: A transient failure before training (no checkpoint storage answers): the operator retries.
-EXIT_RETRYABLE = 1
-
-
 def exit_code_for(failures: dict[int, Any]) -> tuple[int, int | None]:
     """(node exit code, rank whose failure decided it) from torchrun's per-rank failures."""
-    codes = {rank: (128 - f.exitcode if f.exitcode < 0 else f.exitcode) for rank, f in failures.items()}
+    codes = {rank: (contract.exit_code_for_signal(-f.exitcode) if f.exitcode < 0 else f.exitcode)
+             for rank, f in failures.items()}
     for wanted in (EXIT_PERMANENT, EXIT_CUDA_OOM):
         for rank, code in sorted(codes.items()):
             if code == wanted:
@@ -152,7 +138,7 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
     error_dir = tempfile.mkdtemp(prefix="rljob-errors-")
     os.environ.update(env)
     os.environ.update(extra_env or {})
-    os.environ["RLJOB_ERROR_DIR"] = error_dir
+    os.environ[contract.ERROR_DIR_ENV] = error_dir
     launch_config = LaunchConfig(
         min_nodes=node.nnodes,
         max_nodes=node.nnodes,
@@ -165,13 +151,13 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
         monitor_interval=0.2,
         start_method="spawn",
         # On SIGTERM the ranks save a checkpoint and stop (worker.StopOnSignal); wait that long for them.
-        shutdown_timeout=int(os.environ.get("RLJOB_SHUTDOWN_TIMEOUT", "110")),
+        shutdown_timeout=int(os.environ.get(contract.SHUTDOWN_TIMEOUT_ENV, "110")),
     )
     try:
         elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
         return 0
     except SignalException as e:
-        code = 128 + int(e.sigval)
+        code = contract.exit_code_for_signal(e.sigval)
         message = f"stopped by {e.sigval.name}: the ranks saved a checkpoint where they could and exited"
         print(f"rljob: node {node.node_rank} {message} (exit {code})", file=sys.stderr, flush=True)
         write_termination_message(message)
@@ -199,22 +185,11 @@ def _rank_error(error_dir: str, rank: int | None) -> str | None:
 
 
 def load_trainer_config(path: str) -> TrainerConfig:
-    from pydantic import ValidationError
-
+    """The config the operator mounted (``contract.load_config``); a bad one is a PermanentError."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        return TrainerConfig.model_validate(data)
-    except (OSError, yaml.YAMLError) as e:
-        raise PermanentError(path, f"cannot read trainer config: {e}") from e
-    except ValidationError as e:
-        from rljob_operator.api import format_validation_error
-
-        raise PermanentError(path, "; ".join(format_validation_error(e))) from e
-
-
-def dump_config(cfg: TrainerConfig) -> str:
-    """The YAML the operator stores in a job's ConfigMap."""
-    return yaml.safe_dump(json.loads(cfg.model_dump_json(by_alias=True)), sort_keys=False)
+        return contract.load_config(path)
+    except contract.ConfigError as e:
+        raise PermanentError(e.where, e.message) from e
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     except PermanentError as e:
         report_fatal(str(e))
         return EXIT_PERMANENT
-    output = os.environ.get("RLJOB_OUTPUT_DIR")
+    output = os.environ.get(contract.OUTPUT_DIR_ENV)
     if output:
         cfg = cfg.model_copy(update={"output_dir": output})
     node = NodeSettings.from_env(default_nproc=1)

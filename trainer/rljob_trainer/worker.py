@@ -18,12 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from rljob_trainer.config import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig
-from rljob_trainer.errors import ERROR_FILE_ENV, EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, report_fatal
+from rljob_trainer.contract import (
+    ERROR_DIR_ENV,
+    ERROR_FILE_ENV,
+    EXIT_CUDA_OOM,
+    EXIT_PERMANENT,
+    METRICS_PORT_ENV,
+    MODEL_PATH_ENV,
+    PROGRESS_ENV,
+    exit_code_for_signal,
+)
+from rljob_trainer.errors import PermanentError, report_fatal
 
 log = logging.getLogger("rljob.worker")
-
-MODEL_PATH_ENV = "RLJOB_MODEL_PATH"
-METRICS_PORT_ENV = "RLJOB_METRICS_PORT"
 
 
 def trl_classes(algorithm: str) -> tuple[Any, Any]:
@@ -69,7 +76,7 @@ def trl_arguments(cfg: TrainerConfig, checkpoint_dir: str, use_cpu: bool) -> dic
         "report_to": ["tensorboard"],
         "reward_weights": [r.weight for r in t.rewards],
         "log_level": "warning",
-        "disable_tqdm": os.environ.get("RLJOB_PROGRESS", "1") == "0",
+        "disable_tqdm": os.environ.get(PROGRESS_ENV, "1") == "0",
         # Other ranks wait at the end for rank 0's final uploads (finish_together).
         "ddp_timeout": max(1800, cfg.checkpoint.upload_timeout_seconds + 600),
     }
@@ -341,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    error_dir = os.environ.get("RLJOB_ERROR_DIR")
+    error_dir = os.environ.get(ERROR_DIR_ENV)
     if error_dir:
         os.environ[ERROR_FILE_ENV] = os.path.join(error_dir, f"rank-{os.environ.get('RANK', '0')}.txt")
     if len(argv) != 1:
@@ -353,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         run(cfg)
         if STOP.signum:  # stopped early with a checkpoint: not done, so not 0
             report_fatal(f"stopped by signal {STOP.signum} after saving a checkpoint")
-            return 128 + STOP.signum
+            return exit_code_for_signal(STOP.signum)
         return 0
     except PermanentError as e:
         report_fatal(str(e))

@@ -5,7 +5,7 @@ worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs 
 after a crash finds what it made and never makes a second copy; ownerReferences let the
 garbage collector delete everything with the job.
 
-The pods follow the trainer's in-pod contract (``rljob_trainer.launch``): the command
+The pods follow the trainer's in-pod contract (``rljob_trainer.contract``): the command
 ``python -m rljob_trainer.launch --config /etc/rljob/trainer.yaml``, the ``RLJOB_*``
 rendezvous environment (c10d hosted by worker 0, reached through the headless Service),
 ``restartPolicy: Never`` (the operator restarts whole gangs), GPU requests equal to limits,
@@ -20,7 +20,7 @@ import hashlib
 import json
 from typing import Any
 
-from rljob_trainer.launch import dump_config
+from rljob_trainer import contract
 
 from rljob_operator.api import RLTrainingJob
 from rljob_operator.names import (
@@ -90,7 +90,7 @@ def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None
     replaces the spec's per-device batch and accumulation.
     """
     config = job.trainer_config(output_dir=OUTPUT_DIR)
-    data = {CONFIG_KEY: dump_config(config)}
+    data = {CONFIG_KEY: contract.dump_config(config)}
     if endpoint is not None and endpoint.ca_pem:
         data[STATUS_CA_KEY] = endpoint.ca_pem
     return {
@@ -129,24 +129,25 @@ def worker_env(
     """The ``RLJOB_*`` environment of worker ``index`` (the trainer's in-pod contract)."""
     name, namespace, workers = job.metadata.name, job_namespace(job), job.spec.workers
     env: list[dict[str, Any]] = [
-        {"name": "RLJOB_NNODES", "value": str(job.replicas)},
+        {"name": contract.NNODES_ENV, "value": str(job.replicas)},
         # The launcher's wait for ranks saving their checkpoint on SIGTERM, inside the pod's grace period.
-        {"name": "RLJOB_SHUTDOWN_TIMEOUT", "value": str(max(5, workers.termination_grace_period_seconds - 10))},
-        {"name": "RLJOB_NODE_RANK", "value": str(index)},
-        {"name": "RLJOB_NPROC_PER_NODE", "value": str(workers.procs_per_worker)},
-        {"name": "RLJOB_RDZV_ENDPOINT", "value": rendezvous_endpoint(name, namespace)},
-        {"name": "RLJOB_RUN_ID", "value": run_id(job, generation)},
-        {"name": "RLJOB_OUTPUT_DIR", "value": OUTPUT_DIR},
-        {"name": "RLJOB_METRICS_PORT", "value": str(METRICS_PORT)},
-        {"name": "RLJOB_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": contract.SHUTDOWN_TIMEOUT_ENV,
+         "value": str(max(5, workers.termination_grace_period_seconds - 10))},
+        {"name": contract.NODE_RANK_ENV, "value": str(index)},
+        {"name": contract.NPROC_PER_NODE_ENV, "value": str(workers.procs_per_worker)},
+        {"name": contract.RDZV_ENDPOINT_ENV, "value": rendezvous_endpoint(name, namespace)},
+        {"name": contract.RUN_ID_ENV, "value": run_id(job, generation)},
+        {"name": contract.OUTPUT_DIR_ENV, "value": OUTPUT_DIR},
+        {"name": contract.METRICS_PORT_ENV, "value": str(METRICS_PORT)},
+        {"name": contract.POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
     ]
     if endpoint is not None:
-        env.append({"name": "RLJOB_STATUS_URL", "value": endpoint.heartbeat_url(namespace, name)})
-        env.append({"name": "RLJOB_TOKEN_FILE", "value": f"{TOKEN_DIR}/{TOKEN_FILE}"})
+        env.append({"name": contract.STATUS_URL_ENV, "value": endpoint.heartbeat_url(namespace, name)})
+        env.append({"name": contract.TOKEN_FILE_ENV, "value": f"{TOKEN_DIR}/{TOKEN_FILE}"})
         if endpoint.ca_pem:
-            env.append({"name": "RLJOB_STATUS_CA_FILE", "value": f"{CONFIG_DIR}/{STATUS_CA_KEY}"})
+            env.append({"name": contract.STATUS_CA_FILE_ENV, "value": f"{CONFIG_DIR}/{STATUS_CA_KEY}"})
     return env
 
 

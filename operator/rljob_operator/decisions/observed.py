@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT
+from rljob_trainer.contract import EXIT_CUDA_OOM, EXIT_PERMANENT
 
 from rljob_operator.names import (
     ANNOTATION_JOB_GENERATION,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from rljob_trainer.errors import EXIT_PERMANENT
+from rljob_trainer.contract import EXIT_PERMANENT
 
 from rljob_operator.api import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
 from rljob_operator.decisions.observed import ObservedPod

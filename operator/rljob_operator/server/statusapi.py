@@ -1,8 +1,8 @@
 """The status API (HTTPS, in the operator): trainers' heartbeats in, a job's status out.
 
-``POST /api/v1/namespaces/{ns}/rltrainingjobs/{name}/heartbeat``
-    Body ``{step, reward, loss, checkpoint, best_checkpoint, best_metric, final, ...}`` from the
-    trainer's rank 0, with
+``POST /api/v1/namespaces/{ns}/rltrainingjobs/{name}/heartbeat`` (``rljob_trainer.contract.heartbeat_path``)
+    Body ``{step, reward, loss, checkpoint, best_checkpoint, best_metric, final, ...}``
+    (``rljob_trainer.contract.HeartbeatBody``) from the trainer's rank 0, with
     ``Authorization: Bearer <projected service-account token>``. TokenReview must accept the
     token for the audience ``rljob-status``; the token must be bound to a pod (the
     ``authentication.kubernetes.io/pod-name``/``pod-uid`` extras a kubelet-projected token
@@ -30,7 +30,8 @@ from typing import Any
 
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
+from rljob_trainer.contract import HeartbeatBody, heartbeat_path
 
 from rljob_operator import metrics
 from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL
@@ -43,20 +44,6 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 CACHE_SECONDS = 30.0
-
-
-class HeartbeatBody(BaseModel):
-    """What ``rljob_trainer.heartbeat`` sends."""
-
-    model_config = ConfigDict(extra="ignore")
-    step: int = Field(..., ge=0)
-    reward: float | None = None
-    loss: float | None = None
-    checkpoint: str | None = None
-    best_checkpoint: str | None = None
-    best_metric: float | None = None
-    final: bool = False
-    warnings: list[str] = Field(default_factory=list, max_length=10)
 
 
 @dataclass(frozen=True)
@@ -150,7 +137,8 @@ class StatusAPI:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024)
         base = "/api/v1/namespaces/{namespace}/" + PLURAL + "/{name}"
-        app.router.add_post(base + "/heartbeat", self.heartbeat)
+        # The trainer's contract owns the heartbeat path; its placeholders are aiohttp's route variables.
+        app.router.add_post(heartbeat_path("{namespace}", "{name}"), self.heartbeat)
         app.router.add_get(base + "/status", self.get_status)
         app.router.add_get("/healthz", self.healthz)
         return app

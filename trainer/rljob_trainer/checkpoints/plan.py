@@ -11,12 +11,11 @@ from typing import Any
 
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.s3 import MiB, S3Location, TransferSettings
+from rljob_trainer.contract import MIRROR_ENV_PREFIX
 from rljob_trainer.storage import credentials_from_env
 
 log = logging.getLogger("rljob.checkpoints")
 
-#: ``envFrom`` prefix under which the operator exposes mirror ``i``'s credentialsSecret.
-MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
 
 
 def location_for(

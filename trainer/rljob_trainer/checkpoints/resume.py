@@ -25,13 +25,13 @@ from rljob_trainer.checkpoints.manifest import (
     verify_checkpoint,
 )
 from rljob_trainer.checkpoints.plan import storage_plan
+from rljob_trainer.contract import RESUME_CHECKPOINT_ENV, RESUME_WARNINGS_ENV
 from rljob_trainer.errors import PermanentError
 
 log = logging.getLogger("rljob.checkpoints")
 
 #: Set by the launcher's pre-flight for the ranks: the local checkpoint folder to resume from ("" = none).
-RESUME_WARNINGS_ENV = "RLJOB_RESUME_WARNINGS"
-RESUME_ENV = "RLJOB_RESUME_CHECKPOINT"
+RESUME_ENV = RESUME_CHECKPOINT_ENV
 DENIED_HINT = (
     "check the bucket name and the trainer's credentials (spec.checkpoint.credentialsSecret, the pod's "
     "service account role, or AWS_* in the environment); retrying cannot help"

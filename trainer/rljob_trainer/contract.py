@@ -1,0 +1,217 @@
+"""The operator↔trainer-pod contract, owned by the trainer: the one place both sides read it from.
+
+The operator builds worker pods that run the trainer; everything the two must agree on is here,
+and nowhere else:
+
+* the environment (``RLJOB_*``) a worker pod reads, and the credential prefix of checkpoint mirrors;
+* the trainer command and where its config is mounted; the config's YAML format (dump and load);
+* the heartbeat the trainer's rank 0 posts to the operator's status API: its path and its body;
+* the exit codes by which a node tells the operator what its failure means;
+* how a pydantic ``ValidationError`` becomes messages naming the field path (the operator's
+  ``rljob validate`` and the trainer's config loader say the same thing).
+
+Only the standard library, pydantic and PyYAML may be imported here (and the trainer's torch-free
+schema, ``rljob_trainer.config``): the operator image has no torch, TRL, transformers or boto3.
+``tests/test_contract_boundary.py`` enforces that, and that the packages depend on each other only through
+this module (the operator may import ``rljob_trainer.contract``, ``rljob_trainer.config`` and
+``rljob_trainer.builtin.rewards``; nothing in the trainer imports the operator).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rljob_trainer.config import TrainerConfig
+
+# ------------------------------------------------------------------------ environment
+# Set by the operator on every worker container (``rljob_operator.decisions.children.worker_env``).
+
+#: Worker pods in the gang (torchrun ``--nnodes``).
+NNODES_ENV = "RLJOB_NNODES"
+#: This pod's index in the gang (torchrun ``--node-rank``).
+NODE_RANK_ENV = "RLJOB_NODE_RANK"
+#: Processes in this pod (torchrun ``--nproc-per-node``).
+NPROC_PER_NODE_ENV = "RLJOB_NPROC_PER_NODE"
+#: ``host:port`` of worker 0, which hosts the c10d rendezvous.
+RDZV_ENDPOINT_ENV = "RLJOB_RDZV_ENDPOINT"
+#: Rendezvous id, unique per job object and gang generation.
+RUN_ID_ENV = "RLJOB_RUN_ID"
+#: Seconds the launcher waits, after SIGTERM, for its ranks to save a checkpoint and exit.
+SHUTDOWN_TIMEOUT_ENV = "RLJOB_SHUTDOWN_TIMEOUT"
+#: Where logs, TensorBoard events and the summary go (overrides the config's ``outputDir``).
+OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
+#: Port of rank 0's ``/metrics``, ``/healthz`` and ``/readyz`` (the pod's probes use it).
+METRICS_PORT_ENV = "RLJOB_METRICS_PORT"
+#: The pod's own name (downward API); sent in heartbeats.
+POD_NAME_ENV = "RLJOB_POD_NAME"
+#: Full heartbeat URL (base URL + ``heartbeat_path``); unset means "send no heartbeats".
+STATUS_URL_ENV = "RLJOB_STATUS_URL"
+#: File holding the projected, audience-bound service-account token heartbeats carry.
+TOKEN_FILE_ENV = "RLJOB_TOKEN_FILE"
+#: PEM file the trainer trusts for the status URL (set only when the operator ships a CA).
+STATUS_CA_FILE_ENV = "RLJOB_STATUS_CA_FILE"
+#: ``envFrom`` prefix under which mirror ``index``'s ``credentialsSecret`` reaches the trainer
+#: (``RLJOB_MIRROR0_AWS_ACCESS_KEY_ID``, ...); the primary's credentials come as plain ``AWS_*``.
+MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
+
+#: Every variable the operator sets on a worker with a status endpoint (the mirror prefix aside).
+OPERATOR_ENV = frozenset({
+    NNODES_ENV, NODE_RANK_ENV, NPROC_PER_NODE_ENV, RDZV_ENDPOINT_ENV, RUN_ID_ENV, SHUTDOWN_TIMEOUT_ENV,
+    OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
+})
+
+# Set inside the pod by the launcher for its ranks (the operator never sets these).
+
+#: Local folder of the model the pre-flight materialised or downloaded.
+MODEL_PATH_ENV = "RLJOB_MODEL_PATH"
+#: Local checkpoint folder the pre-flight chose to resume from ("" = start fresh).
+RESUME_CHECKPOINT_ENV = "RLJOB_RESUME_CHECKPOINT"
+#: JSON list of resume fallbacks the pre-flight noted; rank 0 sends them in heartbeats.
+RESUME_WARNINGS_ENV = "RLJOB_RESUME_WARNINGS"
+#: Folder where each rank leaves its first error line for the launcher.
+ERROR_DIR_ENV = "RLJOB_ERROR_DIR"
+#: This rank's file in that folder.
+ERROR_FILE_ENV = "RLJOB_ERROR_FILE"
+
+# Optional knobs (tests, laptops, special clusters).
+
+#: Rendezvous timeout in seconds (default 900).
+RDZV_TIMEOUT_ENV = "RLJOB_RDZV_TIMEOUT"
+#: "0" turns off the progress bars.
+PROGRESS_ENV = "RLJOB_PROGRESS"
+#: Where the termination message goes instead of ``/dev/termination-log``.
+TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
+
+
+def mirror_env_prefix(index: int) -> str:
+    """``RLJOB_MIRROR<index>_``: the environment prefix of mirror ``index``'s credentials."""
+    return MIRROR_ENV_PREFIX.format(index=index)
+
+
+# ------------------------------------------------------------------ command and config
+#: Where the job's ConfigMap is mounted in every worker, and the key of the trainer config in it.
+CONFIG_DIR = "/etc/rljob"
+CONFIG_KEY = "trainer.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+#: The in-pod entrypoint (``rljob_trainer.launch.main``).
+TRAINER_MODULE = "rljob_trainer.launch"
+TRAINER_COMMAND = ("python", "-m", TRAINER_MODULE, "--config", CONFIG_PATH)
+
+
+class ConfigError(Exception):
+    """A trainer config that cannot be read or is invalid; ``where`` names the file."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+        self.message = message
+
+
+def dump_config(cfg: TrainerConfig) -> str:
+    """The YAML the operator stores in a job's ConfigMap under ``CONFIG_KEY`` (camelCase keys)."""
+    return yaml.safe_dump(json.loads(cfg.model_dump_json(by_alias=True)), sort_keys=False)
+
+
+def load_config(path: str | Path) -> TrainerConfig:
+    """Read what ``dump_config`` wrote (YAML, or JSON, which is YAML too).
+
+    Raises ``ConfigError`` naming ``path``: unreadable file or YAML, or one ``field.path: message``
+    per problem (``format_validation_error``) joined with ``; ``.
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(str(path), f"cannot read trainer config: {e}") from e
+    try:
+        return TrainerConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(str(path), "; ".join(format_validation_error(e))) from e
+
+
+def format_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
+    """``ValidationError`` → one ``spec.training.maxSteps: message`` line per problem."""
+    problems = []
+    for item in error.errors():
+        parts: list[str] = [prefix] if prefix else []
+        for loc in item["loc"]:
+            if isinstance(loc, int):
+                parts[-1:] = [f"{parts[-1]}[{loc}]"] if parts else [f"[{loc}]"]
+            else:
+                parts.append(str(loc))
+        msg = item["msg"]
+        if item["type"] == "extra_forbidden":
+            msg = "unknown field"
+        msg = msg.removeprefix("Value error, ")
+        if msg.startswith("@") and ": " in msg:
+            # A model validator that names a nested field: "@training.numGenerations: ...".
+            sub, msg = msg[1:].split(": ", 1)
+            parts.append(sub)
+        path = ".".join(parts) or "(root)"
+        problems.append(f"{path}: {msg}")
+    return problems
+
+
+# -------------------------------------------------------------------------- heartbeat
+#: Most resume warnings one heartbeat may carry (the pre-flight keeps the first ten).
+MAX_HEARTBEAT_WARNINGS = 10
+
+
+def heartbeat_path(namespace: str, name: str) -> str:
+    """Path of job ``namespace/name``'s heartbeat on the status API (the operator prepends its base URL).
+
+    The status API routes ``heartbeat_path("{namespace}", "{name}")``, so both sides use this one.
+    """
+    return f"/api/v1/namespaces/{namespace}/rltrainingjobs/{name}/heartbeat"
+
+
+class HeartbeatBody(BaseModel):
+    """The JSON body rank 0 posts (``rljob_trainer.heartbeat``) and the status API validates.
+
+    Unknown fields are ignored, so a newer trainer can talk to an older operator.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int = Field(..., ge=0, description="Optimizer steps done.")
+    reward: float | None = None
+    loss: float | None = None
+    checkpoint: str | None = Field(None, description="Newest complete checkpoint (remote when on object storage).")
+    best_checkpoint: str | None = Field(None, description="Best kept checkpoint by spec.checkpoint.bestMetric.")
+    best_metric: float | None = Field(None, description="That checkpoint's value of the metric.")
+    pod: str | None = Field(None, description="The sending pod (informational; the token names the pod).")
+    final: bool = Field(False, description="The run ended: write status now, not at the next flush.")
+    time: float | None = Field(None, description="Sender's clock, seconds since the epoch (informational).")
+    warnings: list[str] = Field(default_factory=list, max_length=MAX_HEARTBEAT_WARNINGS,
+                                description="Resume fallbacks to report as Warning events.")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object to send (``warnings`` only when there are any, as older operators expect)."""
+        return self.model_dump(exclude=set() if self.warnings else {"warnings"})
+
+
+# ------------------------------------------------------------------------- exit codes
+#: Training finished.
+EXIT_OK = 0
+#: A transient failure before training (no checkpoint storage answered), a crash, a lost peer:
+#: the operator restarts the gang (every code not named here is retryable too).
+EXIT_RETRYABLE = 1
+#: sysexits' EX_CONFIG: bad config, missing data, a reward function that cannot be imported, raises
+#: or returns the wrong shape. Retrying cannot help: the operator fails the job.
+EXIT_PERMANENT = 78
+#: A CUDA out-of-memory error: the operator may retry with a smaller per-device batch.
+EXIT_CUDA_OOM = 200
+#: A process stopped by signal N exits with 128 + N.
+EXIT_SIGNAL_BASE = 128
+#: Stopped by SIGTERM (a resize, a suspend, a preempted node) after saving a checkpoint: retryable.
+EXIT_SIGTERM_CHECKPOINTED = EXIT_SIGNAL_BASE + int(signal.SIGTERM)
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """The exit code of a node or rank that stopped because of signal ``signum`` (143 for SIGTERM)."""
+    return EXIT_SIGNAL_BASE + int(signum)
