@@ -19,6 +19,7 @@ from typing import Any
 
 from rljob_trainer.config import TrainerConfig
 from rljob_trainer.errors import ERROR_FILE_ENV, EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, report_fatal
+from rljob_trainer.known_warnings import silence_known_warnings
 
 log = logging.getLogger("rljob.worker")
 
@@ -321,6 +322,7 @@ def die_with_parent() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
+    silence_known_warnings()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     error_dir = os.environ.get("RLJOB_ERROR_DIR")
     if error_dir:
