@@ -167,7 +167,10 @@ class LeaderElector:
 
         Renewals come every ``renew_seconds``, retries after a failure every ``retry_seconds``;
         the holder gives up once ``lease_seconds - retry_seconds`` pass without a renewal, even
-        while a request hangs, so it stops before a standby may take over.
+        while a request hangs, so it stops before a standby may take over. The per-request
+        timeout alone would not do: urllib3 retries a timed-out GET, so with the client's 30 s
+        timeout a leader cut off from the API server went on acting for over a minute
+        (``bench/leader_election.py``, scenario cut-off).
         """
         pause = self.renew_seconds
         while True:
