@@ -270,9 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key-file", help="status API private key")
     p.add_argument("--tls-secret", help="NAMESPACE/NAME: share one self-signed certificate between replicas")
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
-                   help="hold a Lease so only one replica reconciles (default: on)")
-    p.add_argument("--operator-namespace", help="namespace of the operator's Lease, Secret and Service "
-                   "(default: its pod's, else the first --namespace)")
+                   help="hold a Lease so only one replica reconciles (default: on in a cluster; off outside "
+                   "one, where a developer runs a single replica)")
+    p.add_argument("--operator-namespace", help="namespace of the operator's Lease, Secret and Service; must "
+                   "exist (default: its pod's, else the first --namespace, else rljob-system)")
     p.add_argument("--identity", help="this replica's Lease holder identity (default: hostname-random)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     p.set_defaults(func=cmd_operator)

@@ -12,7 +12,9 @@ PYTHON="${PYTHON:-python3}"
 
 if ! command -v uv >/dev/null 2>&1; then
   echo "[venv] installing uv" >&2
-  "$PYTHON" -m pip install --quiet uv >&2
+  # As root (containers, CI) pip warns about root installs, which is intended here; environment
+  # variables rather than flags, so a pip older than the option ignores them instead of failing.
+  PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 "$PYTHON" -m pip install --quiet uv >&2
 fi
 UV="$(command -v uv || echo "$PYTHON -m uv")"
 

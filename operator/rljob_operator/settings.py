@@ -58,6 +58,8 @@ class OperatorSettings:
     metrics_port: int = 8080
     """/metrics, /healthz and /readyz."""
     leader_elect: bool = True
+    """Hold a Lease so only one replica reconciles. Default: on in a cluster; off outside one (a
+    developer's single replica, whose kubeconfig may point at a cluster without rljob-system)."""
     lease_name: str = "rljob-operator"
     lease_namespace: str | None = None
     """Default: operator_namespace."""
@@ -96,6 +98,8 @@ class OperatorSettings:
                 values[f.name] = _convert(f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         in_cluster = _own_namespace()
+        if values.get("leader_elect") is None and not in_cluster:
+            values["leader_elect"] = False
         if not values.get("operator_namespace"):
             values["operator_namespace"] = (
                 in_cluster or next(iter(values.get("namespaces") or []), None) or "rljob-system"

@@ -25,6 +25,7 @@ from rljob_trainer import contract
 from rljob_trainer.config import TrainerConfig
 from rljob_trainer.contract import EXIT_CUDA_OOM, EXIT_PERMANENT, EXIT_RETRYABLE
 from rljob_trainer.errors import PermanentError, report_fatal, write_termination_message
+from rljob_trainer.known_warnings import silence_known_warnings
 
 CONFIG_FILE = "trainer-config.json"
 
@@ -121,6 +122,7 @@ def exit_code_for(failures: dict[int, Any]) -> tuple[int, int | None]:
 
 def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | None = None) -> int:
     """Run the gang's processes on this node; returns the node's exit code."""
+    silence_known_warnings()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

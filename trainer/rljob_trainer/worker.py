@@ -29,6 +29,7 @@ from rljob_trainer.contract import (
     exit_code_for_signal,
 )
 from rljob_trainer.errors import PermanentError, report_fatal
+from rljob_trainer.known_warnings import silence_known_warnings
 
 log = logging.getLogger("rljob.worker")
 
@@ -347,6 +348,7 @@ def die_with_parent() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
+    silence_known_warnings()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     error_dir = os.environ.get(ERROR_DIR_ENV)
     if error_dir:

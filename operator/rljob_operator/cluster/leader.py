@@ -6,13 +6,25 @@ record has not changed for ``leaseDurationSeconds`` of *this* replica's clock (n
 other clocks); updates carry the resourceVersion, so two candidates cannot both win. A
 holder that cannot renew in time stops acting (the caller exits and is restarted as a
 candidate); a holder that shuts down cleanly releases the Lease for a quick hand-over.
+
+Why not ``kubernetes.leaderelection`` (client 37): its LeaseLock talks through the process-wide
+default client (not our kubeconfig's), its requests have no timeout (a hung renew keeps a holder
+"leading" past its lease), it never releases the Lease (every hand-over waits a full lease), its
+loops cannot be stopped (SIGTERM while standby) and it exits the process on periods under 1 s.
+Measured against ours on the control plane: ``bench/leader_election.py``.
+
+Two timing rules, from client-go: each Lease request times out well inside the renew deadline
+(``request_timeout``), so one slow call still leaves time for a retry; and the attempts run on a
+thread of their own, so reconcile workers busy on a slow API server cannot delay a renewal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,7 +46,13 @@ def _micro_time() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+class LeaseNamespaceMissing(Exception):
+    """The Lease's namespace does not exist: a setting to fix, not a moment to wait out."""
+
+
 class LeaderElector:
+    """Acquire, hold and release one Lease; see the module docstring for the rules."""
+
     def __init__(
         self,
         kube: Kube,
@@ -45,7 +63,12 @@ class LeaderElector:
         renew_seconds: float = 5.0,
         retry_seconds: float = 2.0,
     ) -> None:
-        self.kube = kube
+        # Half the renew deadline per request (client-go: max(RenewDeadline/2, 1s)): GET and PUT fit
+        # inside the deadline even when the first is slow, and never outlast the lease.
+        self.request_timeout = max(1.0, min(kube.timeout, (lease_seconds - retry_seconds) / 2))
+        self.kube = copy.copy(kube)  # the same client and connection pool, its own timeout
+        self.kube.timeout = self.request_timeout
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -79,6 +102,11 @@ class LeaderElector:
             except ApiException as e2:
                 if e2.status == 409:
                     return False
+                if e2.status == 404:  # only the namespace can be missing on a create
+                    raise LeaseNamespaceMissing(
+                        f"leader election: namespace {self.namespace!r} for Lease {self.name!r} does not exist; "
+                        "create it, pass --operator-namespace NAMESPACE, or run one replica with --no-leader-elect"
+                    ) from e2
                 raise
             self._last_renew = time.monotonic()
             return True
@@ -112,15 +140,21 @@ class LeaderElector:
             "leaseTransitions": transitions,
         }
 
+    async def _attempt(self) -> bool:
+        """``try_acquire_or_renew`` on the elector's own thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.try_acquire_or_renew)
+
     async def acquire(self) -> None:
-        """Wait until this replica holds the Lease."""
+        """Wait until this replica holds the Lease; raises ``LeaseNamespaceMissing`` at once."""
         logged = False
         while True:
             try:
-                if await asyncio.to_thread(self.try_acquire_or_renew):
+                if await self._attempt():
                     log.info("became leader (lease %s/%s, identity %s)", self.namespace, self.name, self.identity)
                     metrics.LEADER.set(1)
                     return
+            except LeaseNamespaceMissing:
+                raise
             except Exception as e:  # the API server may be briefly away; keep trying
                 log.warning("leader election: %s", _short(e))
             if not logged:
@@ -129,17 +163,33 @@ class LeaderElector:
             await asyncio.sleep(self.retry_seconds)
 
     async def hold(self) -> None:
-        """Renew until the Lease is lost; returns then (the caller must stop acting)."""
+        """Renew until the Lease is lost; returns then (the caller must stop acting).
+
+        Renewals come every ``renew_seconds``, retries after a failure every ``retry_seconds``;
+        the holder gives up once ``lease_seconds - retry_seconds`` pass without a renewal, even
+        while a request hangs, so it stops before a standby may take over. The per-request
+        timeout alone would not do: urllib3 retries a timed-out GET, so with the client's 30 s
+        timeout a leader cut off from the API server went on acting for over a minute
+        (``bench/leader_election.py``, scenario cut-off).
+        """
+        pause = self.renew_seconds
         while True:
-            await asyncio.sleep(self.renew_seconds)
+            await asyncio.sleep(pause)
+            deadline = self._last_renew + self.lease_seconds - self.retry_seconds
             try:
-                if await asyncio.to_thread(self.try_acquire_or_renew):
+                if await asyncio.wait_for(self._attempt(), max(0.0, deadline - time.monotonic())):
+                    pause = self.renew_seconds
                     continue
                 log.error("lost the lease %s/%s to another replica", self.namespace, self.name)
                 break
+            except TimeoutError:
+                log.error("could not renew the lease %s/%s in time: the API server did not answer",
+                          self.namespace, self.name)
+                break
             except Exception as e:
-                if time.monotonic() - self._last_renew < self.lease_seconds - self.retry_seconds:
+                if time.monotonic() + self.retry_seconds < deadline:
                     log.warning("cannot renew the lease yet: %s", _short(e))
+                    pause = self.retry_seconds
                     continue
                 log.error("could not renew the lease in time: %s", _short(e))
                 break

@@ -3,7 +3,10 @@
 Every replica serves the status API (HTTPS) and ``/metrics``, ``/healthz``, ``/readyz``.
 The replica holding the Lease also runs kopf (watches on jobs and worker pods), the work
 queue and the periodic resync. Losing the Lease ends the process with status 1, so its
-pod restarts as a standby; SIGTERM/SIGINT stop it cleanly and release the Lease.
+pod restarts as a standby; SIGTERM/SIGINT stop it cleanly and release the Lease. A Lease
+namespace that does not exist ends it at once with status 2 and a message saying what to pass.
+Outside a cluster leader election is off by default (``settings``), so ``rljob operator
+--kubeconfig K`` reconciles right away against any cluster that has the CRD.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlparse
 
 from aiohttp import web
@@ -20,7 +23,7 @@ from aiohttp import web
 from rljob_operator import metrics
 from rljob_operator.cluster.handlers import JobWatch, kopf_settings
 from rljob_operator.cluster.kube import Kube, load_api_client
-from rljob_operator.cluster.leader import LeaderElector
+from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.cluster.workqueue import WorkQueue
 from rljob_operator.names import StatusEndpoint
@@ -59,22 +62,45 @@ async def _serve(app: web.Application, host: str, port: int, ssl_context: object
     return runner
 
 
-async def operate(s: OperatorSettings) -> int:
-    import kopf
+#: Exit status for a setting that cannot work (the Lease's namespace is missing): no retry helps.
+EXIT_CONFIG = 2
 
+
+async def operate(s: OperatorSettings) -> int:
+    """Run one replica until a signal (0), a lost Lease (1) or a setting that cannot work (2)."""
     api_client = load_api_client(s.kubeconfig)
     kube = Kube(api_client)
+    stopping = asyncio.Event()
+    _install_signals(stopping)
+    endpoint, runners = await _serve_endpoints(s, kube)
+    try:
+        elector = None
+        if s.leader_elect:
+            elector = LeaderElector(kube, s.effective_lease_namespace, s.lease_name, s.identity,
+                                    s.lease_seconds, s.renew_seconds, s.retry_seconds)
+            if not await _acquire(elector, stopping):
+                return 0
+        else:
+            log.info("leader election off: this replica reconciles alone (run one; --leader-elect for standbys)")
+            metrics.LEADER.set(1)
+        return await _lead(s, api_client, kube, endpoint, elector, stopping)
+    except LeaseNamespaceMissing as e:
+        log.error("%s", e)
+        return EXIT_CONFIG
+    finally:
+        await _cleanup(runners)
+
+
+def _install_signals(stopping: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+
+
+async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpoint, list[web.AppRunner]]:
+    """Start the status API (HTTPS) and the metrics/health server; every replica serves both."""
     cert, ca_pem = await asyncio.to_thread(serving_cert, s, kube)
     endpoint = StatusEndpoint(s.effective_status_url, ca_pem, s.token_audience)
-
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def install_signals() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
-
-    install_signals()
     status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds)
     runners = [
         await _serve(status_api.app(), s.status_host, s.status_port, cert.ssl_context()),
@@ -82,20 +108,25 @@ async def operate(s: OperatorSettings) -> int:
     ]
     log.info("status API on https://%s:%d (trainers use %s); metrics on :%d",
              s.status_host, s.status_port, endpoint.base_url, s.metrics_port)
+    return endpoint, runners
 
-    elector = None
-    if s.leader_elect:
-        elector = LeaderElector(kube, s.effective_lease_namespace, s.lease_name, s.identity,
-                                s.lease_seconds, s.renew_seconds, s.retry_seconds)
-        acquiring = asyncio.create_task(elector.acquire())
-        await asyncio.wait([acquiring, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if stopping.is_set():
-            acquiring.cancel()
-            await _cleanup(runners)
-            return 0
-    else:
-        metrics.LEADER.set(1)
 
+async def _acquire(elector: LeaderElector, stopping: asyncio.Event) -> bool:
+    """Wait for the Lease; False when a signal came first."""
+    acquiring = asyncio.create_task(elector.acquire())
+    stop_wait = asyncio.create_task(stopping.wait())
+    await asyncio.wait([acquiring, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    if stopping.is_set():
+        acquiring.cancel()
+        return False
+    stop_wait.cancel()
+    acquiring.result()  # raises LeaseNamespaceMissing
+    return True
+
+
+def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube,
+                 endpoint: StatusEndpoint) -> tuple[WorkQueue, JobWatch]:
+    """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache."""
     watch_ref: list[JobWatch] = []
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
@@ -108,6 +139,15 @@ async def operate(s: OperatorSettings) -> int:
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget)
     watch_ref.append(watch)
+    return queue, watch
+
+
+async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
+                elector: LeaderElector | None, stopping: asyncio.Event) -> int:
+    """Watch and reconcile until a signal (0), the Lease is lost or kopf stops on its own (1)."""
+    import kopf
+
+    queue, watch = _reconciling(s, api_client, kube, endpoint)
     stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
     # Our tasks exist before kopf starts, so kopf does not wait for them as "hung" when it stops.
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
@@ -124,7 +164,7 @@ async def operate(s: OperatorSettings) -> int:
         ready_flag=ready_flag,
     ))
     await asyncio.wait([kopf_task, ready_wait, holding, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-    install_signals()  # kopf installed its own; ours stop it through stop_flag
+    _install_signals(stopping)  # kopf installed its own; ours stop it through stop_flag
     await asyncio.wait([kopf_task, holding, stop_wait], return_when=asyncio.FIRST_COMPLETED)
     lost = holding.done()
     code = 1 if lost or (kopf_task.done() and not stopping.is_set()) else 0
@@ -141,7 +181,6 @@ async def operate(s: OperatorSettings) -> int:
     await queue.stop()
     if elector is not None and not lost:
         await asyncio.to_thread(elector.release)
-    await _cleanup(runners)
     return code
 
 
