@@ -39,12 +39,11 @@ for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a b
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from rljob_operator.api import parse_job  # noqa: E402
 from rljob_operator.cluster.kube import FIELD_MANAGER, Kube  # noqa: E402
-from rljob_operator.crd import CRD_NAME, crd_manifest  # noqa: E402
 from rljob_operator.decisions.children import desired_configmap, desired_service, desired_worker_pods  # noqa: E402
 from rljob_operator.names import StatusEndpoint  # noqa: E402
 
+from bench.operator_scale import install_crd  # noqa: E402
 from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
-from tests.cluster.waiting import wait_for  # noqa: E402
 from tests.operator_helpers import job_manifest  # noqa: E402
 
 ENDPOINT = StatusEndpoint("https://rljob-operator.rljob-system.svc:8443", "-----BEGIN CERTIFICATE-----\nx\n")
@@ -61,18 +60,6 @@ class CountingKube(Kube):
     def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
         self.sent[method] += 1
         return super().request(method, path, *args, **kwargs)
-
-
-def install_crd(kube: Kube) -> None:
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    kube.request("POST", path, crd_manifest())
-
-    def established() -> bool:
-        conditions = (kube.request("GET", f"{path}/{CRD_NAME}").get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(established, 60, message="CRD Established")
-    time.sleep(1)
 
 
 def children_of(kube: Kube, namespace: str, gangs: int, replicas: int) -> list[tuple[dict[str, Any], str]]:

@@ -130,29 +130,28 @@ def test_managed_trl_fields_are_one_list_the_worker_follows() -> None:
 def test_validate_crd_and_help_import_nothing_heavy() -> None:
     heavy = ("torch", "transformers", "trl", "datasets", "accelerate", "kopf", "kubernetes", "boto3", "botocore",
              "aiohttp", "prometheus_client", "cryptography")
-    code = (
-        "import contextlib, io, sys\n"
-        f"for name in {heavy!r}: sys.modules[name] = None\n"
-        "from rljob.cli import main\n"
+    result = _cli_without(heavy, (
+        "import contextlib, io\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    with contextlib.suppress(SystemExit):\n"
         "        main(['--help'])\n"
         f"    assert main(['validate', {str(REPO / 'examples/quickstart.yaml')!r}]) == 0\n"
         "    assert main(['crd']) == 0\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    ))
     assert result.returncode == 0, result.stderr
 
 
+def _cli_without(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (with ``main`` = the rljob CLI) in a Python where ``modules`` cannot be imported."""
+    prelude = f"import sys\nfor name in {modules!r}: sys.modules[name] = None\nfrom rljob.cli import main\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+
+
 def test_commands_of_an_extra_name_it_when_its_packages_are_missing() -> None:
-    code = (
-        "import sys\n"
-        "for name in ('torch', 'kopf'): sys.modules[name] = None\n"
-        "from rljob.cli import main\n"
+    result = _cli_without(("torch", "kopf"), (
         f"assert main(['train', {str(REPO / 'examples/quickstart.yaml')!r}]) == 1\n"
         "assert main(['operator']) == 1\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    ))
     assert result.returncode == 0, result.stderr
     assert "`rljob train` needs torch, which this install lacks: pip install 'rljob[trainer]'" in result.stderr
     assert "`rljob operator` needs kopf, which this install lacks: pip install 'rljob[operator]'" in result.stderr

@@ -104,13 +104,17 @@ TRAINER_MODULE = "rljob_trainer.launch"
 TRAINER_COMMAND = ("python", "-m", TRAINER_MODULE, "--config", CONFIG_PATH)
 
 
-class ConfigError(Exception):
-    """A trainer config that cannot be read or is invalid; ``where`` names the file."""
+class LocatedError(Exception):
+    """An error that says where: ``where`` names the field path, file or function."""
 
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
         self.where = where
         self.message = message
+
+
+class ConfigError(LocatedError):
+    """A trainer config that cannot be read or is invalid; ``where`` names the file."""
 
 
 def dump_config(cfg: TrainerConfig) -> str:

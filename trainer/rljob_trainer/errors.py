@@ -21,18 +21,13 @@ from rljob_trainer.contract import ERROR_FILE_ENV as ERROR_FILE_ENV
 from rljob_trainer.contract import EXIT_CUDA_OOM as EXIT_CUDA_OOM
 from rljob_trainer.contract import EXIT_OK as EXIT_OK
 from rljob_trainer.contract import EXIT_PERMANENT as EXIT_PERMANENT
-from rljob_trainer.contract import TERMINATION_LOG_ENV
+from rljob_trainer.contract import TERMINATION_LOG_ENV, LocatedError
 
 TERMINATION_LOG = "/dev/termination-log"
 
 
-class PermanentError(Exception):
+class PermanentError(LocatedError):
     """A failure no retry can fix. ``where`` names the field path, file or function."""
-
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where}: {message}")
-        self.where = where
-        self.message = message
 
 
 def first_line(text: str) -> str:

@@ -62,8 +62,9 @@ async def _serve(app: web.Application, host: str, port: int, ssl_context: object
     return runner
 
 
-#: Exit status for a setting that cannot work (the Lease's namespace is missing): no retry helps.
-EXIT_CONFIG = 2
+#: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing):
+#: no retry helps. (Not a trainer exit code: those live in rljob_trainer.contract.)
+UNWORKABLE_SETTING_STATUS = 2
 
 
 async def operate(s: OperatorSettings) -> int:
@@ -86,7 +87,7 @@ async def operate(s: OperatorSettings) -> int:
         return await _lead(s, api_client, kube, endpoint, elector, stopping)
     except LeaseNamespaceMissing as e:
         log.error("%s", e)
-        return EXIT_CONFIG
+        return UNWORKABLE_SETTING_STATUS
     finally:
         await _cleanup(runners)
 
