@@ -28,8 +28,8 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 	$(PY) -m pytest -m "not trainer and not cluster and not s3" $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
-	.venv/bin/ruff check operator trainer tests bench charts/rljob/hack
-	.venv/bin/mypy operator/rljob_operator trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints \
+	.venv/bin/ruff check rljob operator trainer tests bench charts/rljob/hack
+	.venv/bin/mypy rljob operator/rljob_operator trainer/rljob_trainer/contract.py trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints \
 		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py
 
 clean: ## Remove run outputs and caches in the checkout
