@@ -14,6 +14,60 @@ from typing import Any
 
 from rljob_trainer.errors import PermanentError
 
+#: Longest relative path (and path segment) accepted from storage, in UTF-8 bytes: Linux's PATH_MAX
+#: and NAME_MAX. Longer names would fail at open() anyway, with a less helpful error.
+MAX_PATH_BYTES = 4096
+MAX_SEGMENT_BYTES = 255
+
+
+class UnsafePath(ValueError):
+    """A file name read back from storage (a manifest entry, an object key) that is not a plain path
+    inside its folder, or whose resolved path would leave the destination."""
+
+
+def safe_relpath(rel: object, what: str) -> str:
+    """``rel`` when it is a plain relative POSIX path that stays inside any folder it is joined to.
+
+    Names come from storage anyone with write access to the bucket (or a shared mirror) controls, so
+    refused are: non-strings, empty names, absolute paths, empty, ``.`` and ``..`` segments,
+    backslashes (a separator elsewhere), NUL and other control characters, and names longer than
+    Linux allows. Raises :class:`UnsafePath` naming ``what`` (the manifest field, the object key).
+    """
+    def refuse(why: str) -> UnsafePath:
+        return UnsafePath(f"{what}: {rel!r} {why}; only plain relative paths are accepted")
+
+    if not isinstance(rel, str) or not rel:
+        raise refuse("is not a non-empty string")
+    if rel.startswith("/"):
+        raise refuse("is an absolute path")
+    if "\\" in rel:
+        raise refuse("contains a backslash")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in rel):
+        raise refuse("contains a control character (NUL, newline, ...)")
+    if len(rel.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise refuse(f"is longer than {MAX_PATH_BYTES} bytes")
+    for segment in rel.split("/"):
+        if segment in ("", ".", ".."):
+            raise refuse("has an empty, '.' or '..' segment")
+        if len(segment.encode("utf-8", "surrogatepass")) > MAX_SEGMENT_BYTES:
+            raise refuse(f"has a segment longer than {MAX_SEGMENT_BYTES} bytes")
+    return rel
+
+
+def path_under(root: str | os.PathLike[str], rel: str, what: str) -> Path:
+    """``root / rel`` after checking that ``rel`` is safe (:func:`safe_relpath`) and that the path,
+    with every symlink already on disk resolved, stays under ``root`` (resolved too). Call it again
+    after creating the parent folders: a symlink planted meanwhile is caught then."""
+    safe_relpath(rel, what)
+    base = Path(root).resolve()
+    target = Path(root) / rel
+    if not target.resolve().is_relative_to(base):
+        raise UnsafePath(f"{what}: {rel!r} resolves to {target.resolve()}, outside {base} (a symbolic link on "
+                         "the way); remove the link")
+    if target.is_symlink():  # the last segment itself: writing would follow it
+        raise UnsafePath(f"{what}: {target} is a symbolic link; remove it")
+    return target
+
 
 def split_s3(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
@@ -106,7 +160,13 @@ def download_object(uri: str, dest: str, where: str = "spec.training.dataset.nam
 
 
 def download_prefix(uri: str, dest: str, where: str = "spec.training.model") -> str:
-    """Download every object under an ``s3://bucket/prefix/`` to ``dest``; returns ``dest``."""
+    """Download every object under an ``s3://bucket/prefix/`` to ``dest``; returns ``dest``.
+
+    Object keys are untrusted (anyone who can write the bucket chooses them): every key is checked
+    before anything is downloaded, and one that is not a plain relative path under the prefix
+    (``..``, empty segments, backslashes, control characters) is a PermanentError naming the key.
+    Keys ending in ``/`` are folder markers (S3 consoles create them) and are skipped.
+    """
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = split_s3(uri.rstrip("/") + "/")
@@ -116,11 +176,23 @@ def download_prefix(uri: str, dest: str, where: str = "spec.training.model") -> 
         keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
         if not keys:
             raise PermanentError(where, f"no objects under {uri}")
-        for key in keys:
-            target = Path(dest) / key[len(prefix) :]
+        files = []
+        for key in keys:  # all checked before anything is written
+            rel = key[len(prefix) :]
+            if rel == "" or rel.endswith("/"):
+                continue
+            try:
+                files.append((key, safe_relpath(rel, f"object key {key!r}")))
+            except UnsafePath as e:
+                raise PermanentError(where, f"{e} (under {uri}); remove or rename that object, or point {where} "
+                                            "at a prefix without it") from e
+        for key, rel in files:
+            target = path_under(dest, rel, f"object key {key!r}")
             target.parent.mkdir(parents=True, exist_ok=True)
+            path_under(dest, rel, f"object key {key!r}")  # no link planted meanwhile
             client.download_file(bucket, key, str(target))
     except (ClientError, BotoCoreError) as e:
         raise _permanent_from(e, uri, where) from e
+    except UnsafePath as e:
+        raise PermanentError(where, f"{e} (under {uri})") from e
     return dest
-

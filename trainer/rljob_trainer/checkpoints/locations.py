@@ -14,6 +14,12 @@ the uploader used — so a bucket listing verifies an upload without downloading
 is verified by MD5. Deleting goes manifest first, so a crash mid-delete leaves an incomplete
 (ignored) checkpoint.
 
+What a location holds is untrusted input (anyone who can write a shared bucket or mirror folder
+wrote it): a manifest that fails :func:`~rljob_trainer.checkpoints.manifest.parse_manifest` makes its
+checkpoint corrupt (:attr:`Listing.corrupt`; resume falls back past it with a warning), a ``latest``
+that names no checkpoint is ignored, and every file a download or copy writes is checked to stay
+under its destination (:func:`~rljob_trainer.storage.path_under`), symbolic links included.
+
 The folder the HF Trainer saves into is a :class:`LocalLocation` too: sealing a checkpoint is
 publishing it there in place (:func:`seal_checkpoint`), and its retention is the same
 :meth:`Location.apply_retention` every other location uses.
@@ -36,19 +42,23 @@ from typing import Any
 from rljob_trainer.checkpoints.manifest import (
     LATEST,
     MANIFEST,
+    MAX_LATEST_BYTES,
     CheckpointInfo,
+    InvalidManifest,
     atomic_write_text,
     build_manifest,
     delete_checkpoint,
     file_md5,
-    info_from_manifest,
     listing_problems,
+    load_manifest,
+    parse_latest,
+    read_bounded,
     read_manifest,
     step_of,
     verify_checkpoint,
 )
 from rljob_trainer.checkpoints.retention import RetentionPolicy, retention_plan
-from rljob_trainer.storage import PERMANENT_CODES, error_code, is_permanent
+from rljob_trainer.storage import PERMANENT_CODES, UnsafePath, error_code, is_permanent, path_under
 
 log = logging.getLogger("rljob.checkpoints")
 
@@ -93,12 +103,14 @@ def storage_errors(uri: str) -> Iterator[None]:
 @dataclass
 class Listing:
     """What one location holds: each checkpoint's objects (relative path → (size, etag)), the
-    complete ones with their manifests (oldest first), and where ``latest`` points."""
+    complete ones with their manifests (oldest first), where ``latest`` points, and the checkpoints
+    whose manifest cannot be trusted (name → why; they count as incomplete, and resume warns)."""
 
     objects: dict[str, dict[str, tuple[int, str | None]]] = field(default_factory=dict)
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     complete: list[CheckpointInfo] = field(default_factory=list)
     latest: str | None = None
+    corrupt: dict[str, str] = field(default_factory=dict)
 
     def incomplete(self) -> list[str]:
         done = {c.name for c in self.complete}
@@ -111,6 +123,7 @@ class Listing:
             {n: m for n, m in self.manifests.items() if n not in gone},
             [c for c in self.complete if c.name not in gone],
             self.latest,
+            {n: why for n, why in self.corrupt.items() if n not in gone},
         )
 
 
@@ -186,24 +199,47 @@ class Location:
         problems = self.verify(info, listing)
         if problems:
             raise CorruptCheckpoint(self.child_uri(info.name), problems)
+        manifest = listing.manifests.get(info.name)
+        if manifest is None or step_of(info.name) is None:  # a CheckpointInfo this listing did not check
+            raise CorruptCheckpoint(self.child_uri(info.name), [f"no checked {MANIFEST} in this listing"])
         target = dest_root / info.name
         cached = read_manifest(target)
-        if cached is not None and cached.files == info.files and not verify_checkpoint(target):
+        if cached is not None and cached.files == info.files and not target.is_symlink() and not verify_checkpoint(target):
             return target
         tmp = dest_root / f".fetch-{info.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         tmp.mkdir(parents=True)
         try:
             self.download(info, tmp)
-            atomic_write_text(tmp / MANIFEST, json.dumps(listing.manifests[info.name], indent=1, sort_keys=True))
-            problems = verify_checkpoint(tmp)
+            atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+            problems = verify_checkpoint(tmp, info.name)
             if problems:
                 raise CorruptCheckpoint(self.child_uri(info.name), [p.replace(str(tmp) + "/", "") for p in problems])
-            shutil.rmtree(target, ignore_errors=True)
+            _remove(target)
             os.replace(tmp, target)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
         return target
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder, file or symbolic link (the link itself, never what it points at); quietly."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def download_target(dest: Path, rel: str, uri: str) -> Path:
+    """Where a download writes file ``rel`` of a checkpoint: ``dest / rel``, its folders created, once
+    checked to stay under ``dest`` (:func:`~rljob_trainer.storage.path_under`, before and after creating
+    them). A name that would leave it makes the checkpoint at ``uri`` corrupt."""
+    try:
+        target = path_under(dest, rel, "file name")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return path_under(dest, rel, "file name")
+    except UnsafePath as e:
+        raise CorruptCheckpoint(uri, [f"{e} (not written under {dest})"]) from None
 
 
 def _files(folder: Path) -> dict[str, tuple[int, str | None]]:
@@ -242,21 +278,35 @@ class LocalLocation(Location):
         if not self.root.is_dir():
             return out
         with storage_errors(self.uri):
-            with contextlib.suppress(FileNotFoundError):  # `latest` first, as for S3Location.listing
-                out.latest = (self.root / LATEST).read_text(encoding="utf-8").strip() or None
+            out.latest = self._latest()  # first, as for S3Location.listing
             for child in self.root.iterdir():
                 if step_of(child.name) is None or not child.is_dir():
                     continue
                 out.objects[child.name] = _files(child)
                 try:
-                    data = json.loads((child / MANIFEST).read_text(encoding="utf-8"))
-                    info = info_from_manifest(data)
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue  # no manifest, or an unreadable one: incomplete
+                    if child.is_symlink():  # its files would be read (and deleted) wherever it points
+                        raise InvalidManifest(f"{child} is a symbolic link")
+                    data, info = load_manifest(child)
+                except FileNotFoundError:
+                    continue  # no manifest: incomplete
+                except (OSError, ValueError) as e:
+                    log.warning("checkpoint %s: manifest cannot be trusted (%s); treated as corrupt", child, e)
+                    out.corrupt[child.name] = str(e)
+                    continue
                 out.complete.append(info)
                 out.manifests[info.name] = data
         out.complete.sort(key=lambda c: c.step)
         return out
+
+    def _latest(self) -> str | None:
+        try:
+            body = read_bounded(self.root / LATEST, MAX_LATEST_BYTES)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("%s: ignored (%s)", self.root / LATEST, e)
+            return None
+        return parse_latest(body, str(self.root / LATEST))
 
     def verify(self, info: CheckpointInfo, listing: Listing) -> list[str]:
         return [p.replace(str(self.root / info.name) + "/", "") for p in verify_checkpoint(self.root / info.name)]
@@ -272,9 +322,8 @@ class LocalLocation(Location):
                 atomic_write_text(target / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
                 return
             self.delete(name)
-            for rel in manifest["files"]:
-                (target / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(local_dir / rel, target / rel)
+            for rel in manifest["files"]:  # checked from the root: a link planted as the folder is caught
+                shutil.copyfile(local_dir / rel, download_target(self.root, f"{name}/{rel}", str(target)))
             for rel, meta in manifest["files"].items():
                 if file_md5(target / rel) != meta["md5"]:
                     raise StorageError("VerificationFailed", str(target / rel), "md5 mismatch after copy")
@@ -289,10 +338,16 @@ class LocalLocation(Location):
             delete_checkpoint(self.root / name)
 
     def download(self, info: CheckpointInfo, dest: Path) -> None:
-        with storage_errors(self.child_uri(info.name)):
+        """Copy the files, each read from under this checkpoint's folder (a symbolic link leading out
+        of it is refused) and written under ``dest``."""
+        uri = self.child_uri(info.name)
+        with storage_errors(uri):
             for rel in info.files:
-                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(self.root / info.name / rel, dest / rel)
+                try:
+                    src = path_under(self.root / info.name, rel, "file name")
+                except UnsafePath as e:
+                    raise CorruptCheckpoint(uri, [str(e)]) from None
+                shutil.copyfile(src, download_target(dest, rel, uri))
 
     def fetch(self, info: CheckpointInfo, listing: Listing, dest_root: Path) -> Path:
         if dest_root.resolve() == self.root.resolve():  # the trainer's own folder: verify in place

@@ -10,24 +10,61 @@ previous complete checkpoint when one does not match.
 The same layout and rules hold at every location (``rljob_trainer.checkpoints.locations``); for
 object storage the manifest also records each file's expected S3 ETag (``etag``) for the multipart part
 size the uploader uses, so a bucket listing alone verifies an upload.
+
+Whatever is read back from storage is untrusted: anyone who can write the bucket (a shared mirror)
+can write a manifest or ``latest``. :func:`parse_manifest` checks a manifest's types and sizes, that
+every file name is a plain relative path (``rljob_trainer.storage.safe_relpath``) and that its name is
+its folder's; anything else is an :class:`InvalidManifest`, i.e. a corrupt checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from rljob_trainer.contract import format_validation_error
+from rljob_trainer.storage import UnsafePath, safe_relpath
+
+log = logging.getLogger("rljob.checkpoints")
 
 MANIFEST = "rljob-manifest.json"
 LATEST = "latest"
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# ASCII digits only and at most 18 of them (``\d`` takes any Unicode digit, and int() refuses over
+# 4300 digits), ``\Z`` as ``$`` also matches before a trailing newline.
+CHECKPOINT_RE = re.compile(r"^checkpoint-([0-9]{1,18})\Z")
+
+#: Bounds on what is read back from storage: far above what the HF Trainer writes, far below what
+#: would exhaust a pod's memory.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_LATEST_BYTES = 1024
+MAX_FILES = 100_000
+
+
+class InvalidManifest(ValueError):
+    """A manifest (or ``latest`` pointer) read back from storage that is not as rljob writes it: wrong
+    types, a file name that would leave its folder, a name other than its folder's, too large. The
+    checkpoint counts as corrupt: resume falls back to the previous complete one."""
 
 
 @dataclass(frozen=True)
@@ -144,30 +181,143 @@ def build_manifest(
     return manifest
 
 
-def info_from_manifest(data: dict[str, Any]) -> CheckpointInfo:
-    """The :class:`CheckpointInfo` a parsed manifest describes (KeyError/TypeError when malformed)."""
-    return CheckpointInfo(str(data["name"]), int(data["step"]), dict(data.get("metrics", {})), dict(data["files"]))
+class _FileEntry(BaseModel):
+    """One file of a manifest. Strict: a size of ``"1"`` or ``true`` is no size."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    size: StrictInt = Field(ge=0, le=1 << 50)
+    md5: str = Field(pattern=r"^[0-9a-f]{32}$")
+    etag: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}(-[0-9]{1,5})?$")
 
 
-def read_manifest(ckpt_dir: str | os.PathLike[str]) -> CheckpointInfo | None:
-    """The manifest of a local checkpoint folder, or None when it has none (or an unreadable one)."""
-    path = Path(ckpt_dir) / MANIFEST
+class _Manifest(BaseModel):
+    """``rljob-manifest.json`` as :func:`build_manifest` writes it (unknown fields are allowed, so a
+    newer trainer's additions do not make a checkpoint corrupt to an older one)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    format: Literal[1] = 1
+    name: str = Field(pattern=CHECKPOINT_RE.pattern.replace("\\Z", "$"))
+    step: StrictInt = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=1000)
+    files: dict[str, _FileEntry] = Field(max_length=MAX_FILES)
+    part_size: StrictInt | None = Field(default=None, gt=0, le=5 << 30)
+    created: float | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _plain_paths(cls, files: dict[str, _FileEntry]) -> dict[str, _FileEntry]:
+        for rel in files:
+            try:
+                safe_relpath(rel, "file name")
+            except UnsafePath as e:
+                raise ValueError(str(e)) from None
+            if rel == MANIFEST:
+                raise ValueError(f"file name {rel!r} is the manifest itself")
+        return files
+
+    @model_validator(mode="after")
+    def _step_matches_name(self) -> _Manifest:
+        if step_of(self.name) != self.step:
+            raise ValueError(f"step {self.step} is not the step of name {self.name!r}")
+        return self
+
+
+def info_from_manifest(data: Any, folder: str | None = None) -> CheckpointInfo:
+    """The :class:`CheckpointInfo` a parsed manifest describes, after checking it (:class:`_Manifest`)
+    and, with ``folder``, that its name is the folder it was read from. Raises :class:`InvalidManifest`
+    naming each bad field (a ValueError, as for unreadable JSON)."""
     try:
-        return info_from_manifest(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
+        m = _Manifest.model_validate(data)
+    except ValidationError as e:
+        raise InvalidManifest("; ".join(format_validation_error(e))) from None
+    if folder is not None and m.name != folder:
+        raise InvalidManifest(f"name: {m.name!r} is not the name of its folder {folder!r}")
+    return CheckpointInfo(m.name, m.step, dict(m.metrics), dict(data["files"]))
+
+
+def parse_manifest(body: bytes | str, folder: str | None = None) -> tuple[dict[str, Any], CheckpointInfo]:
+    """(the raw manifest, its :class:`CheckpointInfo`) from a manifest's bytes read back from storage.
+    Raises :class:`InvalidManifest` when it is too large, not JSON, or fails :func:`info_from_manifest`."""
+    if len(body) > MAX_MANIFEST_BYTES:
+        raise InvalidManifest(f"{MANIFEST} is {len(body)} bytes, more than {MAX_MANIFEST_BYTES}")
+    try:
+        data = json.loads(body)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidManifest(f"{MANIFEST} is not JSON: {e}") from None
+    return data, info_from_manifest(data, folder)
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, refusing links, FIFOs and devices (``/dev/zero`` behind a symlink would
+    never end) and anything over ``limit`` bytes (:class:`InvalidManifest`). FileNotFoundError when
+    absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidManifest(f"{path} is not a regular file")
+        body = f.read(limit + 1)
+    if len(body) > limit:
+        raise InvalidManifest(f"{path} is larger than {limit} bytes")
+    return body
+
+
+def load_manifest(ckpt_dir: str | os.PathLike[str], name: str | None = None) -> tuple[dict[str, Any], CheckpointInfo]:
+    """The manifest of a local checkpoint folder, which must name ``name`` (default: the folder's name).
+    FileNotFoundError when there is none (an incomplete checkpoint); :class:`InvalidManifest` (or
+    another OSError) when it cannot be trusted (a corrupt one)."""
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        body = read_bounded(ckpt_dir / MANIFEST, MAX_MANIFEST_BYTES)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise InvalidManifest(f"{ckpt_dir / MANIFEST} is a symbolic link") from None
+        raise
+    return parse_manifest(body, name or ckpt_dir.name)
+
+
+def read_manifest(ckpt_dir: str | os.PathLike[str], name: str | None = None) -> CheckpointInfo | None:
+    """The manifest of a local checkpoint folder, or None when it has none or one that cannot be
+    trusted (:func:`load_manifest`)."""
+    try:
+        return load_manifest(ckpt_dir, name)[1]
+    except (OSError, ValueError):
         return None
 
 
-def verify_checkpoint(ckpt_dir: str | os.PathLike[str]) -> list[str]:
-    """Problems found comparing the folder with its manifest (empty when it is intact)."""
+def parse_latest(body: bytes | None, where: str) -> str | None:
+    """The checkpoint a ``latest`` pointer names, or None when there is none or it names anything but
+    a ``checkpoint-<step>`` (``../x``, a path, junk): such a pointer is ignored with a warning."""
+    if body is None:
+        return None
+    value = body[: MAX_LATEST_BYTES + 1].decode("utf-8", "replace").strip()
+    if not value:
+        return None
+    if len(body) > MAX_LATEST_BYTES or step_of(value) is None:
+        log.warning("%s: %r is not a checkpoint name; ignored", where, value[:100])
+        return None
+    return value
+
+
+def verify_checkpoint(ckpt_dir: str | os.PathLike[str], name: str | None = None) -> list[str]:
+    """Problems found comparing the folder with its manifest (empty when it is intact). The manifest
+    must name ``name`` (default: the folder's name); a file reached through a symbolic link leading
+    out of the folder is a problem, never read."""
     ckpt_dir = Path(ckpt_dir)
-    info = read_manifest(ckpt_dir)
-    if info is None:
-        return [f"{ckpt_dir}: no readable {MANIFEST} (incomplete checkpoint)"]
+    try:
+        info = load_manifest(ckpt_dir, name)[1]
+    except FileNotFoundError:
+        return [f"{ckpt_dir}: no {MANIFEST} (incomplete checkpoint)"]
+    except (OSError, ValueError) as e:
+        return [f"{ckpt_dir}: {MANIFEST} cannot be trusted: {e}"]
     problems = []
+    base = ckpt_dir.resolve()
     for rel, meta in info.files.items():
         p = ckpt_dir / rel
-        if not p.is_file():
+        if not p.resolve().is_relative_to(base):
+            problems.append(f"{p}: a symbolic link out of the checkpoint folder")
+        elif not p.is_file():
             problems.append(f"{p}: missing")
         elif p.stat().st_size != meta["size"]:
             problems.append(f"{p}: size {p.stat().st_size} != {meta['size']}")
@@ -191,8 +341,12 @@ def complete_checkpoints(root: str | os.PathLike[str]) -> list[CheckpointInfo]:
 
 
 def delete_checkpoint(ckpt_dir: str | os.PathLike[str]) -> None:
-    """Remove the manifest first, so a crash mid-delete leaves an incomplete (ignored) folder."""
+    """Remove the manifest first, so a crash mid-delete leaves an incomplete (ignored) folder. A
+    symbolic link in place of the folder is removed itself, never followed."""
     ckpt_dir = Path(ckpt_dir)
+    if ckpt_dir.is_symlink():
+        ckpt_dir.unlink()
+        return
     (ckpt_dir / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
 

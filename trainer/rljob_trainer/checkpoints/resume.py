@@ -18,8 +18,8 @@ from typing import Any
 
 from rljob_trainer.checkpoints.locations import CorruptCheckpoint, Listing, Location, StorageError
 from rljob_trainer.checkpoints.manifest import (
+    MANIFEST,
     CheckpointInfo,
-    complete_checkpoints,
     delete_checkpoint,
     step_of,
     verify_checkpoint,
@@ -68,9 +68,11 @@ def find_and_fetch(
     """The newest complete checkpoint any location holds that downloads and verifies, as a local copy.
 
     At equal steps the earlier location (the primary) wins. A corrupt, partial or unreachable copy
-    is skipped with a warning and the next candidate (older, or on a mirror) is tried.
+    is skipped with a warning and the next candidate (older, or on a mirror) is tried; so is one whose
+    manifest cannot be trusted (:attr:`Listing.corrupt`: malformed, a file name leaving its folder, a
+    name other than its folder's).
     """
-    candidates: list[tuple[int, int, Location, Listing, CheckpointInfo]] = []
+    candidates: list[tuple[int, int, Location, Listing, CheckpointInfo | str]] = []
     for idx, loc in enumerate(locations):
         try:
             listing = loc.listing()
@@ -81,16 +83,24 @@ def find_and_fetch(
             _note(warnings, f"checkpoint storage {loc.uri} is unreachable ({e}); trying the others")
             continue
         candidates += [(info.step, -idx, loc, listing, info) for info in listing.complete]
+        candidates += [(step_of(name) or 0, -idx, loc, listing, name) for name in listing.corrupt]
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
     for _, _, loc, listing, info in candidates:
+        if isinstance(info, str):  # a corrupt manifest: nothing to fetch, but people should hear of it
+            _fallback(warnings, loc.child_uri(info), f"its {MANIFEST} cannot be trusted: {listing.corrupt[info]}")
+            continue
         try:
             return loc.fetch(info, listing, dest_root), loc
         except (StorageError, CorruptCheckpoint) as e:
-            log.warning("checkpoint %s failed verification or download, falling back to the previous complete "
-                        "one: %s", loc.child_uri(info.name), e)
-            _note(warnings, f"checkpoint {loc.child_uri(info.name)} failed verification or download, "
-                            f"falling back to the previous complete one: {e}")
+            _fallback(warnings, loc.child_uri(info.name), str(e))
     return None
+
+
+def _fallback(warnings: list[str] | None, uri: str, why: str) -> None:
+    """The warning a resume gives when it skips a checkpoint (an Event ``CheckpointFallback`` too)."""
+    message = f"checkpoint {uri} failed verification or download, falling back to the previous complete one: {why}"
+    log.warning("%s", message)
+    _note(warnings, message)
 
 
 def prepare_checkpoint_storage(cfg: Any) -> dict[str, str]:
@@ -146,10 +156,13 @@ def resume_checkpoint(local_root: str | os.PathLike[str]) -> Path | None:
 def find_resume_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint in a local folder whose files match its manifest, or None.
 
-    A corrupt one is skipped with a warning and the previous one is tried.
+    A corrupt one (files that do not match, or a manifest that cannot be trusted) is skipped with a
+    warning and the previous one is tried; one without a manifest is incomplete and skipped quietly.
     """
-    for info in reversed(complete_checkpoints(root)):
-        path = Path(root) / info.name
+    folders = [c for c in Path(root).iterdir() if step_of(c.name) is not None] if Path(root).is_dir() else []
+    for path in sorted(folders, key=lambda c: step_of(c.name) or 0, reverse=True):
+        if not path.is_dir() or not (path / MANIFEST).exists():
+            continue
         problems = verify_checkpoint(path)
         if not problems:
             return path

@@ -19,14 +19,20 @@ from rljob_trainer.checkpoints.locations import (
     Listing,
     Location,
     StorageError,
+    download_target,
     storage_errors,
 )
 from rljob_trainer.checkpoints.manifest import (
     LATEST,
     MANIFEST,
+    MAX_LATEST_BYTES,
+    MAX_MANIFEST_BYTES,
     CheckpointInfo,
+    InvalidManifest,
     info_from_manifest,
     listing_problems,
+    parse_latest,
+    parse_manifest,
     step_of,
 )
 from rljob_trainer.storage import error_code, s3_client, split_s3
@@ -127,9 +133,7 @@ class S3Location(Location):
             # `latest` first: it only ever names a checkpoint whose manifest was written before it,
             # so the object listing that follows contains that checkpoint. (Read last, it could name
             # one completed after the listing, which would then look incomplete.)
-            latest = self._get(self.key(LATEST))
-            if latest is not None:
-                out.latest = latest.decode("utf-8", "replace").strip() or None
+            out.latest = self._latest()
             for obj in self._keys(root):
                 rel = obj["Key"][len(root):]
                 if rel == LATEST:
@@ -138,35 +142,57 @@ class S3Location(Location):
                 if step_of(name) is not None and rest:
                     out.objects.setdefault(name, {})[rest] = (int(obj["Size"]), str(obj["ETag"]).strip('"'))
             for name, files in out.objects.items():
-                body = self._manifest_body(name, files[MANIFEST][1]) if MANIFEST in files else None
-                if body is None:  # no manifest, or deleted (by retention) since the listing: incomplete
-                    continue
+                if MANIFEST not in files:
+                    continue  # no manifest: incomplete
                 try:
-                    data = json.loads(body)
-                    out.complete.append(info_from_manifest(data))
-                    out.manifests[name] = data
-                except (ValueError, KeyError, TypeError) as e:
-                    log.warning("checkpoint %s: unreadable manifest (%s); treated as incomplete", self.child_uri(name), e)
+                    body = self._manifest_body(name, files[MANIFEST][1])
+                    if body is None:  # deleted (by retention) since the listing: incomplete
+                        continue
+                    data, info = parse_manifest(body, name)
+                except InvalidManifest as e:
+                    log.warning("checkpoint %s: manifest cannot be trusted (%s); treated as corrupt",
+                                self.child_uri(name), e)
+                    out.corrupt[name] = str(e)
+                    continue
+                out.complete.append(info)
+                out.manifests[name] = data
         out.complete.sort(key=lambda c: c.step)
         return out
+
+    def _latest(self) -> str | None:
+        """Where ``latest`` points, or None (absent, too large, or naming no checkpoint: ignored)."""
+        where = f"{self.uri}/{LATEST}"
+        try:
+            return parse_latest(self._get(self.key(LATEST), MAX_LATEST_BYTES), where)
+        except InvalidManifest as e:
+            log.warning("%s: ignored (%s)", where, e)
+            return None
 
     def _manifest_body(self, name: str, etag: str | None) -> bytes | None:
         """A manifest's bytes; unchanged manifests (same ETag) are not fetched again."""
         cached = self._manifest_cache.get((name, etag))
         if cached is None:
-            cached = self._get(self.key(name, MANIFEST))
+            cached = self._get(self.key(name, MANIFEST), MAX_MANIFEST_BYTES)
             if cached is not None and len(self._manifest_cache) < 10_000:
                 self._manifest_cache[(name, etag)] = cached
         return cached
 
-    def _get(self, key: str) -> bytes | None:
-        """An object's bytes, or None when it does not exist (any more)."""
+    def _get(self, key: str, limit: int) -> bytes | None:
+        """An object's bytes, or None when it does not exist (any more). One larger than ``limit`` is
+        not read (:class:`InvalidManifest`): whoever can write the bucket could make it any size."""
         try:
-            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
         except Exception as e:
             if error_code(e) in ("NoSuchKey", "404"):
                 return None
             raise
+        with resp["Body"] as body:
+            if int(resp.get("ContentLength") or 0) > limit:
+                raise InvalidManifest(f"s3://{self.bucket}/{key} is {resp['ContentLength']} bytes, more than {limit}")
+            data = bytes(body.read(limit + 1))
+        if len(data) > limit:
+            raise InvalidManifest(f"s3://{self.bucket}/{key} is larger than {limit} bytes")
+        return data
 
     def _objects(self, name: str) -> dict[str, tuple[int, str | None]]:
         prefix = self.key(name) + "/"
@@ -240,8 +266,8 @@ class S3Location(Location):
             self.client, self.transfer.config()
         ) as tm:
             futures = []
-            for rel in info.files:
-                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                futures.append(tm.download(self.bucket, self.key(info.name, rel), str(dest / rel)))
+            for rel in info.files:  # names from a manifest in the bucket: each checked to stay under dest
+                target = download_target(dest, rel, self.child_uri(info.name))
+                futures.append(tm.download(self.bucket, self.key(info.name, rel), str(target)))
             for f in futures:
                 f.result()
