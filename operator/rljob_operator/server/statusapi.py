@@ -16,6 +16,9 @@
     rltrainingjob. Answers the job's status.
 
 No or unknown token → 401; a valid token for another job or without permission → 403.
+
+``RLJOB_FAULT_REVIEW_DELAY_SECONDS=S`` makes every TokenReview take S seconds longer (tests use it
+to stand for a slow API server or token webhook while they flood the API with junk tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,6 +48,7 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 CACHE_SECONDS = 30.0
+FAULT_REVIEW_DELAY_ENV = "RLJOB_FAULT_REVIEW_DELAY_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class StatusAPI:
         self.writer = ProgressWriter(kube, flush_seconds)
         self._reviews = _TTLCache(CACHE_SECONDS)
         self._pods = _TTLCache(CACHE_SECONDS)
+        self._fault_review_delay = float(os.environ.get(FAULT_REVIEW_DELAY_ENV, "0") or 0)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024)
@@ -160,6 +166,8 @@ class StatusAPI:
         cached = self._reviews.get(key)
         if cached is not None:
             return cached
+        if self._fault_review_delay:
+            time.sleep(self._fault_review_delay)  # fault injection: a slow TokenReview
         spec: dict[str, Any] = {"token": token}
         if audience:
             spec["audiences"] = [audience]
