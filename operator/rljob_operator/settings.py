@@ -56,7 +56,7 @@ class OperatorSettings:
     status_review_threads: int = 4
     """Threads for the status API's TokenReviews, SubjectAccessReviews and reads, apart from the
     reconcile workers and the Lease's thread, so slow reviews cannot delay either."""
-    status_rejected_token_seconds: float = 10.0
+    status_negative_cache_seconds: float = 10.0
     """A token the API server rejected is answered 401 from memory this long (0: never), so
     repeating a junk token costs no TokenReview."""
     tls_cert_file: str | None = None

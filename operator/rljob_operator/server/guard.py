@@ -64,16 +64,16 @@ class StatusLimits:
     rate_per_client: float = 10.0
     burst_per_client: int = 40
     review_threads: int = 4
-    rejected_token_seconds: float = 10.0
+    negative_cache_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for field in ("max_in_flight", "rate_per_client", "burst_per_client", "review_threads"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"status API setting status_{field} must be above 0 "
                                  f"(RLJOB_OPERATOR_STATUS_{field.upper()}), not {getattr(self, field)!r}")
-        if self.rejected_token_seconds < 0:
-            raise ValueError("status API setting status_rejected_token_seconds must be 0 or more "
-                             f"(RLJOB_OPERATOR_STATUS_REJECTED_TOKEN_SECONDS), not {self.rejected_token_seconds!r}")
+        if self.negative_cache_seconds < 0:
+            raise ValueError("status API setting status_negative_cache_seconds must be 0 or more "
+                             f"(RLJOB_OPERATOR_STATUS_NEGATIVE_CACHE_SECONDS), not {self.negative_cache_seconds!r}")
 
 
 class RateLimiter:

@@ -20,7 +20,7 @@ No or unknown token → 401; a valid token for another job or without permission
 Hostile requests (issue #14): before anything else the namespace and name must be Kubernetes
 names (400 otherwise; ``guard.checked_names``), then the client's rate limit and the bound on
 requests in flight apply (429 with Retry-After; ``guard``). A token the API server rejected is
-answered 401 from memory for ``rejected_token_seconds``, so repeating a junk token costs no
+answered 401 from memory for ``negative_cache_seconds``, so repeating a junk token costs no
 TokenReview. The API requests (TokenReview, SubjectAccessReview, the pod and the job) go through
 the typed client, which escapes every path parameter, and what comes back must be the kind,
 namespace and name asked for before it is used. They run on the status API's own threads
@@ -188,7 +188,7 @@ class StatusAPI:
         self._executor = ThreadPoolExecutor(max_workers=self.limits.review_threads, thread_name_prefix="statusapi")
         self.writer = ProgressWriter(kube, flush_seconds, self._executor)
         self._reviews = _TTLCache(CACHE_SECONDS)
-        self._rejected = _TTLCache(self.limits.rejected_token_seconds)
+        self._rejected = _TTLCache(self.limits.negative_cache_seconds)
         self._pods = _TTLCache(CACHE_SECONDS)
         self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
         self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
@@ -294,7 +294,7 @@ class StatusAPI:
         elif audience and audience not in (status.get("audiences") or []):
             reason = f"token not issued for audience {audience}"
         if reason:
-            if self.limits.rejected_token_seconds:
+            if self.limits.negative_cache_seconds:
                 self._rejected.put(key, reason)
             raise Denied(401, reason)
         user = status.get("user") or {}
