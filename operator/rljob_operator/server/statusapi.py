@@ -192,11 +192,24 @@ class StatusAPI:
         self._pods = _TTLCache(CACHE_SECONDS)
         self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
         self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
-        self._authn = k8s.AuthenticationV1Api(kube.api_client)
-        self._authz = k8s.AuthorizationV1Api(kube.api_client)
-        self._core = k8s.CoreV1Api(kube.api_client)
-        self._custom = k8s.CustomObjectsApi(kube.api_client)
         self._fault_review_delay = float(os.environ.get(FAULT_REVIEW_DELAY_ENV, "0") or 0)
+
+    # The typed clients share the Kube's ApiClient (its connection pool and credentials).
+    @functools.cached_property
+    def _authn(self) -> k8s.AuthenticationV1Api:
+        return k8s.AuthenticationV1Api(self.kube.api_client)
+
+    @functools.cached_property
+    def _authz(self) -> k8s.AuthorizationV1Api:
+        return k8s.AuthorizationV1Api(self.kube.api_client)
+
+    @functools.cached_property
+    def _core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.kube.api_client)
+
+    @functools.cached_property
+    def _custom(self) -> k8s.CustomObjectsApi:
+        return k8s.CustomObjectsApi(self.kube.api_client)
 
     def app(self) -> web.Application:
         """The aiohttp application: heartbeat, status and /healthz routes."""
