@@ -34,6 +34,7 @@ ENV_LITERAL = re.compile(r"RLJOB_[A-Za-z0-9_{}]*")
 NOT_THE_POD_CONTRACT = {
     ("operator/rljob_operator/settings.py", "RLJOB_OPERATOR_"): "the operator process's own settings",
     ("operator/rljob_operator/cluster/kube.py", "RLJOB_FAULT_CRASH_AFTER_WRITES"): "operator fault injection",
+    ("operator/rljob_operator/server/statusapi.py", "RLJOB_FAULT_REVIEW_DELAY_SECONDS"): "operator fault injection",
 }
 #: Pending: the checkpoint store is moving to ``rljob_trainer/checkpoints/`` on another branch; its
 #: mirror prefix becomes ``contract.MIRROR_ENV_PREFIX`` after that merge (equal until then, see below).

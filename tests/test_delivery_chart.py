@@ -412,6 +412,29 @@ def test_tls_from_a_mounted_secret_needs_no_secret_permissions() -> None:
             assert volume["secret"]["secretName"] == "my-tls"
 
 
+def test_status_api_limits_reach_the_operator_and_bad_ones_are_refused() -> None:
+    from rljob_operator.server.guard import StatusLimits
+    from rljob_operator.settings import OperatorSettings
+
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["statusAPI"]["limits"]
+    env = operator_env(one(helm_template("--set-json", "statusAPI.limits.ratePerClient=2.5"), "Deployment"))
+    settings = OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert settings.status_rate_per_client == 2.5
+    assert (settings.status_max_in_flight, settings.status_burst_per_client, settings.status_review_threads,
+            settings.status_negative_cache_seconds) == (defaults["maxInFlight"], defaults["burstPerClient"],
+                                                        defaults["reviewThreads"], defaults["negativeCacheSeconds"])
+    # The chart's defaults are the operator's own.
+    assert StatusLimits() == StatusLimits(defaults["maxInFlight"], defaults["ratePerClient"],
+                                          defaults["burstPerClient"], defaults["reviewThreads"],
+                                          defaults["negativeCacheSeconds"])
+    for bad, where in (("maxInFlight=0", "/statusAPI/limits/maxInFlight"),
+                       ("ratePerClient=0", "/statusAPI/limits/ratePerClient"),
+                       ("negativeCacheSeconds=-1", "/statusAPI/limits/negativeCacheSeconds")):
+        result = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION,
+                      "--set", f"statusAPI.limits.{bad}", check=False)
+        assert result.returncode != 0 and where in result.stderr, result.stderr
+
+
 # ------------------------------------------------------------------------------- RBAC
 
 #: The operator's rules on jobs and their children (charts/rljob/templates/_helpers.tpl).

@@ -6,7 +6,9 @@ phase), ``job_phase{namespace,job,phase}`` (1 for each job's current phase), ``r
 ``api_errors_total{verb,resource,code}`` (failed Kubernetes API calls; 404 and 409, the normal
 answers of get and create-or-adopt, are not counted), ``gang_restarts_total{reason}``
 (worker gangs started again: spec changes, resumes, failures, stalls), ``heartbeats_total{result}`` (status API),
-``leader`` (1 on the replica that reconciles).
+``status_api_refused_total{reason}`` (status API requests answered before any token review:
+invalid_name 400, rate_limited and busy 429, token_rejected_before 401 from the rejected-token
+cache), ``leader`` (1 on the replica that reconciles).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ for _reason in ("Resumed", "SpecChanged", "WorkerFailed", "WorkerLost", "OOMKill
                 "HeartbeatTimeout", "StartupTimeout", "Disrupted", "Resized"):
     GANG_RESTARTS.labels(reason=_reason)
 HEARTBEATS = Counter("rljob_operator_heartbeats_total", "Status API heartbeats by result.", ["result"])
+STATUS_API_REFUSED = Counter(
+    "rljob_operator_status_api_refused_total",
+    "Status API requests refused before a token review, by reason (invalid_name, rate_limited, busy, "
+    "token_rejected_before).",
+    ["reason"],
+)
 LEADER = Gauge("rljob_operator_leader", "1 while this replica holds the lease and reconciles.")
 
 

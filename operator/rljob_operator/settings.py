@@ -46,6 +46,19 @@ class OperatorSettings:
     status_url: str | None = None
     """Base URL trainers send heartbeats to (default: https://<service>.<operator namespace>.svc:<port>)."""
     token_audience: str = TOKEN_AUDIENCE
+    status_max_in_flight: int = 64
+    """Status API requests handled at once; more are answered 429 (Retry-After: 1) right away."""
+    status_rate_per_client: float = 10.0
+    """Status API requests per second one client address may make on average (a token bucket);
+    beyond it 429 with Retry-After. A trainer sends about one heartbeat per step."""
+    status_burst_per_client: int = 40
+    """Status API requests one client address may make at once before the rate applies."""
+    status_review_threads: int = 4
+    """Threads for the status API's TokenReviews, SubjectAccessReviews and reads, apart from the
+    reconcile workers and the Lease's thread, so slow reviews cannot delay either."""
+    status_negative_cache_seconds: float = 10.0
+    """A token the API server rejected is answered 401 from memory this long (0: never), so
+    repeating a junk token costs no TokenReview."""
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None

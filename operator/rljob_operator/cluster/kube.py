@@ -119,16 +119,18 @@ class Kube:
                 os._exit(137)
 
     # ------------------------------------------------------------------- paths
+    # Names are escaped whole (safe=""): a "/" in one is never a path separator, so a name cannot
+    # climb to another object (quote's default keeps "/", which let "../" through).
     @staticmethod
     def core_path(namespace: str, plural: str, name: str | None = None) -> str:
-        path = f"/api/v1/namespaces/{quote(namespace)}/{plural}"
-        return f"{path}/{quote(name)}" if name else path
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{plural}"
+        return f"{path}/{quote(name, safe='')}" if name else path
 
     @staticmethod
     def job_path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/{PLURAL}"
         if name:
-            path += f"/{quote(name)}"
+            path += f"/{quote(name, safe='')}"
         if subresource:
             path += f"/{subresource}"
         return path

@@ -28,6 +28,7 @@ from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.cluster.workqueue import WorkQueue
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server import tls
+from rljob_operator.server.guard import StatusLimits
 from rljob_operator.server.statusapi import StatusAPI
 from rljob_operator.settings import OperatorSettings
 
@@ -102,7 +103,9 @@ async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpo
     """Start the status API (HTTPS) and the metrics/health server; every replica serves both."""
     cert, ca_pem = await asyncio.to_thread(serving_cert, s, kube)
     endpoint = StatusEndpoint(s.effective_status_url, ca_pem, s.token_audience)
-    status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds)
+    limits = StatusLimits(s.status_max_in_flight, s.status_rate_per_client, s.status_burst_per_client,
+                          s.status_review_threads, s.status_negative_cache_seconds)
+    status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds, limits)
     runners = [
         await _serve(status_api.app(), s.status_host, s.status_port, cert.ssl_context()),
         await _serve(metrics.health_app(lambda: True), s.metrics_host, s.metrics_port),

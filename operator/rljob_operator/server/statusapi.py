@@ -16,27 +16,47 @@
     rltrainingjob. Answers the job's status.
 
 No or unknown token → 401; a valid token for another job or without permission → 403.
+
+Hostile requests (issue #14): before anything else the namespace and name must be Kubernetes
+names (400 otherwise; ``guard.checked_names``), then the client's rate limit and the bound on
+requests in flight apply (429 with Retry-After; ``guard``). A token the API server rejected is
+answered 401 from memory for ``negative_cache_seconds``, so repeating a junk token costs no
+TokenReview. The API requests (TokenReview, SubjectAccessReview, the pod and the job) go through
+the typed client, which escapes every path parameter, and what comes back must be the kind,
+namespace and name asked for before it is used. They run on the status API's own threads
+(``review_threads``), never on the default executor that reconciles use nor on the Lease's
+thread: a flood of requests whose reviews are slow cannot delay a reconcile or a renewal.
+
+``RLJOB_FAULT_REVIEW_DELAY_SECONDS=S`` makes every TokenReview take S seconds longer (tests use it
+to stand for a slow API server or token webhook while they flood the API with junk tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import json
 import logging
+import os
 import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from rljob_trainer.contract import HeartbeatBody, heartbeat_path
 
 from rljob_operator import metrics
-from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL
+from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.names import LABEL_JOB, TOKEN_AUDIENCE
+from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.statusapi")
@@ -44,6 +64,7 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 CACHE_SECONDS = 30.0
+FAULT_REVIEW_DELAY_ENV = "RLJOB_FAULT_REVIEW_DELAY_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -61,9 +82,28 @@ class Denied(Exception):
         self.message = message
 
 
-def _error(status: int, message: str) -> web.Response:
-    headers = {"WWW-Authenticate": 'Bearer realm="rljob"'} if status == 401 else None
-    return web.json_response({"error": message}, status=status, headers=headers)
+def _error(status: int, message: str, retry: float | None = None) -> web.Response:
+    headers = {"WWW-Authenticate": 'Bearer realm="rljob"'} if status == 401 else {}
+    if retry is not None:
+        headers["Retry-After"] = retry_after(retry)
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+def _expect(obj: Any, api_version: str, kind: str, namespace: str | None = None, name: str | None = None) -> Any:
+    """``obj`` when it is the object asked for; otherwise ``Denied(502)`` (and nothing of it is used).
+
+    Defence in depth behind the name checks: whatever path a request took, an answer of another
+    kind, namespace or name never becomes a status the API returns or a pod that vouches for a token.
+    """
+    meta = (obj.get("metadata") or {}) if isinstance(obj, dict) else {}
+    got = (obj.get("apiVersion"), obj.get("kind")) if isinstance(obj, dict) else (None, type(obj).__name__)
+    if got != (api_version, kind) or (namespace is not None and meta.get("namespace") != namespace) \
+            or (name is not None and meta.get("name") != name):
+        where = f" {namespace}/{name}" if name is not None else ""
+        log.error("the API server answered %s %s %s/%s for %s %s%s; not using it", got[0], got[1],
+                  meta.get("namespace"), meta.get("name"), api_version, kind, where)
+        raise Denied(502, f"the API server answered something other than {kind}{where}")
+    return obj
 
 
 class _TTLCache:
@@ -85,11 +125,15 @@ class _TTLCache:
 
 
 class ProgressWriter:
-    """Coalesces heartbeats into at most one status patch per job every ``flush_seconds``."""
+    """Coalesces heartbeats into at most one status patch per job every ``flush_seconds``.
 
-    def __init__(self, kube: Kube, flush_seconds: float) -> None:
+    Patches run on ``executor`` (the status API's threads; default: asyncio's default executor).
+    """
+
+    def __init__(self, kube: Kube, flush_seconds: float, executor: ThreadPoolExecutor | None = None) -> None:
         self.kube = kube
         self.flush_seconds = flush_seconds
+        self.executor = executor
         self._pending: dict[tuple[str, str], dict[str, Any]] = {}
         self._last: dict[tuple[str, str], float] = {}
         self._scheduled: set[tuple[str, str]] = set()
@@ -123,28 +167,113 @@ class ProgressWriter:
             if not progress:
                 return
             self._last[key] = time.monotonic()
-            await asyncio.to_thread(self.kube.patch_job_status, key[0], key[1], {"progress": progress})
+            # Names were checked by the status API (checked_names) before a heartbeat got here.
+            patch = functools.partial(self.kube.patch_job_status, key[0], key[1], {"progress": progress})
+            await asyncio.get_running_loop().run_in_executor(self.executor, patch)
+
+
+Handler = Callable[[web.Request, str, str], Awaitable[web.Response]]
 
 
 class StatusAPI:
-    def __init__(self, kube: Kube, audience: str = TOKEN_AUDIENCE, flush_seconds: float = 2.0) -> None:
+    """The status API's handlers, caches and limits; ``app()`` serves them, ``close()`` stops its threads."""
+
+    def __init__(self, kube: Kube, audience: str = TOKEN_AUDIENCE, flush_seconds: float = 2.0,
+                 limits: StatusLimits | None = None) -> None:
         self.kube = kube
         self.audience = audience
-        self.writer = ProgressWriter(kube, flush_seconds)
+        self.limits = limits or StatusLimits()
+        # Reviews and reads on threads of their own: reconciles (asyncio's default executor) and
+        # the Lease (its own thread) never wait behind a flood of slow reviews.
+        self._executor = ThreadPoolExecutor(max_workers=self.limits.review_threads, thread_name_prefix="statusapi")
+        self.writer = ProgressWriter(kube, flush_seconds, self._executor)
         self._reviews = _TTLCache(CACHE_SECONDS)
+        self._rejected = _TTLCache(self.limits.negative_cache_seconds)
         self._pods = _TTLCache(CACHE_SECONDS)
+        self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
+        self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
+        self._fault_review_delay = float(os.environ.get(FAULT_REVIEW_DELAY_ENV, "0") or 0)
+
+    # The typed clients share the Kube's ApiClient (its connection pool and credentials).
+    @functools.cached_property
+    def _authn(self) -> k8s.AuthenticationV1Api:
+        return k8s.AuthenticationV1Api(self.kube.api_client)
+
+    @functools.cached_property
+    def _authz(self) -> k8s.AuthorizationV1Api:
+        return k8s.AuthorizationV1Api(self.kube.api_client)
+
+    @functools.cached_property
+    def _core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.kube.api_client)
+
+    @functools.cached_property
+    def _custom(self) -> k8s.CustomObjectsApi:
+        return k8s.CustomObjectsApi(self.kube.api_client)
 
     def app(self) -> web.Application:
+        """The aiohttp application: heartbeat, status and /healthz routes."""
         app = web.Application(client_max_size=64 * 1024)
         base = "/api/v1/namespaces/{namespace}/" + PLURAL + "/{name}"
         # The trainer's contract owns the heartbeat path; its placeholders are aiohttp's route variables.
-        app.router.add_post(heartbeat_path("{namespace}", "{name}"), self.heartbeat)
-        app.router.add_get(base + "/status", self.get_status)
+        app.router.add_post(heartbeat_path("{namespace}", "{name}"), functools.partial(self._guarded, self.heartbeat))
+        app.router.add_get(base + "/status", functools.partial(self._guarded, self.get_status))
         app.router.add_get("/healthz", self.healthz)
+        app.on_cleanup.append(self._on_cleanup)
         return app
+
+    async def _on_cleanup(self, _: web.Application) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the review threads; queued work is dropped (its requests are gone with the server)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
+
+    # ---------------------------------------------------------------- guard
+    async def _guarded(self, handler: Handler, request: web.Request) -> web.Response:
+        """Names, then the client's rate, then the in-flight bound; only then ``handler`` (see ``guard``)."""
+        try:
+            namespace, name = checked_names(request.match_info["namespace"], request.match_info["name"])
+        except InvalidName as e:
+            metrics.STATUS_API_REFUSED.labels(reason="invalid_name").inc()
+            return _error(400, str(e))
+        # The peer address, not a forwarded header a client could make up.
+        wait = self._limiter.take(request.remote or "unknown")
+        if wait:
+            metrics.STATUS_API_REFUSED.labels(reason="rate_limited").inc()
+            return _error(429, f"rate limit of the status API: {self.limits.rate_per_client:g} requests per "
+                               f"second per client (burst {self.limits.burst_per_client}); retry later", wait)
+        if self._in_flight.locked():
+            metrics.STATUS_API_REFUSED.labels(reason="busy").inc()
+            return _error(429, f"the status API is busy ({self.limits.max_in_flight} requests in flight); "
+                               "retry later", 1.0)
+        async with self._in_flight:
+            return await handler(request, namespace, name)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the status API's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def _call(self, verb: str, resource: str, call: Callable[..., Any], *args: Any) -> Any:
+        """One typed client call, counted like ``Kube.request``; the JSON the API server answered.
+
+        The typed client escapes every path parameter (no ``/`` survives), so even a value that
+        slipped past ``checked_names`` could not change which object is addressed.
+        """
+        metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+        try:
+            response = call(*args, _preload_content=False, _request_timeout=self.kube.timeout)
+        except ApiException as e:
+            if e.status != 404:
+                metrics.API_ERRORS.labels(verb=verb, resource=resource, code=str(e.status)).inc()
+            raise
+        except Exception:
+            metrics.API_ERRORS.labels(verb=verb, resource=resource, code="connection").inc()
+            raise
+        return json.loads(response.data)
 
     # ------------------------------------------------------------------ auth
     @staticmethod
@@ -156,27 +285,55 @@ class StatusAPI:
         return token.strip()
 
     def _review(self, token: str, audience: str | None) -> Identity:
+        """The token's identity by TokenReview (cached); a rejection is remembered too."""
         key = (hashlib.sha256(token.encode()).hexdigest(), audience)
         cached = self._reviews.get(key)
         if cached is not None:
             return cached
-        spec: dict[str, Any] = {"token": token}
-        if audience:
-            spec["audiences"] = [audience]
-        review = self.kube.request(
-            "POST", "/apis/authentication.k8s.io/v1/tokenreviews",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}, count_write=False,
-        )
+        rejected = self._rejected.get(key)
+        if rejected is not None:
+            metrics.STATUS_API_REFUSED.labels(reason="token_rejected_before").inc()
+            raise Denied(401, rejected)
+        if self._fault_review_delay:
+            time.sleep(self._fault_review_delay)  # fault injection: a slow TokenReview
+        body = k8s.V1TokenReview(api_version="authentication.k8s.io/v1", kind="TokenReview",
+                                 spec=k8s.V1TokenReviewSpec(token=token, audiences=[audience] if audience else None))
+        review = _expect(self._call("POST", "tokenreviews", self._authn.create_token_review, body),
+                         "authentication.k8s.io/v1", "TokenReview")
         status = review.get("status") or {}
+        reason = None
         if not status.get("authenticated"):
-            raise Denied(401, f"token not accepted{' for audience ' + audience if audience else ''}")
-        if audience and audience not in (status.get("audiences") or []):
-            raise Denied(401, f"token not issued for audience {audience}")
+            reason = f"token not accepted{' for audience ' + audience if audience else ''}"
+        elif audience and audience not in (status.get("audiences") or []):
+            reason = f"token not issued for audience {audience}"
+        if reason:
+            if self.limits.negative_cache_seconds:
+                self._rejected.put(key, reason)
+            raise Denied(401, reason)
         user = status.get("user") or {}
         identity = Identity(user.get("username", ""), user.get("uid", ""), list(user.get("groups") or []),
                             {k: list(v) for k, v in (user.get("extra") or {}).items()})
         self._reviews.put(key, identity)
         return identity
+
+    def _worker_job(self, namespace: str, pod_name: str, pod_uid: str) -> str:
+        """The ``rljob.dev/job`` label of pod ``namespace/pod_name`` (with uid ``pod_uid``), cached."""
+        key = (namespace, pod_name, pod_uid)
+        job = self._pods.get(key)
+        if job is not None:
+            return str(job)
+        try:
+            pod = self._call("GET", "pods", self._core.read_namespaced_pod, pod_name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                raise Denied(403, f"pod {namespace}/{pod_name} does not exist") from None
+            raise
+        _expect(pod, "v1", "Pod", namespace, pod_name)
+        if pod_uid and pod["metadata"].get("uid") != pod_uid:
+            raise Denied(403, f"the token's pod {namespace}/{pod_name} no longer exists")
+        job = str((pod["metadata"].get("labels") or {}).get(LABEL_JOB, ""))
+        self._pods.put(key, job)
+        return job
 
     def _check_worker(self, identity: Identity, namespace: str, name: str) -> None:
         """The token's pod must be a worker of ``namespace/name``."""
@@ -189,50 +346,41 @@ class StatusAPI:
             raise Denied(403, "the token is not bound to a pod (use a projected service-account token)")
         if sa_namespace != namespace:
             raise Denied(403, f"pod {sa_namespace}/{pod_name} is not a worker of {namespace}/{name}")
-        key = (namespace, pod_name, pod_uid)
-        job = self._pods.get(key)
-        if job is None:
-            try:
-                pod = self.kube.request("GET", Kube.core_path(namespace, "pods", pod_name))
-            except ApiException as e:
-                if e.status == 404:
-                    raise Denied(403, f"pod {namespace}/{pod_name} does not exist") from None
-                raise
-            if pod_uid and pod["metadata"].get("uid") != pod_uid:
-                raise Denied(403, f"the token's pod {namespace}/{pod_name} no longer exists")
-            job = (pod["metadata"].get("labels") or {}).get(LABEL_JOB, "")
-            self._pods.put(key, job)
-        if job != name:
+        if self._worker_job(namespace, pod_name, pod_uid) != name:
             raise Denied(403, f"pod {namespace}/{pod_name} is not a worker of {namespace}/{name}")
 
     def _check_may_get(self, identity: Identity, namespace: str, name: str) -> None:
-        review = self.kube.request(
-            "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-            {
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SubjectAccessReview",
-                "spec": {
-                    "user": identity.username,
-                    "uid": identity.uid,
-                    "groups": identity.groups,
-                    "extra": identity.extra,
-                    "resourceAttributes": {
-                        "namespace": namespace, "verb": "get", "group": GROUP, "resource": PLURAL, "name": name,
-                    },
-                },
-            },
-            count_write=False,
+        body = k8s.V1SubjectAccessReview(
+            api_version="authorization.k8s.io/v1", kind="SubjectAccessReview",
+            spec=k8s.V1SubjectAccessReviewSpec(
+                user=identity.username, uid=identity.uid, groups=identity.groups, extra=identity.extra,
+                resource_attributes=k8s.V1ResourceAttributes(
+                    namespace=namespace, verb="get", group=GROUP, resource=PLURAL, name=name),
+            ),
         )
+        review = _expect(self._call("POST", "subjectaccessreviews", self._authz.create_subject_access_review, body),
+                         "authorization.k8s.io/v1", "SubjectAccessReview")
         if not (review.get("status") or {}).get("allowed"):
             raise Denied(403, f"{identity.username} may not get {PLURAL}.{GROUP} {namespace}/{name}")
 
+    def _read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RLTrainingJob ``namespace/name`` (checked to be that), or None when it does not exist."""
+        try:
+            job = self._call("GET", PLURAL, self._custom.get_namespaced_custom_object,
+                             GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return _expect(job, API_VERSION, KIND, namespace, name)  # type: ignore[no-any-return]
+
     # -------------------------------------------------------------- handlers
-    async def heartbeat(self, request: web.Request) -> web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
+    async def heartbeat(self, request: web.Request, namespace: str, name: str) -> web.Response:
+        """A trainer's heartbeat for job ``namespace/name`` (names already checked by ``_guarded``)."""
         try:
             token = self._bearer(request)
-            identity = await asyncio.to_thread(self._review, token, self.audience)
-            await asyncio.to_thread(self._check_worker, identity, namespace, name)
+            identity = await self._run(self._review, token, self.audience)
+            await self._run(self._check_worker, identity, namespace, name)
         except Denied as e:
             metrics.HEARTBEATS.labels(result="unauthorized" if e.status == 401 else "forbidden").inc()
             return _error(e.status, e.message)
@@ -254,13 +402,16 @@ class StatusAPI:
                 return _error(404, f"{KIND} {namespace}/{name} not found")
             raise
         if body.warnings:
-            await asyncio.to_thread(self._warning_events, namespace, name, body.warnings)
+            await self._run(self._warning_events, namespace, name, body.warnings)
         metrics.HEARTBEATS.labels(result="accepted").inc()
         return web.json_response({"accepted": True}, status=202)
 
     def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
         """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people."""
-        job = self.kube.get_job(namespace, name)
+        try:
+            job = self._read_job(namespace, name)
+        except Denied:
+            return
         if job is None:
             return
         now = rfc3339(datetime.now(UTC))
@@ -270,15 +421,15 @@ class StatusAPI:
             except ApiException as e:  # an Event is worth a log line, not a refused heartbeat
                 log.warning("cannot post CheckpointFallback event for %s/%s: %s", namespace, name, e)
 
-    async def get_status(self, request: web.Request) -> web.Response:
-        namespace, name = request.match_info["namespace"], request.match_info["name"]
+    async def get_status(self, request: web.Request, namespace: str, name: str) -> web.Response:
+        """Job ``namespace/name``'s status for a caller who may get it (names already checked)."""
         try:
             token = self._bearer(request)
-            identity = await asyncio.to_thread(self._review, token, None)
-            await asyncio.to_thread(self._check_may_get, identity, namespace, name)
+            identity = await self._run(self._review, token, None)
+            await self._run(self._check_may_get, identity, namespace, name)
+            job = await self._run(self._read_job, namespace, name)
         except Denied as e:
             return _error(e.status, e.message)
-        job = await asyncio.to_thread(self.kube.get_job, namespace, name)
         if job is None:
             return _error(404, f"{KIND} {namespace}/{name} not found")
         return web.json_response({
