@@ -26,7 +26,8 @@ MANIFESTS = REPO / "manifests"
 KUBE_VERSION = "1.37.2"
 STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
                    "app.kubernetes.io/managed-by")
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 #: Non-default values worth rendering: (name, helm arguments).
 VARIANTS: list[tuple[str, list[str]]] = [
     ("default", []),

@@ -463,7 +463,8 @@ def test_kubectl_apply_k_installs_each_overlay(overlay: str, namespace: str, con
         assert trainer is None or trainer["automountServiceAccountToken"] is False
     finally:
         # Everything but the CRD (other tests' jobs live in it).
-        for kind in ("clusterrolebinding", "clusterrole"):
+        for kind in ("clusterrolebinding", "clusterrole", "validatingadmissionpolicybinding",
+                     "validatingadmissionpolicy"):
             kubectl(control_plane, "delete", kind, "-l",
                     "app.kubernetes.io/managed-by=kustomize,app.kubernetes.io/part-of=rljob", check=False)
         delete_namespace(kube, namespace)
