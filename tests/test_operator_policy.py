@@ -12,18 +12,29 @@ kube-apiserver runs the PodSecurity admission plugin (on by default) and Resourc
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 from rljob_operator.api import DEFAULT_IMAGE, ManifestError, parse_job
 from rljob_operator.decisions.lifecycle import plan_reconcile
+from rljob_operator.decisions.plan import Plan
 from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.decisions.refusals import Refusal, plan_for_refusal
 from rljob_operator.settings import OperatorSettings
 
 from tests.cluster.waiting import wait_for
-from tests.operator_helpers import create_job, events_for, get_job, job_manifest, job_pods, patch_spec, wait_phase
+from tests.operator_helpers import (
+    create_job,
+    events_for,
+    get_job,
+    job_manifest,
+    job_pods,
+    patch_spec,
+    wait_phase,
+)
 from tests.test_operator_unit import NOW, make_job, observe, pod_json
 
 TEST_IMAGES = ("registry.invalid/rljob-trainer:*",)
@@ -192,8 +203,6 @@ def test_a_violating_job_fails_before_any_pod_and_is_checked_again_once_edited()
 
 def test_an_admission_refusal_fails_the_job_but_the_operators_own_rbac_is_retried() -> None:
     raw = {"metadata": {"name": "train", "namespace": "team-a", "generation": 1}, "status": {}}
-    from rljob_operator.decisions.plan import Plan
-
     interrupted = Plan(status={"phase": "Pending", "reason": "CreatingWorkers"})
     for message in [
         'pods "train-worker-0" is forbidden: violates PodSecurity "restricted:latest": host namespaces '
@@ -236,6 +245,29 @@ def _label_namespace(core_v1: Any, namespace: str, level: str) -> None:
     core_v1.patch_namespace(namespace, {"metadata": {"labels": labels}})
 
 
+@pytest.fixture
+def ordinary_user(control_plane: Any, kube: Any, namespace: str) -> Iterator[Any]:
+    """A Kube acting as a ServiceAccount token whose only rights are on rltrainingjobs of ``namespace``."""
+    from rljob_operator.cluster.kube import Kube
+
+    rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/" + namespace
+    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "jobs-only"}, "rules": [
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
+         "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]}]})
+    kube.request("POST", f"{rbac}/rolebindings", {
+        "metadata": {"name": "jobs-only"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                       "name": "jobs-only"},
+        "subjects": [{"kind": "ServiceAccount", "name": "team-member", "namespace": namespace}]})
+    api_client = control_plane.api_client(control_plane.service_account_kubeconfig(namespace, "team-member"))
+    user = Kube(api_client)
+    with pytest.raises(ApiException) as denied:  # the user could not build such pods themselves
+        user.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+            "metadata": {"name": "direct"}, "spec": {"containers": [{"name": "c", "image": FOREIGN_IMAGE}]}})
+    assert denied.value.status == 403
+    yield user
+    api_client.close()
+
+
 def _pod_posts(op: Any) -> float:
     """Pod creations the operator sent (refused or not), from its own metrics."""
     total = 0.0
@@ -247,23 +279,27 @@ def _pod_posts(op: Any) -> float:
 
 
 @pytest.mark.cluster
-def test_each_escalation_fails_policy_violation_and_no_pod_ever_exists(kube, namespace, operator, core_v1) -> None:
+def test_each_escalation_fails_policy_violation_and_no_pod_ever_exists(kube, namespace, operator, core_v1,
+                                                                      ordinary_user) -> None:
     _label_namespace(core_v1, namespace, "restricted")
+    user = ordinary_user
     op = operator(env={"RLJOB_OPERATOR_ALLOW_SECRET_REFERENCES": "false"})
     cases = ESCALATIONS + SECRET_REFERENCES
     for case, patch, _ in cases:
-        create_job(kube, namespace, job_manifest(f"p-{case}"[:50], replicas=1, spec=patch))
+        create_job(user, namespace, job_manifest(f"p-{case}"[:50], replicas=1, spec=patch))
     for case, _, field in cases:
         job = wait_phase(kube, namespace, f"p-{case}"[:50], "Failed", reason="PolicyViolation", timeout=60)
         assert f"{field}: " in job["status"]["message"], (case, job["status"]["message"])
-        assert any(e["reason"] == "PolicyViolation" for e in events_for(kube, namespace, f"p-{case}"[:50]))
+        # The Event follows the status write: wait for it rather than race it.
+        wait_for(lambda: any(e["reason"] == "PolicyViolation" for e in events_for(kube, namespace, f"p-{case}"[:50])),
+                 10, message=f"a PolicyViolation Event on p-{case}")
     assert _pod_posts(op) == 0 and kube.list_pods(namespace, "") == []
     # A credential in trl is refused at kubectl apply already (CRD rule), naming the field.
     with pytest.raises(ApiException) as e:
-        create_job(kube, namespace, job_manifest("hub-token", spec={"training": {"trl": {"hub_token": "hf_x"}}}))
+        create_job(user, namespace, job_manifest("hub-token", spec={"training": {"trl": {"hub_token": "hf_x"}}}))
     assert e.value.status == 422 and "spec.training.trl.hub_token" in str(e.value.body)
-    # An edit that removes the escalation re-checks the job: it runs.
-    patch_spec(kube, namespace, "p-host-network", {"workers": {"podTemplate": None}})
+    # An edit that removes the escalation re-checks the job: the same user's quickstart-shaped job runs.
+    patch_spec(user, namespace, "p-host-network", {"workers": {"podTemplate": None}})
     wait_phase(kube, namespace, "p-host-network", "Running", timeout=60)
 
 
@@ -277,11 +313,9 @@ def test_a_pod_admission_refuses_fails_the_job_with_podrejected_after_one_attemp
     job = wait_phase(kube, namespace, "hostnet", "Failed", reason="PodRejected", timeout=60)
     assert "violates PodSecurity" in job["status"]["message"] and "hostNetwork" in job["status"]["message"]
     assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Failed"] == "True"
-    import time
-
     time.sleep(8)  # more than two resyncs (3 s in tests): nothing is tried again
     assert _pod_posts(op) == 1 and job_pods(kube, namespace, "hostnet") == []
-    assert [e["reason"] for e in events_for(kube, namespace, "hostnet")].count("PodRejected") == 1
+    assert [e["reason"] for e in events_for(kube, namespace, "hostnet")].count("PodRejected") == 1  # after 8 s
     assert get_job(kube, namespace, "hostnet")["status"]["reason"] == "PodRejected"
 
 
