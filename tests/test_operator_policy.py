@@ -291,8 +291,9 @@ def test_each_escalation_fails_policy_violation_and_no_pod_ever_exists(kube, nam
         job = wait_phase(kube, namespace, f"p-{case}"[:50], "Failed", reason="PolicyViolation", timeout=60)
         assert f"{field}: " in job["status"]["message"], (case, job["status"]["message"])
         # The Event follows the status write: wait for it rather than race it.
-        wait_for(lambda: any(e["reason"] == "PolicyViolation" for e in events_for(kube, namespace, f"p-{case}"[:50])),
-                 10, message=f"a PolicyViolation Event on p-{case}")
+        name = f"p-{case}"[:50]
+        wait_for(lambda name=name: any(e["reason"] == "PolicyViolation" for e in events_for(kube, namespace, name)),
+                 10, message=f"a PolicyViolation Event on {name}")
     assert _pod_posts(op) == 0 and kube.list_pods(namespace, "") == []
     # A credential in trl is refused at kubectl apply already (CRD rule), naming the field.
     with pytest.raises(ApiException) as e:
