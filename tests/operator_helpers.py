@@ -40,6 +40,8 @@ FAST_ENV = {
     "RLJOB_OPERATOR_RENEW_SECONDS": "1",
     "RLJOB_OPERATOR_RETRY_SECONDS": "0.5",
     "RLJOB_OPERATOR_HEARTBEAT_FLUSH_SECONDS": "0.2",
+    # The tests' trainer image (kwok never pulls it); every other setting of the pod profile is the default.
+    "RLJOB_OPERATOR_ALLOWED_IMAGES": "registry.invalid/rljob-trainer:*",
 }
 
 

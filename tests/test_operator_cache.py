@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from rljob_operator import metrics
 from rljob_operator.cluster.reconciler import Reconciler
+from rljob_operator.decisions.policy import PodProfile
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, get_job, job_manifest, job_pods
@@ -21,7 +22,8 @@ def _count(verb: str, resource: str) -> float:
 
 def test_a_lagging_pod_cache_creates_nothing_twice_and_restarts_no_healthy_gang(kube, namespace, crd_installed) -> None:
     view: dict[str, list[dict[str, Any]] | None] = {"pods": None}  # None: no watch yet, LIST
-    reconciler = Reconciler(kube, pod_cache=lambda ns, name: view["pods"])
+    reconciler = Reconciler(kube, pod_cache=lambda ns, name: view["pods"],
+                            profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)))
     create_job(kube, namespace, job_manifest("cached", 2))
 
     view["pods"] = []  # the watch has not seen the job's pods (there are none yet)

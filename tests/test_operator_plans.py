@@ -24,6 +24,7 @@ from rljob_operator.decisions.plan import (
     StatusDraft,
     build_status,
 )
+from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import CONFLICT_REQUEUE_SECONDS, Refusal, plan_for_refusal
 from rljob_operator.times import rfc3339
 
@@ -108,7 +109,8 @@ def test_status_phase_is_a_plain_str_however_it_is_given() -> None:
 
 def test_a_finished_job_is_decided_by_the_first_step_without_hashing_its_spec(monkeypatch: pytest.MonkeyPatch
                                                                                 ) -> None:
-    assert [s.__name__ for s in STEPS][:4] == ["finished", "suspended", "deadline_passed", "succeeded"]
+    assert [s.__name__ for s in STEPS][:5] == ["finished", "policy_violation", "suspended", "deadline_passed",
+                                              "succeeded"]
     assert STEPS[-1].__name__ == "progress"
 
     def no_hash(job: Any) -> str:
@@ -159,7 +161,13 @@ def test_a_taken_name_or_an_exhausted_quota_leaves_the_job_stuck_and_the_rest_of
     ]:
         plan = plan_for_refusal(_raw(), INTERRUPTED, refusal, NOW)
         assert plan is not None
+        conditions = plan.status.pop("conditions", None)
         assert plan.status == {"reason": reason, "message": message}  # the phase written before stays
+        if reason == "QuotaExceeded":  # a wait, visible in the conditions: reconciling, neither stalled nor failed
+            assert conditions is not None
+            by_type = {c["type"]: (c["status"], c["reason"]) for c in conditions}
+            assert by_type["Reconciling"] == ("True", "QuotaExceeded")
+            assert by_type["Stalled"][0] == by_type["Failed"][0] == by_type["Ready"][0] == "False"
         assert plan.events == [Event("Warning", reason, message), Event("Normal", "X", "x")]
         assert (plan.requeue_after, plan.gang_restart) == (CONFLICT_REQUEUE_SECONDS, "SpecChanged")
         assert not plan.create_pods and plan.configmap is None and not plan.delete_pods
@@ -189,8 +197,9 @@ def test_a_terminating_namespace_means_nothing_more_and_other_refusals_are_not_d
                                   "because it is being terminated"})
     nothing = plan_for_refusal(_raw(), INTERRUPTED, Refusal(403, body, "Forbidden"), NOW)
     assert nothing == Plan(status={})
-    assert plan_for_refusal(_raw(), INTERRUPTED, Refusal(403, '{"message":"forbidden: RBAC"}', "Forbidden"),
-                            NOW) is None
+    rbac = json.dumps({"message": 'pods is forbidden: User "system:serviceaccount:rljob-system:rljob-operator" '
+                                  'cannot create resource "pods" in API group "" in the namespace "team-a"'})
+    assert plan_for_refusal(_raw(), INTERRUPTED, Refusal(403, rbac, "Forbidden"), NOW) is None
     assert plan_for_refusal(_raw(), INTERRUPTED, Refusal(500, "", "Internal Server Error"), NOW) is None
 
 
@@ -230,7 +239,8 @@ class RecordingKube:
 
 
 def _reconcile(kube: RecordingKube) -> float | None:
-    reconciler = Reconciler(kube, clock=lambda: NOW)  # type: ignore[arg-type]
+    # Any image: these tests are about the write order, not the platform's pod profile.
+    reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)))  # type: ignore[arg-type]
     try:
         return reconciler.reconcile("team-a", "train")
     finally:

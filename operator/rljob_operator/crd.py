@@ -34,6 +34,8 @@ from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARD
 from rljob_trainer.config import (
     BUILTIN_DATASETS,
     BUILTIN_MODELS,
+    CREDENTIAL_TRL_FIELDS,
+    CREDENTIAL_TRL_MESSAGE,
     CUSTOM_REWARD_RE,
     MANAGED_TRL_FIELDS,
     describe_type,
@@ -182,6 +184,8 @@ def _trl_description(name: str) -> str:
     only = "" if len(field["algorithms"]) == len(CONFIG_CLASSES) else f" ({', '.join(field['algorithms'])} only)"
     if name in MANAGED_TRL_FIELDS:
         return f"Not settable: {managed_message(name)}."
+    if name in CREDENTIAL_TRL_FIELDS:
+        return f"Not settable: {CREDENTIAL_TRL_MESSAGE}."
     return f"{field['description']}{only}"
 
 
@@ -214,6 +218,9 @@ def trl_rules() -> dict[str, list[dict[str, str]]]:
     managed = [
         _rule(f"!has(self.{name})", f"spec.training.trl.{name}: {managed_message(name)}", f".{name}")
         for name in MANAGED_TRL_FIELDS if name in TRL_FIELDS
+    ] + [
+        _rule(f"!has(self.{name})", f"spec.training.trl.{name}: {CREDENTIAL_TRL_MESSAGE}", f".{name}")
+        for name in CREDENTIAL_TRL_FIELDS
     ]
     schema = trl_schema()["properties"]
     per_algorithm = []

@@ -89,6 +89,19 @@ class OperatorSettings:
     force_delete_after_seconds: float = 60.0
     """A worker pod still Terminating this long past its grace period is force-deleted (its node is gone)."""
     log_level: str = "INFO"
+    # The platform's pod profile (``decisions.policy.PodProfile``): what a job's pods may ask for.
+    pod_profile: str = "restricted"
+    """Pod Security level of every pod the operator builds: restricted, baseline or privileged."""
+    allowed_images: list[str] = field(default_factory=list)
+    """Glob patterns a job's images must match (comma-separated); empty: rljob's trainer image
+    (ghcr.io/rljob/trainer, any tag or digest); ``*`` allows any image."""
+    allowed_service_accounts: list[str] = field(default_factory=list)
+    """ServiceAccounts a job may name besides the namespace's ``default`` (comma-separated)."""
+    allow_secret_references: bool = True
+    """Jobs may name Secrets (credentialsSecret, secretKeyRef, secret volumes); the chart's admission
+    policies check that the job's creator may read them."""
+    allow_trust_remote_code: bool = False
+    """Jobs may set trust_remote_code (run Python code shipped with a model)."""
 
     @property
     def effective_status_url(self) -> str:

@@ -8,6 +8,7 @@ camelCase in YAML, snake_case in Python; unknown fields are errors.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import re
@@ -209,6 +210,36 @@ MANAGED_TRL_FIELDS: dict[str, str] = {
     "reward_weights": "spec.training.rewards[].weight",
     "resume_from_checkpoint": "it resumes from the newest complete checkpoint",
 }
+#: A name that carries a credential (``hub_token``, ``use_auth_token``, ``api_key``, ``password`` …),
+#: TRL's own or a key inside one of its ``*_kwargs`` mappings (``model_init_kwargs.token``).
+CREDENTIAL_NAME_RE = re.compile(
+    r"(^|_)(token|password|passwd|secret|api_?key|access_?key|private_?key|credentials?)($|_)", re.IGNORECASE
+)
+#: Why a credential-like field is refused under ``spec.training.trl``.
+CREDENTIAL_TRL_MESSAGE = (
+    "credentials never go in the manifest (the trainer config is a ConfigMap anyone with `view` reads); "
+    "put the token in a Secret and pass it as an environment variable (spec.workers.env[].valueFrom."
+    "secretKeyRef, for example HF_TOKEN), or use the pod's service account (workload identity)"
+)
+#: TRL config fields that carry credentials: the models and the CRD refuse them under ``spec.training.trl``.
+CREDENTIAL_TRL_FIELDS = tuple(sorted(k for k in TRL_FIELDS if CREDENTIAL_NAME_RE.search(k)))
+
+
+def _credential_keys(value: Any, loc: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    """Locations of credential-like keys inside ``value`` (mappings and lists, kwargs as JSON strings)."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in
+                ([(*loc, k)] if isinstance(k, str) and CREDENTIAL_NAME_RE.search(k) else _credential_keys(v, (*loc, k)))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _credential_keys(v, (*loc, i))]
+    return []
+
+
 #: TRL fields the worker gives a default that ``spec.training.trl`` may override.
 TRL_DEFAULTS = frozenset({"data_seed", "log_level", "disable_tqdm", "ddp_timeout"})
 
@@ -279,14 +310,16 @@ def _problem(key: str, message: str, value: Any, *loc: str | int) -> InitErrorDe
 def check_options(
     values: dict[str, Any], fields: dict[str, dict[str, Any]], owner: str, unknown: str,
     refused: dict[str, str] | None = None, adapter_owner: str | None = None,
+    problems: list[InitErrorDetails] | None = None,
 ) -> None:
     """Check ``values`` against ``fields`` (name → schema): every problem at once, each at its key.
 
     Raises ValidationError whose locations are the keys (pydantic prefixes the field's path), so
     ``format_validation_error`` prints ``spec.training.trl.temperature: Input should be a valid number``.
-    ``refused``: key → message for keys that exist but must not be set here.
+    ``refused``: key → message for keys that exist but must not be set here; ``problems``: found
+    by the caller already, reported with the rest.
     """
-    problems: list[InitErrorDetails] = []
+    problems = list(problems or [])
     for key, value in values.items():
         if refused and key in refused:
             problems.append(_problem(key, refused[key], value))
@@ -317,6 +350,11 @@ def check_trl(trl: dict[str, Any], algorithm: str | None) -> None:
     """``spec.training.trl`` against TRL's config class for ``algorithm`` (None: either class)."""
     config = CONFIG_CLASSES.get(algorithm or "", "/".join(CONFIG_CLASSES.values()))
     refused = {k: managed_message(k) for k in MANAGED_TRL_FIELDS}
+    # Credentials, TRL's (hub_token) or any credential-like name (push_to_hub_token), never sit in a ConfigMap.
+    refused.update({k: CREDENTIAL_TRL_MESSAGE for k in (*CREDENTIAL_TRL_FIELDS, *trl)
+                    if isinstance(k, str) and CREDENTIAL_NAME_RE.search(k)})
+    nested = [_problem(key, CREDENTIAL_TRL_MESSAGE, value, *loc)
+              for key, value in trl.items() if key not in refused for loc in _credential_keys(value)]
     if algorithm is not None:
         for key, field in TRL_FIELDS.items():
             if algorithm not in field["algorithms"]:
@@ -324,7 +362,7 @@ def check_trl(trl: dict[str, Any], algorithm: str | None) -> None:
                 refused.setdefault(key, f"a field of TRL's {others} only; {config} (algorithm {algorithm}) has "
                                         "no such field")
     check_options(trl, TRL_SCHEMAS, "trl", unknown=f"not a field of TRL's {config} (trl {TRL_VERSION})",
-                  refused=refused)
+                  refused=refused, problems=nested)
 
 
 #: Manifest keys that look like credentials: refused with a pointer to credentialsSecret.

@@ -35,6 +35,7 @@ from rljob_operator.cluster.kube import ChildConflict, Kube
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
+from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
 from rljob_operator.decisions.scaling import Capacity
 from rljob_operator.names import LABEL_JOB, StatusEndpoint, job_uid
@@ -60,7 +61,10 @@ def _status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
 
 
 class Reconciler:
-    """Reconciles jobs through a :class:`Kube`; ``endpoint`` is the status API pods report to."""
+    """Reconciles jobs through a :class:`Kube`; ``endpoint`` is the status API pods report to.
+
+    ``profile``: what the platform allows a job's pods (default: the restricted profile).
+    """
 
     def __init__(
         self,
@@ -70,8 +74,10 @@ class Reconciler:
         instance: str = "",
         force_delete_after: float = FORCE_DELETE_AFTER_SECONDS,
         pod_cache: Callable[[str, str], list[dict[str, Any]] | None] | None = None,
+        profile: PodProfile | None = None,
     ) -> None:
         self.kube = kube
+        self.profile = profile or PodProfile()
         self.pod_cache = pod_cache
         self.endpoint = endpoint
         self.clock = clock
@@ -111,13 +117,13 @@ class Reconciler:
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
         plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
-                              self.force_delete_after, capacity)
+                              self.force_delete_after, capacity, self.profile)
         if cached is not None and (plan.create_pods or plan.gang_restart):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
             # created, one gone) is looked up before pods are created or a gang is restarted.
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
-                                  self.force_delete_after, capacity)
+                                  self.force_delete_after, capacity, self.profile)
         return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
 
     def _list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:

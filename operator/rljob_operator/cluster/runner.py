@@ -26,6 +26,7 @@ from rljob_operator.cluster.kube import Kube, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.cluster.workqueue import WorkQueue
+from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server import tls
 from rljob_operator.server.guard import StatusLimits
@@ -133,6 +134,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube,
     """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache."""
     watch_ref: list[JobWatch] = []
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
+                            profile=PodProfile.from_settings(s),
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
 
     async def reconcile(key: object) -> float | None:
@@ -202,4 +204,14 @@ def run(s: OperatorSettings) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # One line per handled watch event is noise: the reconciler logs what it does.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        profile = PodProfile.from_settings(s)
+    except ValueError as e:  # a misspelt profile must not fall back to anything
+        logging.getLogger("rljob.operator").error("%s", e)
+        return EXIT_CONFIG
+    logging.getLogger("rljob.operator").info(
+        "pod profile %s; images %s; service accounts %s; Secret references %s; trust_remote_code %s",
+        profile.level, ", ".join(profile.allowed_images), ", ".join(profile.allowed_service_accounts) or "default only",
+        "allowed" if profile.allow_secret_references else "refused",
+        "allowed" if profile.allow_trust_remote_code else "refused")
     return asyncio.run(operate(s))

@@ -37,6 +37,7 @@ from rljob_operator.decisions.plan import (
     StatusDraft,
     build_status,
 )
+from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.restarts import stall_check_in
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (
@@ -62,6 +63,25 @@ def finished(ctx: Situation) -> Plan | None:
                     generation=prev.gang_generation or 0, desired=ctx.replicas).carry(prev)
     leftovers = [p.name for p in ctx.owned if p.active] if phase == Phase.failed.value else []
     return settled(ctx, d, leftovers)
+
+
+def policy_violation(ctx: Situation) -> Plan | None:
+    """A job asking for more than the platform's pod profile allows: Failed, reason PolicyViolation.
+
+    Checked before anything else can create a pod; every field at fault is named. No retry: the
+    job is looked at again when its spec is edited (``Situation.retry_invalid``). Pods of an
+    earlier, allowed spec are deleted with the job's failure.
+    """
+    if not ctx.violations:
+        return None
+    d = ctx.draft(spec_checked=False)
+    d.phase, d.reason = Phase.failed.value, "PolicyViolation"
+    d.message = "; ".join(ctx.violations)[:1024]
+    d.completion_time = rfc3339(ctx.now)
+    # Already Failed (an edit that still violates): no phase change says so, this Event does.
+    again = ctx.prev.phase == d.phase and ctx.prev.message != d.message
+    return settled(ctx, d, [p.name for p in ctx.owned if p.active],
+                   [Event("Warning", "PolicyViolation", d.message)] if again else [])
 
 
 def suspended(ctx: Situation) -> Plan | None:
@@ -243,20 +263,22 @@ def _next_look(ctx: Situation, d: StatusDraft, blocked: list[str], restart_left:
 
 #: The decisions of one reconcile, in order: the first that returns a Plan decides (``progress`` always does).
 STEPS: tuple[Callable[[Situation], Plan | None], ...] = (
-    finished, suspended, deadline_passed, succeeded, plan_failure, resized, insufficient_capacity, progress,
+    finished, policy_violation, suspended, deadline_passed, succeeded, plan_failure, resized, insufficient_capacity, progress,
 )
 
 
 def plan_reconcile(
     job: RLTrainingJob, pods: list[ObservedPod], now: datetime, endpoint: StatusEndpoint | None = None,
     force_delete_after: float = FORCE_DELETE_AFTER_SECONDS, capacity: Capacity | None = None,
+    profile: PodProfile | None = None,
 ) -> Plan:
     """Decide one reconcile of ``job`` given its observed pods (label ``rljob.dev/job``).
 
     ``force_delete_after``: seconds a pod may stay Terminating past its deletion deadline.
     ``capacity``: the cluster's nodes and bound pods, for policy Capacity (None: not looked at).
+    ``profile``: the platform's pod profile every job is checked against first (None: not checked).
     """
-    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after)
+    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile)
     for step in STEPS:
         plan = step(ctx)
         if plan is not None:

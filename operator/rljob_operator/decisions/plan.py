@@ -31,6 +31,9 @@ REJECTED_POD_FIELDS = ("phase", "reason", "message", "completionTime", "conditio
 #: Written while a create is refused for a reason that may pass (a name taken, a quota): the
 #: phase and conditions of this reconcile's first status write stay; only why it is stuck is said.
 STUCK_FIELDS = ("reason", "message")
+#: Written while a quota refuses a pod: why, in the conditions too (Reconciling True, reason
+#: QuotaExceeded; not Stalled, not Failed), so whoever waits on conditions sees the wait.
+QUOTA_FIELDS = ("reason", "message", "conditions")
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,14 @@ what was left of the interrupted one:
   looked at again soon;
 * 422 (the API server rejected the pod: podTemplate, volumes): Failed, reason ``InvalidPodSpec``
   (looked at again once the spec is edited);
-* 403 naming a quota: stuck, reason ``QuotaExceeded``, looked at again soon;
+* 403 naming a quota: stuck, reason ``QuotaExceeded`` (also in the Reconciling condition, so
+  ``kubectl wait`` and dashboards see it), looked at again soon;
 * 403 because the namespace is being deleted: nothing (the job goes with its namespace);
-* anything else: not a decision (None): the reconcile fails and is retried.
+* 403 from admission (PodSecurity, a ValidatingAdmissionPolicy, a webhook): Failed, reason
+  ``PodRejected`` with the API server's message; one attempt, looked at again once the spec is
+  edited (retrying would loop for ever on a verdict that does not change);
+* 403 from RBAC (the operator itself may not create the child) and anything else: not a
+  decision (None): the reconcile fails and is retried, with backoff, until the platform fixes it.
 
 "Stuck" says why in ``reason``/``message`` only and keeps the phase this reconcile wrote; the
 interrupted Plan's Events still follow. A failure writes its outcome instead of those Events.
@@ -25,6 +30,7 @@ from typing import Any
 
 from rljob_operator.api import Phase
 from rljob_operator.decisions.plan import (
+    QUOTA_FIELDS,
     REJECTED_POD_FIELDS,
     STUCK_FIELDS,
     Event,
@@ -76,8 +82,19 @@ def plan_for_refusal(raw: dict[str, Any], interrupted: Plan, refusal: Refusal, n
     if refusal.status == 422:
         return _failed(raw, "InvalidPodSpec", refusal.message, now)
     if refusal.status == 403 and "quota" in refusal.body:
-        return _stuck(raw, interrupted, "QuotaExceeded", refusal.message, now)
+        return _stuck(raw, interrupted, "QuotaExceeded", refusal.message, now, QUOTA_FIELDS)
+    if refusal.status == 403 and not rbac_denied(refusal.message):
+        return _failed(raw, "PodRejected", refusal.message, now)
     return None
+
+
+def rbac_denied(message: str) -> bool:
+    """A 403 of the authorizer (the operator's own rights), not of admission.
+
+    The authorizer says ``User "…" cannot create resource "pods" …``; admission plugins say
+    ``violates PodSecurity …``, ``… denied request: …`` or ``admission webhook … denied``.
+    """
+    return " cannot " in message and " resource " in message and "User " in message
 
 
 def _render(raw: dict[str, Any], d: StatusDraft, now: datetime, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -87,11 +104,13 @@ def _render(raw: dict[str, Any], d: StatusDraft, now: datetime, fields: tuple[st
                         fields=fields)
 
 
-def _stuck(raw: dict[str, Any], interrupted: Plan, reason: str, message: str, now: datetime) -> Plan:
+def _stuck(raw: dict[str, Any], interrupted: Plan, reason: str, message: str, now: datetime,
+           fields: tuple[str, ...] = STUCK_FIELDS) -> Plan:
     """Cannot go on for now: say why; the interrupted Plan's Events and requeue still apply."""
     phase = str(interrupted.status.get("phase") or "")
+    draft = StatusDraft(phase, reason, message, reconciling=True)
     return Plan(
-        status=_render(raw, StatusDraft(phase, reason, message), now, STUCK_FIELDS),
+        status=_render(raw, draft, now, fields),
         events=[Event("Warning", reason, message)] + interrupted.events,
         delete_job=interrupted.delete_job,
         requeue_after=CONFLICT_REQUEUE_SECONDS,

@@ -17,6 +17,7 @@ from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus, Scalin
 from rljob_operator.decisions.children import desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Children, Event, Plan, StatusDraft, build_status, transition_event
+from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.decisions.scaling import (
     Capacity,
     Resize,
@@ -30,6 +31,8 @@ from rljob_operator.times import parse_time, rfc3339
 
 #: How soon to look again while waiting for pods to go away.
 WAIT_REQUEUE_SECONDS = 2.0
+#: Failures caused by the spec (or what the API server made of it): looked at again after a spec edit.
+RECHECKED_REASONS = frozenset({"InvalidSpec", "InvalidPodSpec", "PolicyViolation", "PodRejected"})
 #: Default for how long a pod may stay Terminating past its deletion before it is force-deleted.
 FORCE_DELETE_AFTER_SECONDS = 60.0
 
@@ -91,6 +94,8 @@ class Situation:
     """The cluster's nodes and bound pods, for policy Capacity (None: not looked at)."""
     force_delete_after: float = FORCE_DELETE_AFTER_SECONDS
     """Seconds a pod may stay Terminating past its deletion deadline."""
+    profile: PodProfile | None = None
+    """What the platform allows the job's pods (None: not checked, for tests of other decisions)."""
 
     # ---------------------------------------------------------------- the job as stored
     @derived
@@ -109,8 +114,13 @@ class Situation:
     @derived
     def retry_invalid(self) -> bool:
         """A job that failed because of its spec is looked at again once the spec is edited."""
-        return self.prev.reason in ("InvalidSpec", "InvalidPodSpec") and \
+        return self.prev.reason in RECHECKED_REASONS and \
             self.prev.observed_generation != self.meta_generation
+
+    @derived
+    def violations(self) -> list[str]:
+        """Fields of the job the platform's pod profile does not allow (``policy.violations``)."""
+        return violations(self.job, self.profile) if self.profile is not None else []
 
     @derived
     def start(self) -> datetime:
