@@ -208,7 +208,7 @@ def run(s: OperatorSettings) -> int:
         profile = PodProfile.from_settings(s)
     except ValueError as e:  # a misspelt profile must not fall back to anything
         logging.getLogger("rljob.operator").error("%s", e)
-        return EXIT_CONFIG
+        return UNWORKABLE_SETTING_STATUS
     logging.getLogger("rljob.operator").info(
         "pod profile %s; images %s; service accounts %s; Secret references %s; trust_remote_code %s",
         profile.level, ", ".join(profile.allowed_images), ", ".join(profile.allowed_service_accounts) or "default only",
