@@ -26,6 +26,7 @@ from rljob_operator.cluster.kube import Kube, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.cluster.workqueue import WorkQueue
+from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server import tls
 from rljob_operator.server.statusapi import StatusAPI
@@ -128,8 +129,10 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube,
                  endpoint: StatusEndpoint) -> tuple[WorkQueue, JobWatch]:
     """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache."""
     watch_ref: list[JobWatch] = []
+    network = JobNetwork(tuple(s.trainer_metrics_from)) if s.network_policy else None
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
-                            pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
+                            pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
+                            network=network)
 
     async def reconcile(key: object) -> float | None:
         namespace, name = cast(tuple[str, str], key)
