@@ -38,6 +38,7 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("existing-secret", ["--set", "statusAPI.tls.source=existingSecret,statusAPI.tls.secretName=my-tls"]),
     ("cert-manager", ["--set", "statusAPI.tls.source=certManager"]),
     ("single-replica", ["--set", "replicaCount=1,leaderElection.enabled=false"]),
+    ("no-network-policy", ["--set", "networkPolicy.enabled=false"]),
     *[(f"ci/{p.name}", ["-f", str(p)]) for p in sorted((CHART / "ci").glob("*-values.yaml"))],
 ]
 
@@ -175,10 +176,14 @@ def test_rendered_rbac_has_no_wildcards_and_reads_no_secret_but_its_own(name: st
         (["--set", "operator.logLevel=LOUD"], "/operator/logLevel"),
         (["--set", "serviceMonitor.interval=30"], "/serviceMonitor/interval"),
         (["--set-json", 'imagePullSecrets=["regcred"]'], "/imagePullSecrets/0"),
+        (["--set", "networkPolicy.enable=false"], "additional properties 'enable' not allowed"),
+        (["--set-json", 'networkPolicy.monitoring.podSelector={"app":"prometheus"}'],
+         "invalid propertyName 'app'"),
+        (["--set-json", 'networkPolicy.statusAPIFrom=[{"podselector":{}}]'], "invalid propertyName 'podselector'"),
     ],
     ids=["typo-top-level", "typo-nested", "replicas-not-a-number", "replicas-zero", "namespaces-not-a-list",
          "unknown-tls-source", "unknown-pull-policy", "unknown-log-level", "interval-without-unit",
-         "pull-secret-by-value"],
+         "pull-secret-by-value", "network-policy-typo", "selector-without-matchlabels", "peer-typo"],
 )
 def test_values_breaking_the_schema_are_rejected(args: list[str], message: str) -> None:
     result = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION, *args, check=False)
@@ -444,6 +449,7 @@ JOB_RULES = [
     {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
@@ -532,3 +538,66 @@ def test_monitoring_objects_render_with_the_rules_file_and_the_dashboard() -> No
         (CHART / "files" / "dashboards" / "rljob.json").read_text())
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & {d["kind"] for d in helm_template()}
+
+
+# ------------------------------------------------------------------------- network
+
+
+#: Prometheus as networkPolicy.monitoring says by default.
+PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+TRAINERS = {"matchLabels": {"app.kubernetes.io/managed-by": "rljob-operator"}}
+
+
+def _ingress_by_port(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    """Each rule's port → its ``from`` peers (every rule of ours names exactly one TCP port)."""
+    out = {}
+    for rule in policy["spec"]["ingress"]:
+        assert [p["protocol"] for p in rule["ports"]] == ["TCP"], rule
+        out[rule["ports"][0]["port"]] = rule["from"]
+    return out
+
+
+def test_network_policies_are_on_by_default_and_admit_only_trainers_and_prometheus() -> None:
+    from rljob_operator.settings import OperatorSettings
+
+    docs = helm_template()
+    policy = one(docs, "NetworkPolicy", "rljob-operator")
+    assert policy["spec"]["podSelector"]["matchLabels"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert _ingress_by_port(policy) == {8443: [{"namespaceSelector": {}, "podSelector": TRAINERS}],
+                                        8080: [PROMETHEUS]}
+    # The operator gives every job its own policy, with Prometheus (the same selectors) as scraper.
+    settings = OperatorSettings.from_env({k: v for k, v in operator_env(one(docs, "Deployment")).items()
+                                          if isinstance(v, str)})
+    assert settings.network_policy is True and settings.trainer_metrics_from == [PROMETHEUS]
+
+    namespaced = one(helm_template("--set", "watchNamespaces={ml-a,ml-b}", "--set-json",
+                                   'networkPolicy.statusAPIFrom=[{"podSelector":{"matchLabels":{"app":"ui"}}}]'),
+                     "NetworkPolicy")
+    assert _ingress_by_port(namespaced)[8443] == [
+        {"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ml-a", "ml-b"]}]},
+         "podSelector": TRAINERS},
+        {"podSelector": {"matchLabels": {"app": "ui"}}}]
+
+
+def test_network_policies_off_means_no_policy_and_no_rights_on_them() -> None:
+    from rljob_operator.settings import OperatorSettings
+
+    docs = helm_template("--set", "networkPolicy.enabled=false")
+    assert not by_kind(docs, "NetworkPolicy")
+    rules = operator_rbac(docs)[("ClusterRole", "", "rljob-operator")]
+    assert rules == [r for r in JOB_RULES if r["resources"] != ["networkpolicies"]]
+    env = {k: v for k, v in operator_env(one(docs, "Deployment")).items() if isinstance(v, str)}
+    assert "RLJOB_OPERATOR_TRAINER_METRICS_FROM" not in env
+    assert OperatorSettings.from_env(env).network_policy is False
+
+
+def test_kustomize_network_policies_match_the_chart() -> None:
+    chart = one(helm_template(), "NetworkPolicy")
+    cluster_wide = one(kustomize_build("cluster-wide"), "NetworkPolicy")
+    assert cluster_wide["spec"] == chart["spec"]
+    # One namespace: trainers of that namespace only (a peer without namespaceSelector).
+    single = one(kustomize_build("single-namespace"), "NetworkPolicy")
+    assert _ingress_by_port(single) == {8443: [{"podSelector": TRAINERS}], 8080: [PROMETHEUS]}

@@ -3,9 +3,10 @@
 * ``helm install`` (cluster-wide, and with ``watchNamespaces``) into a namespace that enforces
   the "restricted" Pod Security Standard: the operator's pods are admitted.
 * The operator, run here as a process with the chart's ServiceAccount identity (a TokenRequest
-  token) and the Deployment's own settings, reconciles a job: pods, ConfigMap, Service, status,
-  Events, a heartbeat checked by TokenReview, a status read checked by SubjectAccessReview, its
-  Lease and its TLS Secret; no API call of it is refused. That proves the RBAC is sufficient.
+  token) and the Deployment's own settings, reconciles a job: pods, ConfigMap, Service,
+  NetworkPolicy, status, Events, a heartbeat checked by TokenReview, a status read checked by
+  SubjectAccessReview, its Lease and its TLS Secret; no API call of it is refused. That proves
+  the RBAC is sufficient.
 * ``kubectl auth can-i --list`` for that ServiceAccount equals the reviewed snapshot in
   tests/snapshots/ (``RLJOB_UPDATE_SNAPSHOTS=1`` rewrites it after a deliberate change).
 * ``helm uninstall`` keeps the CRD and the jobs; ``kubectl apply -k`` of each overlay works.
@@ -40,7 +41,7 @@ from tests.operator_helpers import (
     token_for,
     wait_phase,
 )
-from tests.test_delivery_chart import CHART, MANIFESTS, REPO, operator_env, run
+from tests.test_delivery_chart import CHART, MANIFESTS, PROMETHEUS, REPO, operator_env, run
 
 pytestmark = pytest.mark.cluster
 SNAPSHOTS = REPO / "tests" / "snapshots"
@@ -353,6 +354,9 @@ def test_operator_with_the_charts_identity_reconciles_a_job(release: Release, co
         assert all(p["spec"]["serviceAccountName"] == "rljob-trainer" for p in pods)
         cm = kube.request("GET", kube.core_path(jobs, "configmaps", "helm-gang-config"))
         assert kube.request("GET", kube.core_path(jobs, "services", "helm-gang"))["spec"]["clusterIP"] == "None"
+        # The job's NetworkPolicy, with the chart's Prometheus as the only scraper besides the job.
+        policy = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{jobs}/networkpolicies/helm-gang-workers")
+        assert policy["spec"]["ingress"][1]["from"] == [PROMETHEUS]
         assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Ready"] == "True"
         assert any(e["reason"] == "Running" for e in events_for(kube, jobs, "helm-gang"))
 

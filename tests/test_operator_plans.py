@@ -14,6 +14,7 @@ from rljob_operator.cluster.kube import ChildConflict
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.decisions import plan as plan_module
 from rljob_operator.decisions import situation as situation_module
+from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.lifecycle import STEPS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.plan import (
     INVALID_SPEC_FIELDS,
@@ -222,7 +223,8 @@ class RecordingKube:
     def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.calls.append(("status", status.get("phase"), status.get("reason")))
 
-    def create_or_adopt(self, obj: dict[str, Any], uid: str, compare_data: bool = False) -> None:
+    def create_or_adopt(self, obj: dict[str, Any], uid: str, compare_data: bool = False,
+                        compare_spec: bool = False) -> None:
         self.calls.append(("create", obj["kind"]))
         if self.refuse is not None and self.refuse[0] == obj["kind"]:
             raise self.refuse[1]
@@ -238,9 +240,10 @@ class RecordingKube:
         self.calls.append(("event", reason))
 
 
-def _reconcile(kube: RecordingKube) -> float | None:
+def _reconcile(kube: RecordingKube, network: JobNetwork | None = None) -> float | None:
     # Any image: these tests are about the write order, not the platform's pod profile.
-    reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)))  # type: ignore[arg-type]
+    reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
+                            network=network)
     try:
         return reconciler.reconcile("team-a", "train")
     finally:
@@ -261,6 +264,18 @@ def test_the_reconciler_writes_status_then_children_then_pods_then_events() -> N
     assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers")]
 
 
+def test_the_network_policy_exists_before_any_pod_and_a_taken_name_stops_the_pods() -> None:
+    kube = RecordingKube(_raw())
+    assert _reconcile(kube, JobNetwork()) is None
+    assert sorted(kube.calls[1:4]) == [("create", "ConfigMap"), ("create", "NetworkPolicy"), ("create", "Service")]
+    assert kube.calls[4:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers")]
+
+    taken = "NetworkPolicy team-a/train-workers exists and lacks the label app.kubernetes.io/managed-by=rljob-operator"
+    kube = RecordingKube(_raw(), ("NetworkPolicy", ChildConflict(taken)))
+    assert _reconcile(kube, JobNetwork()) == CONFLICT_REQUEUE_SECONDS
+    assert ("create", "Pod") not in kube.calls and ("status", None, "ChildConflict") in kube.calls
+
+
 def test_the_reconciler_applies_the_refusal_plan_in_place_of_the_rest() -> None:
     # Stuck again: the stored status already says ChildConflict, but this reconcile wrote CreatingWorkers first.
     taken = "Service team-a/train exists and belongs to Service/x"
@@ -279,3 +294,48 @@ def test_the_reconciler_applies_the_refusal_plan_in_place_of_the_rest() -> None:
     with pytest.raises(ApiException):
         _reconcile(kube)
     assert kube.calls[-1] == ("create", "Pod")  # nothing written after an error that is not a decision
+
+
+# ------------------------------------------------------------- adoption and network
+
+
+def test_only_a_child_with_the_operators_marker_for_this_job_is_adoptable() -> None:
+    from rljob_operator.cluster.kube import adoptable
+
+    labels = {"rljob.dev/job": "train", "app.kubernetes.io/managed-by": "rljob-operator"}
+    ours = {"metadata": {"labels": labels, "annotations": {"rljob.dev/created-for-uid": UID}}}
+    assert adoptable(ours, UID) == ""
+    assert "was not created by the operator for this job" in adoptable({"metadata": {"labels": labels}}, UID)
+    assert "'another-uid'" in adoptable({"metadata": {"labels": labels, "annotations": {
+        "rljob.dev/created-for-uid": "another-uid"}}}, UID)
+    assert "lacks the label app.kubernetes.io/managed-by" in adoptable(
+        {"metadata": {"labels": {"rljob.dev/job": "train"}, "annotations": {"rljob.dev/created-for-uid": UID}}}, UID)
+
+
+def test_every_child_carries_the_marker_and_the_policy_admits_only_the_job_and_prometheus() -> None:
+    from rljob_operator.decisions.children import desired_configmap, desired_network_policy, desired_service
+
+    job = make_job(replicas=2)
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    policy = desired_network_policy(job, JobNetwork((peer,)))
+    for child in (desired_configmap(job), desired_service(job), policy):
+        assert child["metadata"]["annotations"]["rljob.dev/created-for-uid"] == UID
+    assert policy["metadata"]["name"] == f"{job.metadata.name}-workers"
+    own = {"matchLabels": {"rljob.dev/job": job.metadata.name}}
+    assert policy["spec"] == {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [
+        {"from": [{"podSelector": own}]}, {"from": [peer], "ports": [{"protocol": "TCP", "port": 9400}]}]}
+    # No scraper configured: the job's own pods only.
+    assert desired_network_policy(job, JobNetwork())["spec"]["ingress"] == [{"from": [{"podSelector": own}]}]
+    # A plan without network settings makes no policy.
+    assert plan_reconcile(job, [], NOW).networkpolicy is None
+    assert plan_reconcile(job, [], NOW, network=JobNetwork((peer,))).networkpolicy == policy
+
+
+def test_a_merge_patch_replacing_a_spec_exactly() -> None:
+    from rljob_operator.cluster.kube import _replacing
+    from rljob_operator.cluster.reconciler import _merge_patch
+
+    current = {"podSelector": {"matchLabels": {"a": "1", "b": "2"}}, "ingress": [{}], "egress": [{}]}
+    desired = {"podSelector": {"matchLabels": {"a": "1"}}, "ingress": [{"from": []}], "policyTypes": ["Ingress"]}
+    assert _merge_patch(current, _replacing(current, desired)) == desired
+    assert _replacing(desired, desired) == {}

@@ -24,6 +24,11 @@ LABEL_WORKER_INDEX = "rljob.dev/worker-index"
 LABEL_GANG_GENERATION = "rljob.dev/gang-generation"
 ANNOTATION_SPEC_HASH = "rljob.dev/spec-hash"
 ANNOTATION_JOB_GENERATION = "rljob.dev/job-generation"
+#: Written on every ConfigMap, Service and NetworkPolicy the operator creates: the uid of the job
+#: it was created for. A same-named object is adopted only with this marker (and LABEL_MANAGED_BY):
+#: labels can be copied from any job before it exists, its uid cannot.
+ANNOTATION_CREATED_FOR = "rljob.dev/created-for-uid"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rljob-operator"
 
 CONTAINER = "trainer"
@@ -68,6 +73,11 @@ def configmap_name(job_name: str) -> str:
     return f"{job_name}-config"
 
 
+def networkpolicy_name(job_name: str) -> str:
+    """The job's NetworkPolicy (who may reach its worker pods)."""
+    return f"{job_name}-workers"
+
+
 def rendezvous_endpoint(job_name: str, namespace: str) -> str:
     """c10d endpoint: worker 0's stable DNS name through the headless Service."""
     return f"{worker_name(job_name, 0)}.{service_name(job_name)}.{namespace}.svc:{RDZV_PORT}"
@@ -96,7 +106,7 @@ def job_labels(job: RLTrainingJob) -> dict[str, str]:
         LABEL_JOB: job.metadata.name,
         "app.kubernetes.io/name": "rljob",
         "app.kubernetes.io/instance": job.metadata.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_MANAGED_BY: MANAGED_BY,
     }
 
 

@@ -2,12 +2,13 @@
 
 Every field's environment variable is its name in upper case with the prefix, for example
 ``RLJOB_OPERATOR_RESYNC_SECONDS=5`` (tests shorten the intervals this way);
-``RLJOB_OPERATOR_NAMESPACES`` is comma-separated.
+``RLJOB_OPERATOR_NAMESPACES`` is comma-separated, ``RLJOB_OPERATOR_TRAINER_METRICS_FROM`` is JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import uuid
@@ -88,6 +89,13 @@ class OperatorSettings:
     """Heartbeats of one job are written to its status at most this often."""
     force_delete_after_seconds: float = 60.0
     """A worker pod still Terminating this long past its grace period is force-deleted (its node is gone)."""
+    network_policy: bool = True
+    """Give every job a NetworkPolicy ``<job>-workers``: its pods accept traffic only from the job's own
+    pods, and metrics scrapes from ``trainer_metrics_from``. Needs get, create, patch on networkpolicies."""
+    trainer_metrics_from: list[dict[str, Any]] = field(default_factory=list)
+    """NetworkPolicyPeers (JSON list) that may reach the trainers' metrics port, for example
+    ``[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]``. Empty: none."""
     log_level: str = "INFO"
     # The platform's pod profile (``decisions.policy.PodProfile``): what a job's pods may ask for.
     pod_profile: str = "restricted"
@@ -121,7 +129,10 @@ class OperatorSettings:
         for f in dataclasses.fields(cls):
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is not None:
-                values[f.name] = _convert(f.type, raw)
+                try:
+                    values[f.name] = _convert(f.type, raw)
+                except ValueError as e:  # name the variable: the error alone does not say which one
+                    raise ValueError(f"{ENV_PREFIX + f.name.upper()}={raw!r}: {e}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         in_cluster = _own_namespace()
         if values.get("leader_elect") is None and not in_cluster:
@@ -131,13 +142,38 @@ class OperatorSettings:
                 in_cluster or next(iter(values.get("namespaces") or []), None) or "rljob-system"
             )
         settings = cls(**values)
+        check_peers(settings.trainer_metrics_from, ENV_PREFIX + "TRAINER_METRICS_FROM")
         if settings.tls_secret is None and in_cluster and not settings.tls_cert_file:
             settings.tls_secret = f"{settings.operator_namespace}/{settings.service_name}-tls"
         return settings
 
 
+#: What a NetworkPolicyPeer may hold, and what each of its selectors may hold.
+_PEER_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}
+_SELECTOR_KEYS = {"matchLabels", "matchExpressions"}
+
+
+def check_peers(peers: Any, where: str) -> None:
+    """Raise ValueError naming ``where`` unless ``peers`` is a list of NetworkPolicyPeer objects.
+
+    Checked at start: the API server would refuse the policy only when a job needs it.
+    """
+    if not isinstance(peers, list):
+        raise ValueError(f"{where}: expected a JSON list of NetworkPolicyPeer objects, got {type(peers).__name__}")
+    for i, peer in enumerate(peers):
+        if not isinstance(peer, dict) or not peer or set(peer) - _PEER_KEYS:
+            raise ValueError(f"{where}[{i}]: a NetworkPolicyPeer has only {sorted(_PEER_KEYS)}, got {peer!r}")
+        for key in ("podSelector", "namespaceSelector"):
+            selector = peer.get(key, {})
+            if not isinstance(selector, dict) or set(selector) - _SELECTOR_KEYS:
+                raise ValueError(f"{where}[{i}].{key}: a label selector has only {sorted(_SELECTOR_KEYS)}, "
+                                 f"got {selector!r}")
+
+
 def _convert(kind: Any, raw: str) -> Any:
     kind = str(kind)
+    if kind.startswith("list[dict"):
+        return json.loads(raw) if raw.strip() else []
     if kind.startswith("list"):
         return [p.strip() for p in raw.split(",") if p.strip()]
     if kind == "bool":

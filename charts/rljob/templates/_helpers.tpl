@@ -83,6 +83,12 @@ app.kubernetes.io/component: operator
 {{- if has .Values.statusAPI.tls.source (list "existingSecret" "certManager") }}true{{ end }}
 {{- end }}
 
+{{/* The operator's settings for every job's NetworkPolicy: who may scrape trainers (JSON NetworkPolicyPeers). */}}
+{{- define "rljob.trainerMetricsFrom" -}}
+{{- $m := .Values.networkPolicy.monitoring }}
+{{- list (dict "namespaceSelector" $m.namespaceSelector "podSelector" $m.podSelector) | toJson }}
+{{- end }}
+
 {{/* Namespaces that get the trainers' ServiceAccount: watchNamespaces plus trainerServiceAccount.namespaces. */}}
 {{- define "rljob.trainerNamespaces" -}}
 {{- $all := concat .Values.watchNamespaces .Values.trainerServiceAccount.namespaces | uniq }}
@@ -109,6 +115,13 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["configmaps", "services"]
   verbs: ["get", "create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+# Each job's NetworkPolicy (only its own pods reach its workers): created, or adopted and brought
+# up to date (patch).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
 # Phase transitions are reported as Events on the job.
 - apiGroups: [""]
   resources: ["events"]

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from rljob_operator import metrics
 from rljob_operator.api import GROUP, PLURAL, VERSION
 from rljob_operator.decisions.refusals import namespace_terminating
+from rljob_operator.names import ANNOTATION_CREATED_FOR, LABEL_MANAGED_BY, MANAGED_BY
 
 log = logging.getLogger("rljob.kube")
 FAULT_ENV = "RLJOB_FAULT_CRASH_AFTER_WRITES"
@@ -33,6 +34,42 @@ FIELD_MANAGER = "rljob-operator"
 
 class ChildConflict(Exception):
     """An object with a child's name exists and belongs to something else."""
+
+
+#: Collection names of the children ``create_or_adopt`` makes.
+_CHILD_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "NetworkPolicy": "networkpolicies"}
+
+
+def adoptable(existing: dict[str, Any], owner_uid: str) -> str:
+    """Why an uncontrolled ``existing`` object may not be adopted by job ``owner_uid`` ("" when it may).
+
+    Only what the operator created for this job carries both its managed-by label and the
+    annotation with this job's uid. The job's labels alone prove nothing: anyone who may create a
+    ConfigMap can copy them, even before the job exists, and have the operator mount their config;
+    the uid exists only once the job does, and a leftover of an earlier job of the same name has
+    another one.
+    """
+    meta = existing.get("metadata") or {}
+    if (meta.get("labels") or {}).get(LABEL_MANAGED_BY) != MANAGED_BY:
+        return f"lacks the label {LABEL_MANAGED_BY}={MANAGED_BY}"
+    marker = (meta.get("annotations") or {}).get(ANNOTATION_CREATED_FOR)
+    if marker != owner_uid:
+        return (f"was not created by the operator for this job (annotation {ANNOTATION_CREATED_FOR} is "
+                f"{marker!r}, the job's uid is {owner_uid!r})")
+    return ""
+
+
+def _replacing(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns object ``current`` into exactly ``desired``."""
+    out: dict[str, Any] = {k: None for k in current if k not in desired}
+    for key, value in desired.items():
+        old = current.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            if old != value:
+                out[key] = _replacing(old, value)
+        elif old != value:
+            out[key] = value
+    return out
 
 
 def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
@@ -51,7 +88,7 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
-_RESOURCES = ("pods", "configmaps", "services", "events", "leases", "secrets", PLURAL,
+_RESOURCES = ("pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL,
               "tokenreviews", "subjectaccessreviews")
 
 
@@ -188,45 +225,57 @@ class Kube:
                 raise
 
     # ------------------------------------------------------------- children
-    def create_or_adopt(self, obj: dict[str, Any], owner_uid: str, compare_data: bool = False) -> dict[str, Any]:
-        """Create ``obj``; if its name is taken, adopt or keep the existing one.
+    @classmethod
+    def child_path(cls, obj: dict[str, Any], name: str | None = None) -> str:
+        """The collection (or, with ``name``, the object) path of a child: a core or a grouped API."""
+        namespace, plural = obj["metadata"]["namespace"], _CHILD_PLURALS[obj["kind"]]
+        if obj["apiVersion"] == "v1":
+            return cls.core_path(namespace, plural, name)
+        path = f"/apis/{obj['apiVersion']}/namespaces/{quote(namespace)}/{plural}"
+        return f"{path}/{quote(name)}" if name else path
 
-        Existing and controlled by ``owner_uid``: kept (ConfigMap data brought up to date when
-        ``compare_data``). Existing without a controller but labelled for the same job: adopted
-        (ownerReference added). Controlled by anything else: ``ChildConflict``.
+    def create_or_adopt(self, obj: dict[str, Any], owner_uid: str, compare_data: bool = False,
+                        compare_spec: bool = False) -> dict[str, Any]:
+        """Create ``obj``; if its name is taken, keep or adopt the existing one, or raise ``ChildConflict``.
+
+        Kept: controlled by ``owner_uid``. Adopted (ownerReference added): no controller, and the
+        operator's marker for this very job (``adoptable``). Anything else: ``ChildConflict``.
+        A kept or adopted object is brought up to date: its ``data`` with ``compare_data``, its
+        ``spec`` (replaced exactly) with ``compare_spec``.
         """
         meta = obj["metadata"]
-        plural = obj["kind"].lower() + "s"
         namespace, name = meta["namespace"], meta["name"]
         try:
-            return self.request(
-                "POST", self.core_path(namespace, plural), obj, query={"fieldManager": FIELD_MANAGER}
-            )
+            return self.request("POST", self.child_path(obj), obj, query={"fieldManager": FIELD_MANAGER})
         except ApiException as e:
             if e.status != 409:
                 raise
-        existing = self.request("GET", self.core_path(namespace, plural, name))
+        existing = self.request("GET", self.child_path(obj, name))
         refs = existing["metadata"].get("ownerReferences") or []
         controller = next((r for r in refs if r.get("controller")), None)
         patch: dict[str, Any] = {}
         if controller is None:
-            from rljob_operator.names import LABEL_JOB
-
-            if (existing["metadata"].get("labels") or {}).get(LABEL_JOB) != meta["labels"].get(LABEL_JOB):
-                raise ChildConflict(f"{obj['kind']} {namespace}/{name} exists and is not part of this job")
+            problem = adoptable(existing, owner_uid)
+            if problem:
+                raise ChildConflict(f"{obj['kind']} {namespace}/{name} exists and {problem}: the operator adopts "
+                                    f"only what it created for this job; delete or rename that {obj['kind']}")
             patch["metadata"] = {"ownerReferences": refs + meta["ownerReferences"]}
             log.info("adopting %s %s/%s", obj["kind"], namespace, name)
-        elif controller.get("uid") != owner_uid:
+        elif controller.get("uid") != owner_uid:  # (controlled by this job: kept, marker or not; an
+            # ownerReference to the uid is as impossible before the job exists as the marker is,
+            # and children made before the marker existed have only the reference)
             raise ChildConflict(
                 f"{obj['kind']} {namespace}/{name} exists and belongs to "
                 f"{controller.get('kind')}/{controller.get('name')}"
             )
         if compare_data and existing.get("data") != obj.get("data"):
             patch["data"] = {k: obj.get("data", {}).get(k) for k in set(existing.get("data") or {}) | set(obj["data"])}
+        if compare_spec and existing.get("spec") != obj["spec"]:
+            patch["spec"] = _replacing(existing.get("spec") or {}, obj["spec"])
         if not patch:
             return existing
         return self.request(
-            "PATCH", self.core_path(namespace, plural, name), patch, content_type="application/merge-patch+json"
+            "PATCH", self.child_path(obj, name), patch, content_type="application/merge-patch+json"
         )
 
     def create_pod(self, pod: dict[str, Any]) -> bool:

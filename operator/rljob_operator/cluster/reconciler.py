@@ -7,7 +7,8 @@ in this order, which is what makes an interrupted reconcile converge:
 1. the status (with the gang generation and start time it decided), skipped when already stored;
 2. deletions of stale pods, then force deletions of pods stuck Terminating (each followed by
    its ``ForceDeleted`` Event);
-3. the ConfigMap and the Service, created or adopted concurrently, both before any pod;
+3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
+   before any pod (a pod no policy selects accepts traffic from anywhere);
 4. the missing pods, under their deterministic names, created concurrently;
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
@@ -32,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from rljob_operator import metrics
 from rljob_operator.api import ManifestError, ScalingPolicy, parse_job
 from rljob_operator.cluster.kube import ChildConflict, Kube
+from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
@@ -63,7 +65,8 @@ def _status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
 class Reconciler:
     """Reconciles jobs through a :class:`Kube`; ``endpoint`` is the status API pods report to.
 
-    ``profile``: what the platform allows a job's pods (default: the restricted profile).
+    ``profile``: what the platform allows a job's pods (default: the restricted profile);
+    ``network``: the platform's settings for every job's NetworkPolicy (None: none is made).
     """
 
     def __init__(
@@ -75,9 +78,11 @@ class Reconciler:
         force_delete_after: float = FORCE_DELETE_AFTER_SECONDS,
         pod_cache: Callable[[str, str], list[dict[str, Any]] | None] | None = None,
         profile: PodProfile | None = None,
+        network: JobNetwork | None = None,
     ) -> None:
         self.kube = kube
         self.profile = profile or PodProfile()
+        self.network = network
         self.pod_cache = pod_cache
         self.endpoint = endpoint
         self.clock = clock
@@ -117,13 +122,13 @@ class Reconciler:
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
         plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
-                              self.force_delete_after, capacity, self.profile)
+                              self.force_delete_after, capacity, self.profile, self.network)
         if cached is not None and (plan.create_pods or plan.gang_restart):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
             # created, one gone) is looked up before pods are created or a gang is restarted.
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
-                                  self.force_delete_after, capacity, self.profile)
+                                  self.force_delete_after, capacity, self.profile, self.network)
         return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
 
     def _list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -197,15 +202,18 @@ class Reconciler:
             self._event(raw, force_deleted_event(pod_name), now)
 
     def _create(self, raw: dict[str, Any], plan: Plan) -> None:
-        """The ConfigMap and Service (both exist before any pod is created), then the pods."""
+        """The ConfigMap, Service and NetworkPolicy (all exist before any pod is created), then the pods."""
         namespace, name, uid = raw["metadata"]["namespace"], raw["metadata"]["name"], raw["metadata"]["uid"]
         if plan.children is not None:
             children = [
                 self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True),
                 self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid),
             ]
+            if plan.children.networkpolicy is not None:
+                children.append(self._pool.submit(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
+                                                  compare_spec=True))
             for child in children:
-                child.result()  # both exist (or raised) before any pod is created
+                child.result()  # all exist (or raised) before any pod is created
         for pod in plan.create_pods:
             log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
         # A gang's pods are independent requests: send them together (a failure still raises).

@@ -26,6 +26,7 @@ from rljob_operator.cluster.kube import Kube, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.cluster.workqueue import WorkQueue
+from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server import tls
@@ -133,8 +134,9 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube,
                  endpoint: StatusEndpoint) -> tuple[WorkQueue, JobWatch]:
     """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache."""
     watch_ref: list[JobWatch] = []
+    network = JobNetwork(tuple(s.trainer_metrics_from)) if s.network_policy else None
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
-                            profile=PodProfile.from_settings(s),
+                            profile=PodProfile.from_settings(s), network=network,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
 
     async def reconcile(key: object) -> float | None:

@@ -1,7 +1,7 @@
 """The children of an RLTrainingJob, as plain dicts built from its spec (pure).
 
-A job owns a ConfigMap and a headless Service, both named after the job, and one pod per
-worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs twice or
+A job owns a ConfigMap and a headless Service, both named after the job, a NetworkPolicy
+``<job>-workers`` (when the platform has them on), and one pod per worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs twice or
 after a crash finds what it made and never makes a second copy; ownerReferences let the
 garbage collector delete everything with the job.
 
@@ -18,12 +18,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from rljob_trainer import contract
 
 from rljob_operator.api import RLTrainingJob
 from rljob_operator.names import (
+    ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,
     ANNOTATION_SPEC_HASH,
     CONFIG_DIR,
@@ -45,6 +47,8 @@ from rljob_operator.names import (
     configmap_name,
     job_labels,
     job_namespace,
+    job_uid,
+    networkpolicy_name,
     owner_reference,
     rendezvous_endpoint,
     run_id,
@@ -58,6 +62,8 @@ def _metadata(job: RLTrainingJob, name: str, component: str) -> dict[str, Any]:
         "name": name,
         "namespace": job_namespace(job),
         "labels": {**job_labels(job), "app.kubernetes.io/component": component},
+        # The adoption marker (``Kube.create_or_adopt``): only an object made for this job's uid is adopted.
+        "annotations": {ANNOTATION_CREATED_FOR: job_uid(job)},
         "ownerReferences": [owner_reference(job)],
     }
 
@@ -120,6 +126,36 @@ def desired_service(job: RLTrainingJob) -> dict[str, Any]:
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
             ],
         },
+    }
+
+
+@dataclass(frozen=True)
+class JobNetwork:
+    """The platform's settings for the NetworkPolicy the operator gives every job."""
+
+    metrics_from: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    """NetworkPolicyPeers (Prometheus) that may reach the trainers' metrics port; empty: none."""
+
+
+def desired_network_policy(job: RLTrainingJob, network: JobNetwork) -> dict[str, Any]:
+    """Ingress to the job's worker pods: everything from the job's own pods, metrics from ``metrics_from``.
+
+    Rendezvous (c10d on 29500) and NCCL/Gloo (ephemeral ports) need every port between the
+    workers, so the job's pods (same namespace: a peer without namespaceSelector) may use all.
+    Ingress only: trainers reach DNS, object storage, model hubs and the status API, which a
+    platform restricts with its own egress policies. The spec is written as the API server
+    stores it (policyTypes and protocols explicit), so comparing it with the stored one is exact.
+    """
+    own = {"matchLabels": {LABEL_JOB: job.metadata.name}}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": own}]}]
+    if network.metrics_from:
+        ingress.append({"from": [copy.deepcopy(p) for p in network.metrics_from],
+                        "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, networkpolicy_name(job.metadata.name), "network"),
+        "spec": {"podSelector": copy.deepcopy(own), "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 

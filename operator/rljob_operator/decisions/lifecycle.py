@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from rljob_operator.api import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus
-from rljob_operator.decisions.children import desired_worker_pod
+from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
 from rljob_operator.decisions.failures import plan_failure
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
@@ -271,14 +271,16 @@ def plan_reconcile(
     job: RLTrainingJob, pods: list[ObservedPod], now: datetime, endpoint: StatusEndpoint | None = None,
     force_delete_after: float = FORCE_DELETE_AFTER_SECONDS, capacity: Capacity | None = None,
     profile: PodProfile | None = None,
+    network: JobNetwork | None = None,
 ) -> Plan:
     """Decide one reconcile of ``job`` given its observed pods (label ``rljob.dev/job``).
 
     ``force_delete_after``: seconds a pod may stay Terminating past its deletion deadline.
     ``capacity``: the cluster's nodes and bound pods, for policy Capacity (None: not looked at).
     ``profile``: the platform's pod profile every job is checked against first (None: not checked).
+    ``network``: the platform's NetworkPolicy settings (None: the job gets no NetworkPolicy).
     """
-    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile)
+    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network)
     for step in STEPS:
         plan = step(ctx)
         if plan is not None:

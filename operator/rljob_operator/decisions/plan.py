@@ -17,7 +17,12 @@ from functools import cached_property
 from typing import Any
 
 from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus
-from rljob_operator.decisions.children import desired_configmap, desired_service
+from rljob_operator.decisions.children import (
+    JobNetwork,
+    desired_configmap,
+    desired_network_policy,
+    desired_service,
+)
 from rljob_operator.decisions.conditions import STALL_REASONS, make_conditions
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.names import StatusEndpoint, selector
@@ -47,7 +52,8 @@ class Event:
 
 @dataclass(frozen=True)
 class Children:
-    """The ConfigMap and Service a Plan's pods mount and resolve, rendered on first use.
+    """The ConfigMap and Service a Plan's pods mount and resolve, and the NetworkPolicy that
+    admits their traffic, rendered on first use.
 
     The ConfigMap follows the status the Plan writes (OOM recovery's batch shape, the size in
     use). Rendering the trainer config costs milliseconds, and the reconciler discards a Plan
@@ -58,6 +64,8 @@ class Children:
     status: dict[str, Any]
     """The status the Plan writes."""
     endpoint: StatusEndpoint | None = None
+    network: JobNetwork | None = None
+    """The platform's NetworkPolicy settings; None: the operator makes no NetworkPolicy."""
 
     @cached_property
     def configmap(self) -> dict[str, Any]:
@@ -68,14 +76,19 @@ class Children:
     def service(self) -> dict[str, Any]:
         return desired_service(self.job)
 
+    @cached_property
+    def networkpolicy(self) -> dict[str, Any] | None:
+        return desired_network_policy(self.job, self.network) if self.network is not None else None
+
 
 @dataclass
 class Plan:
     """The whole desired state of one reconcile; the reconciler applies it in this order.
 
     ``status`` first (it records decisions such as a new gang generation or the start time), then
-    ``delete_pods`` and ``force_delete_pods``, then ``children`` (ConfigMap and Service), then
-    ``create_pods``, then ``events``, then ``delete_job``.
+    ``delete_pods`` and ``force_delete_pods``, then ``children`` (ConfigMap, Service and
+    NetworkPolicy: a pod no policy selects accepts traffic from anywhere, so the policy exists
+    before any pod), then ``create_pods``, then ``events``, then ``delete_job``.
     """
 
     status: dict[str, Any]
@@ -84,7 +97,8 @@ class Plan:
     force_delete_pods: list[str] = field(default_factory=list)
     """Pods stuck Terminating (their node never confirms): deleted with grace period 0."""
     children: Children | None = None
-    """The ConfigMap (brought up to date) and Service to create or adopt before any pod (None: not touched)."""
+    """The ConfigMap (brought up to date), Service and NetworkPolicy (brought up to date) to create or
+    adopt before any pod (None: not touched)."""
     create_pods: list[dict[str, Any]] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
@@ -99,6 +113,10 @@ class Plan:
     @property
     def service(self) -> dict[str, Any] | None:
         return self.children.service if self.children is not None else None
+
+    @property
+    def networkpolicy(self) -> dict[str, Any] | None:
+        return self.children.networkpolicy if self.children is not None else None
 
 
 @dataclass

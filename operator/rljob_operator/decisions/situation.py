@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
-from rljob_operator.decisions.children import desired_worker_pod, spec_hash
+from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Children, Event, Plan, StatusDraft, build_status, transition_event
 from rljob_operator.decisions.policy import PodProfile, violations
@@ -96,6 +96,8 @@ class Situation:
     """Seconds a pod may stay Terminating past its deletion deadline."""
     profile: PodProfile | None = None
     """What the platform allows the job's pods (None: not checked, for tests of other decisions)."""
+    network: JobNetwork | None = None
+    """The platform's NetworkPolicy settings (None: the operator makes no NetworkPolicy)."""
 
     # ---------------------------------------------------------------- the job as stored
     @derived
@@ -268,14 +270,15 @@ class Situation:
              gang_restart: str | None = None, create: list[dict[str, Any]] | None = None) -> Plan:
         """A Plan writing draft ``d``; the phase-change Event follows ``events``.
 
-        Pods are created with the ConfigMap and Service they mount and resolve (``Children``).
+        Pods are created with the ConfigMap and Service they mount and resolve, and the
+        NetworkPolicy that admits their traffic (``Children``).
         """
         status = self.status(d)
         return Plan(
             status=status,
             delete_pods=delete,
             force_delete_pods=self.force_delete,
-            children=Children(self.job, status, self.endpoint) if create else None,
+            children=Children(self.job, status, self.endpoint, self.network) if create else None,
             create_pods=create or [],
             events=events + transition_event(self.prev.phase, d),
             requeue_after=requeue_after,
