@@ -233,7 +233,7 @@ def test_a_frozen_leader_thawed_after_its_lease_ended_writes_nothing(
     assert not late, "the old leader wrote after its lease ended:\n" + "\n".join(_describe(e) for e in late)
     # The log tells the replicas apart, and the old leader had been writing before its freeze.
     assert any((e.get("objectRef") or {}).get("resource") == "pods" for e in old_writes)
-    assert any((e.get("objectRef") or {}).get("resource") == "pods"
+    assert any((e.get("objectRef") or {}).get("resource") == "rltrainingjobs"
                for e in _writes_of(events, "rljob-operator-b"))
 
 
