@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from tests.cluster.controlplane import ClusterConfig
 
 STAGES_FILE = Path(__file__).with_name("kwok_stages.yaml")
+AUDIT_POLICY = "audit-policy.yaml"
+AUDIT_LOG = "audit.log"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 POD_CIDR = "10.128.0.1/16"
 # Client identities: the bootstrap RBAC policy already grants the two system
@@ -133,7 +135,33 @@ def apiserver_argv(layout: Layout, config: ClusterConfig) -> list[str]:
         "--allow-privileged=true",
         "--profiling=false",
         f"--v={config.log_verbosity}",
+        *audit_argv(layout, config),
     ]
+
+
+def audit_argv(layout: Layout, config: ClusterConfig) -> list[str]:
+    """Audit flags: a JSON log, never rotated, of the requests ``audit_policy`` selects."""
+    if not config.audit_groups:
+        return []
+    return [
+        f"--audit-policy-file={layout.path(AUDIT_POLICY)}",
+        f"--audit-log-path={layout.path(AUDIT_LOG)}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=0",
+        # Written as requests complete, so a test reads a request's entry right after its answer.
+        "--audit-log-mode=blocking",
+    ]
+
+
+def audit_policy(config: ClusterConfig) -> str:
+    """Metadata of every request by a user in ``config.audit_groups``; nothing else."""
+    policy = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", "userGroups": list(config.audit_groups)}, {"level": "None"}],
+    }
+    return yaml.safe_dump(policy, sort_keys=False)
 
 
 def controller_manager_argv(layout: Layout, config: ClusterConfig) -> list[str]:

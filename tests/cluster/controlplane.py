@@ -60,6 +60,10 @@ class ClusterConfig:
     start_timeout_s: float = 180.0
     """Bound on each start-up wait (etcd, apiserver, controllers, nodes)."""
     log_verbosity: int = 1
+    audit_groups: tuple[str, ...] = ("rljob:audited",)
+    """Users in these groups have every request written to ``ControlPlane.audit_log`` (JSON,
+    Metadata level); nobody else's is, so the log costs nothing to other tests. Issue such a
+    user with ``ControlPlane.client_kubeconfig(name, groups=(...,))``."""
 
 
 class ControlPlaneError(RuntimeError):
@@ -132,6 +136,11 @@ class ControlPlane:
         return self.layout.path("logs")
 
     @property
+    def audit_log(self) -> Path:
+        """The API server's JSON audit log of the users in ``ClusterConfig.audit_groups``."""
+        return self.layout.path(components.AUDIT_LOG)
+
+    @property
     def processes(self) -> list[ProcessRecord]:
         """The component processes currently recorded."""
         return list(self._record.processes) if self._record else []
@@ -173,6 +182,8 @@ class ControlPlane:
             components.write_credentials(layout)
             self._launch("etcd", components.etcd_argv(layout))
             self._wait_healthy("etcd", lambda: _http_ok(f"{layout.etcd_url}/health"), "etcd /health")
+            if self.config.audit_groups:
+                layout.path(components.AUDIT_POLICY).write_text(components.audit_policy(self.config))
             self._launch("kube-apiserver", components.apiserver_argv(layout, self.config))
             self._wait_apiserver_ready()
             self._start_controllers()
@@ -393,6 +404,17 @@ class ControlPlane:
         if self._admin_client is None:
             self._admin_client = self.api_client()
         return client.CoreV1Api(self._admin_client)
+
+    def client_kubeconfig(self, name: str, groups: tuple[str, ...] = ("system:masters",)) -> Path:
+        """Kubeconfig of user ``name`` in ``groups`` (a client certificate signed by the cluster's CA).
+
+        ``groups=("system:masters", "rljob:audited")``: an admin whose requests the audit log records.
+        """
+        path = self.layout.path("kubeconfigs", f"user-{name}.kubeconfig")
+        path.parent.mkdir(exist_ok=True)
+        authority = pki.ClusterPKI(self.layout.path("pki"), existing=True)
+        client = authority.issue(f"user-{name}", name, groups)
+        return pki.write_kubeconfig(path, self.server, self.ca_cert, user=name, client=client)
 
     def service_account_kubeconfig(
         self,

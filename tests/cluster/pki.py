@@ -54,19 +54,27 @@ def _write_cert(cert: x509.Certificate, path: Path) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _name(common_name: str, organization: str | None = None) -> x509.Name:
+def _name(common_name: str, organization: str | tuple[str, ...] | None = None) -> x509.Name:
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-    if organization:
-        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    # Each O is one group of the user to the API server.
+    for org in (organization,) if isinstance(organization, str) else organization or ():
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
     return x509.Name(attributes)
 
 
 class ClusterPKI:
-    """A CA in ``directory`` and the certificates a control plane needs."""
+    """A CA in ``directory`` (new, or the one there with ``existing``) and the certificates a control plane needs."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, existing: bool = False) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self.ca = CertPair(directory / "ca.crt", directory / "ca.key")
+        if existing:  # the CA of a running control plane, to issue more client certificates
+            self._ca_cert = x509.load_pem_x509_certificate(self.ca.cert.read_bytes())
+            key = serialization.load_pem_private_key(self.ca.key.read_bytes(), password=None)
+            assert isinstance(key, ec.EllipticCurvePrivateKey)
+            self._ca_key = key
+            return
         self._ca_key = _new_key()
         now = dt.datetime.now(dt.UTC)
         self._ca_cert = (
@@ -94,7 +102,6 @@ class ClusterPKI:
             )
             .sign(self._ca_key, hashes.SHA256())
         )
-        self.ca = CertPair(directory / "ca.crt", directory / "ca.key")
         _write_cert(self._ca_cert, self.ca.cert)
         _write_key(self._ca_key, self.ca.key)
 
@@ -102,7 +109,7 @@ class ClusterPKI:
         self,
         name: str,
         common_name: str,
-        organization: str | None = None,
+        organization: str | tuple[str, ...] | None = None,
         *,
         server_names: tuple[str, ...] = (),
     ) -> CertPair:

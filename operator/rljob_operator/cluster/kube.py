@@ -11,10 +11,12 @@ successful write (tests use it to interrupt a reconcile at every possible point)
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -72,6 +74,10 @@ def _replacing(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, An
     return out
 
 
+class NotLeader(Exception):
+    """A write refused before it was sent: this replica may no longer act as the leader."""
+
+
 def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
     """An ApiClient from ``kubeconfig``, else in-cluster credentials, else the default kubeconfig."""
     configuration = k8s.Configuration()
@@ -103,9 +109,21 @@ class Kube:
     def __init__(self, api_client: k8s.ApiClient, timeout: float = 30.0) -> None:
         self.api_client = api_client
         self.timeout = timeout
-        self._writes = 0
+        self.write_guard: Callable[[], str | None] | None = None
+        """Asked right before every write is sent; a reason string refuses it (``NotLeader``)."""
+        self._writes = [0]  # a list: copies (``guarded``, the elector's) count into the same total
         self._crash_after = int(os.environ.get(FAULT_ENV, "0") or 0)
         self._lock = threading.Lock()
+
+    def guarded(self, write_guard: Callable[[], str | None]) -> Kube:
+        """This client (same connection pool) refusing every write while ``write_guard`` gives a reason.
+
+        The reconciler's writes go through one: a replica whose Lease is not fresh sends none, even
+        from a reconcile thread that was already past its checks when the process froze.
+        """
+        guarded = copy.copy(self)
+        guarded.write_guard = write_guard
+        return guarded
 
     # ---------------------------------------------------------------- transport
     def request(
@@ -128,6 +146,11 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
+        if method != "GET" and self.write_guard is not None:
+            # Checked last, after serialising: the narrowest gap before the request leaves.
+            reason = self.write_guard()
+            if reason is not None:
+                raise NotLeader(f"{method} {path} not sent: {reason}")
         metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
         try:
             response = self.api_client.call_api(*request, _request_timeout=self.timeout)
@@ -150,9 +173,9 @@ class Kube:
         if not self._crash_after:
             return
         with self._lock:
-            self._writes += 1
-            if self._writes >= self._crash_after:
-                log.warning("fault injection: exiting after write %d", self._writes)
+            self._writes[0] += 1
+            if self._writes[0] >= self._crash_after:
+                log.warning("fault injection: exiting after write %d", self._writes[0])
                 os._exit(137)
 
     # ------------------------------------------------------------------- paths

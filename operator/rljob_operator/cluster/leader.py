@@ -16,6 +16,13 @@ Measured against ours on the control plane: ``bench/leader_election.py``.
 Two timing rules, from client-go: each Lease request times out well inside the renew deadline
 (``request_timeout``), so one slow call still leaves time for a retry; and the attempts run on a
 thread of their own, so reconcile workers busy on a slow API server cannot delay a renewal.
+
+A third rule is ours: leadership is *fresh* only until ``lease_seconds - retry_seconds`` after
+the moment the last successful renewal was *sent* (a standby starts counting when it first sees
+the new record, which is never earlier). ``write_guard`` gives that check to the reconciler's
+``Kube``, which refuses every write once it fails. Giving up in ``hold`` is not enough on its
+own: a process frozen (SIGSTOP, a paused VM, a long GC) past its lease resumes with reconcile
+threads mid-flight, and they would write before the event loop runs ``hold`` again.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class LeaderElector:
         self.request_timeout = max(1.0, min(kube.timeout, (lease_seconds - retry_seconds) / 2))
         self.kube = copy.copy(kube)  # the same client and connection pool, its own timeout
         self.kube.timeout = self.request_timeout
+        self.kube.write_guard = None  # the Lease itself is how leadership is kept
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
         self.namespace = namespace
         self.name = name
@@ -78,6 +86,8 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._last_renew = 0.0
+        """Monotonic time at which the last successful acquire/renew request was sent."""
+        self._leading = False
 
     @property
     def path(self) -> str:
@@ -86,6 +96,10 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One attempt (blocking); True when this replica holds the Lease afterwards."""
         now = _micro_time()
+        # Taken before the request: the API server stores the renewal after it was sent, and a
+        # standby counts the lease from when it sees it; a time taken after the answer could be
+        # later than both by the request's whole latency.
+        sent = time.monotonic()
         try:
             lease = self.kube.request("GET", self.path)
         except ApiException as e:
@@ -108,7 +122,7 @@ class LeaderElector:
                         "create it, pass --operator-namespace NAMESPACE, or run one replica with --no-leader-elect"
                     ) from e2
                 raise
-            self._last_renew = time.monotonic()
+            self._renewed(sent)
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -128,8 +142,31 @@ class LeaderElector:
             if e.status == 409:
                 return False
             raise
-        self._last_renew = time.monotonic()
+        self._renewed(sent)
         return True
+
+    def _renewed(self, sent: float) -> None:
+        self._last_renew = max(self._last_renew, sent)
+        self._leading = True
+
+    @property
+    def fresh_until(self) -> float:
+        """Monotonic time after which this replica must not act as the leader any more."""
+        return self._last_renew + self.lease_seconds - self.retry_seconds
+
+    def fresh(self) -> bool:
+        """True while this replica holds the Lease and its last renewal is recent enough to act on."""
+        return self._leading and time.monotonic() < self.fresh_until
+
+    def write_guard(self) -> str | None:
+        """For ``Kube.write_guard``: why a write must not be sent now, or None when it may be."""
+        if not self._leading:
+            return f"this replica ({self.identity}) does not hold the lease {self.namespace}/{self.name}"
+        age, limit = time.monotonic() - self._last_renew, self.lease_seconds - self.retry_seconds
+        if age >= limit:
+            return (f"the lease {self.namespace}/{self.name} was last renewed {age:.1f}s ago (acting limit "
+                    f"{limit:.1f}s): another replica may lead by now")
+        return None
 
     def _spec(self, acquire: str, renew: str, transitions: int) -> dict[str, Any]:
         return {
@@ -172,10 +209,17 @@ class LeaderElector:
         timeout a leader cut off from the API server went on acting for over a minute
         (``bench/leader_election.py``, scenario cut-off).
         """
+        try:
+            await self._renew_until_lost()
+        finally:
+            self._leading = False
+            metrics.LEADER.set(0)
+
+    async def _renew_until_lost(self) -> None:
         pause = self.renew_seconds
         while True:
             await asyncio.sleep(pause)
-            deadline = self._last_renew + self.lease_seconds - self.retry_seconds
+            deadline = self.fresh_until
             try:
                 if await asyncio.wait_for(self._attempt(), max(0.0, deadline - time.monotonic())):
                     pause = self.renew_seconds
@@ -193,10 +237,10 @@ class LeaderElector:
                     continue
                 log.error("could not renew the lease in time: %s", _short(e))
                 break
-        metrics.LEADER.set(0)
 
     def release(self) -> None:
         """Give the Lease up (clean shutdown), so a standby takes over at once."""
+        self._leading = False  # nothing is written as the leader from here on
         try:
             lease = self.kube.request("GET", self.path)
             if (lease.get("spec") or {}).get("holderIdentity") != self.identity:

@@ -2,8 +2,10 @@
 
 Every replica serves the status API (HTTPS) and ``/metrics``, ``/healthz``, ``/readyz``.
 The replica holding the Lease also runs kopf (watches on jobs and worker pods), the work
-queue and the periodic resync. Losing the Lease ends the process with status 1, so its
-pod restarts as a standby; SIGTERM/SIGINT stop it cleanly and release the Lease. A Lease
+queue and the periodic resync. Its reconciler writes through a ``Kube`` guarded by the
+elector: once the Lease is not fresh no reconcile starts and no write is sent. Losing the
+Lease stops the work queue first and ends the process with status 1, so its pod restarts
+as a standby; SIGTERM/SIGINT stop it cleanly and release the Lease. A Lease
 namespace that does not exist ends it at once with status 2 and a message saying what to pass.
 Outside a cluster leader election is off by default (``settings``), so ``rljob operator
 --kubeconfig K`` reconciles right away against any cluster that has the CRD.
@@ -22,7 +24,7 @@ from aiohttp import web
 
 from rljob_operator import metrics
 from rljob_operator.cluster.handlers import JobWatch, kopf_settings
-from rljob_operator.cluster.kube import Kube, load_api_client
+from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.cluster.workqueue import WorkQueue
@@ -130,17 +132,26 @@ async def _acquire(elector: LeaderElector, stopping: asyncio.Event) -> bool:
     return True
 
 
-def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube,
-                 endpoint: StatusEndpoint) -> tuple[WorkQueue, JobWatch]:
-    """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache."""
+def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
+                 elector: LeaderElector | None) -> tuple[WorkQueue, JobWatch]:
+    """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache.
+
+    With an elector, every reconcile and every write of the reconciler first checks that the Lease
+    is fresh (``LeaderElector.write_guard``).
+    """
     watch_ref: list[JobWatch] = []
     network = JobNetwork(tuple(s.trainer_metrics_from)) if s.network_policy else None
+    if elector is not None:
+        kube = kube.guarded(elector.write_guard)
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             profile=PodProfile.from_settings(s), network=network,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
 
     async def reconcile(key: object) -> float | None:
         namespace, name = cast(tuple[str, str], key)
+        reason = elector.write_guard() if elector is not None else None
+        if reason is not None:  # not even the reads: the process is about to stop
+            raise NotLeader(f"reconcile of {namespace}/{name} not started: {reason}")
         return await asyncio.to_thread(reconciler.reconcile, namespace, name)
 
     queue = WorkQueue(reconcile, workers=s.workers)
@@ -155,7 +166,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
     """Watch and reconcile until a signal (0), the Lease is lost or kopf stops on its own (1)."""
     import kopf
 
-    queue, watch = _reconciling(s, api_client, kube, endpoint)
+    queue, watch = _reconciling(s, api_client, kube, endpoint, elector)
     stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
     # Our tasks exist before kopf starts, so kopf does not wait for them as "hung" when it stops.
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
@@ -178,6 +189,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
     code = 1 if lost or (kopf_task.done() and not stopping.is_set()) else 0
     if lost:
         log.error("stopping: this replica no longer holds the lease")
+        await queue.stop()  # first: no reconcile may start while kopf winds down
 
     for task in [*background, holding, stop_wait, ready_wait]:
         task.cancel()
