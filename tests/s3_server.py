@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_trainer.contract import RESUME_CHECKPOINT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 #: Credentials and region for the fake endpoint (moto accepts any unless auth is enforced).
@@ -219,3 +220,12 @@ if __name__ == "__main__":
     else:
         print("usage: python -m tests.s3_server proxy LISTEN_PORT TARGET_PORT [RATE] [STATS_FILE]", file=sys.stderr)
         sys.exit(2)
+
+
+@pytest.fixture(name="s3_env")
+def s3_env_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process talks to the test server with its credentials; no resume source is preset."""
+    for key, value in S3_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv(RESUME_CHECKPOINT_ENV, raising=False)

@@ -35,6 +35,7 @@ from tests.s3_server import (  # noqa: F401 - fixtures register by import
     MotoServer,
     bucket_fixture,
     free_port,
+    s3_env_fixture,
     s3_server_fixture,
 )
 from tests.trainer_helpers import (
@@ -72,14 +73,6 @@ def sealed(root: Path, step: int, reward: float | None = None, big: bool = False
     d = make_staged(root, step, reward, big)
     ck.seal_checkpoint(d, step, metrics_of(reward), part_size=SMALL_PARTS.part_size)
     return d, json.loads((d / ck.MANIFEST).read_text())
-
-
-@pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in S3_ENV.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv(resume.RESUME_ENV, raising=False)
 
 
 def s3_location(server: MotoServer, bucket: str, prefix: str = "run", **kw: Any) -> ck.S3Location:

@@ -31,6 +31,7 @@ from tests.s3_server import (  # noqa: F401 - fixtures register by import
     S3_ENV,
     MotoServer,
     bucket_fixture,
+    s3_env_fixture,
     s3_server_fixture,
 )
 from tests.test_checkpoints_s3 import s3_location, sealed, trainer_config
@@ -49,12 +50,6 @@ def entry(data: bytes) -> dict[str, Any]:
     return {"size": len(data), "md5": md5_of(data), "etag": md5_of(data)}
 
 
-@pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in S3_ENV.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv(resume.RESUME_ENV, raising=False)
 
 
 # --- pure: no server ----------------------------------------------------------------------------
@@ -288,12 +283,10 @@ HOSTILE = [
 ]
 
 
-@s3
-@pytest.mark.parametrize(("make_hostile", "why"), HOSTILE, ids=[h[0].__name__ for h in HOSTILE])
-def test_hostile_manifest_in_the_bucket_falls_back_to_the_previous_checkpoint_writing_nothing_outside(
-    s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None,
-    make_hostile: Callable[[Any, str, dict[str, Any], Path], None], why: str,
-) -> None:
+
+def bucket_with_hostile_latest(s3_server: MotoServer, bucket: str, tmp_path: Path,
+                               make_hostile: Callable[[Any, str, dict[str, Any], Path], None]) -> Any:
+    """``s3://bucket/run`` with honest checkpoints 10 and 20, then 20's manifest made hostile; its Location."""
     loc = s3_location(s3_server, bucket)
     for step in (10, 20):
         d, m = sealed(tmp_path / "staging", step, step / 100)
@@ -302,6 +295,16 @@ def test_hostile_manifest_in_the_bucket_falls_back_to_the_previous_checkpoint_wr
     manifest = json.loads(c.get_object(Bucket=bucket, Key="run/checkpoint-20/rljob-manifest.json")["Body"].read())
     make_hostile(c, bucket, manifest, tmp_path)
     c.put_object(Bucket=bucket, Key="run/checkpoint-20/rljob-manifest.json", Body=json.dumps(manifest).encode())
+    return loc
+
+
+@s3
+@pytest.mark.parametrize(("make_hostile", "why"), HOSTILE, ids=[h[0].__name__ for h in HOSTILE])
+def test_hostile_manifest_in_the_bucket_falls_back_to_the_previous_checkpoint_writing_nothing_outside(
+    s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None,
+    make_hostile: Callable[[Any, str, dict[str, Any], Path], None], why: str,
+) -> None:
+    loc = bucket_with_hostile_latest(s3_server, bucket, tmp_path, make_hostile)
 
     dest = tmp_path / "pod" / "checkpoints"
     dest.mkdir(parents=True)
@@ -327,14 +330,7 @@ def test_the_launcher_preflight_reports_a_hostile_manifest_as_a_checkpoint_fallb
     s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None
 ) -> None:
     cfg = trainer_config(tmp_path / "out", storage=f"s3://{bucket}/run", endpointUrl=s3_server.endpoint)
-    loc = s3_location(s3_server, bucket)
-    for step in (10, 20):
-        d, m = sealed(tmp_path / "staging", step, step / 100)
-        loc.publish(d, m)
-    c = s3_server.client()
-    manifest = json.loads(c.get_object(Bucket=bucket, Key="run/checkpoint-20/rljob-manifest.json")["Body"].read())
-    hostile_dotdot(c, bucket, manifest, tmp_path)
-    c.put_object(Bucket=bucket, Key="run/checkpoint-20/rljob-manifest.json", Body=json.dumps(manifest).encode())
+    bucket_with_hostile_latest(s3_server, bucket, tmp_path, hostile_dotdot)
 
     env = resume.prepare_checkpoint_storage(cfg)
     assert Path(env[resume.RESUME_ENV]).name == "checkpoint-10"
