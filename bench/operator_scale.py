@@ -422,7 +422,10 @@ class OperatorProcess(helpers.OperatorProcess):
         self.args += ["--operator-namespace", OPERATOR_NAMESPACE]
         path = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer"), str(REPO)]
                                + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-        self.env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        # Production settings but for the pod profile's images: the tests' fake trainer image (KWOK
+        # never pulls it), as in the tests, so the jobs are built rather than refused (PolicyViolation).
+        images = helpers.FAST_ENV["RLJOB_OPERATOR_ALLOWED_IMAGES"]
+        self.env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "RLJOB_OPERATOR_ALLOWED_IMAGES": images}
 
     def start(self) -> OperatorProcess:
         with self.log.open("ab") as f:
