@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,8 +13,8 @@ from rljob_operator.api import API_VERSION, KIND, ManifestError, parse_job
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.builtin import rewards as builtin
 from rljob_trainer.config import RewardSpec
-from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError
-from rljob_trainer.launch import exit_code_for
+from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, is_cuda_oom
+from rljob_trainer.launch import NodeSettings, bounded_worker_shutdown, build_launch_config, exit_code_for
 from rljob_trainer.rewards import RewardFunctionError, checked_reward, resolve_rewards
 
 
@@ -132,6 +134,95 @@ def test_exit_code_prefers_permanent_then_oom_then_first_failure() -> None:
     assert exit_code_for({0: _failure(-9, 2), 1: _failure(1, 1)}) == (1, 1)
     assert exit_code_for({0: _failure(-9, 1)}) == (137, 0)
 
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stands in for torch.cuda.OutOfMemoryError (matched by name, as the worker does)."""
+
+
+def test_cuda_oom_is_recognised_through_wrappers_and_not_blamed_on_the_reward() -> None:
+    assert is_cuda_oom(OutOfMemoryError("Tried to allocate 2.00 GiB"))
+    assert is_cuda_oom(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"))
+    assert not is_cuda_oom(MemoryError("host memory")) and not is_cuda_oom(RuntimeError("CUDA error: misaligned"))
+    try:
+        try:
+            raise OutOfMemoryError("Tried to allocate 2.00 GiB")
+        except OutOfMemoryError as inner:
+            raise RuntimeError("generation failed") from inner
+    except RuntimeError as wrapped:
+        assert is_cuda_oom(wrapped)
+
+    def oom(prompts: object, completions: object, **_: object) -> list[float]:
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    # Not a RewardFunctionError (permanent, 78): the OOM itself reaches the worker, which exits 200.
+    with pytest.raises(OutOfMemoryError):
+        checked_reward(oom, "reward_model", {})(prompts=["p"], completions=["c"])
+
+
+NODE = NodeSettings(nnodes=2, nproc_per_node=4, node_rank=1, rdzv_endpoint="w0:29500", run_id="job-g3")
+
+
+@dataclasses.dataclass
+class LaunchConfigWithoutShutdown:  # torch <= 2.11: LaunchConfig has no shutdown_timeout
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    run_id: str = ""
+    rdzv_backend: str = "etcd"
+    rdzv_endpoint: str = ""
+    rdzv_configs: dict = dataclasses.field(default_factory=dict)
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+
+
+@dataclasses.dataclass
+class LaunchConfigWithShutdown(LaunchConfigWithoutShutdown):  # torch >= 2.12 (pytorch#172596)
+    shutdown_timeout: int | None = None
+
+
+def test_launch_config_passes_shutdown_timeout_only_where_launch_config_has_it() -> None:
+    old, patch_needed = build_launch_config(LaunchConfigWithoutShutdown, NODE, 110)
+    assert patch_needed and not hasattr(old, "shutdown_timeout")
+    new, patch_needed = build_launch_config(LaunchConfigWithShutdown, NODE, 110)
+    assert not patch_needed and new.shutdown_timeout == 110
+    for cfg in (old, new):
+        assert (cfg.min_nodes, cfg.max_nodes, cfg.nproc_per_node, cfg.run_id) == (2, 2, 4, "job-g3")
+        assert cfg.rdzv_configs == {"timeout": 900, "is_host": False} and cfg.max_restarts == 0
+    from torch.distributed.launcher.api import LaunchConfig  # the installed torch, whichever it is
+
+    cfg, patch_needed = build_launch_config(LaunchConfig, NODE, 110)
+    assert patch_needed == (not hasattr(cfg, "shutdown_timeout"))
+    assert getattr(cfg, "shutdown_timeout", 110) == 110
+
+
+def test_without_the_field_the_agents_stop_waits_the_shutdown_timeout() -> None:
+    calls: list[tuple[object, object]] = []
+
+    class PContext:  # the agent of torch <= 2.11 calls close(death_sig), taking the 30 s default
+        def close(self, death_sig: object = None, timeout: float = 30) -> None:
+            calls.append((death_sig, timeout))
+
+    with bounded_worker_shutdown(110, PContext) as applied:
+        assert applied
+        PContext().close(signal.SIGTERM)
+        PContext().close()
+        PContext().close(signal.SIGKILL, 5)  # an explicit timeout is kept
+    PContext().close(signal.SIGTERM)  # restored afterwards
+    assert calls == [(signal.SIGTERM, 110), (None, 110), (signal.SIGKILL, 5), (signal.SIGTERM, 30)]
+
+    class NoTimeout:
+        def close(self, death_sig: object = None) -> None: ...
+
+    with bounded_worker_shutdown(110, NoTimeout) as applied:
+        assert not applied
+    from torch.distributed.elastic.multiprocessing.api import PContext as TorchPContext
+
+    original = TorchPContext.__dict__["close"]
+    with bounded_worker_shutdown(110) as applied:  # the installed torch's PContext has the parameter
+        assert applied and TorchPContext.__dict__["close"] is not original
+    assert TorchPContext.__dict__["close"] is original
 
 def test_builtin_rewards_semantics() -> None:
     assert builtin.repeat_char([], ["aaab", "bbbbbb"], target=["a", "a"], length=4) == [0.75, 0.0]

@@ -42,7 +42,9 @@ NPROC_PER_NODE_ENV = "RLJOB_NPROC_PER_NODE"
 RDZV_ENDPOINT_ENV = "RLJOB_RDZV_ENDPOINT"
 #: Rendezvous id, unique per job object and gang generation.
 RUN_ID_ENV = "RLJOB_RUN_ID"
-#: Seconds the launcher waits, after SIGTERM, for its ranks to save a checkpoint and exit.
+#: Seconds the launcher waits, after SIGTERM, for its ranks to save a checkpoint and exit (torch >= 2.12:
+#: ``LaunchConfig.shutdown_timeout``; torch <= 2.11 has no such field and the launcher applies the bound
+#: to the agent's ``PContext.close`` instead, see ``rljob_trainer.launch.bounded_worker_shutdown``).
 SHUTDOWN_TIMEOUT_ENV = "RLJOB_SHUTDOWN_TIMEOUT"
 #: Where logs, TensorBoard events and the summary go (overrides the config's ``outputDir``).
 OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"

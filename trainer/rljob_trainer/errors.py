@@ -30,6 +30,20 @@ class PermanentError(LocatedError):
     """A failure no retry can fix. ``where`` names the field path, file or function."""
 
 
+def is_cuda_oom(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from or while handling, is a CUDA out-of-memory
+    error (``torch.cuda.OutOfMemoryError``, or an error that says "CUDA out of memory"). Torch-free: by
+    the exception's name and message, so the wrappers of reward functions and TRL cannot hide it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def first_line(text: str) -> str:
     for line in text.splitlines():
         if line.strip():

@@ -13,10 +13,14 @@ beats out-of-memory (200) beats anything else; a rank killed by signal N counts 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import inspect
 import os
 import socket
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +124,58 @@ def exit_code_for(failures: dict[int, Any]) -> tuple[int, int | None]:
     return (codes[first] or 1), first
 
 
+def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_timeout: int) -> tuple[Any, bool]:
+    """(torchrun's ``LaunchConfig`` for this node, whether the shutdown bound must be applied elsewhere).
+
+    ``shutdown_timeout`` (seconds between the agent's SIGTERM to the ranks and its SIGKILL) is a field
+    of ``LaunchConfig`` only from torch 2.12 (pytorch#172596); torch 2.11 and older have no such
+    field (passing it is a TypeError) and a fixed 30 s in ``PContext.close``. There the second value
+    is True and the caller applies the bound with :func:`bounded_worker_shutdown`.
+    """
+    kwargs: dict[str, Any] = {
+        "min_nodes": node.nnodes,
+        "max_nodes": node.nnodes,
+        "nproc_per_node": node.nproc_per_node,
+        "run_id": node.run_id,
+        "rdzv_backend": "c10d",
+        "rdzv_endpoint": node.rdzv_endpoint,
+        "rdzv_configs": {"timeout": node.rdzv_timeout, "is_host": node.node_rank == 0},
+        "max_restarts": 0,  # the operator owns restarts (a whole gang at a time)
+        "monitor_interval": 0.2,
+        "start_method": "spawn",
+    }
+    has_field = "shutdown_timeout" in {f.name for f in dataclasses.fields(launch_config_cls)}
+    if has_field:
+        kwargs["shutdown_timeout"] = shutdown_timeout
+    return launch_config_cls(**kwargs), not has_field
+
+
+@contextlib.contextmanager
+def bounded_worker_shutdown(timeout: int, pcontext_cls: Any = None) -> Iterator[bool]:
+    """On a torch whose ``LaunchConfig`` has no ``shutdown_timeout`` (2.11 and older), give the agent's
+    stop of the ranks the same bound: the agent calls ``PContext.close(death_sig)`` and takes that
+    method's default (30 s) between SIGTERM and SIGKILL; while this is active a call that names no
+    timeout gets ``timeout`` instead (only in this launcher process; restored on exit). Yields False,
+    and changes nothing, when ``close`` has no ``timeout`` parameter to default."""
+    if pcontext_cls is None:
+        from torch.distributed.elastic.multiprocessing.api import PContext as pcontext_cls
+    original = pcontext_cls.__dict__.get("close")
+    if original is None or "timeout" not in inspect.signature(original).parameters:
+        yield False
+        return
+
+    def close(self: Any, death_sig: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not args and "timeout" not in kwargs:
+            kwargs["timeout"] = timeout
+        return original(self, death_sig, *args, **kwargs)
+
+    pcontext_cls.close = close
+    try:
+        yield True
+    finally:
+        pcontext_cls.close = original
+
+
 def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | None = None) -> int:
     """Run the gang's processes on this node; returns the node's exit code."""
     silence_known_warnings()
@@ -141,22 +197,12 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
     os.environ.update(env)
     os.environ.update(extra_env or {})
     os.environ[contract.ERROR_DIR_ENV] = error_dir
-    launch_config = LaunchConfig(
-        min_nodes=node.nnodes,
-        max_nodes=node.nnodes,
-        nproc_per_node=node.nproc_per_node,
-        run_id=node.run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint=node.rdzv_endpoint,
-        rdzv_configs={"timeout": node.rdzv_timeout, "is_host": node.node_rank == 0},
-        max_restarts=0,  # the operator owns restarts (a whole gang at a time)
-        monitor_interval=0.2,
-        start_method="spawn",
-        # On SIGTERM the ranks save a checkpoint and stop (worker.StopOnSignal); wait that long for them.
-        shutdown_timeout=int(os.environ.get(contract.SHUTDOWN_TIMEOUT_ENV, "110")),
-    )
+    # On SIGTERM the ranks save a checkpoint and stop (worker.StopOnSignal); wait that long for them.
+    shutdown_timeout = int(os.environ.get(contract.SHUTDOWN_TIMEOUT_ENV, "110"))
+    launch_config, bound_by_patch = build_launch_config(LaunchConfig, node, shutdown_timeout)
     try:
-        elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
+        with bounded_worker_shutdown(shutdown_timeout) if bound_by_patch else contextlib.nullcontext():
+            elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
         return 0
     except SignalException as e:
         code = contract.exit_code_for_signal(e.sigval)

@@ -11,7 +11,7 @@ from typing import Any
 
 from rljob_trainer.builtin.rewards import BUILTIN_REWARDS
 from rljob_trainer.config import RewardSpec
-from rljob_trainer.errors import PermanentError
+from rljob_trainer.errors import PermanentError, is_cuda_oom
 
 
 class RewardFunctionError(PermanentError):
@@ -50,6 +50,8 @@ def checked_reward(fn: Callable[..., Any], label: str, kwargs: dict[str, Any]) -
         try:
             values = bound(prompts=prompts, completions=completions, **columns)
         except Exception as e:
+            if is_cuda_oom(e):  # not the function's fault: the node exits EXIT_CUDA_OOM, retried with half the batch
+                raise
             raise RewardFunctionError(f"reward function {label}", f"raised {type(e).__name__}: {e}") from e
         n = len(completions or [])
         try:

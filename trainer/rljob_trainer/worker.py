@@ -28,7 +28,7 @@ from rljob_trainer.contract import (
     PROGRESS_ENV,
     exit_code_for_signal,
 )
-from rljob_trainer.errors import PermanentError, report_fatal
+from rljob_trainer.errors import PermanentError, is_cuda_oom, report_fatal
 from rljob_trainer.known_warnings import silence_known_warnings
 
 log = logging.getLogger("rljob.worker")
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PERMANENT
     except Exception as e:  # classify, report the first line, keep the traceback on stderr
         traceback.print_exc()
-        if type(e).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(e):
+        if is_cuda_oom(e):
             report_fatal(f"CUDA out of memory: {e}")
             return EXIT_CUDA_OOM
         report_fatal(f"{type(e).__name__}: {e}")
