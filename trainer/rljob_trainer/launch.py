@@ -257,5 +257,27 @@ def main(argv: list[str] | None = None) -> int:
     return launch(cfg, node)
 
 
+def _exit_now(code: int) -> None:
+    """End the in-pod launcher as soon as the node's exit code is known.
+
+    By now the ranks are gone (the elastic agent joined or killed them), the termination message is
+    written and the checkpoint saved. A normal interpreter exit would still tear down torch,
+    transformers, TRL and the rendezvous objects module by module: measured at 1.3 s on an idle
+    2-core machine and 3.6-9 s under load, after the node had already printed its exit code. On
+    SIGTERM that time comes out of the pod's grace period (the test gives a node 20 s from the
+    signal, node 0's rank saves the checkpoint), and a node killed in it loses its 143. So flush
+    what is buffered and skip the teardown: ``os._exit`` runs no atexit handlers, and none of ours
+    has work left (logging is flushed here, multiprocessing's children were joined by the agent).
+    """
+    import contextlib
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())
