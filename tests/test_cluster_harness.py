@@ -276,6 +276,17 @@ def test_apiserver_restart_keeps_objects(control_plane, core_v1, namespace):
     wait_running(core_v1, namespace, "after-restart")
 
 
+
+def test_a_crashed_scheduler_is_started_again_and_schedules(control_plane, core_v1, namespace):
+    """As a kubelet restarts a crashed static pod: a kube-scheduler that exited is started again."""
+    old = next(p for p in control_plane.processes if p.name == "kube-scheduler")
+    os.kill(old.pid, signal.SIGKILL)
+    wait_for(lambda: not is_running(old.pid, old.exe), 10, message="kube-scheduler gone")
+    assert control_plane.revive_crashed() == ["kube-scheduler"]
+    assert control_plane.revive_crashed() == []  # running again: nothing to do
+    core_v1.create_namespaced_pod(namespace, gpu_pod("after-scheduler-crash"))
+    wait_running(core_v1, namespace, "after-scheduler-crash")
+
 def test_token_request_token_passes_token_review_and_rbac_applies(
     control_plane, api_client, namespace, service_account_kubeconfig
 ):

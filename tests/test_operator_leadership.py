@@ -353,6 +353,7 @@ def test_operator_across_an_apiserver_restart_converges_without_duplicate_pods(
                 restarts += 1
                 assert restarts <= 3, "the operator keeps stopping"
                 operator = replicas("rljob-operator-r", identity="restarted")
+            control_plane.revive_crashed()  # kube-scheduler may exit after the restart, as in a cluster
             _report_ready_again(kube, namespace)
             return all(_converged(kube, namespace, n, workers, 1 if n == "steady-0" else 0) for n in first + fresh)
 

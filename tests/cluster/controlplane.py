@@ -306,6 +306,25 @@ class ControlPlane:
         )
 
     # ------------------------------------------------------------ fault tests
+    def revive_crashed(self) -> list[str]:
+        """Start kube-scheduler or kube-controller-manager again if it exited, as a kubelet restarts
+        a crashed static pod; returns the names started again.
+
+        kube-scheduler exits by design when its cache turns out inconsistent ("Pod updated on a
+        different node than previously added to"), which a kube-apiserver restart in the middle of
+        bindings can cause. Without this, one such exit would leave every later test without a
+        scheduler.
+        """
+        revived = []
+        for name in ("kube-scheduler", "kube-controller-manager"):
+            if name in self._argv and self._exited(name):
+                popen = self._popen.get(name)
+                if popen is not None:
+                    popen.poll()  # reap it
+                self._launch(name, self._argv[name])
+                revived.append(name)
+        return revived
+
     def restart_apiserver(self) -> None:
         """Stop kube-apiserver and start it again on the same port; etcd keeps the data."""
         record = next(p for p in self.processes if p.name == "kube-apiserver")

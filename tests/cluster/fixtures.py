@@ -89,8 +89,10 @@ def _namespace_name(test_name: str) -> str:
 
 
 @pytest.fixture
-def namespace(request: pytest.FixtureRequest, core_v1) -> Iterator[str]:
+def namespace(request: pytest.FixtureRequest, core_v1, control_plane: ControlPlane) -> Iterator[str]:
     """A fresh namespace, ready for pods (its default service account exists)."""
+    for revived in control_plane.revive_crashed():  # one test's crash must not cascade into the next
+        print(f"{revived} had exited: started it again")
     name = _namespace_name(request.node.name)
     core_v1.create_namespace({"metadata": {"name": name, "labels": {"rljob.dev/test": "true"}}})
     wait_for(
