@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import urllib3
 from kubernetes.client.exceptions import ApiException
 from rljob_operator.cluster.kube import Kube, NotLeader
 from rljob_operator.cluster.leader import LeaderElector
@@ -35,7 +34,6 @@ from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
     FAST_ENV,
     OperatorProcess,
-    annotate_pod,
     create_job,
     get_job,
     job_manifest,
@@ -320,91 +318,6 @@ def test_the_pod_history_catches_a_job_with_more_pods_than_workers_or_one_index_
     history._seen("ADDED", pod("e", "j", 1, 0))  # and more pods than workers
     assert history.violations == ["j: [('0', '0'), ('1', '1'), ('1', '1')]",
                                   "j: [('0', '0'), ('1', '0'), ('1', '1'), ('1', '1')]"]
-
-
-@pytest.mark.cluster
-def test_operator_across_an_apiserver_restart_converges_without_duplicate_pods(
-    control_plane: Any, kube: Any, namespace: str, replicas: Any, api_client: Any
-) -> None:
-    workers = 3
-    operator = replicas("rljob-operator-r", identity="restarted")
-    operator.wait_leader()
-    first = ["steady-0", "steady-1"]
-    for name in first:
-        create_job(kube, namespace, job_manifest(name, replicas=workers, spec=SPEC))
-    for name in first:
-        wait_for(lambda n=name: _converged(kube, namespace, n, workers, 0), 60, message=f"{name} running")
-    with PodHistory(api_client, namespace, workers) as history:
-        fresh = [f"new-{i}" for i in range(3)]
-        for name in fresh:
-            create_job(kube, namespace, job_manifest(name, replicas=workers, spec=SPEC))
-        annotate_pod(kube, namespace, "steady-0-worker-1", {"rljob.dev/fake-exit-code": "1"})  # a gang restart
-        wait_for(lambda: any(job_pods(kube, namespace, n) for n in fresh), 30, interval=0.02,
-                 message="gangs being created")
-        control_plane.restart_apiserver()
-
-        restarts = 0
-
-        def converged() -> bool:
-            nonlocal operator, restarts
-            if not operator.alive():  # as a pod would be: it must have stopped cleanly, and restarts
-                code = operator.wait_exit(5)
-                assert code == 1 and "no longer holds the lease" in operator.log.read_text(), operator.log_tail()
-                restarts += 1
-                assert restarts <= 3, "the operator keeps stopping"
-                operator = replicas("rljob-operator-r", identity="restarted")
-            control_plane.revive_crashed()  # kube-scheduler may exit after the restart, as in a cluster
-            _report_ready_again(kube, namespace)
-            return all(_converged(kube, namespace, n, workers, 1 if n == "steady-0" else 0) for n in first + fresh)
-
-        try:
-            wait_for(converged, 120, interval=0.5, message="every job running after the restart",
-                     ignore=(ApiException, urllib3.exceptions.HTTPError, OSError))
-        except TimeoutError as e:
-            raise AssertionError(f"{e}\n{_jobs_state(kube, namespace, first + fresh)}\n"
-                                 f"operator:\n{operator.log_tail(30)}") from None
-        time.sleep(2)
-    assert history.gaps == 0, "the pod watch lost events: the history is incomplete"
-    assert not history.violations, "\n".join(history.violations[:10])
-    assert len(history.pods) == workers * 5
-    assert operator.alive(), operator.log_tail()
-    traceback = [line for line in operator.log.read_text().splitlines() if "Traceback" in line]
-    print(f"operator restarts: {restarts}; tracebacks in the last log: {len(traceback)}")
-
-
-def _report_ready_again(kube: Any, namespace: str) -> None:
-    """Play the kubelet after an API server restart: it reports its running pods Ready again.
-
-    While kube-apiserver restarts, kwok's node heartbeats stop; the node lifecycle controller may
-    then mark the nodes' pods NotReady, and kwok never reports them Ready again once their nodes
-    are back (a kubelet does, at its next status sync). Only pods on Ready nodes are touched.
-    """
-    ready_nodes = {n["metadata"]["name"] for n in kube.list_nodes() if _ready(n) == "Ready=True"}
-    for pod in kube.list_pods(namespace, "rljob.dev/job"):
-        if ((pod.get("status") or {}).get("phase") == "Running" and _ready(pod) == "Ready=False"
-                and not pod["metadata"].get("deletionTimestamp") and pod["spec"].get("nodeName") in ready_nodes
-                and "rljob.dev/fake-ready" not in (pod["metadata"].get("annotations") or {})):
-            conditions = [{"type": t, "status": "True"} for t in ("Ready", "ContainersReady")]
-            kube.request("PATCH", kube.core_path(namespace, "pods", pod["metadata"]["name"]) + "/status",
-                         {"status": {"conditions": conditions}},
-                         content_type="application/strategic-merge-patch+json")
-
-
-def _ready(pod: dict[str, Any]) -> str:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return next((f"Ready={c['status']}" for c in conditions if c["type"] == "Ready"), "Ready?")
-
-
-def _jobs_state(kube: Any, namespace: str, names: list[str]) -> str:
-    lines = []
-    for name in names:
-        status = get_job(kube, namespace, name).get("status") or {}
-        pods = [(p["metadata"]["name"], p["metadata"]["labels"].get("rljob.dev/gang-generation"),
-                 (p.get("status") or {}).get("phase"), _ready(p), bool(p["metadata"].get("deletionTimestamp")))
-                for p in job_pods(kube, namespace, name)]
-        lines.append(f"{name}: phase {status.get('phase')} generation {status.get('gangGeneration')} "
-                     f"workers {status.get('workers', {}).get('summary')} pods {pods}")
-    return "\n".join(lines)
 
 
 def _metrics(op: Any) -> str:
