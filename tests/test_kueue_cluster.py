@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rljob_operator.names import CONFIG_KEY
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
@@ -182,7 +183,7 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     queues.create(gpus=4, preemption=True)
     low, high = queues.priority_class("low", 100), queues.priority_class("high", 1000)
     operator()
-    queues.job("low", priority=low)
+    queues.job("low", priority=low, checkpoint={"storage": "s3://checkpoints/low", "everySteps": 10})
     running = _running(kube, namespace, "low")
     generation = running["status"]["gangGeneration"]
     first_gang = {p["metadata"]["uid"] for p in _live_pods(kube, namespace, "low")}
@@ -213,8 +214,8 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     # The new gang resumes from the newest checkpoint the stopped one saved (the trainer's resume
     # path): it is told the same checkpoint location.
     config_after = kube.request("GET", kube.core_path(namespace, "configmaps", "low-config"))["data"]
-    before, after = (yaml.safe_load(next(iter(c.values()))) for c in (config_before, config_after))
-    assert after["checkpoint"] == before["checkpoint"]
+    before, after = (yaml.safe_load(c[CONFIG_KEY]) for c in (config_before, config_after))
+    assert after["checkpoint"] == before["checkpoint"] and after["checkpoint"]["storage"] == "s3://checkpoints/low"
 
 
 def test_operator_restart_while_queued_duplicates_nothing_and_suspend_releases_quota(
