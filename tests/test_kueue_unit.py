@@ -117,6 +117,15 @@ def test_a_flavor_the_pod_profile_refuses_fails_the_job_naming_it() -> None:
     assert plan.queue is not None and wl["metadata"]["name"] in plan.queue.status  # quota given back
 
 
+def test_a_flavor_label_contradicting_the_jobs_node_selector_fails_the_job_naming_both() -> None:
+    job = make({"workers": {"gpusPerWorker": 2, "nodeSelector": {"pool": "h100"}}},
+               {"phase": "Queued", "gangGeneration": 0})
+    wl = workload(job, *ADMITTED, admitted_to="a100")
+    plan = reconcile(job, QueueView(workloads=[wl], flavors={"a100": FLAVOR}))
+    assert plan.status["phase"] == "Failed" and not plan.create_pods
+    assert "spec.workers.nodeSelector[pool]" in plan.status["message"] and "ResourceFlavor a100" in plan.status["message"]
+
+
 def test_eviction_stops_the_gang_as_a_new_generation_without_counting_a_restart() -> None:
     job = make(status={"phase": "Running", "gangGeneration": 0, "restarts": 1, "gangStartTime": rfc3339(NOW)})
     wl = workload(job, *ADMITTED, ("Evicted", "True", "Preempted"), admitted_to="a100")

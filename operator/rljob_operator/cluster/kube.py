@@ -316,12 +316,16 @@ class Kube:
     KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
 
     def kueue_served(self) -> bool:
-        """Does the API server serve Kueue's v1beta2 API (is Kueue installed)?"""
+        """Does the API server serve Kueue's v1beta2 API (is Kueue installed)?
+
+        A 403 (discovery denied to this identity) counts as not served: labelled jobs then say
+        KueueUnavailable instead of the operator failing to start.
+        """
         try:
             self.request("GET", self.KUEUE_API)
             return True
         except ApiException as e:
-            if e.status == 404:
+            if e.status in (403, 404):
                 return False
             raise
 

@@ -236,7 +236,10 @@ class Situation:
         """Why the admitted gang cannot take the ResourceFlavors Kueue assigned (empty: it can)."""
         if self.queue is None or self.workload is None:
             return []
-        return placement_problems(self.queue.flavors, assigned_flavors(self.workload), self.profile)
+        names = assigned_flavors(self.workload)
+        flavors = [self.queue.flavors[n] for n in names if n in self.queue.flavors]
+        conflicts = placed(desired_worker_pod(self.job, 0, 0), flavors)[1]  # a node label the job selects otherwise
+        return placement_problems(self.queue.flavors, names, self.profile) + conflicts
 
     def place(self, pod: dict[str, Any]) -> dict[str, Any]:
         """``pod`` with the node labels and tolerations of the flavors Kueue assigned (if queued)."""
