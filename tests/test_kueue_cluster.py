@@ -248,6 +248,20 @@ def test_operator_restart_while_queued_duplicates_nothing_and_suspend_releases_q
     assert len([w for w in queues.workloads("r-a") if not w["metadata"].get("deletionTimestamp")]) == 1
 
 
+def test_a_workload_kueue_refuses_is_named_on_the_job(kube: Any, namespace: str, queues: Queues,
+                                                      operator: Any) -> None:
+    proc = operator()
+    doc = job_manifest("refused", 2, {"workers": {"gpusPerWorker": 2}})
+    doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "Not_A_Queue"}  # a label value, not a name
+    create_job(kube, namespace, doc)
+    status = wait_phase(kube, namespace, "refused", "Queued", 60, reason="WorkloadRejected")["status"]
+    assert "queueName" in status["message"], status
+    assert job_pods(kube, namespace, "refused") == [] and queues.workloads("refused") == []
+    before = _ok_reconciles(proc)
+    wait_for(lambda: _ok_reconciles(proc) > before, 60, message="another reconcile")
+    assert get_job(kube, namespace, "refused")["status"]["reason"] == "WorkloadRejected" and proc.alive()
+
+
 def test_the_kueue_examples_apply_to_a_cluster_with_kueue(kube: Any, kueue: Any, namespace: str) -> None:
     """examples/kueue: the platform's objects are accepted by Kueue's webhooks; the job by the CRD."""
     docs = list(yaml.safe_load_all((REPO / "examples" / "kueue" / "queues.yaml").read_text()))

@@ -190,6 +190,14 @@ def test_capacity_autoscaling_with_a_queue_is_refused_naming_the_field() -> None
     assert plan.queue is not None and plan.queue.create is None
 
 
+def test_a_refused_workload_keeps_its_reason_while_it_is_tried_again() -> None:
+    job = make(status={"phase": "Queued", "reason": "WorkloadRejected", "message": "spec.queueName: Invalid value"})
+    plan = reconcile(job, QueueView())
+    assert plan.status["reason"] == "WorkloadRejected" and "spec.queueName" in plan.status["message"]
+    assert plan.queue is not None and plan.queue.create is not None  # tried again...
+    assert plan.requeue_after == 30.0  # ...every 30 s, not in a loop
+
+
 def test_without_kueue_installed_the_job_waits_saying_so() -> None:
     plan = reconcile(make(), QueueView(available=False))
     assert plan.status["phase"] == "Queued" and plan.status["reason"] == "KueueUnavailable"

@@ -21,6 +21,7 @@ job, or nothing), which is applied from step 1 on: its status, then its Events.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from rljob_operator.decisions.queueing import (
     owned,
     priority_class,
     queue_name,
+    rejected_status,
 )
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
 from rljob_operator.decisions.scaling import Capacity
@@ -208,7 +210,7 @@ class Reconciler:
             self._flavors[name] = (time.monotonic(), flavor)
         return flavor
 
-    def _apply_queue(self, raw: dict[str, Any], writes: QueueWrites) -> None:
+    def _apply_queue(self, raw: dict[str, Any], writes: QueueWrites, status: dict[str, Any]) -> None:
         """The Workload writes: stale ones deleted, the current one created, statuses patched."""
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
         for workload in writes.delete:
@@ -216,7 +218,17 @@ class Reconciler:
             self.kube.delete_workload(namespace, workload)
         if writes.create is not None:
             log.info("%s/%s: creating Workload %s", namespace, name, writes.create["metadata"]["name"])
-            self.kube.create_workload(writes.create)
+            try:
+                self.kube.create_workload(writes.create)
+            except ApiException as e:
+                if e.status not in (400, 403, 422):
+                    raise
+                # Kueue's webhook (an invalid queue name, say) or RBAC refused it: say so on the job,
+                # whose next reconciles keep that reason and try again every 30 s.
+                log.warning("%s/%s: Workload refused (%s): %s", namespace, name, e.status, e.body)
+                rejected = rejected_status(_refusal_text(e))
+                if any(status.get(k) != v for k, v in rejected.items()):
+                    self.kube.patch_job_status(namespace, name, rejected)
         for workload, (version, status) in writes.status.items():
             if not self.kube.patch_workload_status(namespace, workload, version, status):
                 log.info("%s/%s: Workload %s changed meanwhile: decided again", namespace, name, workload)
@@ -256,7 +268,7 @@ class Reconciler:
         meta = raw["metadata"]
         stored = self._write_status(raw, raw.get("status") or {}, plan)
         if plan.queue is not None:
-            self._apply_queue(raw, plan.queue)
+            self._apply_queue(raw, plan.queue, plan.status)
         self._delete_pods(raw, plan, pods or {}, now)
         try:
             self._create(raw, plan)
@@ -332,6 +344,14 @@ class Reconciler:
         except ApiException as e:  # an Event is worth a log line, not a failed reconcile
             if not namespace_terminating(e.status, e.body):
                 log.warning("cannot post event %s: %s", event.reason, e.reason)
+
+
+def _refusal_text(error: ApiException) -> str:
+    """The API server's message of a refused request (its Status body), else its reason."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.reason)
 
 
 def _merge_patch(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

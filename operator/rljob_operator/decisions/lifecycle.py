@@ -38,7 +38,14 @@ from rljob_operator.decisions.plan import (
     build_status,
 )
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.decisions.queueing import QueueView, queue_name, queue_writes, waiting_reason
+from rljob_operator.decisions.queueing import (
+    REJECTED,
+    REJECTED_RETRY_SECONDS,
+    QueueView,
+    queue_name,
+    queue_writes,
+    waiting_reason,
+)
 from rljob_operator.decisions.restarts import stall_check_in
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (
@@ -145,6 +152,9 @@ def queued(ctx: Situation) -> Plan | None:
                      "Workload API (kueue.x-k8s.io/v1beta2): install Kueue, or remove the label to run without it")
     elif view.priority_problem and ctx.workload is None:
         d.reason, d.message = "PriorityClassNotFound", view.priority_problem
+    elif ctx.workload is None and ctx.prev.reason == REJECTED:
+        # Kept while the create is refused again: a status flipping back and forth would wake the job for ever.
+        d.reason, d.message = REJECTED, ctx.prev.message or ""
     else:
         d.reason, d.message = waiting_reason(ctx.workload, queue)
     live = [p for p in ctx.current if not p.deleting]
@@ -158,6 +168,8 @@ def queued(ctx: Situation) -> Plan | None:
     d.start_time = ctx.prev.start_time
     waiting = live or any(p.deleting for p in ctx.pods) or ctx.stale_deletions
     look = WAIT_REQUEUE_SECONDS if waiting else (60.0 if not view.available else None)
+    if d.reason == REJECTED and not waiting:
+        look = REJECTED_RETRY_SECONDS
     return ctx.plan(d, delete=ctx.stale_deletions + [p.name for p in live], events=events,
                     requeue_after=look, gang_restart="Evicted" if live else None)
 

@@ -40,6 +40,10 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
 PODSET = "workers"
+#: The reason a job keeps while the API server (Kueue's webhook, RBAC) refuses its Workload.
+REJECTED = "WorkloadRejected"
+#: How soon a refused Workload is tried again.
+REJECTED_RETRY_SECONDS = 30.0
 #: Pod fields Kueue reads to count a podSet's quota and pick its flavor: requests, placement, priority.
 _TEMPLATE_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
 
@@ -144,6 +148,7 @@ def condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 
 def is_true(workload: dict[str, Any], kind: str) -> bool:
+    """Condition ``kind`` of the Workload is True."""
     return (condition(workload, kind) or {}).get("status") == "True"
 
 
@@ -260,6 +265,11 @@ def cleared_admission(workload: dict[str, Any], now: datetime) -> dict[str, Any]
     patch = _with_conditions(workload, conds)
     patch["admission"] = None
     return patch
+
+
+def rejected_status(error: str) -> dict[str, Any]:
+    """The job's reason and message while its Workload is refused (``queued`` keeps them while it is)."""
+    return {"reason": REJECTED, "message": f"the API server refused the job's Kueue Workload: {error}"[:1024]}
 
 
 def _with_conditions(workload: dict[str, Any], new: list[dict[str, Any]]) -> dict[str, Any]:
