@@ -451,9 +451,13 @@ JOB_RULES = [
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]},
 ]
 
 CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list"]}]
+KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
+                "verbs": ["get"]}]
 
 
 def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly() -> None:
@@ -463,12 +467,17 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
         ["tokenreviews"], ["subjectaccessreviews"]]
     # Autoscaling policy Capacity reads nodes and bound pods, and nothing else, and writes nothing.
     assert rbac[("ClusterRole", "", "rljob-operator-capacity")] == CAPACITY_RULES
+    # Kueue: the flavors an admission assigns and the priority classes jobs name, read-only.
+    assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
-                         ("ClusterRole", "", "rljob-operator-capacity"),
+                         ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
                          ("Role", "rljob-system", "rljob-operator-tls")}
     without = operator_rbac(helm_template("--set", "rbac.capacityAutoscaling=false"))
     assert ("ClusterRole", "", "rljob-operator-capacity") not in without
+    no_kueue = operator_rbac(helm_template("--set", "kueue.enabled=false"))
+    assert ("ClusterRole", "", "rljob-operator-kueue") not in no_kueue
+    assert no_kueue[("ClusterRole", "", "rljob-operator")] == [r for r in JOB_RULES if r["apiGroups"] != ["kueue.x-k8s.io"]]
 
 
 def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() -> None:
@@ -476,7 +485,8 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     rbac = operator_rbac(docs)
     assert rbac[("Role", "ml-a", "rljob-operator")] == rbac[("Role", "ml-b", "rljob-operator")] == JOB_RULES
     cluster_roles = {k for k in rbac if k[0] == "ClusterRole"}
-    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-capacity")}
+    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-capacity"),
+                             ("ClusterRole", "", "rljob-operator-kueue")}
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]
     assert sorted(d["metadata"]["namespace"] for d in trainers) == ["ml-a", "ml-b"]

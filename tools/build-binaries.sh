@@ -39,6 +39,7 @@ ETCD_VERSION="$(module_version etcd go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(module_version kwok sigs.k8s.io/kwok)"
 HELM_VERSION="$(module_version helm helm.sh/helm/v3)"
 PROMTOOL_VERSION="$(module_version promtool github.com/prometheus/prometheus)"
+KUEUE_VERSION="$(module_version kueue sigs.k8s.io/kueue)"
 
 # name|dir|version|binaries (space-separated "out=package" pairs)
 TOOLS=(
@@ -47,6 +48,7 @@ TOOLS=(
   "kwok|kwok|$KWOK_VERSION|kwok=sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm|$HELM_VERSION|helm=helm.sh/helm/v3/cmd/helm"
   "promtool|promtool|$PROMTOOL_VERSION|promtool=github.com/prometheus/prometheus/cmd/promtool"
+  "kueue|kueue|$KUEUE_VERSION|kueue=sigs.k8s.io/kueue/cmd/kueue"
 )
 
 # -X flags that make binaries report their real version (kubectl version and
@@ -72,8 +74,24 @@ ldflags_for() {
       # Prometheus 3.x tags its Go module v0.3XY.Z for release 3.XY.Z.
       local v="${version#v0.}"
       echo "-X github.com/prometheus/common/version.Version=${v:0:1}.$((10#${v:1:2}))${v:3}" ;;
+    kueue)
+      echo "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" ;;
     *) echo "" ;;
   esac
+}
+
+# Kueue's CRDs and webhook configurations, from the same module version as its binary, next to
+# it (<tool>-<version>/config/): tests/cluster installs them before starting the manager.
+copy_kueue_config() {
+  local out="$1" src
+  [[ -f "$out/config/webhook/manifests.yaml" ]] && return 0
+  [[ $CHECK_ONLY -eq 1 ]] && { log "missing: kueue config in $out"; return 1; }
+  src="$(cd "$TOOLS_DIR/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)/config/components"
+  rm -rf "$out/.config.tmp" && mkdir -p "$out/.config.tmp/crd" "$out/.config.tmp/webhook"
+  cp "$src"/crd/bases/*.yaml "$out/.config.tmp/crd/"
+  cp "$src/webhook/manifests.yaml" "$out/.config.tmp/webhook/"
+  chmod -R u+w "$out/.config.tmp"  # the module cache is read-only
+  mv -T "$out/.config.tmp" "$out/config"
 }
 
 build_tool() {
@@ -111,6 +129,7 @@ main() {
     IFS='|' read -r name dir version bins <<<"$entry"
     [[ -n "$version" ]] || { log "no version for $name in tools/$dir/go.mod"; exit 1; }
     build_tool "$name" "$dir" "$version" "$bins"
+    [[ "$name" == kueue ]] && copy_kueue_config "$BIN_ROOT/$name-$version"
   done
 
   # One directory of symlinks for the whole pinned set: callers put it on PATH.

@@ -309,6 +309,7 @@ class Phase(StrEnum):
     failed = "Failed"
     suspended = "Suspended"
     restarting = "Restarting"
+    queued = "Queued"
 
 
 FINISHED_PHASES = frozenset({Phase.succeeded.value, Phase.failed.value})
@@ -396,7 +397,8 @@ class RLTrainingJobStatus(StatusModel):
     """Observed state of an RL post-training run (written by the operator)."""
 
     phase: Phase | None = Field(
-        None, description="Pending, Starting, Running, Restarting, Succeeded, Failed or Suspended."
+        None, description="Pending, Queued (waiting for Kueue to admit it), Starting, Running, Restarting, Succeeded, "
+        "Failed or Suspended."
     )
     reason: str | None = Field(None, description="CamelCase reason of the current phase.")
     message: str | None = Field(None, description="Human-readable details of the current phase.")

@@ -96,6 +96,10 @@ class OperatorSettings:
     """NetworkPolicyPeers (JSON list) that may reach the trainers' metrics port, for example
     ``[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]``. Empty: none."""
+    kueue: bool = True
+    """Honour the label ``kueue.x-k8s.io/queue-name``: such a job's gang waits for Kueue to admit its
+    Workload (see the README's Kueue section). Needs Kueue's API; where it is not served, labelled
+    jobs wait with reason KueueUnavailable. False: the label is ignored and such jobs run at once."""
     log_level: str = "INFO"
     # The platform's pod profile (``decisions.policy.PodProfile``): what a job's pods may ask for.
     pod_profile: str = "restricted"

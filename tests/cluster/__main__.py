@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--gpu-nodes", type=int, default=4, help="fake GPU nodes to create (default: 4)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node (default: 8)")
+    parser.add_argument("--kueue", action="store_true", help="start Kueue too (its CRDs, webhooks and manager)")
     args = parser.parse_args(argv)
 
     if args.command == "down":
@@ -49,12 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dev cluster already running: {state['server']}")
         print(f"export KUBECONFIG={args.workdir / 'kubeconfig'}")
         return 0
-    config = ClusterConfig(gpu_nodes=args.gpu_nodes, node_shape=GpuNodeShape(gpus=args.gpus_per_node))
+    config = ClusterConfig(gpu_nodes=args.gpu_nodes, node_shape=GpuNodeShape(gpus=args.gpus_per_node),
+                           kueue=args.kueue)
     started = time.monotonic()
     plane = ControlPlane(args.workdir, config, detached=True).start()
     print(
         f"dev cluster up in {time.monotonic() - started:.1f}s: {plane.server}, "
-        f"{args.gpu_nodes} fake GPU nodes\n"
+        f"{args.gpu_nodes} fake GPU nodes"
+        f"{f', Kueue (ready to admit in {plane.kueue_start_seconds:.1f}s)' if plane.kueue_start_seconds else ''}\n"
         f"export KUBECONFIG={plane.admin_kubeconfig}\n"
         f"logs: {plane.logs_dir}"
     )

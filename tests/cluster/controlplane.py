@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster import components, nodes, pki
+from tests.cluster import components, kueue, nodes, pki
 from tests.cluster.binaries import bin_dir
 from tests.cluster.components import Layout
 from tests.cluster.processes import (
@@ -60,6 +60,8 @@ class ClusterConfig:
     start_timeout_s: float = 180.0
     """Bound on each start-up wait (etcd, apiserver, controllers, nodes)."""
     log_verbosity: int = 1
+    kueue: bool = False
+    """Start Kueue too (``ControlPlane.start_kueue``); the test fixture ``kueue`` starts it on demand."""
     audit_groups: tuple[str, ...] = ("rljob:audited",)
     """Users in these groups have every request written to ``ControlPlane.audit_log`` (JSON,
     Metadata level); nobody else's is, so the log costs nothing to other tests. Issue such a
@@ -96,6 +98,8 @@ class ControlPlane:
         # Kept so that Python does not warn about, or reap, children still running.
         self._popen: dict[str, subprocess.Popen] = {}
         self._admin_client = None
+        self.kueue_start_seconds: float | None = None
+        """How long ``start_kueue`` took, CRDs to webhooks answering (None: not started)."""
 
     # ----------------------------------------------------------------- paths
     @property
@@ -190,6 +194,8 @@ class ControlPlane:
             if self.config.gpu_nodes:
                 self.add_gpu_nodes(self.config.gpu_nodes)
             self._wait_default_service_account()
+            if self.config.kueue:
+                self.start_kueue()
         except BaseException:
             self.stop()
             raise
@@ -304,6 +310,58 @@ class ControlPlane:
             self.config.start_timeout_s,
             message="the default service account (kube-controller-manager running)",
         )
+
+    # ----------------------------------------------------------------- Kueue
+    @property
+    def kueue_running(self) -> bool:
+        """Kueue's manager was started and has not exited."""
+        return "kueue" in self._argv and not self._exited("kueue")
+
+    def start_kueue(self) -> float:
+        """Install Kueue's CRDs and webhooks, start its manager; returns seconds until it admits.
+
+        Ready means its webhooks answer through kube-apiserver (a server-side dry run of a
+        ResourceFlavor passes them) and its readiness probe says so. See ``tests/cluster/kueue.py``.
+        """
+        import time
+
+        from kubernetes import client
+
+        started = time.monotonic()
+        layout = self.layout
+        self._core()
+        api = self._admin_client
+        binary = layout.binary("kueue")
+        for name in kueue.PORTS:
+            layout.ports[name] = free_port()
+        files = kueue.certificates()
+        cert_dir = layout.path("kueue-certs")
+        cert_dir.mkdir(exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            (cert_dir / name).write_bytes(files[name])
+        folder, port = kueue.config_dir(Path(binary)), layout.ports["kueue-webhook"]
+        objects = [*kueue.crds(folder / "crd", port, files["ca.crt"]),
+                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": kueue.NAMESPACE}},
+                   kueue.secret(files),
+                   *kueue.webhook_configurations((folder / "webhook" / "manifests.yaml").read_text(), port,
+                                                 files["ca.crt"])]
+        manifest = layout.path("kueue-install.yaml")
+        manifest.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+        # Server-side: the CRDs are too large for client-side apply's last-applied annotation.
+        subprocess.run([layout.binary("kubectl"), f"--kubeconfig={self.admin_kubeconfig}", "apply", "--server-side",
+                        "--force-conflicts", "--field-manager=rljob-tests", "-f", str(manifest)],
+                       check=True, capture_output=True, timeout=120)
+        config_file = layout.path("kueue-config.yaml")
+        config_file.write_text(yaml.safe_dump(kueue.configuration(layout.ports, cert_dir), sort_keys=False))
+        self._launch("kueue", kueue.argv(binary, config_file, self.admin_kubeconfig))
+        health = f"http://127.0.0.1:{layout.ports['kueue-health']}/readyz"
+        self._wait_healthy("kueue", lambda: _http_ok(health), "kueue /readyz")
+        custom = client.CustomObjectsApi(api)
+        probe = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                 "metadata": {"name": "rljob-readiness-probe"}}
+        self._wait_healthy("kueue", lambda: _dry_run_ok(custom, probe), "Kueue's webhooks (a dry-run ResourceFlavor)")
+        self.kueue_start_seconds = time.monotonic() - started
+        return self.kueue_start_seconds
 
     # ------------------------------------------------------------ fault tests
     def revive_crashed(self) -> list[str]:
@@ -473,6 +531,17 @@ class ControlPlane:
             token=token,
             namespace=namespace,
         )
+
+
+def _dry_run_ok(custom, body: dict) -> bool:
+    """A server-side dry-run create of cluster-scoped Kueue ``body`` passes Kueue's webhooks."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "resourceflavors", body, dry_run="All")
+        return True
+    except ApiException as error:
+        return error.status == 409  # it exists: the create went through the webhooks first
 
 
 def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:

@@ -20,6 +20,9 @@ and mark cluster tests ``@pytest.mark.cluster``. Fixtures:
     labels=None) -> list[str]``, ``remove(name)``, ``set_ready(name, ready)``;
     nodes it added are deleted after the test.
 
+``kueue`` (session) -> ``ControlPlane`` with Kueue's CRDs, webhooks and manager running
+    (``ControlPlane.start_kueue``), started once, for the tests that ask for it.
+
 ``wait_for(predicate, timeout)`` (``tests.cluster.waiting``) is the polling helper;
 ``tests.cluster.fake_pods`` documents the annotations that decide a pod's fate.
 """
@@ -57,6 +60,15 @@ def control_plane():
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kueue(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with Kueue running (started on first use, kept for the session)."""
+    if not control_plane.kueue_running:
+        seconds = control_plane.start_kueue()
+        print(f"Kueue ready to admit in {seconds:.1f}s")
+    return control_plane
 
 
 @pytest.fixture(scope="session")

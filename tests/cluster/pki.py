@@ -196,3 +196,56 @@ def write_kubeconfig(
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
     return path
+
+
+def rsa_webhook_authority(ca_name: str, server_names: tuple[str, ...]) -> dict[str, bytes]:
+    """A CA named ``ca_name`` (also its DNS name) and a serving certificate it signed, as PEM.
+
+    RSA with a PKCS#1 CA key: the shape of the Secret that open-policy-agent's cert-controller
+    (Kueue's internal certificate management) reads and keeps when it is valid: ``ca.crt``,
+    ``ca.key``, ``tls.crt``, ``tls.key``.
+    """
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(ca_name, ca_name))
+        .issuer_name(_name(ca_name, ca_name))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ca_name)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = _new_key()
+    alt_names: list[x509.GeneralName] = []
+    for entry in server_names:
+        try:
+            alt_names.append(x509.IPAddress(ipaddress.ip_address(entry)))
+        except ValueError:
+            alt_names.append(x509.DNSName(entry))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(server_names[0]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return {
+        "ca.crt": ca_cert.public_bytes(serialization.Encoding.PEM),
+        "ca.key": ca_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                       serialization.NoEncryption()),
+        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
+        "tls.key": key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()),
+    }

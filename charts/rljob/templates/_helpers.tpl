@@ -126,4 +126,15 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+# Kueue: each queued job's Workload (its whole gang): watched, created, deleted when the job is
+# suspended or resized; its status is patched to give the quota back (evicted gang stopped,
+# job finished), as Kueue's own job integrations do.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}

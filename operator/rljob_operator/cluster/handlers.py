@@ -60,7 +60,8 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
 class JobWatch:
     """The registry of handlers, feeding ``enqueue`` and remembering which jobs exist."""
 
-    def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None]) -> None:
+    def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None],
+                 watch_workloads: bool = False) -> None:
         self.enqueue = enqueue
         self.forget = forget
         self.known: set[Key] = set()
@@ -89,6 +90,12 @@ class JobWatch:
         async def worker_pod_event(labels: Mapping[str, str], namespace: str | None, **kw: Any) -> None:
             self.pod_index = kw[POD_INDEX]
             self.enqueue((namespace or "", labels[LABEL_JOB]))
+
+        if watch_workloads:  # Kueue admitting, preempting or evicting a job's gang
+            @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels={LABEL_JOB: kopf.PRESENT},
+                           registry=registry, id="workload_event")
+            async def workload_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+                self.enqueue((namespace or "", labels[LABEL_JOB]))
 
     def cached_pods(self, namespace: str, name: str) -> list[dict[str, Any]] | None:
         """The job's worker pods as the watch last saw them; None before the watch has started.

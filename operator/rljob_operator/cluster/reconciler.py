@@ -21,6 +21,7 @@ job, or nothing), which is applied from step 1 on: its status, then its Events.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,13 +32,27 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
-from rljob_operator.api import ManifestError, ScalingPolicy, parse_job
+from rljob_operator.api import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
 from rljob_operator.cluster.kube import ChildConflict, Kube
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
+from rljob_operator.decisions.queueing import (
+    PRIORITY_LABEL,
+    Flavor,
+    Priority,
+    QueueView,
+    QueueWrites,
+    admitted,
+    assigned_flavors,
+    current_workload,
+    owned,
+    priority_class,
+    queue_name,
+    rejected_status,
+)
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
 from rljob_operator.decisions.scaling import Capacity
 from rljob_operator.names import LABEL_JOB, StatusEndpoint, job_uid
@@ -46,6 +61,11 @@ from rljob_operator.times import rfc3339
 log = logging.getLogger("rljob.reconciler")
 #: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs.
 CAPACITY_MAX_AGE_SECONDS = 1.0
+#: How long one answer to "is Kueue installed?" and one read of a ResourceFlavor serve.
+KUEUE_API_MAX_AGE_SECONDS = 30.0
+FLAVOR_MAX_AGE_SECONDS = 5.0
+#: How often a queued job is looked at when no watch on Workloads wakes it (Kueue installed later).
+UNWATCHED_QUEUE_SECONDS = 10.0
 
 
 def _without_nulls(value: Any) -> Any:
@@ -79,8 +99,16 @@ class Reconciler:
         pod_cache: Callable[[str, str], list[dict[str, Any]] | None] | None = None,
         profile: PodProfile | None = None,
         network: JobNetwork | None = None,
+        kueue: bool = True,
+        workloads_watched: bool = False,
     ) -> None:
         self.kube = kube
+        self.kueue = kueue
+        """Honour the label kueue.x-k8s.io/queue-name (False: such jobs run as if unlabelled)."""
+        self.workloads_watched = workloads_watched
+        """A watch on Workloads wakes queued jobs; without one they are looked at every few seconds."""
+        self._kueue_served: tuple[float, bool] = (float("-inf"), False)
+        self._flavors: dict[str, tuple[float, Flavor | None]] = {}
         self.profile = profile or PodProfile()
         self.network = network
         self.pod_cache = pod_cache
@@ -121,15 +149,89 @@ class Reconciler:
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
+        queue = self.queue_view(job, uid)
         plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
-                              self.force_delete_after, capacity, self.profile, self.network)
-        if cached is not None and (plan.create_pods or plan.gang_restart):
+                              self.force_delete_after, capacity, self.profile, self.network, queue)
+        if cached is not None and (plan.create_pods or plan.gang_restart or (plan.queue and plan.queue.status)):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
-            # created, one gone) is looked up before pods are created or a gang is restarted.
+            # created, one gone) is looked up before pods are created, a gang is restarted or a
+            # Workload's quota is given back because no pod is left.
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
-                                  self.force_delete_after, capacity, self.profile, self.network)
-        return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
+                                  self.force_delete_after, capacity, self.profile, self.network, queue)
+        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
+        if queue is not None and not self.workloads_watched and requeue is None:
+            requeue = UNWATCHED_QUEUE_SECONDS
+        return requeue
+
+    # ------------------------------------------------------------------ Kueue
+    def queue_view(self, job: RLTrainingJob, uid: str) -> QueueView | None:
+        """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued."""
+        if not self.kueue or queue_name(job) is None:
+            return None
+        if not self.kueue_served():
+            return QueueView(available=False)
+        namespace = job.metadata.namespace or ""
+        workloads = [w for w in self.kube.list_workloads(namespace, f"{LABEL_JOB}={job.metadata.name}")
+                     if owned(w, uid)]
+        view = QueueView(workloads=workloads)
+        current = current_workload(job, job.replicas, view)
+        priority, problem = None, ""
+        name = priority_class(job)
+        if current is None and name:
+            found = self.kube.get_kueue_object("workloadpriorityclasses", name)
+            if found is None:
+                problem = (f"metadata.labels[{PRIORITY_LABEL}]: WorkloadPriorityClass {name} not found; create it "
+                           "or correct the label")
+            else:
+                priority = Priority(name, int(found.get("value") or 0))
+        flavors: dict[str, Flavor] = {}
+        if current is not None and admitted(current):
+            for flavor_name in assigned_flavors(current):
+                flavor = self.flavor(flavor_name)
+                if flavor is not None:
+                    flavors[flavor_name] = flavor
+        return QueueView(True, workloads, flavors, priority, problem)
+
+    def kueue_served(self) -> bool:
+        """Is Kueue's API served? Asked again every ``KUEUE_API_MAX_AGE_SECONDS``."""
+        taken, served = self._kueue_served
+        if time.monotonic() - taken >= KUEUE_API_MAX_AGE_SECONDS:
+            served = self.kube.kueue_served()
+            self._kueue_served = (time.monotonic(), served)
+        return served
+
+    def flavor(self, name: str) -> Flavor | None:
+        """ResourceFlavor ``name`` (read again every ``FLAVOR_MAX_AGE_SECONDS``), None if absent."""
+        taken, flavor = self._flavors.get(name, (float("-inf"), None))
+        if time.monotonic() - taken >= FLAVOR_MAX_AGE_SECONDS:
+            found = self.kube.get_kueue_object("resourceflavors", name)
+            flavor = Flavor.from_object(found) if found is not None else None
+            self._flavors[name] = (time.monotonic(), flavor)
+        return flavor
+
+    def _apply_queue(self, raw: dict[str, Any], writes: QueueWrites, status: dict[str, Any]) -> None:
+        """The Workload writes: stale ones deleted, the current one created, statuses patched."""
+        namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
+        for workload in writes.delete:
+            log.info("%s/%s: deleting Workload %s", namespace, name, workload)
+            self.kube.delete_workload(namespace, workload)
+        if writes.create is not None:
+            log.info("%s/%s: creating Workload %s", namespace, name, writes.create["metadata"]["name"])
+            try:
+                self.kube.create_workload(writes.create)
+            except ApiException as e:
+                if e.status not in (400, 403, 422):
+                    raise
+                # Kueue's webhook (an invalid queue name, say) or RBAC refused it: say so on the job,
+                # whose next reconciles keep that reason and try again every 30 s.
+                log.warning("%s/%s: Workload refused (%s): %s", namespace, name, e.status, e.body)
+                rejected = rejected_status(_refusal_text(e))
+                if any(status.get(k) != v for k, v in rejected.items()):
+                    self.kube.patch_job_status(namespace, name, rejected)
+        for workload, (version, status) in writes.status.items():
+            if not self.kube.patch_workload_status(namespace, workload, version, status):
+                log.info("%s/%s: Workload %s changed meanwhile: decided again", namespace, name, workload)
 
     def _list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
@@ -165,6 +267,8 @@ class Reconciler:
         """
         meta = raw["metadata"]
         stored = self._write_status(raw, raw.get("status") or {}, plan)
+        if plan.queue is not None:
+            self._apply_queue(raw, plan.queue, plan.status)
         self._delete_pods(raw, plan, pods or {}, now)
         try:
             self._create(raw, plan)
@@ -240,6 +344,14 @@ class Reconciler:
         except ApiException as e:  # an Event is worth a log line, not a failed reconcile
             if not namespace_terminating(e.status, e.body):
                 log.warning("cannot post event %s: %s", event.reason, e.reason)
+
+
+def _refusal_text(error: ApiException) -> str:
+    """The API server's message of a refused request (its Status body), else its reason."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.reason)
 
 
 def _merge_patch(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

@@ -143,8 +143,14 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     network = JobNetwork(tuple(s.trainer_metrics_from)) if s.network_policy else None
     if elector is not None:
         kube = kube.guarded(elector.write_guard)
+    # Workloads are watched only where Kueue is installed: a watch on an API nobody serves fails for ever.
+    watch_workloads = s.kueue and kube.kueue_served()
+    if s.kueue:
+        log.info("Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission; %s", "Workloads watched"
+                 if watch_workloads else "its API is not served (yet): such jobs say KueueUnavailable until it is")
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
-                            profile=PodProfile.from_settings(s), network=network,
+                            profile=PodProfile.from_settings(s), network=network, kueue=s.kueue,
+                            workloads_watched=watch_workloads,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
 
     async def reconcile(key: object) -> float | None:
@@ -156,7 +162,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
 
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
-    watch = JobWatch(api_client.configuration, queue.add, queue.forget)
+    watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads)
     watch_ref.append(watch)
     return queue, watch
 

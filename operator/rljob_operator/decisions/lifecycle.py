@@ -38,6 +38,14 @@ from rljob_operator.decisions.plan import (
     build_status,
 )
 from rljob_operator.decisions.policy import PodProfile
+from rljob_operator.decisions.queueing import (
+    REJECTED,
+    REJECTED_RETRY_SECONDS,
+    QueueView,
+    queue_name,
+    queue_writes,
+    waiting_reason,
+)
 from rljob_operator.decisions.restarts import stall_check_in
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (
@@ -122,6 +130,59 @@ def succeeded(ctx: Situation) -> Plan | None:
     return settled(ctx, d, ctx.stale_deletions, ctx.lead_events)
 
 
+def queued(ctx: Situation) -> Plan | None:
+    """A job labelled for Kueue whose gang is not admitted (``queueing``): Queued, no pod runs.
+
+    A gang that was running when Kueue took the admission back (preemption, eviction) is stopped
+    as in a resize: SIGTERM (the workers save a checkpoint), a new gang generation that resumes
+    from it once admitted again; neither a restart nor a disruption. Nothing counts the waiting
+    time: the gang start time (startup and stall timeouts) and, before the first admission, the
+    start time (activeDeadlineSeconds) stay unset.
+    """
+    view = ctx.queue
+    if view is None or ctx.admitted:
+        if view is not None and ctx.placement_problems:
+            return _refused_placement(ctx)
+        return None
+    queue = queue_name(ctx.job) or ""
+    d = ctx.draft()
+    if not view.available:
+        d.reason = "KueueUnavailable"
+        d.message = (f"the job is labelled kueue.x-k8s.io/queue-name={queue} but this cluster serves no Kueue "
+                     "Workload API (kueue.x-k8s.io/v1beta2): install Kueue, or remove the label to run without it")
+    elif view.priority_problem and ctx.workload is None:
+        d.reason, d.message = "PriorityClassNotFound", view.priority_problem
+    elif ctx.workload is None and ctx.prev.reason == REJECTED:
+        # Kept while the create is refused again: a status flipping back and forth would wake the job for ever.
+        d.reason, d.message = REJECTED, ctx.prev.message or ""
+    else:
+        d.reason, d.message = waiting_reason(ctx.workload, queue)
+    live = [p for p in ctx.current if not p.deleting]
+    events = list(ctx.lead_events)
+    if live:
+        d.generation += 1
+        d.message = f"{d.message}; stopping generation {d.generation - 1} (workers save a checkpoint)"
+        events.append(Event("Normal", "Evicted", f"Kueue took the admission back: {d.message}"))
+    d.phase, d.reconciling = Phase.queued.value, True
+    d.gang_start_time = d.next_restart_time = None
+    d.start_time = ctx.prev.start_time
+    waiting = live or any(p.deleting for p in ctx.pods) or ctx.stale_deletions
+    look = WAIT_REQUEUE_SECONDS if waiting else (60.0 if not view.available else None)
+    if d.reason == REJECTED and not waiting:
+        look = REJECTED_RETRY_SECONDS
+    return ctx.plan(d, delete=ctx.stale_deletions + [p.name for p in live], events=events,
+                    requeue_after=look, gang_restart="Evicted" if live else None)
+
+
+def _refused_placement(ctx: Situation) -> Plan:
+    """The flavors Kueue assigned cannot be applied to the pods: Failed, every field named."""
+    d = ctx.draft()
+    d.phase, d.reason = Phase.failed.value, "PolicyViolation"
+    d.message = "; ".join(ctx.placement_problems)[:1024]
+    d.completion_time = rfc3339(ctx.now)
+    return settled(ctx, d, [p.name for p in ctx.owned if p.active])
+
+
 def resized(ctx: Situation) -> Plan | None:
     """Run the job at a new worker count: record the size first (status), then stop the gang.
 
@@ -181,7 +242,7 @@ def progress(ctx: Situation) -> Plan:
     occupied = {p.name for p in ctx.pods}
     missing = [i for i in range(replicas) if i not in ctx.by_index]
     create = [] if restart_left is not None and restart_left > 0 else [
-        desired_worker_pod(ctx.job, i, ctx.generation, ctx.endpoint) for i in missing
+        ctx.place(desired_worker_pod(ctx.job, i, ctx.generation, ctx.endpoint)) for i in missing
         if worker_name(ctx.job.metadata.name, i) not in occupied
     ]
     blocked = [worker_name(ctx.job.metadata.name, i) for i in missing
@@ -263,7 +324,8 @@ def _next_look(ctx: Situation, d: StatusDraft, blocked: list[str], restart_left:
 
 #: The decisions of one reconcile, in order: the first that returns a Plan decides (``progress`` always does).
 STEPS: tuple[Callable[[Situation], Plan | None], ...] = (
-    finished, policy_violation, suspended, deadline_passed, succeeded, plan_failure, resized, insufficient_capacity, progress,
+    finished, policy_violation, suspended, deadline_passed, succeeded, queued, plan_failure, resized,
+    insufficient_capacity, progress,
 )
 
 
@@ -272,18 +334,24 @@ def plan_reconcile(
     force_delete_after: float = FORCE_DELETE_AFTER_SECONDS, capacity: Capacity | None = None,
     profile: PodProfile | None = None,
     network: JobNetwork | None = None,
+    queue: QueueView | None = None,
 ) -> Plan:
     """Decide one reconcile of ``job`` given its observed pods (label ``rljob.dev/job``).
 
     ``force_delete_after``: seconds a pod may stay Terminating past its deletion deadline.
     ``capacity``: the cluster's nodes and bound pods, for policy Capacity (None: not looked at).
     ``profile``: the platform's pod profile every job is checked against first (None: not checked).
+    ``queue``: the job's Kueue side, for a job labelled for Kueue (None: not queued).
     ``network``: the platform's NetworkPolicy settings (None: the job gets no NetworkPolicy).
     """
-    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network)
+    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network, queue)
     for step in STEPS:
         plan = step(ctx)
         if plan is not None:
+            if queue is not None:  # the Workload follows the decided phase
+                left = any(p.owned or p.orphan for p in pods)
+                plan.queue = queue_writes(job, ctx.replicas, queue, plan.status.get("phase") or "",
+                                          plan.status.get("message") or "", left, now)
             return plan
     raise AssertionError("plan_reconcile: the last step (progress) always decides")
 

@@ -25,6 +25,7 @@ from rljob_operator.decisions.children import (
 )
 from rljob_operator.decisions.conditions import STALL_REASONS, make_conditions
 from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.queueing import QueueWrites
 from rljob_operator.names import StatusEndpoint, selector
 
 #: Written when a job's spec is rejected before any pod is looked at (``plan_invalid``): the
@@ -86,8 +87,8 @@ class Plan:
     """The whole desired state of one reconcile; the reconciler applies it in this order.
 
     ``status`` first (it records decisions such as a new gang generation or the start time), then
-    ``delete_pods`` and ``force_delete_pods``, then ``children`` (ConfigMap, Service and
-    NetworkPolicy: a pod no policy selects accepts traffic from anywhere, so the policy exists
+    ``queue`` (the job's Kueue Workload), then ``delete_pods`` and ``force_delete_pods``, then
+    ``children`` (ConfigMap, Service and NetworkPolicy: a pod no policy selects accepts traffic from anywhere, so the policy exists
     before any pod), then ``create_pods``, then ``events``, then ``delete_job``.
     """
 
@@ -105,6 +106,8 @@ class Plan:
     requeue_after: float | None = None
     gang_restart: str | None = None
     """Why this reconcile starts a new gang generation (Resumed, SpecChanged, a failure reason)."""
+    queue: QueueWrites | None = None
+    """Kueue Workload writes, applied right after the status (None: the job is not queued)."""
 
     @property
     def configmap(self) -> dict[str, Any] | None:

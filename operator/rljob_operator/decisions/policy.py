@@ -208,6 +208,18 @@ def _toleration(path: str, toleration: dict[str, Any], profile: PodProfile) -> l
     return []
 
 
+def flavor_violations(flavor: str, tolerations: list[dict[str, Any]], profile: PodProfile) -> list[str]:
+    """Tolerations a Kueue ResourceFlavor would add to the job's pods that the profile refuses.
+
+    Flavors are cluster-scoped and the platform's own, but the resulting pod is held to the same
+    profile as the job's own fields.
+    """
+    out: list[str] = []
+    for i, toleration in enumerate(tolerations):
+        out += _toleration(f"ResourceFlavor {flavor}: spec.tolerations[{i}]", toleration or {}, profile)
+    return out
+
+
 # ------------------------------------------------------------------ the pod template
 
 

@@ -18,6 +18,15 @@ from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, sp
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Children, Event, Plan, StatusDraft, build_status, transition_event
 from rljob_operator.decisions.policy import PodProfile, violations
+from rljob_operator.decisions.queueing import (
+    QueueView,
+    admitted,
+    assigned_flavors,
+    current_workload,
+    placed,
+    placement_problems,
+    queue_violations,
+)
 from rljob_operator.decisions.scaling import (
     Capacity,
     Resize,
@@ -98,6 +107,8 @@ class Situation:
     """What the platform allows the job's pods (None: not checked, for tests of other decisions)."""
     network: JobNetwork | None = None
     """The platform's NetworkPolicy settings (None: the operator makes no NetworkPolicy)."""
+    queue: QueueView | None = None
+    """The job's Kueue side, for a job labelled kueue.x-k8s.io/queue-name (None: not queued)."""
 
     # ---------------------------------------------------------------- the job as stored
     @derived
@@ -122,7 +133,8 @@ class Situation:
     @derived
     def violations(self) -> list[str]:
         """Fields of the job the platform's pod profile does not allow (``policy.violations``)."""
-        return violations(self.job, self.profile) if self.profile is not None else []
+        found = violations(self.job, self.profile) if self.profile is not None else []
+        return found + (queue_violations(self.job) if self.queue is not None else [])
 
     @derived
     def start(self) -> datetime:
@@ -207,6 +219,34 @@ class Situation:
         # gang's names for ever; nothing else manages them.
         stale += [p for p in self.pods if p.orphan]
         return [p.name for p in stale if not p.deleting]
+
+    # ---------------------------------------------------------------------- Kueue
+    @derived
+    def workload(self) -> dict[str, Any] | None:
+        """The job's Kueue Workload for its current size (None: not queued, or none yet)."""
+        return current_workload(self.job, self.replicas, self.queue) if self.queue is not None else None
+
+    @derived
+    def admitted(self) -> bool:
+        """Kueue admits the gang (always True for a job that is not queued)."""
+        return self.queue is None or (self.queue.available and self.workload is not None and admitted(self.workload))
+
+    @derived
+    def placement_problems(self) -> list[str]:
+        """Why the admitted gang cannot take the ResourceFlavors Kueue assigned (empty: it can)."""
+        if self.queue is None or self.workload is None:
+            return []
+        names = assigned_flavors(self.workload)
+        flavors = [self.queue.flavors[n] for n in names if n in self.queue.flavors]
+        conflicts = placed(desired_worker_pod(self.job, 0, 0), flavors)[1]  # a node label the job selects otherwise
+        return placement_problems(self.queue.flavors, names, self.profile) + conflicts
+
+    def place(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """``pod`` with the node labels and tolerations of the flavors Kueue assigned (if queued)."""
+        if self.queue is None or self.workload is None:
+            return pod
+        names = assigned_flavors(self.workload)
+        return placed(pod, [self.queue.flavors[n] for n in names if n in self.queue.flavors])[0]
 
     # ---------------------------------------------------------------------- sizing
     @derived
