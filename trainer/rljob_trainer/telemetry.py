@@ -21,6 +21,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from transformers import TrainerCallback
 
+from rljob_trainer.contract import finite_metrics
+
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
@@ -146,7 +148,10 @@ class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
         if self.metrics is not None:
             self.metrics.observe(logs, state.global_step, tps)
         if self.heartbeat is not None and ("reward" in logs or "loss" in logs):
-            self.heartbeat.send(step=state.global_step, reward=logs.get("reward"), loss=logs.get("loss"))
+            # The other logged numbers (kl, each reward's mean, ...) too: an experiment's objective may be any of them.
+            metrics = finite_metrics(logs, skip=frozenset({"reward", "loss", "step"}))
+            self.heartbeat.send(step=state.global_step, reward=logs.get("reward"), loss=logs.get("loss"),
+                                metrics=metrics)
 
 
 def reward_history(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:

@@ -204,9 +204,14 @@ class Kube:
                 return None
             raise
 
-    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
+                         resource_version: str | None = None) -> dict[str, Any]:
+        """Merge-patch the job's status; with ``resource_version``, only if the job is still at it (else 409)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         return self.request(
-            "PATCH", self.job_path(namespace, name, "status"), {"status": status},
+            "PATCH", self.job_path(namespace, name, "status"), body,
             content_type="application/merge-patch+json",
         )
 
