@@ -82,9 +82,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from rljob_operator.crd import crd_yaml
+    from rljob_operator.crd import crd_yaml, experiment_crd_yaml
 
-    text = crd_yaml()
+    text = experiment_crd_yaml() if args.kind == "RLExperiment" else crd_yaml()
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -253,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the RLTrainingJob CRD (generated from the API models)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--kind", choices=["RLTrainingJob", "RLExperiment"], default="RLTrainingJob",
+                   help="which CRD (default RLTrainingJob)")
     p.set_defaults(func=cmd_crd)
 
     p = sub.add_parser(
