@@ -58,7 +58,13 @@ def test_trials_start_within_parallelism_owned_labelled_and_recorded_first() -> 
     assert [e.reason for e in first.events] == ["TrialStarted", "TrialStarted"]
     # Crashed after the status, before the creates (no jobs yet): the same two, never others.
     again = plan(step(doc, first), [])
-    assert [j["metadata"]["name"] for j in again.create] == []  # recorded trials are not new trials
+    assert again.create == first.create and again.status["trials"] == first.status["trials"]
+    # A trial seen running whose job is then deleted by someone is failed, not started again.
+    seen = plan(step(doc, first), [job(j, "Running", [0.1]) for j in first.create])
+    gone = plan(step(doc, seen), [job(first.create[0], "Running", [0.1])])
+    assert gone.status["trials"][1]["phase"] == "Failed"
+    assert [j["metadata"]["name"] for j in gone.create] == ["ab-low-s7"]  # its slot went to the next trial
+    assert gone.status["trials"][1]["message"] == "its job was deleted"
     running = [job(j, "Running", [0.1]) for j in first.create]
     assert plan(step(doc, first), running).create == []  # both slots taken
 
@@ -105,8 +111,8 @@ def test_too_many_failed_trials_fail_the_search() -> None:
         {"name": "training.learningRate", "type": "float", "min": 1e-5, "max": 0.01, "log": True}]}})
     first = plan(doc, [])
     assert len(first.create) == 2 and all(t.get("params") for t in first.status["trials"])
-    # The parameters are asked once: the rebuilt study does not ask again for recorded trials.
-    assert plan(step(doc, first), []).create == []
+    # The parameters are asked once: a crash before the creates creates the recorded trials, as recorded.
+    assert plan(step(doc, first), []).create == first.create
     failed = [job(j, "Failed") for j in first.create]
     p = plan(step(doc, first), failed)
     assert p.status["phase"] == "Failed" and p.status["reason"] == "TooManyFailedTrials" and p.create == []

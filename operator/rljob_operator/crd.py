@@ -500,8 +500,10 @@ EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = {
               "spec.search.parameters[].name must name a spec.training field, e.g. training.learningRate", ".name"),
         _rule("self.type == 'categorical' || (has(self.min) && has(self.max))",
               "spec.search.parameters[]: a float or int parameter needs min and max", ".min"),
-        _rule("self.type != 'categorical' || has(self.values)",
-              "spec.search.parameters[].values: a categorical parameter needs values", ".values"),
+        # (values holds mixed scalars, untyped in a structural schema and so invisible to CEL: the models
+        # check that a categorical parameter has them.)
+        _rule("self.type != 'categorical' || (!has(self.min) && !has(self.max))",
+              "spec.search.parameters[]: a categorical parameter takes values, not min and max", ".min"),
         _rule("!has(self.min) || !has(self.max) || self.min < self.max",
               "spec.search.parameters[].max must be greater than min", ".max"),
         _rule("!has(self.log) || !self.log || !has(self.min) || self.min > 0.0",

@@ -81,7 +81,8 @@ def _trial_phase(job: dict[str, Any] | None, previous: TrialStatus) -> str:
     if previous.phase in FINISHED_TRIAL_PHASES:
         return str(previous.phase)  # final: a pruned (suspended) or finished trial stays what it was
     if job is None:
-        return TrialPhase.pending.value
+        # Pending: recorded, its job not created yet (it will be). Seen running, now gone: deleted by someone.
+        return TrialPhase.pending.value if previous.phase == TrialPhase.pending.value else TrialPhase.failed.value
     phase = (job.get("status") or {}).get("phase")
     if phase == "Succeeded":
         return TrialPhase.succeeded.value
@@ -93,7 +94,9 @@ def _trial_phase(job: dict[str, Any] | None, previous: TrialStatus) -> str:
 def observe_trial(previous: TrialStatus, job: dict[str, Any] | None, parsed: RLExperiment) -> TrialStatus:
     """``previous`` brought up to date from its job: phase, curve of the objective's metric, objective."""
     if job is None:
-        return previous.model_copy(update={"phase": _trial_phase(None, previous)})
+        phase = _trial_phase(None, previous)
+        gone = phase == TrialPhase.failed.value and previous.phase != phase
+        return previous.model_copy(update={"phase": phase, **({"message": "its job was deleted"} if gone else {})})
     status = job.get("status") or {}
     progress = status.get("progress") or {}
     points = series(progress.get("curve") or [], parsed.spec.objective.metric)
@@ -108,6 +111,13 @@ def observe_trial(previous: TrialStatus, job: dict[str, Any] | None, parsed: RLE
     if phase == TrialPhase.failed.value and previous.phase != phase:
         update["message"] = status.get("message") or status.get("reason") or "the trial job failed"
     return previous.model_copy(update=update)
+
+
+def _recorded(parsed: RLExperiment, t: TrialStatus) -> Trial:
+    """The trial a status entry records, rebuilt: an arm's by name, a search's from its number and parameters."""
+    if parsed.spec.search is not None:
+        return search_trial(parsed, t.number, t.params or {})
+    return next(a for a in arm_trials(parsed) if a.name == t.name)
 
 
 def _new_status(trial: Trial) -> TrialStatus:
@@ -180,6 +190,10 @@ def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list
             plan.events.append(Event("Warning", "TrialFailed", f"trial {new.name} failed: {new.message}"))
         trials.append(new)
     trials = _prune(parsed, trials, plan)
+    # Recorded before a crash (or a refused create) but never created: created now, as recorded.
+    for t in trials:
+        if t.phase == TrialPhase.pending.value and t.name not in by_name:
+            plan.create.append(trial_job(experiment, parsed, _recorded(parsed, t)))
     failed = sum(t.phase == TrialPhase.failed.value for t in trials)
     if failed > _max_failed(parsed):
         return _finish(plan, parsed, trials, experiment, ExperimentPhase.failed, "TooManyFailedTrials",
