@@ -317,3 +317,81 @@ def test_an_operator_killed_mid_experiment_resumes_it_with_no_duplicate_trial(
     status = get(kube, namespace, "search")["status"]
     assert [t["params"] for t in status["trials"][:2]] == [t["params"] for t in recorded]
     assert len(status["trials"]) == 3
+
+
+# ------------------------------------------------------------------------------ admission
+
+
+@pytest.fixture
+def experiment_policy(control_plane: Any, kube: Any, crd_installed: Any, experiment_crd: Any,
+                      namespace: str) -> Any:
+    """The kustomize base's admission policy as it ships, but for an operator running as
+    ServiceAccount ``<namespace>:exp-operator`` (the shipped one names rljob-system:rljob-operator)."""
+    from tests.test_delivery_admission import POLICY, POLICY_FILE, _delete_policy, _kubectl_admin
+
+    text = POLICY_FILE.read_text().replace("system:serviceaccount:rljob-system:rljob-operator",
+                                           f"system:serviceaccount:{namespace}:exp-operator")
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=text)
+    try:
+        yield POLICY
+    finally:
+        _delete_policy(kube)
+
+
+def _role(control_plane: Any, namespace: str, name: str, rules: list[dict[str, Any]], subject: str) -> None:
+    from tests.test_delivery_admission import _kubectl_admin
+
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace}, "rules": rules}
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
+    _kubectl_admin(control_plane, "create", "rolebinding", name, "--namespace", namespace, "--role", name,
+                   f"--serviceaccount={namespace}:{subject}")
+
+
+def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
+        experiment_policy: str, control_plane: Any, kube: Any, namespace: str, service_account_kubeconfig: Any,
+        tmp_path: Path) -> None:
+    """An ordinary user (rights on experiments only) may not name, through an experiment's template or an arm,
+    a Secret or ServiceAccount they could not use; once allowed, the operator creates the trials."""
+    from tests.operator_helpers import OperatorProcess
+    from tests.test_delivery_admission import _apply
+
+    _role(control_plane, namespace, "experiments-only", [
+        {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments"], "verbs": ["get", "list", "create", "patch"]},
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["get", "list"]}], "alice")
+    alice = service_account_kubeconfig("alice")
+    secret_template = {**template(), "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}}
+    doc = experiment("creds", arms=ARMS)
+    doc["spec"]["template"] = secret_template
+
+    def refusal(d: dict[str, Any]) -> str:
+        result = _apply(control_plane, alice, namespace, d)
+        return result.stderr if result.returncode != 0 else ""
+
+    wait_for(lambda: experiment_policy in refusal(doc), 30, message="the policy in force for experiments")
+    assert 'spec.template.checkpoint.credentialsSecret names Secret "s3-keys"' in refusal(doc)
+    as_sa = experiment("as-sa", arms=ARMS)
+    as_sa["spec"]["template"]["workers"]["serviceAccountName"] = "powerful"
+    assert 'spec.template.workers.serviceAccountName names ServiceAccount "powerful"' in refusal(as_sa)
+    sneaky = experiment("sneaky", arms=[ARMS[0], {"name": "creds", "overrides": {
+        "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}}}])
+    assert "spec.arms[].overrides may not set" in refusal(sneaky)
+
+    # Allowed to read the Secret, alice's experiment is admitted, and the operator (which may read no
+    # Secret) creates its trials: the template was checked against alice, not against the operator.
+    _role(control_plane, namespace, "use-s3-keys", [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["s3-keys"], "verbs": ["get"]}], "alice")
+    wait_for(lambda: not refusal(doc), 30, message="alice's experiment admitted once she may read the Secret")
+    assert "spec.arms[].overrides may not set" in refusal(sneaky)  # still: arms never carry references
+    _role(control_plane, namespace, "operator-rights", [
+        {"apiGroups": ["rljob.dev"], "resources": ["*"], "verbs": ["*"]},
+        {"apiGroups": [""], "resources": ["pods", "configmaps", "services", "events"], "verbs": ["*"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["*"]}], "exp-operator")
+    op = OperatorProcess(service_account_kubeconfig("exp-operator"), namespace, tmp_path / "sa-operator.log").start()
+    try:
+        op.wait_leader()
+        jobs = wait_for(lambda: trials_when(kube, namespace, "creds", 2), 60, message="alice's trials created")
+        assert all(j["spec"]["checkpoint"]["credentialsSecret"] == "s3-keys" for j in jobs)
+    finally:
+        op.stop()

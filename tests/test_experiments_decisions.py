@@ -117,6 +117,9 @@ def test_too_many_failed_trials_fail_the_search() -> None:
     p = plan(step(doc, first), failed)
     assert p.status["phase"] == "Failed" and p.status["reason"] == "TooManyFailedTrials" and p.create == []
     assert [e.reason for e in p.events].count("TrialFailed") == 2
+    # Failed is final for this generation: nothing more is started or written.
+    after = plan(step(doc, p), failed)
+    assert after.create == [] and after.events == [] and after.status == p.status
 
 
 def test_the_pod_profile_applies_to_trials() -> None:

@@ -14,6 +14,7 @@ decide, and applies the plan: status, creates (409: already there), suspensions,
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -107,6 +108,9 @@ class ExperimentReconciler:
                 self.kube.request("POST", self.kube.job_path(namespace), job)
                 log.info("experiment %s/%s: created trial %s", namespace, name, job["metadata"]["name"])
             except ApiException as e:
+                if e.status in (400, 403, 422):  # refused (admission, quota, validation): retrying cannot help
+                    self._refused(raw, job["metadata"]["name"], e, now)
+                    return
                 if e.status != 409:  # 409: created by an earlier reconcile (deterministic names)
                     raise
         for trial in plan.suspend:
@@ -122,6 +126,20 @@ class ExperimentReconciler:
                 self.kube.post_event(raw, event.type, event.reason, event.message, now, instance=self.instance)
             except ApiException as e:  # an Event is worth a log line, not a failed reconcile
                 log.warning("cannot post %s event for experiment %s/%s: %s", event.reason, namespace, name, e)
+
+    def _refused(self, raw: dict[str, Any], trial: str, error: ApiException, now: str) -> None:
+        """The API server refused a trial job: the experiment fails, saying why (TrialRejected)."""
+        try:
+            detail = str(json.loads(error.body or "{}").get("message") or error.reason)
+        except ValueError:
+            detail = str(error.reason)
+        message = f"the API server refused trial {trial} (HTTP {error.status}): {detail}"
+        meta = raw["metadata"]
+        status = {"phase": exp_api.ExperimentPhase.failed.value, "reason": "TrialRejected", "message": message,
+                  "observedGeneration": meta.get("generation")}
+        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": status},
+                          content_type="application/merge-patch+json")
+        self.kube.post_event(raw, "Warning", "TrialRejected", message, now, instance=self.instance)
 
     def _invalid(self, raw: dict[str, Any], problems: list[str], now: str) -> None:
         """A spec the models refuse (an arm's overrides make an invalid job): Failed, InvalidSpec, nothing started."""

@@ -181,6 +181,10 @@ def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list
                     now: str, profile: PodProfile | None = None) -> ExperimentPlan:
     """The experiment's next step from its status and its trial jobs (owned ones only, by name) at ``now``."""
     previous = exp_api.RLExperimentStatus.model_validate(experiment.get("status") or {})
+    if previous.phase == ExperimentPhase.failed and previous.observed_generation == experiment["metadata"].get(
+            "generation"):
+        # Failed is final for this spec (a refused trial would be refused again); a changed spec tries again.
+        return ExperimentPlan(status=dict(experiment.get("status") or {}), now=now)
     by_name = {j["metadata"]["name"]: j for j in jobs}
     plan = ExperimentPlan(status={}, now=now)
     trials = []
