@@ -37,7 +37,7 @@ from rljob_operator.experiments.objective import curve_from_logs, objective_valu
 from rljob_operator.experiments.pruning import should_prune
 from rljob_operator.experiments.search import next_params
 from rljob_operator.experiments.trials import Trial, arm_trials, search_trial, trial_manifest
-from rljob_trainer.contract import METRICS_LOG
+from rljob_trainer.contract import METRICS_LOG, PROGRESS_ENV
 
 #: How often running trials' metrics logs are read.
 POLL_SECONDS = 1.0
@@ -121,7 +121,7 @@ class LocalRunner:
         log = folder.parent / f"{trial.name}.log"
         (folder / METRICS_LOG).unlink(missing_ok=True)  # a fresh run: no curve from an earlier one
         env = dict(os.environ)
-        env.setdefault("RLJOB_PROGRESS", "0")
+        env.setdefault(PROGRESS_ENV, "0")  # no progress bars in the trial logs
         with log.open("wb") as f:
             proc = subprocess.Popen([sys.executable, "-m", "rljob", "train", str(manifest), "--output", str(folder)],
                                     stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
