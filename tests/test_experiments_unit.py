@@ -314,8 +314,9 @@ def test_runner_reads_only_whole_metric_lines_and_keeps_the_last_of_a_step(tmp_p
 def test_leaderboard_table_and_curves_from_a_status(tmp_path: Any) -> None:
     from pathlib import Path
 
-    from rljob.experiment import leaderboard_table, plot_curves
     from rljob_operator.experiments.api import CurvePoint, RLExperimentStatus
+
+    from rljob.experiment import leaderboard_table, plot_curves
 
     exp = RLExperiment.model_validate(AB)
     trials = [arm_trial("low", 7, 0.21), arm_trial("low", 8, 0.19),
