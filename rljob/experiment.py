@@ -45,11 +45,38 @@ POLL_SECONDS = 1.0
 STOP_GRACE_SECONDS = 120.0
 
 
-def default_parallel(experiment: RLExperiment) -> int:
-    """Trials at once by default: as many as this machine's CPUs hold (one CPU per trainer process),
-    at least one, at most the experiment's own bound."""
-    world = experiment.spec.template.workers.replicas * experiment.spec.template.workers.procs_per_worker
-    return max(1, min(experiment.spec.max_parallel, (os.cpu_count() or 1) // max(1, world)))
+def visible_gpus() -> list[str]:
+    """The GPUs trials may use: CUDA_VISIBLE_DEVICES when set, else every device torch sees."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        import torch
+    except ImportError:
+        return []
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def trial_world(experiment: RLExperiment) -> int:
+    """Processes one trial starts (``rljob train`` runs replicas × procsPerWorker here)."""
+    workers = experiment.spec.template.workers
+    return max(1, workers.replicas * workers.procs_per_worker)
+
+
+def default_parallel(experiment: RLExperiment, gpus: list[str]) -> int:
+    """Trials at once by default: as many as this machine's GPUs (one per process) or, without GPUs,
+    its CPUs (one per process) hold; at least one, at most the experiment's own bound."""
+    world = trial_world(experiment)
+    capacity = len(gpus) if gpus else (os.cpu_count() or 1)
+    return max(1, min(experiment.spec.max_parallel, capacity // world))
+
+
+def gpu_slots(gpus: list[str], world: int, parallel: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each of ``parallel`` slots: disjoint groups of ``world`` GPUs, so trials
+    running at once never share a device; None (inherit) without GPUs or when they do not go round."""
+    if not gpus or len(gpus) < world * parallel:
+        return [None] * parallel
+    return [",".join(gpus[i * world:(i + 1) * world]) for i in range(parallel)]
 
 
 @dataclass
@@ -65,6 +92,7 @@ class RunningTrial:
     records: list[dict[str, Any]] = field(default_factory=list)
     offset: int = 0
     stop_sent: float | None = None
+    slot: int = 0
 
 
 class LocalRunner:
@@ -79,6 +107,7 @@ class LocalRunner:
         self.statuses: list[TrialStatus] = []
         self.running: dict[str, RunningTrial] = {}
         self.queue: list[Trial] = arm_trials(experiment) if self.spec.arms is not None else []
+        self.slots = gpu_slots(visible_gpus(), trial_world(experiment), parallel)
 
     # ------------------------------------------------------------------------ the loop
 
@@ -119,16 +148,20 @@ class LocalRunner:
         manifest = folder.parent / f"{trial.name}.yaml"
         manifest.write_text(yaml.safe_dump(trial_manifest(self.experiment, trial), sort_keys=False))
         log = folder.parent / f"{trial.name}.log"
-        (folder / METRICS_LOG).unlink(missing_ok=True)  # a fresh run: no curve from an earlier one
+        # A folder from an earlier run of this experiment is kept: like `rljob train`, the trial resumes
+        # from its newest checkpoint, and the metrics log already holds the curve up to there.
         env = dict(os.environ)
         env.setdefault(PROGRESS_ENV, "0")  # no progress bars in the trial logs
+        slot = min(set(range(self.parallel)) - {rt.slot for rt in self.running.values()})
+        if self.slots[slot] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.slots[slot])
         with log.open("wb") as f:
             proc = subprocess.Popen([sys.executable, "-m", "rljob", "train", str(manifest), "--output", str(folder)],
                                     stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         status = TrialStatus(name=trial.name, number=trial.number, arm=trial.arm, params=trial.params,
                              seed=trial.seed, phase=TrialPhase.running)
         self.statuses.append(status)
-        self.running[trial.name] = RunningTrial(trial, status, proc, folder, log, time.monotonic())
+        self.running[trial.name] = RunningTrial(trial, status, proc, folder, log, time.monotonic(), slot=slot)
         self.say(f"[{trial.number + 1}/{self.spec.total_trials}] started {trial.name} ({self.describe(status)})")
 
     def poll(self) -> None:
@@ -342,7 +375,7 @@ def write_outputs(experiment: RLExperiment, status: RLExperimentStatus, out: Pat
 def run_experiment(experiment: RLExperiment, out: Path, parallel: int | None, stream: TextIO = sys.stdout) -> int:
     """Run ``experiment`` into ``out``; 0 when it succeeded (a best trial, not too many failures)."""
     out.mkdir(parents=True, exist_ok=True)
-    runner = LocalRunner(experiment, out, parallel or default_parallel(experiment), stream)
+    runner = LocalRunner(experiment, out, parallel or default_parallel(experiment, visible_gpus()), stream)
     status = runner.run()
     write_outputs(experiment, status, out)
     print(leaderboard_table(experiment, status), file=stream)

@@ -331,3 +331,17 @@ def test_leaderboard_table_and_curves_from_a_status(tmp_path: Any) -> None:
     png = Path(tmp_path) / "curves.png"
     plot_curves(exp, status, png)
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
+
+
+def test_trials_at_once_fit_the_gpus_or_cpus_and_never_share_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob.experiment import default_parallel, gpu_slots, visible_gpus
+
+    exp = RLExperiment.model_validate(with_spec(AB, template={"workers": {"procsPerWorker": 2}}))
+    assert default_parallel(exp, ["0", "1", "2", "3", "4"]) == 2  # 2 processes a trial: 5 GPUs hold 2
+    assert default_parallel(exp, []) >= 1
+    assert gpu_slots(["0", "1", "2", "3"], 2, 2) == ["0,1", "2,3"]
+    assert gpu_slots(["0", "1", "2"], 2, 2) == [None, None]  # do not go round: each trial sees all
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert visible_gpus() == ["3", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []
