@@ -107,6 +107,7 @@ class LocalRunner:
         self.statuses: list[TrialStatus] = []
         self.running: dict[str, RunningTrial] = {}
         self.queue: list[Trial] = arm_trials(experiment) if self.spec.arms is not None else []
+        self.interrupted = False
         self.slots = gpu_slots(visible_gpus(), trial_world(experiment), parallel)
 
     # ------------------------------------------------------------------------ the loop
@@ -123,6 +124,9 @@ class LocalRunner:
                     break
                 time.sleep(POLL_SECONDS)
                 self.poll()
+        except KeyboardInterrupt:
+            self.interrupted = True  # Ctrl-C: stop the trials, still write what is known
+            self.say("interrupted: stopping the running trials")
         finally:
             self.stop_all()
         return self.status()
@@ -257,11 +261,12 @@ class LocalRunner:
         """The experiment's status from its trials (the same standings the operator writes)."""
         s = standings(self.spec, self.statuses)
         done = sum(t.phase != TrialPhase.running.value for t in self.statuses)
-        ok = s.best is not None and not self.failed_too_often()
+        ok = s.best is not None and not self.failed_too_often() and not self.interrupted
+        reason = ("Interrupted" if self.interrupted else "TooManyFailedTrials" if self.failed_too_often()
+                  else "TrialsFinished" if ok else "NoResult")
         best_name = (s.leaderboard[0].name if s.leaderboard else None)
         return RLExperimentStatus(
-            phase=ExperimentPhase.succeeded if ok else ExperimentPhase.failed,
-            reason="TrialsFinished" if ok else ("TooManyFailedTrials" if self.failed_too_often() else "NoResult"),
+            phase=ExperimentPhase.succeeded if ok else ExperimentPhase.failed, reason=reason,
             trials_total=self.spec.total_trials, trials_done=done, summary=f"{done}/{self.spec.total_trials}",
             trials=self.statuses, arms=s.arms, leaderboard=s.leaderboard, best=s.best, winner=s.winner,
             best_name=best_name, best_objective=s.leaderboard[0].objective if s.leaderboard else None,
