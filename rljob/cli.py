@@ -3,6 +3,7 @@
 * ``rljob train MANIFEST`` — run the job on this machine (CPU: gloo), same manifest as the cluster.
 * ``rljob validate MANIFEST...`` — offline validation; non-zero exit with field paths on error.
 * ``rljob crd`` — print the RLTrainingJob CustomResourceDefinition (generated from the models).
+* ``rljob experiment EXPERIMENT`` — run an RLExperiment's trials (A/B test or search) on this machine.
 * ``rljob operator`` — run the operator (kopf watches, reconcile, status API, metrics).
 * ``rljob checkpoints list|verify|prune URI`` — inspect, verify (local vs remote checksums) and prune
   checkpoints on object storage (``s3://bucket/prefix``) or in a folder.
@@ -15,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rljob_operator.api import ManifestError, load_job, load_jobs
@@ -79,6 +81,24 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{s['wall_seconds']:.1f}s; summary in {summary_path}"
         )
     return code
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    """Run an RLExperiment's trials on this machine (``rljob.experiment``)."""
+    from rljob_operator.experiments.api import load_experiment
+
+    try:
+        experiment = load_experiment(args.manifest)
+    except ManifestError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_PERMANENT
+    if args.parallel is not None and args.parallel < 1:
+        print("rljob: error: --parallel must be at least 1", file=sys.stderr)
+        return 2
+    from rljob.experiment import run_experiment
+
+    out = Path(args.out or os.path.join("runs", experiment.metadata.name))
+    return run_experiment(experiment, out, args.parallel)
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -281,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_operator)
 
     add_checkpoints_parser(sub)
+
+    p = sub.add_parser("experiment", help="run an RLExperiment's trials (A/B test or search) on this machine")
+    p.add_argument("manifest")
+    p.add_argument("--out", help="output folder (default: runs/<experiment name>)")
+    p.add_argument("--parallel", type=int, help="trials at once (default: as many as the CPUs hold, at most the "
+                   "experiment's parallelism)")
+    p.set_defaults(func=cmd_experiment)
     return parser
 
 

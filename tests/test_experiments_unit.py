@@ -269,3 +269,79 @@ def test_no_winner_while_trials_run_and_pruned_trials_are_not_ranked() -> None:
     s = standings(exp.spec, trials)
     assert s.winner is None
     assert next(a for a in s.arms if a.name == "low").n == 1
+
+
+def test_the_experiments_core_imports_without_torch_kopf_optuna_or_scipy() -> None:
+    """The operator image has no torch; optuna and scipy load only when a decision needs them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rljob_operator.experiments.api, rljob_operator.experiments.trials, "
+            "rljob_operator.experiments.leaderboard, rljob_operator.experiments.pruning, "
+            "rljob_operator.experiments.search, rljob_operator.experiments.stats; "
+            "print(sorted(m for m in ('torch', 'kopf', 'optuna', 'scipy', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# ------------------------------------------------------------------- the local runner's parts
+
+
+def test_runner_reads_only_whole_metric_lines_and_keeps_the_last_of_a_step(tmp_path: Any) -> None:
+    import subprocess
+    from pathlib import Path
+
+    from rljob.experiment import LocalRunner, RunningTrial
+
+    exp = RLExperiment.model_validate(AB)
+    runner = LocalRunner(exp, Path(tmp_path), parallel=1)
+    trial = arm_trials(exp)[0]
+    status = TrialStatus(name=trial.name, number=0, seed=7, arm="high", phase="Running")
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    rt = RunningTrial(trial, status, proc, Path(tmp_path), Path(tmp_path) / "log", 0.0)
+    log = Path(tmp_path) / "metrics.jsonl"
+    log.write_text('{"step": 1, "reward": 0.1}\n{"step": 2, "reward": 0.2}\n{"step": 2, "rew')
+    runner.read_metrics(rt)
+    assert [(p.step, p.value) for p in status.curve] == [(1, 0.1), (2, 0.2)] and status.steps == 2
+    with log.open("a") as f:  # the rest of the line arrives; a resumed run logs step 2 again
+        f.write('ard": 0.25}\n{"step": 3, "loss": 1.0}\n')
+    runner.read_metrics(rt)
+    assert [(p.step, p.value) for p in status.curve] == [(1, 0.1), (2, 0.25)] and status.steps == 3
+    assert status.objective == pytest.approx((0.1 + 0.25) / 2)
+
+
+def test_leaderboard_table_and_curves_from_a_status(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from rljob_operator.experiments.api import CurvePoint, RLExperimentStatus
+
+    from rljob.experiment import leaderboard_table, plot_curves
+
+    exp = RLExperiment.model_validate(AB)
+    trials = [arm_trial("low", 7, 0.21), arm_trial("low", 8, 0.19),
+              arm_trial("high", 7, 0.83), arm_trial("high", 8, 0.88)]
+    for t in trials:
+        t.curve = [CurvePoint(step=s, value=(t.objective or 0) * s / 3) for s in (1, 2, 3)]
+    s = standings(exp.spec, trials)
+    status = RLExperimentStatus(trials=trials, arms=s.arms, leaderboard=s.leaderboard, best=s.best, winner=s.winner)
+    table = leaderboard_table(exp, status)
+    assert table.splitlines()[1].split()[:4] == ["1", "high", "2", "0.8550"]
+    assert "winner: high: high is significantly better than low" in table
+    png = Path(tmp_path) / "curves.png"
+    plot_curves(exp, status, png)
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
+
+
+def test_trials_at_once_fit_the_gpus_or_cpus_and_never_share_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob.experiment import default_parallel, gpu_slots, visible_gpus
+
+    exp = RLExperiment.model_validate(with_spec(AB, template={"workers": {"procsPerWorker": 2}}))
+    assert default_parallel(exp, ["0", "1", "2", "3", "4"]) == 2  # 2 processes a trial: 5 GPUs hold 2
+    assert default_parallel(exp, []) >= 1
+    assert gpu_slots(["0", "1", "2", "3"], 2, 2) == ["0,1", "2,3"]
+    assert gpu_slots(["0", "1", "2"], 2, 2) == [None, None]  # do not go round: each trial sees all
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert visible_gpus() == ["3", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == []

@@ -267,3 +267,10 @@ EXIT_SIGTERM_CHECKPOINTED = EXIT_SIGNAL_BASE + int(signal.SIGTERM)
 def exit_code_for_signal(signum: int) -> int:
     """The exit code of a node or rank that stopped because of signal ``signum`` (143 for SIGTERM)."""
     return EXIT_SIGNAL_BASE + int(signum)
+
+
+# ------------------------------------------------------------------------- metrics log
+#: In the output folder, rank 0 appends one JSON object per logged step: ``{"step": N, <metric>: value, …}``
+#: with TRL's log keys (reward, loss, rewards/<name>/mean, …). ``rljob experiment`` reads trial curves
+#: from it while trials run. A resumed run logs its steps again; readers keep the last line of a step.
+METRICS_LOG = "metrics.jsonl"

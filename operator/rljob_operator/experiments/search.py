@@ -3,7 +3,7 @@
 Nothing is stored between decisions (no Optuna storage, no database): each call builds an
 in-memory study, tells it every trial so far (``create_trial`` + ``add_trial``: finished ones
 with their objective, pruned ones with their curve, failed ones as failed, running ones as
-running) and asks once. The sampler is seeded with ``search.seed + len(trials)``, so the same
+running) and asks once. The sampler is seeded from ``search.seed`` and ``len(trials)``, so the same
 spec and the same history ask the same parameters: an operator that restarts between deciding
 and creating a trial asks again and gets what it would have created.
 """
@@ -40,14 +40,15 @@ def distribution(parameter: SearchParameter) -> Any:
 
 
 def sampler(search: SearchSpec, history: int) -> Any:
-    """The search's sampler, seeded by ``search.seed`` and the number of trials so far.
+    """The search's sampler, seeded from ``search.seed`` and the number of trials so far.
 
     TPE starts modelling after half the trials (at most 10) have run at random, so a short search
     still gets some guided trials; Optuna's default waits for 10.
     """
     import optuna
 
-    seed = search.seed + history
+    # Mixed rather than added, so that seeds 0 and 1 do not ask the same values one trial apart.
+    seed = (search.seed * 1_000_003 + history) % 2**32
     if search.algorithm == SearchAlgorithm.random:
         return optuna.samplers.RandomSampler(seed=seed)
     startup = max(1, min(10, search.max_trials // 2))
