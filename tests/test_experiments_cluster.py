@@ -122,7 +122,8 @@ def heartbeat(kube: Any, op: Any, namespace: str, job: str, points: list[tuple[i
 
 def finish(kube: Any, namespace: str, job: str) -> None:
     """The trial's worker exits 0 (a fake kubelet fate): the operator marks the job Succeeded."""
-    for pod in job_pods(kube, namespace, job):
+    pods = wait_for(lambda: job_pods(kube, namespace, job), 60, message=f"{job}'s pods")
+    for pod in pods:
         annotate_pod(kube, namespace, pod["metadata"]["name"], {"rljob.dev/fake-exit-code": "0"})
 
 
@@ -355,6 +356,7 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
     a Secret or ServiceAccount they could not use; once allowed, the operator creates the trials."""
     from tests.operator_helpers import OperatorProcess
     from tests.test_delivery_admission import _apply
+    from tests.test_delivery_chart import run
 
     _role(control_plane, namespace, "experiments-only", [
         {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments"], "verbs": ["get", "list", "create", "patch"]},
@@ -365,10 +367,13 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
     doc["spec"]["template"] = secret_template
 
     def refusal(d: dict[str, Any]) -> str:
-        result = _apply(control_plane, alice, namespace, d)
+        # A server-side dry run: admitted while the policy is not yet in force, nothing is stored (a stored
+        # experiment would make later applies updates without a spec change, which the policy lets pass).
+        result = run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(alice), "--namespace", namespace,
+                      "create", "--dry-run=server", "-f", "-"], check=False, input=yaml.safe_dump(d))
         return result.stderr if result.returncode != 0 else ""
 
-    wait_for(lambda: experiment_policy in refusal(doc), 30, message="the policy in force for experiments")
+    wait_for(lambda: experiment_policy in refusal(doc), 60, message="the policy in force for experiments")
     assert 'spec.template.checkpoint.credentialsSecret names Secret "s3-keys"' in refusal(doc)
     as_sa = experiment("as-sa", arms=ARMS)
     as_sa["spec"]["template"]["workers"]["serviceAccountName"] = "powerful"
@@ -382,6 +387,8 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
     _role(control_plane, namespace, "use-s3-keys", [
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["s3-keys"], "verbs": ["get"]}], "alice")
     wait_for(lambda: not refusal(doc), 30, message="alice's experiment admitted once she may read the Secret")
+    created = _apply(control_plane, alice, namespace, doc)
+    assert created.returncode == 0, created.stderr
     assert "spec.arms[].overrides may not set" in refusal(sneaky)  # still: arms never carry references
     _role(control_plane, namespace, "operator-rights", [
         {"apiGroups": ["rljob.dev"], "resources": ["*"], "verbs": ["*"]},
