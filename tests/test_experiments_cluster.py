@@ -239,6 +239,25 @@ def test_trials_run_within_parallelism_and_heartbeats_make_the_better_arm_win(
     assert reasons.count("TrialStarted") == 4 and "WinnerFound" in reasons
     assert len(trial_jobs(kube, namespace, "ab")) == 4
 
+    # Finished, the experiment causes no more writes: two more reconciles (each woken by a label) patch nothing.
+    patches = api_requests(op, "PATCH")
+    for poke in ("1", "2"):
+        seen = api_requests(op, "GET")
+        kube.request("PATCH", exp_path(namespace, "ab"), {"metadata": {"labels": {"poke": poke}}},
+                     content_type="application/merge-patch+json")
+        wait_for(lambda s=seen: api_requests(op, "GET") > s, 30, message="a reconcile after the poke")
+    assert api_requests(op, "PATCH") == patches
+
+
+def api_requests(op: Any, verb: str) -> float:
+    """The operator's count of ``verb`` requests on rlexperiments (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(op.metrics_text())
+               for sample in family.samples
+               if sample.name == "rljob_operator_api_requests_total"
+               and sample.labels.get("resource") == "rlexperiments" and sample.labels.get("verb") == verb)
+
 
 def test_a_hopeless_trial_is_pruned_at_a_rung(kube: Any, experiment_crd: Any, namespace: str, operator: Any) -> None:
     op = operator()

@@ -94,7 +94,7 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
-_RESOURCES = ("pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL,
+_RESOURCES = ("pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL, "rlexperiments",
               "tokenreviews", "subjectaccessreviews")
 
 
