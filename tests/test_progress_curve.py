@@ -75,3 +75,6 @@ def test_finite_metrics_picks_the_numbers_a_heartbeat_may_carry_from_trainer_log
     assert list(out)[:3] == ["kl", "epoch", "m0"] and len(out) == MAX_HEARTBEAT_METRICS
     assert "flag" not in out and "note" not in out and "bad name" not in out and "grad_norm" not in out
     HeartbeatBody(step=1, metrics=out)  # always what the contract accepts
+    # Over the bound, each reward function's metrics are kept before the rest.
+    many = {**{f"m{i}": 1.0 for i in range(40)}, "rewards/accuracy/mean": 0.5, "rewards/accuracy/std": 0.1}
+    assert list(finite_metrics(many))[:2] == ["rewards/accuracy/mean", "rewards/accuracy/std"]

@@ -235,9 +235,10 @@ class HeartbeatBody(BaseModel):
 
 
 def finite_metrics(logs: dict[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, float]:
-    """The finite numbers of a Trainer's ``logs`` whose names a heartbeat may carry (at most the bound, in order)."""
+    """The finite numbers of a Trainer's ``logs`` whose names a heartbeat may carry (at most the bound, in order;
+    each reward function's ``rewards/...`` first, as objectives use them most)."""
     out: dict[str, float] = {}
-    for name, value in logs.items():
+    for name, value in sorted(logs.items(), key=lambda item: not str(item[0]).startswith("rewards/")):
         if len(out) >= MAX_HEARTBEAT_METRICS:
             break
         if name in skip or isinstance(value, bool) or not isinstance(value, int | float):
