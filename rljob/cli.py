@@ -3,6 +3,7 @@
 * ``rljob train MANIFEST`` — run the job on this machine (CPU: gloo), same manifest as the cluster.
 * ``rljob validate MANIFEST...`` — offline validation; non-zero exit with field paths on error.
 * ``rljob crd`` — print the RLTrainingJob CustomResourceDefinition (generated from the models).
+* ``rljob experiment EXPERIMENT`` — run an RLExperiment's trials (A/B test or search) on this machine.
 * ``rljob operator`` — run the operator (kopf watches, reconcile, status API, metrics).
 * ``rljob checkpoints list|verify|prune URI`` — inspect, verify (local vs remote checksums) and prune
   checkpoints on object storage (``s3://bucket/prefix``) or in a folder.
@@ -15,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rljob_operator.api import ManifestError, load_job, load_jobs
@@ -81,10 +83,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_crd(args: argparse.Namespace) -> int:
-    from rljob_operator.crd import crd_yaml
+def cmd_experiment(args: argparse.Namespace) -> int:
+    """Run an RLExperiment's trials on this machine (``rljob.experiment``)."""
+    from rljob_operator.experiments.api import load_experiment
 
-    text = crd_yaml()
+    try:
+        experiment = load_experiment(args.manifest)
+    except ManifestError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_PERMANENT
+    if args.parallel is not None and args.parallel < 1:
+        print("rljob: error: --parallel must be at least 1", file=sys.stderr)
+        return 2
+    from rljob.experiment import run_experiment
+
+    out = Path(args.out or os.path.join("runs", experiment.metadata.name))
+    return run_experiment(experiment, out, args.parallel)
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from rljob_operator.crd import crd_yaml, experiment_crd_yaml
+
+    text = experiment_crd_yaml() if args.kind == "RLExperiment" else crd_yaml()
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -253,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the RLTrainingJob CRD (generated from the API models)")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--kind", choices=["RLTrainingJob", "RLExperiment"], default="RLTrainingJob",
+                   help="which CRD (default RLTrainingJob)")
     p.set_defaults(func=cmd_crd)
 
     p = sub.add_parser(
@@ -279,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_operator)
 
     add_checkpoints_parser(sub)
+
+    p = sub.add_parser("experiment", help="run an RLExperiment's trials (A/B test or search) on this machine")
+    p.add_argument("manifest")
+    p.add_argument("--out", help="output folder (default: runs/<experiment name>)")
+    p.add_argument("--parallel", type=int, help="trials at once (default: as many as the CPUs hold, at most the "
+                   "experiment's parallelism)")
+    p.set_defaults(func=cmd_experiment)
     return parser
 
 

@@ -326,18 +326,18 @@ def test_generator_check_mode_reports_drift(tmp_path: Path) -> None:
 
 
 def test_rendered_crd_equals_the_generated_one_and_is_kept_on_uninstall() -> None:
-    from rljob_operator.crd import crd_manifest
+    from rljob_operator.crd import crd_manifest, experiment_crd_manifest
 
-    expected = crd_manifest()
-    crd = one(helm_template(), "CustomResourceDefinition")
-    assert crd["spec"] == expected["spec"]
-    assert crd["metadata"]["name"] == expected["metadata"]["name"]
-    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert "helm.sh/resource-policy" not in one(helm_template("--set", "crds.keep=false"),
-                                                "CustomResourceDefinition")["metadata"]["annotations"]
+    for expected in (crd_manifest(), experiment_crd_manifest()):
+        name = expected["metadata"]["name"]
+        crd = one(helm_template(), "CustomResourceDefinition", name)
+        assert crd["spec"] == expected["spec"]
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert "helm.sh/resource-policy" not in one(helm_template("--set", "crds.keep=false"),
+                                                    "CustomResourceDefinition", name)["metadata"]["annotations"]
+        kustomized = one(kustomize_build("cluster-wide"), "CustomResourceDefinition", name)
+        assert _yaml12_numbers(kustomized["spec"]) == _yaml12_numbers(expected["spec"])
     assert not by_kind(helm_template("--set", "crds.enabled=false"), "CustomResourceDefinition")
-    kustomized = one(kustomize_build("cluster-wide"), "CustomResourceDefinition")
-    assert _yaml12_numbers(kustomized["spec"]) == _yaml12_numbers(expected["spec"])
 
 
 def _yaml12_numbers(node: Any) -> Any:
@@ -447,6 +447,10 @@ def test_status_api_limits_reach_the_operator_and_bad_ones_are_refused() -> None
 JOB_RULES = [
     {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs/status"], "verbs": ["patch"]},
+    {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments/status"], "verbs": ["patch"]},
+    {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments/finalizers"], "verbs": ["update"]},
+    {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},

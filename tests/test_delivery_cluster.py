@@ -46,6 +46,7 @@ from tests.test_delivery_chart import CHART, MANIFESTS, PROMETHEUS, REPO, operat
 pytestmark = pytest.mark.cluster
 SNAPSHOTS = REPO / "tests" / "snapshots"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rltrainingjobs.rljob.dev"
+EXPERIMENT_CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rlexperiments.rljob.dev"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
@@ -100,11 +101,12 @@ def hand_crd_to_release(kube: Any, release: str, namespace: str) -> None:
 
     patch = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "Helm"}, "annotations": {
         "meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace}}}
-    try:
-        kube.request("PATCH", CRD_PATH, patch, content_type="application/merge-patch+json")
-    except ApiException as e:
-        if e.status != 404:
-            raise
+    for path in (CRD_PATH, EXPERIMENT_CRD_PATH):
+        try:
+            kube.request("PATCH", path, patch, content_type="application/merge-patch+json")
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
 
 def can_i_list(control_plane: Any, service_account: str, namespace: str) -> list[list[str]]:
@@ -424,6 +426,7 @@ def test_helm_uninstall_keeps_the_crd_and_the_jobs(release: Release, control_pla
     create_job(kube, release.jobs_namespace, job_manifest("survivor", replicas=1))
     helm_cli(control_plane, release.helm_home, "uninstall", release.name, "--namespace", release.namespace)
     assert kube.request("GET", CRD_PATH)["metadata"]["name"] == "rltrainingjobs.rljob.dev"
+    assert kube.request("GET", EXPERIMENT_CRD_PATH)["metadata"]["name"] == "rlexperiments.rljob.dev"
     assert kube.get_job(release.jobs_namespace, "survivor") is not None
     roles = kube.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles",
                          query={"labelSelector": f"app.kubernetes.io/instance={release.name}"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,48 @@ def test_resume_fallback_warnings_in_a_heartbeat_become_warning_events(kube, nam
     # A heartbeat without warnings adds none.
     assert _post(running, "st", token, {"step": 42}).status_code == 202
     assert len(fallback_events()) == 1
+
+
+def test_heartbeats_build_a_bounded_finite_progress_curve(kube, namespace, running) -> None:
+    """Each heartbeat's reward, loss and metrics become a curve point; bad metrics are refused whole."""
+    token = token_for(kube, namespace, "default", "rljob-status", pod=running["pods"]["st-worker-0"])
+    for step in range(1, 6):
+        body = {"step": step, "reward": step / 10, "loss": float("nan") if step == 3 else 1.0,
+                "metrics": {"kl": step / 100, "rewards/accuracy/mean": step / 5, "grad_norm": float("inf")}}
+        # Raw JSON with NaN (Python's json writes it; requests' json= refuses): a sender the trainer is not.
+        response = requests.post(f"{running['base']}/st/heartbeat", data=json.dumps(body), verify=running["ca"],
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                                 timeout=10)
+        assert response.status_code == 202, response.text
+    # An older trainer's heartbeat (no metrics) still counts; an empty one adds no point.
+    assert _post(running, "st", token, {"step": 6, "reward": 0.6}).status_code == 202
+    assert _post(running, "st", token, {"step": 6}).status_code == 202
+
+    def curve_at(last: int) -> Any:
+        def check() -> list[dict[str, Any]] | None:
+            curve = (get_job(kube, namespace, "st")["status"].get("progress") or {}).get("curve") or []
+            return curve if curve and curve[-1]["step"] == last else None
+        return check
+
+    curve = wait_for(curve_at(6), 20, message="curve up to step 6")
+    assert [p["step"] for p in curve] == [1, 2, 3, 4, 5, 6]
+    assert curve[1] == {"step": 2, "reward": 0.2, "loss": 1.0, "metrics": {"kl": 0.02, "rewards/accuracy/mean": 0.4}}
+    assert "loss" not in curve[2] and curve[2]["reward"] == 0.3  # NaN dropped, the point kept
+    assert curve[5] == {"step": 6, "reward": 0.6}
+
+    # Another replica wrote a point since this one last wrote: the next write must build on it, not overwrite it.
+    extra = [*curve, {"step": 7, "reward": 0.7}]
+    kube.patch_job_status(namespace, "st", {"progress": {"curve": extra}})
+    assert _post(running, "st", token, {"step": 8, "reward": 0.8}).status_code == 202
+    assert [p["step"] for p in wait_for(curve_at(8), 20, message="curve up to step 8")] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+    # The trainer resumed from the checkpoint of step 4: the abandoned run's later points go.
+    assert _post(running, "st", token, {"step": 5, "reward": 0.55, "final": True}).status_code == 202
+    curve = wait_for(curve_at(5), 20, message="curve rewound to step 5")
+    assert [p["step"] for p in curve] == [1, 2, 3, 4, 5] and curve[-1] == {"step": 5, "reward": 0.55}
+
+    # Hostile metrics: too many, a name that is not a metric's, a value that is not a number → 400, nothing kept.
+    for metrics in ({f"m{i}": 1.0 for i in range(33)}, {"a b": 1.0}, {"x" * 65: 1.0}, {"kl": "high"}):
+        response = _post(running, "st", token, {"step": 9, "reward": 9.0, "metrics": metrics})
+        assert response.status_code == 400 and "metrics" in response.json()["error"], metrics
+    assert (get_job(kube, namespace, "st")["status"]["progress"])["step"] == 5

@@ -59,3 +59,13 @@ def test_readme_and_docs_link_only_files_inside_the_repository() -> None:
             resolved = (doc.parent / target).resolve()
             assert resolved.is_relative_to(REPO), f"{doc.name} links {target}, outside the repository"
             assert resolved.exists(), f"{doc.name} links {target}, which does not exist"
+
+
+def test_readme_experiment_reference_names_every_experiment_spec_field() -> None:
+    from rljob_operator.experiments.api import RLExperimentSpec
+
+    readme = (REPO / "README.md").read_text()
+    reference = readme.split("### RLExperiment", 1)[1].split("\n## ", 1)[0]
+    fields = field_names(RLExperimentSpec) - field_names(RLTrainingJobSpec) | {"template"}
+    missing = sorted(n for n in fields if not re.search(rf"\b{re.escape(n)}\b", reference))
+    assert not missing, f"README's RLExperiment reference lacks: {missing}"

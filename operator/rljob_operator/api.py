@@ -29,7 +29,9 @@ from rljob_trainer.config import (
     accumulation_for,
     check_generation_batch,
 )
-from rljob_trainer.contract import format_validation_error
+from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, format_validation_error
+
+from rljob_operator.decisions.curve import MAX_CURVE_POINTS
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"
@@ -346,6 +348,17 @@ class WorkersStatus(StatusModel):
     current: int = Field(0, description="Worker pods of the current gang that are running.")
 
 
+class CurvePoint(StatusModel):
+    """One logged step of the progress curve (finite numbers only)."""
+
+    step: int = Field(..., ge=0, description="Optimizer steps completed at this point.")
+    reward: float | None = Field(None, description="Mean total reward of the step.")
+    loss: float | None = Field(None, description="Training loss of the step.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict, max_length=MAX_HEARTBEAT_METRICS,
+        description="Other logged metrics of the step by their TRL names (kl, rewards/<name>/mean, ...).")
+
+
 class Progress(StatusModel):
     """Training progress reported by rank 0's heartbeats (the status API)."""
 
@@ -356,6 +369,10 @@ class Progress(StatusModel):
     best_checkpoint: str | None = Field(None, description="Best kept checkpoint by spec.checkpoint.bestMetric.")
     best_metric: float | None = Field(None, description="That checkpoint's value of bestMetric.")
     last_heartbeat: str | None = Field(None, description="When the last heartbeat arrived (RFC 3339).")
+    curve: list[CurvePoint] = Field(
+        default_factory=list, max_length=MAX_CURVE_POINTS,
+        description=f"The logged steps so far, at most {MAX_CURVE_POINTS}: steps increase; when full, every second "
+                    "point is dropped (the curve spans the run evenly) and the last point is the latest step.")
 
 
 class LastFailure(StatusModel):

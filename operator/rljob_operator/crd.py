@@ -483,3 +483,108 @@ def crd_yaml() -> str:
         "# Regenerate with `make crd`.\n"
     )
     return header + yaml.safe_dump(crd_manifest(), sort_keys=False, allow_unicode=True, width=100)
+
+
+# ------------------------------------------------------------------------- RLExperiment
+# The experiment CRD is generated from the experiment models (rljob_operator.experiments.api) the same
+# way; its spec.template is the job CRD's own spec schema (CEL rules included), so a template is checked
+# at `kubectl apply` exactly like a job, and the search space gets CEL rules that name the field.
+
+EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "spec": [
+        _rule("has(self.arms) != has(self.search)",
+              "spec: give exactly one of spec.arms (an A/B test) or spec.search (a hyperparameter search)", ".arms"),
+    ],
+    "spec.search.parameters[]": [
+        _rule("self.name.startsWith('training.')",
+              "spec.search.parameters[].name must name a spec.training field, e.g. training.learningRate", ".name"),
+        _rule("self.type == 'categorical' || (has(self.min) && has(self.max))",
+              "spec.search.parameters[]: a float or int parameter needs min and max", ".min"),
+        # (values holds mixed scalars, untyped in a structural schema and so invisible to CEL: the models
+        # check that a categorical parameter has them.)
+        _rule("self.type != 'categorical' || (!has(self.min) && !has(self.max))",
+              "spec.search.parameters[]: a categorical parameter takes values, not min and max", ".min"),
+        _rule("!has(self.min) || !has(self.max) || self.min < self.max",
+              "spec.search.parameters[].max must be greater than min", ".max"),
+        _rule("!has(self.log) || !self.log || !has(self.min) || self.min > 0.0",
+              "spec.search.parameters[].min must be > 0 for a log-scale range (log: true)", ".min"),
+    ],
+    "spec.objective": [
+        _rule("self.reduce != 'atStep' || has(self.step)", "spec.objective.step: reduce atStep needs step", ".step"),
+    ],
+}
+
+
+def experiment_openapi_schema() -> dict[str, Any]:
+    """The experiment CRD's ``openAPIV3Schema``: spec.template is the job CRD's spec schema."""
+    from rljob_operator.experiments.api import RLExperimentSpec, RLExperimentStatus
+
+    spec = model_schema(RLExperimentSpec)
+    template = copy.deepcopy(openapi_schema()["properties"]["spec"])
+    template.pop("default", None)  # required: a template is written, not defaulted
+    template["description"] = spec["properties"]["template"].get("description", "")
+    spec["properties"]["template"] = template
+    arms = spec["properties"]["arms"]
+    # Arm names are unique (they name trials): the API server refuses a second arm of the same name.
+    arms["x-kubernetes-list-type"], arms["x-kubernetes-list-map-keys"] = "map", ["name"]
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": "An experiment: an A/B/n test of training strategies or a hyperparameter search, "
+                       "run as RLTrainingJob trials and judged by their reward curves.",
+        "properties": {
+            "apiVersion": {"type": "string", "description": API_VERSION},
+            "kind": {"type": "string", "description": "RLExperiment"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": model_schema(RLExperimentStatus),
+        },
+    }
+    for path, rules in EXPERIMENT_CEL_RULES.items():
+        _at(root, path).setdefault("x-kubernetes-validations", []).extend(copy.deepcopy(rules))
+    return root
+
+
+def experiment_crd_manifest() -> dict[str, Any]:
+    """The RLExperiment CustomResourceDefinition object."""
+    from rljob_operator.experiments import api as exp
+
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{exp.PLURAL}.{GROUP}",
+            "annotations": {"rljob.dev/generated-by": "rljob crd (rljob_operator.crd)"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": exp.KIND, "listKind": f"{exp.KIND}List", "plural": exp.PLURAL,
+                      "singular": exp.SINGULAR, "shortNames": list(exp.SHORT_NAMES), "categories": list(CATEGORIES)},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": experiment_openapi_schema()},
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                    {"name": "Trials", "type": "string", "jsonPath": ".status.summary",
+                     "description": "finished/total trials"},
+                    {"name": "Best", "type": "string", "jsonPath": ".status.bestName",
+                     "description": "the best arm (arms) or trial (search)"},
+                    {"name": "Objective", "type": "number", "jsonPath": ".status.bestObjective"},
+                    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+            }],
+        },
+    }
+
+
+def experiment_crd_yaml() -> str:
+    """The RLExperiment CRD as the YAML committed in ``crds/``."""
+    header = (
+        f"# Generated by `rljob crd --kind RLExperiment` from rljob_operator.experiments.api ({API_VERSION} "
+        "RLExperiment); do not edit.\n# Regenerate with `make crd`.\n"
+    )
+    return header + yaml.safe_dump(experiment_crd_manifest(), sort_keys=False, allow_unicode=True, width=100)

@@ -20,12 +20,14 @@ this module (the operator may import ``rljob_trainer.contract``, ``rljob_trainer
 from __future__ import annotations
 
 import json
+import math
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rljob_trainer.config import TrainerConfig
 
@@ -166,6 +168,12 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> list[st
 # -------------------------------------------------------------------------- heartbeat
 #: Most resume warnings one heartbeat may carry (the pre-flight keeps the first ten).
 MAX_HEARTBEAT_WARNINGS = 10
+#: Most logged metrics one heartbeat may carry, and the pattern and longest length of a metric's name
+#: (TRL's names: ``kl``, ``rewards/accuracy/mean``, ``completions/mean_length``, ...).
+MAX_HEARTBEAT_METRICS = 32
+METRIC_NAME_PATTERN = r"^[A-Za-z0-9_.:/-]+$"
+MAX_METRIC_NAME_LENGTH = 64
+_METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 
 
 def heartbeat_path(namespace: str, name: str) -> str:
@@ -195,10 +203,49 @@ class HeartbeatBody(BaseModel):
     time: float | None = Field(None, description="Sender's clock, seconds since the epoch (informational).")
     warnings: list[str] = Field(default_factory=list, max_length=MAX_HEARTBEAT_WARNINGS,
                                 description="Resume fallbacks to report as Warning events.")
+    metrics: dict[str, float | None] | None = Field(
+        None, max_length=MAX_HEARTBEAT_METRICS,
+        description="Other metrics of the logged step by their TRL names (kl, rewards/<name>/mean, ...).")
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, value: dict[str, float | None] | None) -> dict[str, float | None] | None:
+        for name in value or {}:
+            if len(name) > MAX_METRIC_NAME_LENGTH or not _METRIC_NAME_RE.match(name):
+                shown = name[:MAX_METRIC_NAME_LENGTH] + ("…" if len(name) > MAX_METRIC_NAME_LENGTH else "")
+                raise ValueError(f"metric name {shown!r} must be 1-{MAX_METRIC_NAME_LENGTH} characters of "
+                                 "letters, digits and _ . : / -")
+        return value
 
     def wire(self) -> dict[str, Any]:
-        """The JSON object to send (``warnings`` only when there are any, as older operators expect)."""
-        return self.model_dump(exclude=set() if self.warnings else {"warnings"})
+        """The JSON object to send (``warnings``/``metrics`` only when there are any, as older operators expect).
+
+        Non-finite numbers are left out (JSON has no NaN: ``requests`` refuses to send one, so a NaN loss
+        would cost the whole heartbeat).
+        """
+        exclude = set() if self.warnings else {"warnings"}
+        body = self.model_dump(exclude=exclude | {"metrics"})
+        for key in ("reward", "loss", "best_metric"):
+            if body[key] is not None and not math.isfinite(body[key]):
+                body[key] = None
+        finite = {k: v for k, v in (self.metrics or {}).items() if v is not None and math.isfinite(v)}
+        if finite:
+            body["metrics"] = finite
+        return body
+
+
+def finite_metrics(logs: dict[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, float]:
+    """The finite numbers of a Trainer's ``logs`` whose names a heartbeat may carry (at most the bound, in order;
+    each reward function's ``rewards/...`` first, as objectives use them most)."""
+    out: dict[str, float] = {}
+    for name, value in sorted(logs.items(), key=lambda item: not str(item[0]).startswith("rewards/")):
+        if len(out) >= MAX_HEARTBEAT_METRICS:
+            break
+        if name in skip or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if math.isfinite(value) and len(name) <= MAX_METRIC_NAME_LENGTH and _METRIC_NAME_RE.match(name):
+            out[name] = float(value)
+    return out
 
 
 # ------------------------------------------------------------------------- exit codes
@@ -221,3 +268,10 @@ EXIT_SIGTERM_CHECKPOINTED = EXIT_SIGNAL_BASE + int(signal.SIGTERM)
 def exit_code_for_signal(signum: int) -> int:
     """The exit code of a node or rank that stopped because of signal ``signum`` (143 for SIGTERM)."""
     return EXIT_SIGNAL_BASE + int(signum)
+
+
+# ------------------------------------------------------------------------- metrics log
+#: In the output folder, rank 0 appends one JSON object per logged step: ``{"step": N, <metric>: value, …}``
+#: with TRL's log keys (reward, loss, rewards/<name>/mean, …). ``rljob experiment`` reads trial curves
+#: from it while trials run. A resumed run logs its steps again; readers keep the last line of a step.
+METRICS_LOG = "metrics.jsonl"

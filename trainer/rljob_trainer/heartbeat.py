@@ -64,13 +64,15 @@ class Heartbeat:
         return cls(url, os.environ.get(TOKEN_FILE_ENV), os.environ.get(STATUS_CA_FILE_ENV),
                    os.environ.get(POD_NAME_ENV))
 
-    def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False) -> None:
+    def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False,
+             metrics: dict[str, float] | None = None) -> None:
         """Queue a heartbeat (the contract's ``HeartbeatBody``); one the status API would refuse is logged."""
         try:
             body = HeartbeatBody(
                 step=step, reward=reward, loss=loss, checkpoint=self.checkpoint,
                 best_checkpoint=self.best_checkpoint, best_metric=self.best_metric, pod=self.pod,
                 final=final, time=time.time(), warnings=self.warnings[:MAX_HEARTBEAT_WARNINGS],
+                metrics=metrics or None,
             ).wire()
         except ValidationError as e:  # a heartbeat never stops training
             log.warning("heartbeat: not sent, invalid: %s", e)

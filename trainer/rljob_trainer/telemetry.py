@@ -21,6 +21,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from transformers import TrainerCallback
 
+from rljob_trainer.contract import finite_metrics
+
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
@@ -129,9 +131,10 @@ class TrainerMetrics:
 class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
     """Feeds metrics and heartbeats from the Trainer's logs (world rank 0 only)."""
 
-    def __init__(self, metrics: TrainerMetrics | None, heartbeat: Any = None) -> None:
+    def __init__(self, metrics: TrainerMetrics | None, heartbeat: Any = None, log_path: Path | None = None) -> None:
         self.metrics = metrics
         self.heartbeat = heartbeat
+        self.log_path = log_path  # contract.METRICS_LOG in the output folder
         self._last_tokens: tuple[float, float] | None = None
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
@@ -145,8 +148,21 @@ class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
             self._last_tokens = (now, tokens)
         if self.metrics is not None:
             self.metrics.observe(logs, state.global_step, tps)
+        if self.log_path is not None:
+            append_metrics(self.log_path, state.global_step, logs)
         if self.heartbeat is not None and ("reward" in logs or "loss" in logs):
-            self.heartbeat.send(step=state.global_step, reward=logs.get("reward"), loss=logs.get("loss"))
+            # The other logged numbers (kl, each reward's mean, ...) too: an experiment's objective may be any of them.
+            metrics = finite_metrics(logs, skip=frozenset({"reward", "loss", "step"}))
+            self.heartbeat.send(step=state.global_step, reward=logs.get("reward"), loss=logs.get("loss"),
+                                metrics=metrics)
+
+
+def append_metrics(path: Path, step: int, logs: dict[str, Any]) -> None:
+    """Append one line of numeric ``logs`` at ``step`` to the metrics log (see contract.METRICS_LOG)."""
+    record: dict[str, Any] = {"step": step}
+    record.update({k: v for k, v in logs.items() if isinstance(v, int | float) and not isinstance(v, bool)})
+    with path.open("a", encoding="utf-8") as f:  # one short write per step: a reader sees whole lines
+        f.write(json.dumps(record) + "\n")
 
 
 def reward_history(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:

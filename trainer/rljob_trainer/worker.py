@@ -23,6 +23,7 @@ from rljob_trainer.contract import (
     ERROR_FILE_ENV,
     EXIT_CUDA_OOM,
     EXIT_PERMANENT,
+    METRICS_LOG,
     METRICS_PORT_ENV,
     MODEL_PATH_ENV,
     PROGRESS_ENV,
@@ -298,7 +299,9 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         policy = RetentionPolicy(cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric)
         publisher = CheckpointPublisher.for_plan(storage, policy, retries=cfg.checkpoint.upload_retries,
                                                  metrics=metrics, heartbeat=heartbeat)
-    callbacks = [TelemetryCallback(metrics, heartbeat), checkpoint_callback(publisher), stop_on_signal_callback(STOP)]
+    metrics_log = Path(cfg.output_dir) / METRICS_LOG if rank == 0 else None
+    callbacks = [TelemetryCallback(metrics, heartbeat, metrics_log), checkpoint_callback(publisher),
+                 stop_on_signal_callback(STOP)]
     trainer = build_trainer(cfg, trainer_cls, inputs, callbacks)
     if resume is not None and rank == 0:
         log.warning("resuming from %s", resume)

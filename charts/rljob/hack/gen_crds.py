@@ -65,8 +65,12 @@ def chart_template(crd_text: str) -> str:
 
 
 def outputs(crd_text: str) -> dict[Path, str]:
-    """Every generated file and its content."""
-    return {CHART_CRD: chart_template(crd_text), KUSTOMIZE_CRD: crd_text}
+    """Every generated file and its content (RLTrainingJob's at the paths above; another CRD, such as
+    RLExperiment's from ``rljob crd --kind RLExperiment``, beside them under its plural)."""
+    plural, _, group = str(yaml.safe_load(crd_text)["metadata"]["name"]).partition(".")
+    chart = REPO / f"charts/rljob/templates/crds/{plural}.yaml"
+    kustomize = REPO / f"manifests/base/crds/{group}_{plural}.yaml"
+    return {chart: chart_template(crd_text), kustomize: crd_text}
 
 
 def main(argv: list[str] | None = None) -> int:

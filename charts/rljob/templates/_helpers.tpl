@@ -105,6 +105,20 @@ app.kubernetes.io/component: operator
 - apiGroups: ["rljob.dev"]
   resources: ["rltrainingjobs/status"]
   verbs: ["patch"]
+# Experiments: watched and read; their status written; each trial is an RLTrainingJob the operator
+# creates (owned by the experiment, so finalizers update: blockOwnerDeletion) and suspends when pruned.
+- apiGroups: ["rljob.dev"]
+  resources: ["rlexperiments"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["rljob.dev"]
+  resources: ["rlexperiments/status"]
+  verbs: ["patch"]
+- apiGroups: ["rljob.dev"]
+  resources: ["rlexperiments/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["rljob.dev"]
+  resources: ["rltrainingjobs"]
+  verbs: ["create", "patch"]
 # Worker pods: watched, created under deterministic names, deleted on gang restarts; the status
 # API reads a heartbeat's pod to check it belongs to the job.
 - apiGroups: [""]

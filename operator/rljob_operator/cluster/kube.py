@@ -94,7 +94,7 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
-_RESOURCES = ("pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL,
+_RESOURCES = ("pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL, "rlexperiments",
               "tokenreviews", "subjectaccessreviews", "workloads", "resourceflavors", "workloadpriorityclasses")
 
 
@@ -204,9 +204,14 @@ class Kube:
                 return None
             raise
 
-    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
+                         resource_version: str | None = None) -> dict[str, Any]:
+        """Merge-patch the job's status; with ``resource_version``, only if the job is still at it (else 409)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         return self.request(
-            "PATCH", self.job_path(namespace, name, "status"), {"status": status},
+            "PATCH", self.job_path(namespace, name, "status"), body,
             content_type="application/merge-patch+json",
         )
 

@@ -23,6 +23,8 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from rljob_operator import metrics
+from rljob_operator.cluster.experiments import ExperimentReconciler
+from rljob_operator.cluster.experiments import register as register_experiments
 from rljob_operator.cluster.handlers import JobWatch, kopf_settings
 from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
@@ -153,16 +155,23 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
                             workloads_watched=watch_workloads,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
 
+    experiments = ExperimentReconciler(kube, PodProfile.from_settings(s), instance=s.identity)
+
     async def reconcile(key: object) -> float | None:
-        namespace, name = cast(tuple[str, str], key)
+        # An experiment's key is (KIND, namespace, name), a job's (namespace, name).
+        parts = cast(tuple[str, ...], key)
+        namespace, name = parts[-2], parts[-1]
         reason = elector.write_guard() if elector is not None else None
         if reason is not None:  # not even the reads: the process is about to stop
             raise NotLeader(f"reconcile of {namespace}/{name} not started: {reason}")
+        if len(parts) == 3:
+            return await asyncio.to_thread(experiments.reconcile, namespace, name)
         return await asyncio.to_thread(reconciler.reconcile, namespace, name)
 
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads)
+    register_experiments(watch.registry, queue.add)
     watch_ref.append(watch)
     return queue, watch
 

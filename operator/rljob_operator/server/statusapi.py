@@ -9,7 +9,9 @@
     carries), and that pod must exist with that uid in ``ns`` with label
     ``rljob.dev/job=name``. Accepted heartbeats become the job's ``status.progress``
     (step, reward, loss, checkpoint, bestCheckpoint, bestMetric, lastHeartbeat), written at most every
-    ``flush_seconds`` per job (a ``final`` heartbeat at once).
+    ``flush_seconds`` per job (a ``final`` heartbeat at once); the reward, loss and ``metrics`` of
+    each heartbeat become a point of ``status.progress.curve`` (bounded, finite, steps increasing;
+    ``decisions.curve``), from which experiments compute their objectives.
 ``GET /api/v1/namespaces/{ns}/rltrainingjobs/{name}/status``
     For people and tools: any bearer token the API server accepts (TokenReview, default
     audience), allowed when a SubjectAccessReview says its user may ``get`` that
@@ -38,6 +40,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +58,7 @@ from rljob_trainer.contract import HeartbeatBody, heartbeat_path
 from rljob_operator import metrics
 from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from rljob_operator.cluster.kube import Kube
+from rljob_operator.decisions.curve import curve_point, merge_curve
 from rljob_operator.names import LABEL_JOB, TOKEN_AUDIENCE
 from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
 from rljob_operator.times import rfc3339
@@ -65,6 +69,8 @@ POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 CACHE_SECONDS = 30.0
 FAULT_REVIEW_DELAY_ENV = "RLJOB_FAULT_REVIEW_DELAY_SECONDS"
+#: Conditional curve writes tried before the progress is written without new points.
+CURVE_WRITE_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,11 @@ class _TTLCache:
 class ProgressWriter:
     """Coalesces heartbeats into at most one status patch per job every ``flush_seconds``.
 
+    Each heartbeat's values also become a point of ``status.progress.curve``
+    (``decisions.curve.merge_curve``). The curve is read from the job when this writer has not
+    written it itself, and each write is conditional on the job's resourceVersion: when another
+    replica (or the reconciler) wrote the job since, the write is refused (409), the curve is
+    read again and the write repeated, so no replica's points overwrite another's.
     Patches run on ``executor`` (the status API's threads; default: asyncio's default executor).
     """
 
@@ -135,14 +146,22 @@ class ProgressWriter:
         self.flush_seconds = flush_seconds
         self.executor = executor
         self._pending: dict[tuple[str, str], dict[str, Any]] = {}
+        self._points: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        # (resourceVersion, curve) this writer last wrote per job: the next write builds on it.
+        self._written: dict[tuple[str, str], tuple[str, list[dict[str, Any]]]] = {}
         self._last: dict[tuple[str, str], float] = {}
         self._scheduled: set[tuple[str, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
-    async def submit(self, namespace: str, name: str, progress: dict[str, Any], final: bool) -> None:
+    async def submit(self, namespace: str, name: str, progress: dict[str, Any], final: bool,
+                     point: dict[str, Any] | None = None) -> None:
+        """Queue ``progress`` (and a curve ``point``) for job ``namespace/name``; written now when due or ``final``."""
         key = (namespace, name)
         self._pending[key] = {**self._pending.get(key, {}), **progress}
+        if point is not None:
+            # Bounded like the curve itself, whatever the rate of heartbeats between flushes.
+            self._points[key] = merge_curve(self._points.get(key, []), [point])
         wait = self._last.get(key, 0.0) + self.flush_seconds - time.monotonic()
         if final or wait <= 0:
             await self._flush(key)
@@ -164,12 +183,41 @@ class ProgressWriter:
         # One write per job at a time, in order: an older heartbeat never lands after a newer one.
         async with self._locks.setdefault(key, asyncio.Lock()):
             progress = self._pending.pop(key, None)
+            points = self._points.pop(key, [])
             if not progress:
                 return
             self._last[key] = time.monotonic()
             # Names were checked by the status API (checked_names) before a heartbeat got here.
-            patch = functools.partial(self.kube.patch_job_status, key[0], key[1], {"progress": progress})
-            await asyncio.get_running_loop().run_in_executor(self.executor, patch)
+            write = functools.partial(self._write, key, progress, points)
+            await asyncio.get_running_loop().run_in_executor(self.executor, write)
+
+    def _write(self, key: tuple[str, str], progress: dict[str, Any], points: list[dict[str, Any]]) -> None:
+        """Merge-patch ``progress`` with the curve extended by ``points`` (on a thread; retried on conflicts)."""
+        if not points:
+            self.kube.patch_job_status(key[0], key[1], {"progress": progress})
+            return
+        for attempt in range(CURVE_WRITE_ATTEMPTS):
+            written = self._written.pop(key, None) if attempt == 0 else None
+            if written is None:
+                job = self.kube.get_job(*key)
+                if job is None:
+                    raise ApiException(status=404, reason="Not Found")
+                curve = ((job.get("status") or {}).get("progress") or {}).get("curve") or []
+                written = (str(job["metadata"].get("resourceVersion", "")), list(curve))
+            version, curve = written
+            merged = merge_curve(curve, points)
+            try:
+                out = self.kube.patch_job_status(key[0], key[1], {"progress": {**progress, "curve": merged}},
+                                                 resource_version=version)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                continue  # written by someone else since: read the curve again
+            self._written[key] = (str((out.get("metadata") or {}).get("resourceVersion", "")), merged)
+            return
+        log.warning("progress of %s/%s: still conflicting after %d attempts; writing without the new curve points",
+                    *key, CURVE_WRITE_ATTEMPTS)
+        self.kube.patch_job_status(key[0], key[1], {"progress": progress})
 
 
 Handler = Callable[[web.Request, str, str], Awaitable[web.Response]]
@@ -393,10 +441,12 @@ class StatusAPI:
         for field, key in (("reward", "reward"), ("loss", "loss"), ("checkpoint", "checkpoint"),
                            ("best_checkpoint", "bestCheckpoint"), ("best_metric", "bestMetric")):
             value = getattr(body, field)
-            if value is not None:
+            # JSON has no NaN or infinity: such a value would make the API server refuse the whole patch.
+            if value is not None and (not isinstance(value, float) or math.isfinite(value)):
                 progress[key] = value
+        point = curve_point(body.step, body.reward, body.loss, body.metrics)
         try:
-            await self.writer.submit(namespace, name, progress, body.final)
+            await self.writer.submit(namespace, name, progress, body.final, point)
         except ApiException as e:
             if e.status == 404:
                 return _error(404, f"{KIND} {namespace}/{name} not found")

@@ -1,0 +1,154 @@
+"""RLExperiments on the cluster: the kopf handlers that queue them, and one reconcile (observe, apply).
+
+An experiment's key is ``("RLExperiment", namespace, name)`` in the operator's one work queue (a
+job's is ``(namespace, name)``), so experiments get the same per-key serialisation, backoff and
+leader write guard as jobs. What wakes an experiment: its own events, and any event of a trial
+job (label ``rljob.dev/experiment``: created, status written by a heartbeat, finished); besides
+those it asks for another look every ``RECHECK_SECONDS`` while it runs.
+
+A reconcile reads the experiment and LISTs its trial jobs (a LIST, not a watch cache: a trial
+created a moment ago must be seen, or a restarted operator could think it missing), keeps only the
+jobs this experiment controls (ownerReference uid), lets ``decisions.experiments.plan_experiment``
+decide, and applies the plan: status, creates (409: already there), suspensions, Events.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from rljob_operator.api import GROUP, PLURAL, VERSION, ManifestError
+from rljob_operator.cluster.kube import Kube
+from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, selector
+from rljob_operator.decisions.policy import PodProfile
+from rljob_operator.experiments import api as exp_api
+from rljob_operator.experiments.trials import LABEL_EXPERIMENT
+from rljob_operator.times import rfc3339
+
+log = logging.getLogger("rljob.experiments")
+KEY_KIND = exp_api.KIND
+
+
+def experiment_key(namespace: str, name: str) -> tuple[str, str, str]:
+    """The work-queue key of an experiment (jobs' keys are 2-tuples, so the two never collide)."""
+    return (KEY_KIND, namespace, name)
+
+
+def register(registry: kopf.OperatorRegistry, enqueue: Callable[..., None]) -> None:
+    """kopf handlers: an experiment's events and its trial jobs' events queue the experiment."""
+
+    @kopf.on.event(GROUP, VERSION, exp_api.PLURAL, registry=registry, id="rlexperiment_event")
+    async def rlexperiment_event(name: str, namespace: str | None, **_: Any) -> None:
+        enqueue(experiment_key(namespace or "", name))
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_EXPERIMENT: kopf.PRESENT}, registry=registry,
+                   id="trial_job_event")
+    async def trial_job_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+        enqueue(experiment_key(namespace or "", labels[LABEL_EXPERIMENT]))
+
+
+class ExperimentReconciler:
+    """Reconciles experiments through a :class:`Kube` (the leader-guarded one when leading)."""
+
+    def __init__(self, kube: Kube, profile: PodProfile | None = None, instance: str = "",
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.kube = kube
+        self.profile = profile
+        self.instance = instance
+        self.clock = clock
+
+    @staticmethod
+    def path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{exp_api.PLURAL}"
+        if name:
+            path += f"/{quote(name)}"
+        return path + (f"/{subresource}" if subresource else "")
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """Reconcile experiment ``namespace/name`` once; seconds until it wants another look."""
+        try:
+            raw = self.kube.request("GET", self.path(namespace, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        if raw["metadata"].get("deletionTimestamp"):
+            return None  # the garbage collector deletes its trials
+        now = rfc3339(self.clock())
+        try:
+            parsed = exp_api.parse_experiment(raw, f"{namespace}/{name}")
+        except ManifestError as e:
+            self._invalid(raw, e.problems, now)
+            return None
+        uid = raw["metadata"]["uid"]
+        listed = self.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}",
+                                   query={"labelSelector": selector(name)})
+        jobs = [j for j in listed.get("items") or []
+                if any(r.get("uid") == uid and r.get("controller") for r in j["metadata"].get("ownerReferences") or [])]
+        plan = plan_experiment(raw, parsed, jobs, now, self.profile)
+        self._apply(raw, plan, now)
+        return plan.requeue_after
+
+    def _apply(self, raw: dict[str, Any], plan: ExperimentPlan, now: str) -> None:
+        """Status, then creates, then suspensions, then Events (see ``decisions.experiments``)."""
+        meta = raw["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if any((raw.get("status") or {}).get(k) != v for k, v in plan.status.items()):
+            self.kube.request("PATCH", self.path(namespace, name, "status"), {"status": plan.status},
+                              content_type="application/merge-patch+json")
+        for job in plan.create:
+            try:
+                self.kube.request("POST", self.kube.job_path(namespace), job)
+                log.info("experiment %s/%s: created trial %s", namespace, name, job["metadata"]["name"])
+            except ApiException as e:
+                if e.status in (400, 403, 422):  # refused (admission, quota, validation): retrying cannot help
+                    self._refused(raw, job["metadata"]["name"], e, now)
+                    return
+                if e.status != 409:  # 409: created by an earlier reconcile (deterministic names)
+                    raise
+        for trial in plan.suspend:
+            try:
+                self.kube.request("PATCH", self.kube.job_path(namespace, trial),
+                                  {"spec": {"runPolicy": {"suspend": True}}},
+                                  content_type="application/merge-patch+json")
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        for event in plan.events:
+            try:
+                self.kube.post_event(raw, event.type, event.reason, event.message, now, instance=self.instance)
+            except ApiException as e:  # an Event is worth a log line, not a failed reconcile
+                log.warning("cannot post %s event for experiment %s/%s: %s", event.reason, namespace, name, e)
+
+    def _refused(self, raw: dict[str, Any], trial: str, error: ApiException, now: str) -> None:
+        """The API server refused a trial job: the experiment fails, saying why (TrialRejected)."""
+        try:
+            detail = str(json.loads(error.body or "{}").get("message") or error.reason)
+        except ValueError:
+            detail = str(error.reason)
+        message = f"the API server refused trial {trial} (HTTP {error.status}): {detail}"
+        meta = raw["metadata"]
+        status = {"phase": exp_api.ExperimentPhase.failed.value, "reason": "TrialRejected", "message": message,
+                  "observedGeneration": meta.get("generation")}
+        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": status},
+                          content_type="application/merge-patch+json")
+        self.kube.post_event(raw, "Warning", "TrialRejected", message, now, instance=self.instance)
+
+    def _invalid(self, raw: dict[str, Any], problems: list[str], now: str) -> None:
+        """A spec the models refuse (an arm's overrides make an invalid job): Failed, InvalidSpec, nothing started."""
+        meta = raw["metadata"]
+        message = "; ".join(problems)
+        if (raw.get("status") or {}).get("message") == message:
+            return
+        status = {"phase": exp_api.ExperimentPhase.failed.value, "reason": "InvalidSpec", "message": message,
+                  "observedGeneration": meta.get("generation")}
+        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": status},
+                          content_type="application/merge-patch+json")
+        self.kube.post_event(raw, "Warning", "InvalidSpec", message, now, instance=self.instance)

@@ -1,0 +1,272 @@
+"""An RLExperiment's reconcile, decided (pure): from the experiment and its trial jobs, what should be.
+
+The operator keeps nothing in memory: every decision is rebuilt from the experiment's status
+(the trials it started, with their parameters) and the trial RLTrainingJobs (their phase and
+progress curve). ``plan_experiment`` returns an ``ExperimentPlan``, which ``cluster/experiments.py``
+applies in this order: the status first (a new trial is recorded, with its parameters, before its
+job exists, so a crash in between re-creates the same trial, never a second one), then the trial
+jobs to create (deterministic names: a 409 means it is already there), then the ones to stop (pruned
+trials are suspended: their checkpoints and curves stay), then the Events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rljob_operator.api import API_VERSION, RLTrainingJob
+from rljob_operator.decisions.curve import series
+from rljob_operator.decisions.plan import Event
+from rljob_operator.decisions.policy import PodProfile, violations
+from rljob_operator.experiments import api as exp_api
+from rljob_operator.experiments.api import (
+    FINISHED_TRIAL_PHASES,
+    MAX_CURVE_POINTS,
+    CurvePoint,
+    ExperimentPhase,
+    RLExperiment,
+    TrialPhase,
+    TrialStatus,
+)
+from rljob_operator.experiments.leaderboard import standings
+from rljob_operator.experiments.objective import objective_value, thin
+from rljob_operator.experiments.pruning import should_prune
+from rljob_operator.experiments.search import next_params
+from rljob_operator.experiments.trials import (
+    LABEL_EXPERIMENT,
+    Trial,
+    arm_trials,
+    search_trial,
+    trial_manifest,
+)
+
+#: Seconds between looks at a running experiment besides the events that wake it.
+RECHECK_SECONDS = 30.0
+#: Labels an experiment passes on to its trials: everything but rljob's own (a Kueue queue name, a team).
+_OWN_LABEL_PREFIX = "rljob.dev/"
+
+
+@dataclass
+class ExperimentPlan:
+    """What one reconcile of an experiment does (applied in field order)."""
+
+    status: dict[str, Any]
+    create: list[dict[str, Any]] = field(default_factory=list)
+    suspend: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    now: str = ""
+
+
+def owner_reference(experiment: dict[str, Any]) -> dict[str, Any]:
+    """The trials' ownerReference: the experiment controls them, and deleting it deletes them."""
+    meta = experiment["metadata"]
+    return {"apiVersion": API_VERSION, "kind": exp_api.KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def trial_job(experiment: dict[str, Any], parsed: RLExperiment, trial: Trial) -> dict[str, Any]:
+    """The trial's RLTrainingJob: owned by the experiment, with its labels (a Kueue queue name too)."""
+    doc = trial_manifest(parsed, trial)
+    meta = doc["metadata"]
+    inherited = {k: v for k, v in (experiment["metadata"].get("labels") or {}).items()
+                 if not k.startswith(_OWN_LABEL_PREFIX)}
+    meta["labels"] = {**inherited, **meta["labels"]}
+    meta["namespace"] = experiment["metadata"]["namespace"]
+    meta["ownerReferences"] = [owner_reference(experiment)]
+    return doc
+
+
+def _trial_phase(job: dict[str, Any] | None, previous: TrialStatus) -> str:
+    if previous.phase in FINISHED_TRIAL_PHASES:
+        return str(previous.phase)  # final: a pruned (suspended) or finished trial stays what it was
+    if job is None:
+        # Pending: recorded, its job not created yet (it will be). Seen running, now gone: deleted by someone.
+        return TrialPhase.pending.value if previous.phase == TrialPhase.pending.value else TrialPhase.failed.value
+    phase = (job.get("status") or {}).get("phase")
+    if phase == "Succeeded":
+        return TrialPhase.succeeded.value
+    if phase == "Failed":
+        return TrialPhase.failed.value
+    return TrialPhase.running.value if phase in ("Running", "Restarting") else TrialPhase.pending.value
+
+
+def observe_trial(previous: TrialStatus, job: dict[str, Any] | None, parsed: RLExperiment) -> TrialStatus:
+    """``previous`` brought up to date from its job: phase, curve of the objective's metric, objective."""
+    if job is None:
+        phase = _trial_phase(None, previous)
+        gone = phase == TrialPhase.failed.value and previous.phase != phase
+        return previous.model_copy(update={"phase": phase, **({"message": "its job was deleted"} if gone else {})})
+    status = job.get("status") or {}
+    progress = status.get("progress") or {}
+    points = series(progress.get("curve") or [], parsed.spec.objective.metric)
+    curve = [CurvePoint(step=s, value=v) for s, v in thin(points, MAX_CURVE_POINTS)] if points else previous.curve
+    pairs = [(p.step, p.value) for p in curve]
+    phase = _trial_phase(job, previous)
+    update: dict[str, Any] = {
+        "phase": phase, "curve": curve, "objective": objective_value(pairs, parsed.spec.objective),
+        "steps": pairs[-1][0] if pairs else previous.steps,
+        "checkpoint": progress.get("bestCheckpoint") or progress.get("checkpoint") or previous.checkpoint,
+    }
+    if phase == TrialPhase.failed.value and previous.phase != phase:
+        update["message"] = status.get("message") or status.get("reason") or "the trial job failed"
+    return previous.model_copy(update=update)
+
+
+def _recorded(parsed: RLExperiment, t: TrialStatus) -> Trial:
+    """The trial a status entry records, rebuilt: an arm's by name, a search's from its number and parameters."""
+    if parsed.spec.search is not None:
+        return search_trial(parsed, t.number, t.params or {})
+    return next(a for a in arm_trials(parsed) if a.name == t.name)
+
+
+def _new_status(trial: Trial) -> TrialStatus:
+    return TrialStatus(name=trial.name, number=trial.number, arm=trial.arm, params=trial.params, seed=trial.seed)
+
+
+def _max_failed(parsed: RLExperiment) -> int:
+    spec = parsed.spec
+    return spec.search.max_failed_trials if spec.search is not None else spec.total_trials - 1
+
+
+def _next_trials(parsed: RLExperiment, trials: list[TrialStatus]) -> list[Trial]:
+    """Trials to start now: within parallelism and the total; a search asks Optuna one trial at a time."""
+    spec = parsed.spec
+    running = sum(t.phase not in FINISHED_TRIAL_PHASES for t in trials)
+    slots = min(spec.max_parallel - running, spec.total_trials - len(trials))
+    out: list[Trial] = []
+    if slots <= 0:
+        return out
+    if spec.arms is not None:
+        started = {t.name for t in trials}
+        return [t for t in arm_trials(parsed) if t.name not in started][:slots]
+    history = list(trials)
+    for _ in range(slots):
+        trial = search_trial(parsed, len(history), next_params(spec, history))
+        out.append(trial)
+        history.append(_new_status(trial).model_copy(update={"phase": TrialPhase.pending.value}))
+    return out
+
+
+def _prune(parsed: RLExperiment, trials: list[TrialStatus], plan: ExperimentPlan) -> list[TrialStatus]:
+    """Stop running trials that fall below the median of the others at a rung (median rule)."""
+    spec = parsed.spec
+    if spec.early_stopping is None:
+        return trials
+    curves = {t.name: [(p.step, p.value) for p in t.curve] for t in trials if t.curve}
+    max_steps = spec.template.training.max_steps
+    out = []
+    for t in trials:
+        decision = None
+        if t.phase == TrialPhase.running.value:
+            decision = should_prune(t.name, curves, spec.objective, spec.early_stopping, max_steps)
+        if decision is not None:
+            t = t.model_copy(update={"phase": TrialPhase.pruned.value, "pruned": True,
+                                     "pruned_at_step": decision.step, "message": decision.message})
+            plan.suspend.append(t.name)
+            plan.events.append(Event("Normal", "TrialPruned", f"trial {t.name} pruned: {decision.message}"))
+        out.append(t)
+    return out
+
+
+def _refused(parsed: RLExperiment, trial: Trial, profile: PodProfile | None) -> list[str]:
+    """The platform's pod profile applies to trials as to any job: the operator creates them, not the user."""
+    if profile is None:
+        return []
+    job = RLTrainingJob.model_validate({"metadata": {"name": trial.name}, "spec": trial.spec.model_dump(by_alias=True)})
+    return [v.replace("spec.", "spec.template.", 1) for v in violations(job, profile)]
+
+
+def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list[dict[str, Any]],
+                    now: str, profile: PodProfile | None = None) -> ExperimentPlan:
+    """The experiment's next step from its status and its trial jobs (owned ones only, by name) at ``now``."""
+    previous = exp_api.RLExperimentStatus.model_validate(experiment.get("status") or {})
+    if previous.phase == ExperimentPhase.failed and previous.observed_generation == experiment["metadata"].get(
+            "generation"):
+        # Failed is final for this spec (a refused trial would be refused again); a changed spec tries again.
+        return ExperimentPlan(status=dict(experiment.get("status") or {}), now=now)
+    by_name = {j["metadata"]["name"]: j for j in jobs}
+    plan = ExperimentPlan(status={}, now=now)
+    trials = []
+    for old in previous.trials:
+        new = observe_trial(old, by_name.get(old.name), parsed)
+        if new.phase == TrialPhase.failed.value and old.phase != new.phase:
+            plan.events.append(Event("Warning", "TrialFailed", f"trial {new.name} failed: {new.message}"))
+        trials.append(new)
+    trials = _prune(parsed, trials, plan)
+    # Recorded before a crash (or a refused create) but never created: created now, as recorded.
+    for t in trials:
+        if t.phase == TrialPhase.pending.value and t.name not in by_name:
+            plan.create.append(trial_job(experiment, parsed, _recorded(parsed, t)))
+    failed = sum(t.phase == TrialPhase.failed.value for t in trials)
+    if failed > _max_failed(parsed):
+        return _finish(plan, parsed, trials, experiment, ExperimentPhase.failed, "TooManyFailedTrials",
+                       f"{failed} trials failed (at most {_max_failed(parsed)} may)")
+    for trial in _next_trials(parsed, trials):
+        refused = _refused(parsed, trial, profile)
+        if refused:
+            return _finish(plan, parsed, trials, experiment, ExperimentPhase.failed, "PolicyViolation",
+                           "the platform's pod profile refuses the trials: " + "; ".join(refused))
+        trials.append(_new_status(trial))
+        plan.create.append(trial_job(experiment, parsed, trial))
+        what = f"arm {trial.arm} seed {trial.seed}" if trial.arm else f"params {trial.params}"
+        plan.events.append(Event("Normal", "TrialStarted", f"trial {trial.name} started ({what})"))
+    done = sum(t.phase in FINISHED_TRIAL_PHASES for t in trials)
+    if done >= parsed.spec.total_trials:
+        return _finish(plan, parsed, trials, experiment, ExperimentPhase.succeeded, "TrialsFinished",
+                       f"all {done} trials finished")
+    return _finish(plan, parsed, trials, experiment, ExperimentPhase.running, "TrialsRunning",
+                   f"{done}/{parsed.spec.total_trials} trials finished")
+
+
+def _finish(plan: ExperimentPlan, parsed: RLExperiment, trials: list[TrialStatus], experiment: dict[str, Any],
+            phase: ExperimentPhase, reason: str, message: str) -> ExperimentPlan:
+    """Fill in the status (standings, conditions, summary) and the WinnerFound event."""
+    previous = (experiment.get("status") or {})
+    ranked = standings(parsed.spec, trials)
+    best_name = ranked.winner.arm if ranked.winner else (
+        ranked.leaderboard[0].name if ranked.leaderboard else None)
+    done = sum(t.phase in FINISHED_TRIAL_PHASES for t in trials)
+    total = parsed.spec.total_trials
+    status = exp_api.RLExperimentStatus(
+        phase=phase, reason=reason, message=message,
+        observed_generation=experiment["metadata"].get("generation"), trials_total=total, trials_done=done,
+        summary=f"{done}/{total}", trials=trials, arms=ranked.arms, leaderboard=ranked.leaderboard,
+        best=ranked.best, best_name=best_name,
+        best_objective=ranked.leaderboard[0].objective if ranked.leaderboard else None, winner=ranked.winner,
+        conditions=_conditions(phase, reason, message, previous.get("conditions") or [], plan.now),
+    )
+    plan.status = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if ranked.winner is not None and not previous.get("winner"):
+        plan.events.append(Event("Normal", "WinnerFound", f"arm {ranked.winner.arm} wins: {ranked.winner.message}"))
+    if phase != previous.get("phase") and phase in (ExperimentPhase.succeeded, ExperimentPhase.failed):
+        kind = "Normal" if phase == ExperimentPhase.succeeded else "Warning"
+        plan.events.append(Event(kind, reason, message))
+    plan.requeue_after = None if phase in (ExperimentPhase.succeeded, ExperimentPhase.failed) else RECHECK_SECONDS
+    return plan
+
+
+def _conditions(phase: ExperimentPhase, reason: str, message: str,
+                previous: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
+    """kstatus conditions: Ready (finished well), Reconciling (trials running), Stalled (failed)."""
+    old = {c.get("type"): c for c in previous}
+    wanted = {
+        "Ready": phase == ExperimentPhase.succeeded,
+        "Reconciling": phase in (ExperimentPhase.pending, ExperimentPhase.running),
+        "Stalled": phase == ExperimentPhase.failed,
+    }
+    out = []
+    for kind, true in wanted.items():
+        value = "True" if true else "False"
+        keep = old.get(kind) or {}
+        changed = keep.get("status") != value
+        since = keep.get("lastTransitionTime") if not changed else None
+        out.append({"type": kind, "status": value, "reason": reason, "message": message,
+                    "lastTransitionTime": since or now})
+    return out
+
+
+def selector(name: str) -> str:
+    """The label selector of an experiment's trial jobs."""
+    return f"{LABEL_EXPERIMENT}={name}"
+

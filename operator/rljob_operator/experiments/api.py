@@ -1,0 +1,548 @@
+"""The RLExperiment API (``rljob.dev/v1alpha1``): pydantic models of an experiment's spec and status.
+
+An experiment runs trials, each an RLTrainingJob built from ``spec.template``: either ``arms``
+(named partial overrides of the template, each run with ``seeds`` seeds: an A/B/n test) or a
+``search`` over ``spec.training`` fields (Optuna, random or TPE). Every trial's curve of
+``objective.metric`` becomes one number (``objective.reduce``); ``earlyStopping`` stops trials
+that fall below the median of the others. The models are CRD-friendly (camelCase aliases,
+descriptions, closed objects) except ``arms[].overrides``, a free-form partial job spec that is
+validated after it is merged into the template.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from rljob_trainer.config import Model, TrainingSpec
+from rljob_trainer.contract import format_validation_error
+
+from rljob_operator.api import (
+    API_VERSION,
+    Condition,
+    ManifestError,
+    ObjectMeta,
+    RLTrainingJobSpec,
+    StatusModel,
+)
+
+KIND = "RLExperiment"
+PLURAL = "rlexperiments"
+SINGULAR = "rlexperiment"
+SHORT_NAMES = ["rlexp"]
+#: Longest arm name: it goes into trial names and label values.
+MAX_ARM_NAME_LENGTH = 20
+#: Most points of a trial's curve kept in the status (older points are thinned, see objective.thin).
+MAX_CURVE_POINTS = 200
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` over ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def template_document(template: RLTrainingJobSpec) -> dict[str, Any]:
+    """The template as written (camelCase, only the fields set), the base arms and parameters merge into."""
+    return template.model_dump(by_alias=True, mode="json", exclude_unset=True)
+
+
+def set_path(document: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of ``document`` with the dotted camelCase ``path`` set to ``value`` (missing mappings made)."""
+    parts = path.split(".")
+    override: dict[str, Any] = {parts[-1]: value}
+    for part in reversed(parts[:-1]):
+        override = {part: override}
+    return deep_merge(document, override)
+
+
+def _problem(message: str, value: Any, *loc: str | int) -> InitErrorDetails:
+    error = PydanticCustomError("rljob_experiment", "{message}", {"message": message})
+    return InitErrorDetails(type=error, loc=tuple(loc), input=value)
+
+
+def spec_errors(document: dict[str, Any]) -> list[str]:
+    """Problems of ``document`` as an RLTrainingJob spec, as ``field.path: message`` lines (none: valid)."""
+    try:
+        RLTrainingJobSpec.model_validate(document)
+    except ValidationError as e:
+        return format_validation_error(e)
+    return []
+
+
+def _spec_problems(document: dict[str, Any], *loc: str | int) -> list[InitErrorDetails]:
+    """Validate ``document`` as an RLTrainingJob spec; each problem located under ``loc``."""
+    problems = []
+    for line in spec_errors(document):
+        path, message = line.split(": ", 1)
+        where = [p for p in path.split(".") if p != "(root)"]
+        problems.append(_problem(message, document, *loc, *where))
+    return problems
+
+
+def resolve_training_path(path: str) -> None:
+    """Check that ``path`` (``training.learningRate``, ``training.trl.temperature``) names a field
+    of ``spec.training``: raises ValueError saying why not. Keys under a free-form mapping
+    (``trl``, ``modelOverrides``) are checked when the template is validated with the values."""
+    parts = path.split(".")
+    if parts[0] != "training" or len(parts) < 2:
+        raise ValueError(f"{path!r} is not under spec.training (write training.<field>, e.g. training.learningRate)")
+    model: Any = TrainingSpec
+    for depth, part in enumerate(parts[1:], start=1):
+        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+        if part not in fields:
+            where = ".".join(parts[:depth])
+            raise ValueError(f"{where} has no field {part!r} (fields: {', '.join(sorted(fields))})")
+        annotation = fields[part].annotation
+        if isinstance(annotation, type) and issubclass(annotation, Model):
+            model = annotation
+            continue
+        if depth == len(parts) - 1 or str(annotation).startswith("dict"):
+            return  # a scalar field, or a key of a free-form mapping such as trl
+        raise ValueError(f"{'.'.join(parts[: depth + 1])} is not a section; {path!r} goes past it")
+    raise ValueError(f"{path!r} names a section, not a field")
+
+
+# ---------------------------------------------------------------------------------- spec
+
+
+class Arm(Model):
+    """One strategy of an A/B/n test: a partial job spec merged over the template."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=MAX_ARM_NAME_LENGTH, pattern=DNS_LABEL,
+        description="Arm name (lower-case letters, digits, '-'; it goes into trial names and labels).",
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A partial RLTrainingJob spec (camelCase, e.g. {training: {learningRate: 0.003}}) deep-merged "
+        "into the template: mappings merge key by key, lists replace. The result is validated like a job.",
+    )
+
+
+class ParameterType(StrEnum):
+    float = "float"
+    int = "int"
+    categorical = "categorical"
+
+
+class SearchParameter(Model):
+    """One searched field of ``spec.training``."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=253,
+        description="Dotted path of a spec.training field, e.g. training.learningRate, training.beta, "
+        "training.trl.temperature.",
+    )
+    type: ParameterType = Field(..., description="float (min, max, log), int (min, max, step) or categorical (values).")
+    min: float | None = Field(None, description="Lowest value (float, int).")
+    max: float | None = Field(None, description="Highest value (float, int).")
+    log: bool = Field(False, description="Sample on a log scale (float, int; min > 0).")
+    step: int | None = Field(None, ge=1, description="Step between int values (default 1).")
+    values: list[str | int | float | bool] | None = Field(
+        None, min_length=1, max_length=256, description="The choices (categorical)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _under_training(cls, v: str) -> str:
+        resolve_training_path(v)
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> SearchParameter:
+        if self.type == ParameterType.categorical:
+            if not self.values:
+                raise ValueError("@values: a categorical parameter needs values")
+            for key in ("min", "max", "step"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"@{key}: not used by a categorical parameter (give values)")
+            return self
+        if self.values is not None:
+            raise ValueError(f"@values: not used by a {self.type} parameter (give min and max)")
+        if self.min is None or self.max is None:
+            raise ValueError(f"@{'min' if self.min is None else 'max'}: a {self.type} parameter needs min and max")
+        if self.min >= self.max:
+            raise ValueError(f"@max: must be greater than min ({self.max} ≤ {self.min})")
+        if self.log and self.min <= 0:
+            raise ValueError(f"@min: a log-scale range needs min > 0, got {self.min}")
+        if self.type == ParameterType.int:
+            for key in ("min", "max"):
+                if not float(getattr(self, key)).is_integer():
+                    raise ValueError(f"@{key}: an int parameter needs a whole number, got {getattr(self, key)}")
+            if self.log and self.step not in (None, 1):
+                raise ValueError("@step: Optuna cannot combine log with a step other than 1")
+        elif self.step is not None:
+            raise ValueError("@step: only int parameters take a step")
+        return self
+
+    def corner_values(self) -> list[Any]:
+        """The values to check the template with: min and max, or every choice."""
+        if self.type == ParameterType.categorical:
+            return list(self.values or [])
+        if self.type == ParameterType.int:
+            return [int(self.min or 0), int(self.max or 0)]
+        return [self.min, self.max]
+
+
+class SearchAlgorithm(StrEnum):
+    random = "random"
+    tpe = "tpe"
+
+
+class SearchSpec(Model):
+    """A hyperparameter search over spec.training fields (Optuna samplers, no database)."""
+
+    parameters: list[SearchParameter] = Field(..., min_length=1, max_length=32, description="The searched fields.")
+    algorithm: SearchAlgorithm = Field(
+        SearchAlgorithm.tpe, description="random or tpe (Optuna's RandomSampler or TPESampler)."
+    )
+    max_trials: int = Field(..., ge=1, le=1000, description="Trials to run in all (pruned and failed ones count).")
+    parallelism: int = Field(1, ge=1, le=1000, description="Most trials running at once.")
+    max_failed_trials: int = Field(
+        3, ge=0, le=1000, description="The experiment fails once more trials than this have failed."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the sampler: the same seed and history ask the same values.")
+
+    @field_validator("parameters")
+    @classmethod
+    def _unique(cls, v: list[SearchParameter]) -> list[SearchParameter]:
+        seen: set[str] = set()
+        for i, p in enumerate(v):
+            if p.name in seen:
+                raise ValueError(f"@[{i}].name: {p.name!r} is searched twice")
+            seen.add(p.name)
+        return v
+
+
+class Reduce(StrEnum):
+    last_mean = "lastMean"
+    at_step = "atStep"
+    area = "area"
+
+
+class Direction(StrEnum):
+    maximize = "maximize"
+    minimize = "minimize"
+
+
+class ObjectiveSpec(Model):
+    """How a trial's curve becomes the one number trials are ranked by."""
+
+    metric: str = Field(
+        "reward", min_length=1, max_length=253,
+        description="A metric the trainer logs: reward (default), loss, or any key of TRL's logs "
+        "(e.g. rewards/repeat_char/mean, completions/mean_length).",
+    )
+    reduce: Reduce = Field(
+        Reduce.last_mean,
+        description="lastMean: mean of the last k logged values; atStep: the value logged at step (or the last "
+        "one before it); area: area under the curve divided by the steps it spans (a mean over steps).",
+    )
+    k: int = Field(5, ge=1, le=10000, description="lastMean: how many of the last logged values to average.")
+    step: int | None = Field(None, ge=1, description="atStep: the step whose value counts.")
+    direction: Direction = Field(Direction.maximize, description="maximize or minimize.")
+
+    @model_validator(mode="after")
+    def _step_given(self) -> ObjectiveSpec:
+        if self.reduce == Reduce.at_step and self.step is None:
+            raise ValueError("@step: reduce atStep needs step")
+        return self
+
+
+class StoppingRule(StrEnum):
+    median = "median"
+
+
+class EarlyStoppingSpec(Model):
+    """Stop trials that fall behind: the median stopping rule at rungs."""
+
+    rule: StoppingRule = Field(
+        StoppingRule.median,
+        description="median: at a rung, stop a trial whose objective so far is worse than the median of the "
+        "other trials' objectives at that step.",
+    )
+    min_steps: int = Field(10, ge=1, description="No trial is stopped before this step.")
+    rungs: list[int] | None = Field(
+        None, min_length=1, max_length=1000,
+        description="Steps at which trials are compared (each ≥ minSteps). Default: every interval steps.",
+    )
+    interval: int | None = Field(
+        None, ge=1, description="Compare every interval steps from minSteps on (default: minSteps)."
+    )
+    min_trials: int = Field(
+        2, ge=1, le=1000, description="Other trials that must have reached a rung before anyone is stopped there."
+    )
+
+    @model_validator(mode="after")
+    def _rungs_or_interval(self) -> EarlyStoppingSpec:
+        if self.rungs is not None and self.interval is not None:
+            raise ValueError("@interval: give rungs or interval, not both")
+        for i, rung in enumerate(self.rungs or []):
+            if rung < self.min_steps:
+                raise ValueError(f"@rungs[{i}]: rung {rung} is before minSteps ({self.min_steps})")
+        return self
+
+    def rung_steps(self, max_steps: int) -> list[int]:
+        """The rungs up to ``max_steps``, ascending."""
+        if self.rungs is not None:
+            return sorted({r for r in self.rungs if r <= max_steps})
+        every = self.interval or self.min_steps
+        return list(range(self.min_steps, max_steps + 1, every))
+
+
+class RLExperimentSpec(Model):
+    """Desired state of an experiment: a template job, arms or a search, an objective."""
+
+    template: RLTrainingJobSpec = Field(
+        ..., description="The RLTrainingJob spec every trial starts from (validated like a job's)."
+    )
+    arms: list[Arm] | None = Field(
+        None, min_length=1, max_length=64, description="An A/B/n test: strategies to compare (give arms or search)."
+    )
+    seeds: int = Field(1, ge=1, le=100, description="arms: trials per arm, with seeds training.seed, +1, +2, …")
+    parallelism: int | None = Field(
+        None, ge=1, le=1000, description="arms: most trials running at once (default: all; search.parallelism "
+        "bounds a search).",
+    )
+    search: SearchSpec | None = Field(None, description="A hyperparameter search (give arms or search).")
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="What trials are ranked by.")
+    early_stopping: EarlyStoppingSpec | None = Field(
+        None, description="Stop trials that fall behind the median of the others (off when absent)."
+    )
+
+    @field_validator("arms")
+    @classmethod
+    def _arms_valid(cls, arms: list[Arm] | None, info: ValidationInfo) -> list[Arm] | None:
+        template = info.data.get("template")
+        if arms is None or template is None:
+            return arms
+        problems: list[InitErrorDetails] = []
+        seen: set[str] = set()
+        base = template_document(template)
+        for i, arm in enumerate(arms):
+            if arm.name in seen:
+                problems.append(_problem(f"arm {arm.name!r} is given twice", arm.name, i, "name"))
+            seen.add(arm.name)
+            problems += _spec_problems(deep_merge(base, arm.overrides), i, "overrides")
+        if problems:
+            raise ValidationError.from_exception_data("arms", problems)
+        return arms
+
+    @field_validator("search")
+    @classmethod
+    def _search_values_valid(cls, search: SearchSpec | None, info: ValidationInfo) -> SearchSpec | None:
+        """Each end of each range (each choice) must give a valid job: learningRate max 2 is refused here."""
+        template = info.data.get("template")
+        if search is None or template is None:
+            return search
+        problems: list[InitErrorDetails] = []
+        base = template_document(template)
+        for i, parameter in enumerate(search.parameters):
+            corners = parameter.corner_values()
+            for j, value in enumerate(corners):
+                key = "values" if parameter.type == ParameterType.categorical else ("min", "max")[j]
+                problems += [_problem(f"{value!r} makes an invalid trial: {line}", value, "parameters", i, key)
+                             for line in spec_errors(set_path(base, parameter.name, value))]
+        if problems:
+            raise ValidationError.from_exception_data("search", problems)
+        return search
+
+    @model_validator(mode="after")
+    def _arms_or_search(self) -> RLExperimentSpec:
+        if (self.arms is None) == (self.search is None):
+            which = "both" if self.arms is not None else "neither"
+            raise ValueError(f"@arms: give exactly one of arms (an A/B test) or search (a hyperparameter search), "
+                             f"got {which}")
+        return self
+
+    @property
+    def max_parallel(self) -> int:
+        """Most trials running at once: search.parallelism, else parallelism, else every arm trial."""
+        if self.search is not None:
+            return self.search.parallelism
+        return self.parallelism or len(self.arms or []) * self.seeds
+
+    @property
+    def total_trials(self) -> int:
+        """Trials the experiment runs in all."""
+        return self.search.max_trials if self.search is not None else len(self.arms or []) * self.seeds
+
+
+# -------------------------------------------------------------------------------- status
+
+
+class ExperimentPhase(StrEnum):
+    pending = "Pending"
+    running = "Running"
+    succeeded = "Succeeded"
+    failed = "Failed"
+
+
+class TrialPhase(StrEnum):
+    pending = "Pending"
+    running = "Running"
+    succeeded = "Succeeded"
+    failed = "Failed"
+    pruned = "Pruned"
+
+
+#: Trial phases that are final: the trial's objective no longer changes.
+FINISHED_TRIAL_PHASES = frozenset({TrialPhase.succeeded.value, TrialPhase.failed.value, TrialPhase.pruned.value})
+
+
+class CurvePoint(StatusModel):
+    """One logged value of the objective's metric."""
+
+    step: int = Field(..., description="Optimizer step.")
+    value: float = Field(..., description="The metric's value logged at that step.")
+
+
+class TrialStatus(StatusModel):
+    """One trial (an RLTrainingJob owned by the experiment)."""
+
+    name: str = Field(..., description="The trial's RLTrainingJob name.")
+    number: int = Field(..., description="The trial's number, 0-based, in creation order.")
+    arm: str | None = Field(None, description="arms: the trial's arm.")
+    params: dict[str, str | int | float | bool] | None = Field(
+        None, description="search: the parameter values (by spec.search.parameters[].name)."
+    )
+    seed: int = Field(..., description="spec.training.seed of the trial.")
+    phase: TrialPhase = Field(TrialPhase.pending, description="Pending, Running, Succeeded, Failed or Pruned.")
+    objective: float | None = Field(None, description="The objective of the curve so far (final once finished).")
+    steps: int | None = Field(None, description="Steps the trial ran (the last logged step).")
+    checkpoint: str | None = Field(None, description="The trial's best (else newest) complete checkpoint.")
+    pruned: bool = Field(False, description="Stopped by early stopping.")
+    pruned_at_step: int | None = Field(None, description="The rung at which it was stopped.")
+    message: str | None = Field(None, description="Why it failed or was pruned.")
+    curve: list[CurvePoint] = Field(
+        default_factory=list,
+        description=f"The objective's metric by step (at most {MAX_CURVE_POINTS} points, older ones thinned).",
+    )
+
+
+class ArmStatus(StatusModel):
+    """One arm's objective over its seeds."""
+
+    name: str = Field(..., description="The arm.")
+    n: int = Field(0, description="Finished trials with an objective.")
+    mean: float | None = Field(None, description="Mean objective over those trials.")
+    ci95_low: float | None = Field(None, description="Lower end of the 95 % confidence interval of the mean.")
+    ci95_high: float | None = Field(None, description="Upper end of that interval.")
+    note: str | None = Field(None, description="Why there is no interval (e.g. not enough seeds).")
+    trials: list[str] = Field(default_factory=list, description="The arm's trials.")
+
+
+class LeaderboardEntry(StatusModel):
+    """One row of the leaderboard (an arm, or a trial of a search)."""
+
+    rank: int = Field(..., description="1 is the best.")
+    name: str = Field(..., description="The arm or the trial.")
+    objective: float | None = Field(None, description="Mean objective (arm) or objective (trial).")
+    ci95_low: float | None = Field(None, description="arms: lower end of the 95 % interval.")
+    ci95_high: float | None = Field(None, description="arms: upper end of the 95 % interval.")
+    n: int = Field(1, description="Trials behind the number.")
+
+
+class BestTrial(StatusModel):
+    """The best finished trial."""
+
+    trial: str = Field(..., description="The trial's name.")
+    objective: float = Field(..., description="Its objective.")
+    checkpoint: str | None = Field(None, description="Its best checkpoint's location.")
+    params: dict[str, str | int | float | bool] | None = Field(None, description="search: its parameters.")
+    arm: str | None = Field(None, description="arms: its arm.")
+
+
+class Winner(StatusModel):
+    """The best arm, and whether it is significantly better than the runner-up."""
+
+    arm: str = Field(..., description="The arm with the best mean objective.")
+    runner_up: str | None = Field(None, description="The second-best arm.")
+    significant: bool = Field(False, description="p-value < 0.05 under the test below.")
+    test: str = Field("", description="The test used (Welch's two-sample t-test), or why none could be run.")
+    p_value: float | None = Field(None, description="Two-sided p-value of that test.")
+    message: str = Field("", description="The verdict in words.")
+
+
+class RLExperimentStatus(StatusModel):
+    """Observed state of an experiment (written by the operator or by rljob experiment)."""
+
+    phase: ExperimentPhase | None = Field(None, description="Pending, Running, Succeeded or Failed.")
+    reason: str | None = Field(None, description="CamelCase reason of the current phase.")
+    message: str | None = Field(None, description="Human-readable details.")
+    observed_generation: int | None = Field(None, description="metadata.generation last acted on.")
+    trials_total: int = Field(0, description="Trials the experiment runs in all.")
+    trials_done: int = Field(0, description="Trials finished (succeeded, failed or pruned).")
+    summary: str = Field("", description="done/total, for kubectl get.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="kstatus-compatible conditions.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    trials: list[TrialStatus] = Field(default_factory=list, description="Every trial started, in creation order.")
+    arms: list[ArmStatus] = Field(default_factory=list, description="arms: each arm's objective over seeds.")
+    leaderboard: list[LeaderboardEntry] = Field(default_factory=list, description="Arms or trials, best first.")
+    best: BestTrial | None = Field(None, description="The best finished trial and its checkpoint.")
+    best_name: str | None = Field(None, description="Best arm (arms) or trial (search), for kubectl get.")
+    best_objective: float | None = Field(None, description="Its objective, for kubectl get.")
+    winner: Winner | None = Field(None, description="arms: the winning arm and its significance.")
+
+
+class RLExperiment(Model):
+    """An experiment: one manifest for a laptop (``rljob experiment``) and a cluster."""
+
+    api_version: str = Field(API_VERSION, alias="apiVersion")
+    kind: str = Field(KIND)
+    metadata: ObjectMeta
+    spec: RLExperimentSpec
+    status: RLExperimentStatus | None = None
+
+    @model_validator(mode="after")
+    def _kind_and_version(self) -> RLExperiment:
+        if self.api_version != API_VERSION:
+            raise ValueError(f"apiVersion must be {API_VERSION}, got {self.api_version!r}")
+        if self.kind != KIND:
+            raise ValueError(f"kind must be {KIND}, got {self.kind!r}")
+        return self
+
+
+def parse_experiment(document: Any, source: str = "<manifest>") -> RLExperiment:
+    """A parsed YAML document → RLExperiment; ManifestError naming ``source`` and each field."""
+    if not isinstance(document, dict):
+        raise ManifestError(source, ["(root): expected a mapping with apiVersion, kind, metadata and spec"])
+    try:
+        return RLExperiment.model_validate(document)
+    except ValidationError as e:
+        raise ManifestError(source, format_validation_error(e)) from None
+
+
+def load_experiment(path: str | os.PathLike[str]) -> RLExperiment:
+    """The one RLExperiment in a YAML file (other kinds are skipped); ManifestError names file and field."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ManifestError(source, [f"cannot read file: {e.strerror}"]) from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise ManifestError(source, [f"invalid YAML: {e}"]) from None
+    found = [d for d in documents if not (isinstance(d, dict) and d.get("kind") not in (None, KIND))]
+    if len(found) != 1:
+        raise ManifestError(source, [f"{len(found)} {KIND} documents; expected exactly one"])
+    return parse_experiment(found[0], source)

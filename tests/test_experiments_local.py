@@ -1,0 +1,138 @@
+"""``rljob experiment`` on this machine: real trials of the quickstart task on CPU.
+
+Calibrated on the quickstart task with one process and 16 completions a step: a learning rate of
+0.01 lifts the reward from ~0.04 (the untrained policy) to ~0.3 within 20 steps; 1e-5 leaves it
+at ~0.03. (0.003 needs ~30 steps to separate, which would make these tests half again as long.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.trainer_helpers import rljob_cmd, trainer_env
+
+pytestmark = pytest.mark.trainer
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 20
+TEMPLATE: dict[str, Any] = {
+    "workers": {"replicas": 1, "procsPerWorker": 1},
+    "training": {
+        "model": "builtin:tiny",
+        "dataset": {"name": "builtin:repeat-char", "size": 256},
+        "rewards": [{"name": "repeat_char", "kwargs": {"length": 6}}],
+        "batchSize": 16, "numGenerations": 8, "maxCompletionLength": 6,
+        "learningRate": 0.003, "maxSteps": STEPS, "seed": 0,
+        "trl": {"lr_scheduler_type": "constant", "temperature": 1.0},
+    },
+    "checkpoint": {"everySteps": 1000, "keepLast": 1},
+}
+
+
+def experiment(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "metadata": {"name": name},
+            "spec": {"template": TEMPLATE, **spec}}
+
+
+def run_experiment(tmp_path: Path, doc: dict[str, Any], *args: str) -> tuple[str, dict[str, Any], Path]:
+    """Run ``rljob experiment`` on ``doc``: (its output, summary.json's status, the output folder)."""
+    manifest, out = tmp_path / "exp.yaml", tmp_path / "out"
+    manifest.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run(rljob_cmd("experiment", str(manifest), "--out", str(out), *args), capture_output=True,
+                          text=True, timeout=1500, env=trainer_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    return proc.stdout, summary["status"], out
+
+
+def baseline(status: dict[str, Any]) -> float:
+    """The untrained policy's reward: the mean over trials of the reward logged at step 1."""
+    first = [t["curve"][0]["value"] for t in status["trials"] if t["curve"] and t["curve"][0]["step"] == 1]
+    assert first, status["trials"]
+    return sum(first) / len(first)
+
+
+def test_ab_two_learning_rates_the_faster_arm_wins_with_its_interval(tmp_path: Path) -> None:
+    doc = experiment("lr-ab", seeds=2, objective={"k": 5}, arms=[
+        {"name": "fast", "overrides": {"training": {"learningRate": 0.01}}},
+        {"name": "slow", "overrides": {"training": {"learningRate": 0.00001}}},
+    ])
+    output, status, out = run_experiment(tmp_path, doc, "--parallel", "2")
+
+    assert [t["phase"] for t in status["trials"]] == ["Succeeded"] * 4
+    assert {t["name"] for t in status["trials"]} == {"lr-ab-fast-s0", "lr-ab-fast-s1", "lr-ab-slow-s0",
+                                                     "lr-ab-slow-s1"}
+    assert all(t["steps"] == STEPS and len(t["curve"]) == STEPS for t in status["trials"])
+    assert [e["name"] for e in status["leaderboard"]] == ["fast", "slow"]
+    fast = next(a for a in status["arms"] if a["name"] == "fast")
+    slow = next(a for a in status["arms"] if a["name"] == "slow")
+    assert fast["n"] == 2 and fast["ci95Low"] <= fast["mean"] <= fast["ci95High"]
+    assert fast["mean"] > slow["mean"] + 0.1, (fast, slow)
+    assert fast["mean"] > baseline(status) + 0.1
+    winner = status["winner"]
+    assert winner["arm"] == "fast" and winner["runnerUp"] == "slow" and winner["test"].startswith("Welch")
+    assert winner["pValue"] is not None and winner["significant"] == (winner["pValue"] < 0.05)
+    best = status["best"]
+    assert best["arm"] == "fast" and Path(best["checkpoint"]).is_dir()
+    # One progress line per trial start and end, then the leaderboard table.
+    assert output.count("started lr-ab-") == 4 and output.count(" Succeeded: objective ") == 4
+    assert "95% interval" in output and "winner: fast" in output
+    assert (out / "reward_curves.png").stat().st_size > 5000
+
+
+def test_tpe_search_over_the_learning_rate_finds_one_that_learns(tmp_path: Path) -> None:
+    search = {"algorithm": "tpe", "maxTrials": 4, "parallelism": 2, "seed": 0, "parameters": [
+        {"name": "training.learningRate", "type": "float", "min": 0.001, "max": 0.03, "log": True}]}
+    output, status, out = run_experiment(tmp_path, experiment("lr-search", search=search, objective={"k": 5}))
+
+    trials = status["trials"]
+    assert [t["name"] for t in trials] == [f"lr-search-t{i}" for i in range(4)]
+    rates = [t["params"]["training.learningRate"] for t in trials]
+    assert len(set(rates)) == 4 and all(0.001 <= r <= 0.03 for r in rates)
+    assert all(t["phase"] == "Succeeded" for t in trials), trials
+    best = status["best"]
+    assert best["objective"] == max(t["objective"] for t in trials)
+    assert best["objective"] > baseline(status) + 0.1, (best, baseline(status))
+    # The trial really ran with the parameter it reports.
+    config = json.loads((out / "trials" / best["trial"] / "trainer-config.json").read_text())
+    assert config["training"]["learningRate"] == best["params"]["training.learningRate"]
+    assert [e["name"] for e in status["leaderboard"]][0] == best["trial"]
+    assert "lr-search-t" in output and "learningRate=" in output
+
+
+def test_early_stopping_stops_a_hopeless_trial_before_max_steps(tmp_path: Path) -> None:
+    # One after another: the learning trial runs to the end first (nothing to compare it with),
+    # then the hopeless one is judged at each rung against it (minTrials 1).
+    doc = experiment("stop", objective={"k": 5}, earlyStopping={"minSteps": 8, "interval": 4, "minTrials": 1}, arms=[
+        {"name": "learns", "overrides": {"training": {"learningRate": 0.01}}},
+        {"name": "hopeless", "overrides": {"training": {"learningRate": 1e-7}}},
+    ])
+    output, status, out = run_experiment(tmp_path, doc, "--parallel", "1")
+
+    learns, hopeless = status["trials"]
+    assert learns["phase"] == "Succeeded" and learns["steps"] == STEPS
+    assert hopeless["phase"] == "Pruned" and hopeless["pruned"], hopeless
+    assert hopeless["prunedAtStep"] in (8, 12, 16)
+    # It stopped soon after the rung (SIGTERM → it saved and exited), well before maxSteps.
+    assert hopeless["prunedAtStep"] <= hopeless["steps"] < STEPS
+    assert (out / "trials" / hopeless["name"] / "checkpoints").is_dir()
+    assert "pruning stop-hopeless-s0" in output and "median" in hopeless["message"]
+    assert status["best"]["trial"] == learns["name"]
+
+
+def test_a_bad_experiment_file_is_refused_naming_file_and_field(tmp_path: Path) -> None:
+    doc = experiment("bad", arms=[{"name": "a", "overrides": {"training": {"learningRate": 5}}}])
+    manifest = tmp_path / "bad.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run(rljob_cmd("experiment", str(manifest), "--out", str(tmp_path / "out")),
+                          capture_output=True, text=True, timeout=120, env=trainer_env(), cwd=REPO)
+    assert proc.returncode == 78
+    assert f"{manifest}: spec.arms[0].overrides.training.learningRate: Input should be less than or equal to 1" \
+        in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,80 @@
+"""The progress curve a job's status keeps (``decisions.curve``) and the heartbeat's metrics (contract)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from pydantic import ValidationError
+from rljob_operator.api import Progress
+from rljob_operator.decisions.curve import MAX_CURVE_POINTS, curve_point, merge_curve, series
+from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, HeartbeatBody, finite_metrics
+
+
+def _run(steps: range, curve: list | None = None) -> list:
+    curve = curve or []
+    for step in steps:
+        curve = merge_curve(curve, [{"step": step, "reward": step / 10}])
+    return curve
+
+
+def test_a_long_run_stays_bounded_and_evenly_spaced_with_the_latest_step_last() -> None:
+    curve = _run(range(1, 5001))
+    steps = [p["step"] for p in curve]
+    assert MAX_CURVE_POINTS // 2 < len(curve) <= MAX_CURVE_POINTS
+    assert steps[0] == 1 and steps[-1] == 5000 and steps == sorted(set(steps))
+    gaps = {b - a for a, b in zip(steps[:-1], steps[1:-1], strict=False)}
+    assert len(gaps) == 1, gaps  # evenly spaced but for the moving tail
+    assert steps[-1] - steps[-2] <= gaps.pop()
+    Progress.model_validate({"curve": curve})  # what the CRD's maxItems accepts
+
+
+def test_only_finite_numbers_and_points_with_a_value_are_kept() -> None:
+    assert curve_point(3) is None
+    assert curve_point(3, reward=math.nan, loss=math.inf) is None
+    assert curve_point(3, reward=1, loss=math.nan, metrics={"kl": math.inf, "x": 2}) == {
+        "step": 3, "reward": 1.0, "metrics": {"x": 2.0}}
+    # Junk already in a status (hand-written, older writers) is cleaned, never trusted.
+    junk = [{"step": "7", "reward": 1}, {"step": -1, "reward": 1}, {"step": True, "reward": 1}, {"step": 2, "reward": 2}]
+    assert merge_curve(junk, []) == [{"step": 2, "reward": 2.0}]
+
+
+def test_steps_increase_a_repeated_step_merges_and_a_resume_drops_the_abandoned_points() -> None:
+    curve = _run(range(1, 11))
+    curve = merge_curve(curve, [{"step": 10, "loss": 0.5, "metrics": {"kl": 0.1}}])
+    assert curve[-1] == {"step": 10, "reward": 1.0, "loss": 0.5, "metrics": {"kl": 0.1}}
+    resumed = merge_curve(curve, [{"step": 6, "loss": 0.7}])
+    assert [p["step"] for p in resumed] == [1, 2, 3, 4, 5, 6] and resumed[-1] == {"step": 6, "loss": 0.7}
+    resumed = merge_curve(resumed, [{"step": 6, "reward": 0.66}])  # the same run's step: merged
+    assert resumed[-1] == {"step": 6, "loss": 0.7, "reward": 0.66}
+    assert series(resumed)[-2:] == [(5, 0.5), (6, 0.66)]
+    assert series(curve, "kl") == [(10, 0.1)] and series(curve, "loss") == [(10, 0.5)]
+
+
+def test_heartbeat_metrics_are_bounded_named_and_numbers() -> None:
+    ok = HeartbeatBody.model_validate({"step": 1, "metrics": {"kl": 0.1, "rewards/accuracy/mean": 1, "a:b.c-d_e": 2}})
+    assert ok.metrics == {"kl": 0.1, "rewards/accuracy/mean": 1.0, "a:b.c-d_e": 2.0}
+    for bad in ({f"m{i}": 1.0 for i in range(MAX_HEARTBEAT_METRICS + 1)}, {"": 1.0}, {"a b": 1.0},
+                {"x" * 65: 1.0}, {"kl": "high"}, {"kl": [1]}):
+        with pytest.raises(ValidationError, match="metrics"):
+            HeartbeatBody.model_validate({"step": 1, "metrics": bad})
+    # An older trainer's body (no metrics) is still valid, and the wire form leaves NaN and empty maps out.
+    assert HeartbeatBody.model_validate({"step": 1}).metrics is None
+    assert "metrics" not in HeartbeatBody(step=1, metrics={"kl": math.nan}).wire()
+    assert HeartbeatBody(step=1, metrics={"kl": 0.5, "x": math.inf}).wire()["metrics"] == {"kl": 0.5}
+    wire = HeartbeatBody(step=1, reward=math.nan, loss=math.inf, best_metric=-math.inf).wire()
+    assert wire["reward"] is None and wire["loss"] is None and wire["best_metric"] is None
+    json.dumps(wire, allow_nan=False)  # what requests sends
+
+
+def test_finite_metrics_picks_the_numbers_a_heartbeat_may_carry_from_trainer_logs() -> None:
+    logs = {"loss": 0.1, "reward": 1.0, "kl": 0.01, "epoch": 1, "flag": True, "note": "x", "bad name": 1.0,
+            "grad_norm": math.nan, **{f"m{i}": float(i) for i in range(40)}}
+    out = finite_metrics(logs, skip=frozenset({"loss", "reward"}))
+    assert list(out)[:3] == ["kl", "epoch", "m0"] and len(out) == MAX_HEARTBEAT_METRICS
+    assert "flag" not in out and "note" not in out and "bad name" not in out and "grad_norm" not in out
+    HeartbeatBody(step=1, metrics=out)  # always what the contract accepts
+    # Over the bound, each reward function's metrics are kept before the rest.
+    many = {**{f"m{i}": 1.0 for i in range(40)}, "rewards/accuracy/mean": 0.5, "rewards/accuracy/std": 0.1}
+    assert list(finite_metrics(many))[:2] == ["rewards/accuracy/mean", "rewards/accuracy/std"]
