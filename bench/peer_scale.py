@@ -336,8 +336,9 @@ def _median(values: list[float | None]) -> float | None:
     return round(float(statistics.median(present)), 3) if present else None
 
 
-def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per burst size and figure: the medians over repetitions of each side and the ratio peer ÷ rljob."""
+def summary_rows(runs: list[dict[str, Any]], load: float) -> list[dict[str, Any]]:
+    """Per burst size and figure: the medians over repetitions of each side and the ratio peer ÷ rljob;
+    ``load`` (the load average before the run) marks how busy the machine was."""
     rows: list[dict[str, Any]] = []
     for n in sorted({r["jobs"] for r in runs}):
         per_side = {side: [_figures(r) for r in runs if r["jobs"] == n and r["side"] == side]
@@ -348,7 +349,8 @@ def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ours = _median([f.get(key, 0.0) for f in per_side["rljob"]])
             peer = _median([f.get(key, 0.0) for f in per_side["kubeflow"]])
             ratio = round(peer / ours, 2) if ours and peer is not None else None
-            row = {"metric": f"N={n} ({reps} rep.): {key} — rljob / Kubeflow (ratio Kubeflow ÷ rljob)",
+            row: dict[str, Any] = {"metric": f"N={n} ({reps} rep., load {load:.1f} on {os.cpu_count()} cores): {key} — rljob / "
+                             "Kubeflow (ratio Kubeflow ÷ rljob)",
                    "value": f"{ours} / {peer} ({ratio if ratio is not None else '—'}×)", "unit": ""}
             if not key.startswith("API ") or key.startswith("API requests"):  # the verbs are the breakdown
                 row.update(target="ratio ≥ 1", met=None if ratio is None else ratio >= 1.0)
@@ -385,7 +387,7 @@ def main() -> None:
             api_client = plane.api_client()
             kube = scale.Kube(api_client)
             scale.install_crd(kube)
-            sides = [RLJobPeerSide(scale.operator_kubeconfig(plane, kube)),
+            sides: list[Any] = [RLJobPeerSide(scale.operator_kubeconfig(plane, kube)),
                      KubeflowSide(kube, binary, install_peer(plane, kube, module), a.peer_threads)]
             audits = {s.name: scale.AuditLog(plane.audit_log, s.user) for s in sides}
             meter = scale.Meter(plane)
@@ -395,7 +397,7 @@ def main() -> None:
             api_client.close()
         finally:
             plane.stop()
-    rows = summary_rows(runs)
+    rows = summary_rows(runs, load_before[0])
     path = write_result("peer_scale", {
         "config": {"nodes": scale.NODES, "gpus_per_node": scale.GPUS_PER_NODE, "pods_per_job": scale.WORKERS,
                    "bursts": a.jobs, "repetitions": a.repeat, "failures": a.failures,
