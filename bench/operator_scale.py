@@ -92,14 +92,21 @@ TARGET_REPLACEMENT_P99_S = 3.0
 TARGET_RSS_MIB = 300.0
 SETTLE_S = 5.0  # after the last job turns Running, before the idle window starts
 
-AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+
+
+def audit_policy(users: list[str]) -> str:
+    """An audit policy that logs only ``users``' requests, at Metadata level."""
+    return f"""apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
 - level: Metadata
-  users: ["{OPERATOR_USER}"]
+  users: {json.dumps(users)}
 - level: None
 """
+
+
+AUDIT_POLICY = audit_policy([OPERATOR_USER])
 
 
 # ------------------------------------------------------------------------- small helpers
@@ -151,9 +158,10 @@ def _proc_status(pid: int) -> dict[str, int]:
 class BenchControlPlane(ControlPlane):
     """The harness's control plane with an audit log of the operator's requests and a faster scheduler."""
 
-    def __init__(self, config: ClusterConfig, scheduler_qps: int) -> None:
+    def __init__(self, config: ClusterConfig, scheduler_qps: int, audit_users: list[str] | None = None) -> None:
         super().__init__(config=config)
         self.scheduler_qps = scheduler_qps
+        self.audit_users = audit_users or [OPERATOR_USER]
 
     @property
     def audit_log(self) -> Path:
@@ -162,7 +170,7 @@ class BenchControlPlane(ControlPlane):
     def _launch(self, name: str, argv: list[str]) -> None:
         if name == "kube-apiserver":
             policy = self.layout.path("audit-policy.yaml")
-            policy.write_text(AUDIT_POLICY)
+            policy.write_text(audit_policy(self.audit_users))
             argv = [*argv, f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
                     "--audit-log-format=json", "--audit-log-maxsize=0"]
         if name == "kube-scheduler" and self.scheduler_qps:
@@ -278,21 +286,32 @@ class Recorder:
         self.gangs: dict[tuple[str, int], list[str]] = {}  # (job, gang generation) -> pod uids
         self.events = Counter[str]()
 
-    def on_pod(self, t: float, kind: str, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
+    def identify(self, meta: dict[str, Any]) -> tuple[str, int, int] | None:
+        """A worker pod's (job, gang generation, worker index); None for other pods. Called under the lock."""
         labels = meta.get("labels") or {}
         if LABEL_JOB not in labels:
-            return
+            return None
+        return (labels[LABEL_JOB], int(labels.get(LABEL_GANG_GENERATION, -1)),
+                int(labels.get(LABEL_WORKER_INDEX, -1)))
+
+    def job_state(self, job: dict[str, Any]) -> tuple[str, int]:
+        """A job's phase and gang generation, from its status."""
+        status = job.get("status") or {}
+        return status.get("phase") or "", int(status.get("gangGeneration") or 0)
+
+    def on_pod(self, t: float, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
         status = pod.get("status") or {}
         with self.lock:
-            self.events["pod " + kind] += 1
             rec = self.pods.get(meta["uid"])
             if rec is None:
-                rec = self.pods[meta["uid"]] = {
-                    "job": labels[LABEL_JOB], "gen": int(labels.get(LABEL_GANG_GENERATION, -1)),
-                    "index": int(labels.get(LABEL_WORKER_INDEX, -1)), "created": t,
-                }
+                identity = self.identify(meta)
+                if identity is None:
+                    return
+                job, gen, index = identity
+                rec = self.pods[meta["uid"]] = {"job": job, "gen": gen, "index": index, "created": t}
                 self.gangs.setdefault((rec["job"], rec["gen"]), []).append(meta["uid"])
+            self.events["pod " + kind] += 1
             if (pod.get("spec") or {}).get("nodeName"):
                 rec.setdefault("scheduled", t)
             if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
@@ -304,16 +323,15 @@ class Recorder:
 
     def on_job(self, t: float, kind: str, job: dict[str, Any]) -> None:
         name = job["metadata"]["name"]
-        status = job.get("status") or {}
         with self.lock:
             self.events["job " + kind] += 1
             if kind == "DELETED":
                 self.phase.pop(name, None)
                 return
-            phase = status.get("phase") or ""
+            phase, gen = self.job_state(job)
             self.phase[name] = phase
             if phase == "Running":
-                self.running_at.setdefault((name, int(status.get("gangGeneration") or 0)), t)
+                self.running_at.setdefault((name, gen), t)
 
     def count_phase(self, phase: str) -> int:
         with self.lock:
@@ -359,8 +377,8 @@ class Meter:
 class AuditLog:
     """The operator's requests, one per audit ID, from the API server's JSON audit log."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, user: str = OPERATOR_USER) -> None:
+        self.path, self.user = path, user
         self.offset = 0
         self.requests: dict[str, dict[str, Any]] = {}
 
@@ -377,7 +395,7 @@ class AuditLog:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("user", {}).get("username") != OPERATOR_USER or event["auditID"] in self.requests:
+            if event.get("user", {}).get("username") != self.user or event["auditID"] in self.requests:
                 continue
             ref = event.get("objectRef") or {}
             resource = ref.get("resource", event.get("requestURI", "?").split("?")[0])
@@ -454,6 +472,39 @@ class OperatorProcess(helpers.OperatorProcess):
         return out
 
 
+# -------------------------------------------------------------------------------- sides
+
+
+class RLJobSide:
+    """What the phases need to know about the controller under test: here, rljob's operator.
+
+    ``bench/peer_scale.py`` has another side (Kubeflow's training operator) with the same members."""
+
+    name = "rljob"
+    user = OPERATOR_USER
+    failure_exit_code = "1"  # retryable for rljob (contract.py); the peer bench uses 137 for both sides
+    replacement_pods = WORKERS  # a failed worker restarts its whole gang (a new rendezvous)
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+
+    def recorder(self) -> Recorder:
+        return Recorder()
+
+    def jobs_path(self, namespace: str) -> str:
+        return Kube.job_path(namespace)
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        return job_manifest(name)
+
+    def victim_pod(self, job: str, index: int) -> str:
+        """The name of worker ``index`` (0-3) of ``job``'s first gang."""
+        return f"{job}-worker-{index}"
+
+    def controller(self, namespace: str, log: Path) -> OperatorProcess:
+        return OperatorProcess(self.kubeconfig, namespace, log)
+
+
 # ------------------------------------------------------------------------------- phases
 
 
@@ -470,14 +521,15 @@ def wait_until(predicate: Any, timeout: float, checks: list[Any], what: str) -> 
     return False
 
 
-def create_burst(kube: Kube, namespace: str, names: list[str]) -> dict[str, float]:
+def create_burst(kube: Kube, namespace: str, names: list[str], side: Any = None) -> dict[str, float]:
     """Create the jobs from 8 threads; each job's time is when its create request was sent."""
     sent: dict[str, float] = {}
+    side = side or RLJobSide(Path())
 
     def create(name: str) -> None:
-        doc = job_manifest(name)
+        doc = side.manifest(name)
         sent[name] = time.time()
-        kube.request("POST", kube.job_path(namespace), doc)
+        kube.request("POST", side.jobs_path(namespace), doc)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(create, names))
@@ -508,38 +560,49 @@ def gang_latencies(recorder: Recorder, jobs: dict[str, float], gen: int) -> dict
 
 
 def inject_failures(kube: Kube, namespace: str, recorder: Recorder, names: list[str], count: int,
-                    interval: float, timeout: float, checks: list[Any], seed: int) -> dict[str, Any]:
-    """Make one worker of ``count`` distinct jobs exit 1; time the replacement gangs."""
+                    interval: float, timeout: float, checks: list[Any], seed: int,
+                    side: Any = None) -> dict[str, Any]:
+    """Make one worker of ``count`` distinct jobs exit (``side.failure_exit_code``); time the replacements:
+    the side's ``replacement_pods`` new pods of generation 1 (rljob: the gang; the peer: the one pod)."""
+    side = side or RLJobSide(Path())
     rng = random.Random(seed)
     victims = rng.sample(names, min(count, len(names)))
     injected: dict[str, tuple[float, int]] = {}
     for name in victims:
         index = rng.randrange(WORKERS)
         injected[name] = (time.time(), index)
-        kube.request("PATCH", kube.core_path(namespace, "pods", f"{name}-worker-{index}"),
-                     {"metadata": {"annotations": {fake_pods.EXIT_CODE: "1"}}},
+        kube.request("PATCH", kube.core_path(namespace, "pods", side.victim_pod(name, index)),
+                     {"metadata": {"annotations": {fake_pods.EXIT_CODE: side.failure_exit_code}}},
                      content_type="application/merge-patch+json")
         time.sleep(interval)
     injected_done = time.time()
 
+    def stamp(name: str, stage: str) -> float | None:
+        """When the last of the replacement pods reached ``stage``; None until all have."""
+        pods = recorder.gang(name, 1)
+        times = [p[stage] for p in pods if stage in p]
+        return max(times) if len(times) == side.replacement_pods else None
+
     def replaced() -> bool:
+        if side.replacement_pods != WORKERS:  # the peer's job status has no generation: its new pod Ready
+            return all(stamp(name, "ready") is not None for name in victims)
         with recorder.lock:
             return all((name, 1) in recorder.running_at for name in victims)
 
-    all_back = wait_until(replaced, timeout, checks, "every replacement gang Running")
+    all_back = wait_until(replaced, timeout, checks, "every replacement Running")
     latencies: dict[str, list[float]] = {"failed_after_injected": [], "replacement_created": [],
-                                         "replacement_running": [], "replacement_created_after_injected": []}
+                                         "replacement_ready": [], "replacement_running": [],
+                                         "replacement_created_after_injected": []}
     for name, (t_injected, index) in injected.items():
         failed = [p["failed"] for p in recorder.gang(name, 0) if p["index"] == index and "failed" in p]
-        replacement = recorder.gang(name, 1)
-        created = max(p["created"] for p in replacement) if len(replacement) == WORKERS else None
+        created, ready = stamp(name, "created"), stamp(name, "ready")
         running = recorder.running_at.get((name, 1))
         if failed:
             latencies["failed_after_injected"].append(failed[0] - t_injected)
-            if created is not None:
-                latencies["replacement_created"].append(created - failed[0])
-            if running is not None:
-                latencies["replacement_running"].append(running - failed[0])
+            for key, t in (("replacement_created", created), ("replacement_ready", ready),
+                           ("replacement_running", running)):
+                if t is not None:
+                    latencies[key].append(t - failed[0])
         if created is not None:
             latencies["replacement_created_after_injected"].append(created - t_injected)
     return {"failures": len(victims), "interval_s": interval, "all_replaced_running": all_back,
@@ -561,15 +624,27 @@ def delete_namespace(kube: Kube, namespace: str, timeout: float) -> None:
         wait_for(gone, timeout, interval=0.5, message=f"namespace {namespace} deleted")
 
 
-def run_burst(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: AuditLog, meter: Meter, n: int,
-              args: argparse.Namespace, logs: Path, with_failures: bool) -> dict[str, Any]:
-    namespace = f"rljob-scale-{n}"
+def all_ready_at(recorder: Recorder, names: list[str]) -> float | None:
+    """When the last pod of the jobs' first gangs turned Ready; None while one is not."""
+    last = 0.0
+    for name in names:
+        ready = [p["ready"] for p in recorder.gang(name, 0) if "ready" in p]
+        if len(ready) < WORKERS:
+            return None
+        last = max(last, *ready)
+    return last
+
+
+def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, meter: Meter, n: int,
+              args: argparse.Namespace, logs: Path, with_failures: bool, namespace: str | None = None) -> dict[str, Any]:
+    """One burst of ``n`` jobs of ``side`` (RLJobSide or the peer's) with a fresh controller in a fresh namespace."""
+    namespace = namespace or f"rljob-scale-{n}"
     create_namespace(kube, namespace)
-    recorder = Recorder()
+    recorder = side.recorder()
     watches = [Watch(plane, f"/api/v1/namespaces/{namespace}/pods", recorder.on_pod),
-               Watch(plane, kube.job_path(namespace), recorder.on_job)]
-    operator = OperatorProcess(kubeconfig, namespace, logs / f"operator-{n}.log")
-    result: dict[str, Any] = {"jobs": n, "namespace": namespace, "timeout_s": args.timeout}
+               Watch(plane, side.jobs_path(namespace), recorder.on_job)]
+    operator = side.controller(namespace, logs / f"{side.name}-{namespace}.log")
+    result: dict[str, Any] = {"side": side.name, "jobs": n, "namespace": namespace, "timeout_s": args.timeout}
 
     def check() -> None:
         operator.check_alive()
@@ -585,7 +660,7 @@ def run_burst(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: Aud
         operator.start()
         meter.operator = psutil.Process(operator.pid)
         operator.wait_leader(timeout=90)
-        time.sleep(2)  # kopf's watches are up
+        time.sleep(2)  # the controller's watches are up
         snap_ready = meter.snapshot()
         memory = {"after_start_kib": _proc_status(operator.pid)}
         reconciles = {"start": operator.reconciles()}
@@ -593,11 +668,14 @@ def run_burst(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: Aud
         names = [f"job-{i:04d}" for i in range(n)]
         print(f"N={n}: creating {n} jobs × {WORKERS} workers", flush=True)
         t_burst = time.time()
-        sent = create_burst(kube, namespace, names)
+        sent = create_burst(kube, namespace, names, side)
         t_created = time.time()
-        done = wait_until(lambda: recorder.count_phase("Running") == n, args.timeout, [check],
-                          f"{n} jobs Running")
+        # Running as the job's status says, and its 4 pods Ready: the peer's PyTorchJob turns Running
+        # when its master runs, rljob's job when all its workers do.
+        done = wait_until(lambda: recorder.count_phase("Running") == n and all_ready_at(recorder, names) is not None,
+                          args.timeout, [check], f"{n} jobs Running")
         t_all_running = max(recorder.running_at.get((name, 0), 0.0) for name in names) if done else time.time()
+        t_all_ready = all_ready_at(recorder, names) if done else None
         snap_running = meter.snapshot()
         memory["all_running_kib"] = _proc_status(operator.pid)
         reconciles["all_running"] = operator.reconciles()
@@ -610,6 +688,7 @@ def run_burst(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: Aud
             "all_running": done, "running": running,
             "create_requests_s": round(t_created - t_burst, 2),
             "all_running_s": round(elapsed, 2) if done else None,
+            "all_pods_ready_s": round(t_all_ready - t_burst, 2) if t_all_ready is not None else None,
             "latency_s": {k: distribution(v) for k, v in latencies.items()},
             "raw_latency_s": {k: [round(x, 3) for x in latencies[k]] for k in ("pods_created", "running")},
         })
@@ -627,10 +706,10 @@ def run_burst(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: Aud
         windows = {"startup": (t_operator, t_burst), "burst": (t_burst, t_idle),
                    "idle": (t_idle, t_idle_end)}
         cpu = {"burst": Meter.delta(snap_ready, snap_running), "idle": Meter.delta(snap_running, snap_idle)}
-        if with_failures and args.failures:
+        if with_failures and args.failures and done:
             print(f"  injecting {min(args.failures, n)} worker failures", flush=True)
             failures = inject_failures(kube, namespace, recorder, names, args.failures, args.failure_interval,
-                                       args.timeout, [check], args.seed)
+                                       args.timeout, [check], args.seed, side)
             windows["failures"] = (failures["injection_window"][0], time.time())
             cpu["failures"] = Meter.delta(snap_idle, meter.snapshot())
             memory["after_failures_kib"] = _proc_status(operator.pid)
@@ -761,7 +840,8 @@ def main() -> None:
             meter = Meter(plane)
             for i, n in enumerate(sizes):
                 last = i == len(sizes) - 1
-                runs.append(run_burst(plane, kube, kubeconfig, audit, meter, n, a, Path(tmp), with_failures=last))
+                runs.append(run_burst(plane, kube, RLJobSide(kubeconfig), audit, meter, n, a, Path(tmp),
+                                      with_failures=last))
                 if not last:
                     delete_namespace(kube, runs[-1]["namespace"], timeout=max(60, n))
             api_client.close()

@@ -4,6 +4,10 @@
 #
 #   tools/build-binaries.sh            build what is missing, print the bin dir
 #   tools/build-binaries.sh --check    print the bin dir if complete, else exit 1
+#   tools/build-binaries.sh --peers    build (if missing) and print the path of the
+#                                      peers the benchmarks compare against: Kubeflow's
+#                                      training operator (bench/peer_scale.py). Not part
+#                                      of the default set, so CI's cold build does not grow.
 #
 # Versions come from the go.mod files under tools/<tool>/: one module per tool,
 # so each builds with the dependency versions its own release uses (kwok, helm
@@ -19,7 +23,9 @@ TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${RLJOB_CACHE:-$HOME/.cache/rljob}"
 BIN_ROOT="$CACHE/bin"
 CHECK_ONLY=0
+PEERS=0
 [[ "${1:-}" == "--check" ]] && CHECK_ONLY=1
+[[ "${1:-}" == "--peers" ]] && PEERS=1
 
 export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
 # Keep the Go caches out of the checkout but shared across builds.
@@ -40,6 +46,7 @@ KWOK_VERSION="$(module_version kwok sigs.k8s.io/kwok)"
 HELM_VERSION="$(module_version helm helm.sh/helm/v3)"
 PROMTOOL_VERSION="$(module_version promtool github.com/prometheus/prometheus)"
 KUEUE_VERSION="$(module_version kueue sigs.k8s.io/kueue)"
+TRAINING_OPERATOR_VERSION="$(module_version training-operator github.com/kubeflow/training-operator)"
 
 # name|dir|version|binaries (space-separated "out=package" pairs)
 TOOLS=(
@@ -49,6 +56,11 @@ TOOLS=(
   "helm|helm|$HELM_VERSION|helm=helm.sh/helm/v3/cmd/helm"
   "promtool|promtool|$PROMTOOL_VERSION|promtool=github.com/prometheus/prometheus/cmd/promtool"
   "kueue|kueue|$KUEUE_VERSION|kueue=sigs.k8s.io/kueue/cmd/kueue"
+)
+
+# Built only on demand (--peers): the operators the benchmarks compare rljob with.
+PEER_TOOLS=(
+  "training-operator|training-operator|$TRAINING_OPERATOR_VERSION|training-operator=github.com/kubeflow/training-operator/cmd/training-operator.v1"
 )
 
 # -X flags that make binaries report their real version (kubectl version and
@@ -107,7 +119,11 @@ build_tool() {
   fi
   if [[ -z "${ANNOUNCED:-}" ]]; then
     ANNOUNCED=1
-    log "building into $BIN_ROOT; from cold this takes 25-45 min on 2 cores, once per machine"
+    if [[ $PEERS -eq 1 ]]; then
+      log "building into $BIN_ROOT; about 6 min on 2 cores, once per machine"
+    else
+      log "building into $BIN_ROOT; from cold this takes 25-45 min on 2 cores, once per machine"
+    fi
   fi
   mkdir -p "$out"
   local flags; flags="$(ldflags_for "$name" "$version")"
@@ -125,6 +141,14 @@ build_tool() {
 # A function, so bash has parsed all of it before running: editing this file
 # during a long build cannot derail the build.
 main() {
+  if [[ $PEERS -eq 1 ]]; then
+    # One peer today; print the path of its binary (stdout), build it if missing.
+    IFS='|' read -r name dir version bins <<<"${PEER_TOOLS[0]}"
+    [[ -n "$version" ]] || { log "no version for $name in tools/$dir/go.mod"; exit 1; }
+    build_tool "$name" "$dir" "$version" "$bins"
+    echo "$BIN_ROOT/$name-$version/${bins%%=*}"
+    return 0
+  fi
   for entry in "${TOOLS[@]}"; do
     IFS='|' read -r name dir version bins <<<"$entry"
     [[ -n "$version" ]] || { log "no version for $name in tools/$dir/go.mod"; exit 1; }
