@@ -345,3 +345,16 @@ def test_trials_at_once_fit_the_gpus_or_cpus_and_never_share_a_gpu(monkeypatch: 
     assert visible_gpus() == ["3", "5"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == []
+
+
+def test_record_point_grows_a_bounded_curve_and_follows_the_objective() -> None:
+    from rljob_operator.experiments.api import MAX_CURVE_POINTS
+    from rljob_operator.experiments.objective import record_point
+
+    trial = TrialStatus(name="t0", number=0, seed=0)
+    for step in range(1, 301):
+        trial = record_point(trial, step, step / 300, ObjectiveSpec(k=1))
+    assert len(trial.curve) == MAX_CURVE_POINTS and trial.curve[-1].step == 300
+    assert trial.steps == 300 and trial.objective == pytest.approx(1.0)
+    trial = record_point(trial, 301, float("nan"), ObjectiveSpec(k=1))
+    assert trial.steps == 301 and trial.objective == pytest.approx(1.0)
