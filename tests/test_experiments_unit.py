@@ -287,7 +287,9 @@ def test_the_experiments_core_imports_without_torch_kopf_optuna_or_scipy() -> No
 # ------------------------------------------------------------------- the local runner's parts
 
 
-def test_runner_reads_only_whole_metric_lines_and_keeps_the_last_of_a_step(tmp_path: Any) -> None:
+def test_runner_reads_only_whole_metric_lines_and_keeps_the_last_of_a_step(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPUs: the runner need not import torch to count them
     import subprocess
     from pathlib import Path
 
