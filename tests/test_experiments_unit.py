@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -360,3 +361,22 @@ def test_record_point_grows_a_bounded_curve_and_follows_the_objective() -> None:
     assert trial.steps == 300 and trial.objective == pytest.approx(1.0)
     trial = record_point(trial, 301, float("nan"), ObjectiveSpec(k=1))
     assert trial.steps == 301 and trial.objective == pytest.approx(1.0)
+
+
+def test_summary_json_is_the_experiment_with_its_status(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from rljob_operator.experiments.api import RLExperimentStatus
+
+    from rljob.experiment import write_outputs
+
+    exp = RLExperiment.model_validate(AB)
+    trials = [arm_trial("low", 7, 0.2), arm_trial("high", 7, 0.8)]
+    s = standings(exp.spec, trials)
+    write_outputs(exp, RLExperimentStatus(phase="Succeeded", trials=trials, arms=s.arms, leaderboard=s.leaderboard,
+                                          best=s.best), Path(tmp_path))
+    document = json.loads((Path(tmp_path) / "summary.json").read_text())
+    again = RLExperiment.model_validate(document)  # it reads back as an RLExperiment, status and all
+    assert again.status is not None and again.status.best is not None and again.status.best.trial == "lr-ab-high-s7"
+    assert document["status"]["arms"][0]["note"].startswith("not enough seeds")
+    assert (Path(tmp_path) / "reward_curves.png").exists()
