@@ -380,3 +380,13 @@ def test_summary_json_is_the_experiment_with_its_status(tmp_path: Any) -> None:
     assert again.status is not None and again.status.best is not None and again.status.best.trial == "lr-ab-high-s7"
     assert document["status"]["arms"][0]["note"].startswith("not enough seeds")
     assert (Path(tmp_path) / "reward_curves.png").exists()
+
+
+@pytest.mark.parametrize("name", ["ab-learning-rate.yaml", "search-learning-rate.yaml"])
+def test_the_example_experiments_are_valid(name: str) -> None:
+    from pathlib import Path
+
+    from rljob_operator.experiments.api import load_experiment
+
+    exp = load_experiment(Path(__file__).resolve().parents[1] / "examples" / "experiments" / name)
+    assert exp.spec.total_trials == 6
