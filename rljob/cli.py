@@ -31,6 +31,8 @@ EXTRA_OF_MODULE = {
     **dict.fromkeys(("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers"), "trainer"),
     **dict.fromkeys(("kopf", "kubernetes", "aiohttp", "cryptography"), "operator"),
     **dict.fromkeys(("boto3", "botocore", "prometheus_client"), "trainer] or rljob[operator"),
+    **dict.fromkeys(("optuna", "scipy"), "trainer] or rljob[operator"),  # experiments: search, statistics
+    "matplotlib": "trainer",
 }
 
 

@@ -369,9 +369,10 @@ def plot_curves(experiment: RLExperiment, status: RLExperimentStatus, path: Path
 
 
 def write_outputs(experiment: RLExperiment, status: RLExperimentStatus, out: Path) -> None:
-    """summary.json (the experiment with its status, camelCase like the cluster's) and reward_curves.png."""
+    """summary.json (the experiment, spec and status, camelCase like the cluster's) and reward_curves.png."""
     document = {"apiVersion": experiment.api_version, "kind": experiment.kind,
                 "metadata": experiment.metadata.model_dump(mode="json", exclude_none=True),
+                "spec": experiment.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
                 "status": status.model_dump(by_alias=True, mode="json", exclude_none=True)}
     (out / "summary.json").write_text(json.dumps(document, indent=2), encoding="utf-8")
     plot_curves(experiment, status, out / "reward_curves.png")

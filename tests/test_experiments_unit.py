@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -287,7 +288,9 @@ def test_the_experiments_core_imports_without_torch_kopf_optuna_or_scipy() -> No
 # ------------------------------------------------------------------- the local runner's parts
 
 
-def test_runner_reads_only_whole_metric_lines_and_keeps_the_last_of_a_step(tmp_path: Any) -> None:
+def test_runner_reads_only_whole_metric_lines_and_keeps_the_last_of_a_step(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPUs: the runner need not import torch to count them
     import subprocess
     from pathlib import Path
 
@@ -345,3 +348,45 @@ def test_trials_at_once_fit_the_gpus_or_cpus_and_never_share_a_gpu(monkeypatch: 
     assert visible_gpus() == ["3", "5"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == []
+
+
+def test_record_point_grows_a_bounded_curve_and_follows_the_objective() -> None:
+    from rljob_operator.experiments.api import MAX_CURVE_POINTS
+    from rljob_operator.experiments.objective import record_point
+
+    trial = TrialStatus(name="t0", number=0, seed=0)
+    for step in range(1, 301):
+        trial = record_point(trial, step, step / 300, ObjectiveSpec(k=1))
+    assert len(trial.curve) == MAX_CURVE_POINTS and trial.curve[-1].step == 300
+    assert trial.steps == 300 and trial.objective == pytest.approx(1.0)
+    trial = record_point(trial, 301, float("nan"), ObjectiveSpec(k=1))
+    assert trial.steps == 301 and trial.objective == pytest.approx(1.0)
+
+
+def test_summary_json_is_the_experiment_with_its_status(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from rljob_operator.experiments.api import RLExperimentStatus
+
+    from rljob.experiment import write_outputs
+
+    exp = RLExperiment.model_validate(AB)
+    trials = [arm_trial("low", 7, 0.2), arm_trial("high", 7, 0.8)]
+    s = standings(exp.spec, trials)
+    write_outputs(exp, RLExperimentStatus(phase="Succeeded", trials=trials, arms=s.arms, leaderboard=s.leaderboard,
+                                          best=s.best), Path(tmp_path))
+    document = json.loads((Path(tmp_path) / "summary.json").read_text())
+    again = RLExperiment.model_validate(document)  # it reads back as an RLExperiment, status and all
+    assert again.status is not None and again.status.best is not None and again.status.best.trial == "lr-ab-high-s7"
+    assert document["status"]["arms"][0]["note"].startswith("not enough seeds")
+    assert (Path(tmp_path) / "reward_curves.png").exists()
+
+
+@pytest.mark.parametrize("name", ["ab-learning-rate.yaml", "search-learning-rate.yaml"])
+def test_the_example_experiments_are_valid(name: str) -> None:
+    from pathlib import Path
+
+    from rljob_operator.experiments.api import load_experiment
+
+    exp = load_experiment(Path(__file__).resolve().parents[1] / "examples" / "experiments" / name)
+    assert exp.spec.total_trials == 6

@@ -6,7 +6,14 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rljob_operator.experiments.api import Direction, ObjectiveSpec, Reduce
+from rljob_operator.experiments.api import (
+    MAX_CURVE_POINTS,
+    CurvePoint,
+    Direction,
+    ObjectiveSpec,
+    Reduce,
+    TrialStatus,
+)
 
 Curve = Sequence[tuple[int, float]]
 
@@ -79,3 +86,18 @@ def thin(curve: Curve, max_points: int) -> list[tuple[int, float]]:
     last = len(points) - 1
     picks = sorted({round(i * last / (max_points - 1)) for i in range(max_points)})
     return [points[i] for i in picks]
+
+
+def record_point(trial: TrialStatus, step: int, value: float | None, objective: ObjectiveSpec) -> TrialStatus:
+    """``trial`` with one more observation of its metric (a heartbeat's step and reward): the curve
+    gains (or updates) the point, is thinned to MAX_CURVE_POINTS, and steps and objective follow.
+    A missing or non-finite value only moves ``steps``."""
+    points = [(p.step, p.value) for p in trial.curve]
+    if value is not None and math.isfinite(value):
+        points.append((step, value))
+    curve = thin(clean_curve(points), MAX_CURVE_POINTS)
+    return trial.model_copy(update={
+        "curve": [CurvePoint(step=s, value=v) for s, v in curve],
+        "steps": max(step, trial.steps or 0),
+        "objective": objective_value(curve, objective),
+    })
