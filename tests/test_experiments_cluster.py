@@ -196,12 +196,14 @@ def test_trials_run_within_parallelism_and_heartbeats_make_the_better_arm_win(
         kube: Any, experiment_crd: Any, namespace: str, operator: Any) -> None:
     op = operator()
     create(kube, namespace, {**experiment("ab", arms=ARMS, seeds=2, parallelism=2),
-                             "metadata": {"name": "ab", "labels": {"kueue.x-k8s.io/queue-name": "gpus"}}})
+                             "metadata": {"name": "ab", "labels": {"team": "research"}}})
     first = wait_for(lambda: trials_when(kube, namespace, "ab", 2), 60,
                      message="the first two trials")
     assert [j["metadata"]["name"] for j in first] == ["ab-high-s0", "ab-high-s1"]
     meta = first[0]["metadata"]
-    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpus" and meta["labels"]["rljob.dev/arm"] == "high"
+    # The experiment's labels are the trials' (a Kueue queue name too: test_experiments_decisions; a
+    # queue label here would make the trials wait for a Kueue this cluster does not run).
+    assert meta["labels"]["team"] == "research" and meta["labels"]["rljob.dev/arm"] == "high"
     owner = meta["ownerReferences"][0]
     assert owner["kind"] == "RLExperiment" and owner["controller"] and owner["blockOwnerDeletion"]
     assert first[0]["spec"]["training"]["learningRate"] == 0.003
