@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rljob_operator.api import ManifestError, load_job, load_jobs
+from rljob_operator.api import KIND as JOB
+from rljob_operator.api import ManifestError, load_job, parse_job, read_documents
 from rljob_trainer.contract import EXIT_PERMANENT, METRICS_PORT_ENV
 
 if TYPE_CHECKING:
@@ -36,17 +37,36 @@ EXTRA_OF_MODULE = {
 }
 
 
+def _validate_file(path: str) -> list[str]:
+    """``kind/name`` of every RLTrainingJob and RLExperiment in a file; ManifestError on the first bad one."""
+    from rljob_operator.experiments.api import KIND as EXPERIMENT
+    from rljob_operator.experiments.api import parse_experiment
+
+    parsers = {JOB: parse_job, EXPERIMENT: parse_experiment}
+    found = []
+    for document in read_documents(path):
+        kind = document.get("kind") if isinstance(document, dict) else None
+        if kind in parsers:
+            parsed = parsers[kind](document, path)
+            found.append(f"{kind}/{parsed.metadata.name}")
+        elif kind is None:
+            parse_job(document, path)  # names what is missing
+    if not found:
+        raise ManifestError(path, [f"no {JOB} or {EXPERIMENT} document found"])
+    return found
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.manifests:
         try:
-            jobs = load_jobs(path)
+            found = _validate_file(path)
         except ManifestError as e:
             failed = True
             print(str(e), file=sys.stderr)
             continue
-        for job in jobs:
-            print(f"{path}: {job.kind}/{job.metadata.name}: ok")
+        for what in found:
+            print(f"{path}: {what}: ok")
     return 1 if failed else 0
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.trainer_helpers import deep_update, quickstart_doc, run_rljob, write_manifest
 
@@ -149,3 +150,18 @@ def test_validate_accepts_the_examples() -> None:
     result = run_rljob("validate", *examples)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(": ok") >= 1
+
+
+def test_validate_checks_experiments_too_naming_the_field(tmp_path: Path) -> None:
+    examples = sorted(str(p) for p in (Path(__file__).parents[1] / "examples" / "experiments").glob("*.yaml"))
+    result = run_rljob("validate", *examples)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("RLExperiment/") == len(examples) >= 2
+    bad = yaml.safe_load(Path(examples[0]).read_text())
+    bad["spec"]["template"]["training"]["learningRate"] = -1
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    result = run_rljob("validate", str(tmp_path / "bad.yaml"))
+    assert result.returncode == 1 and "spec.template.training.learningRate" in result.stderr, result.stderr
+    (tmp_path / "other.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    result = run_rljob("validate", str(tmp_path / "other.yaml"))
+    assert result.returncode == 1 and "no RLTrainingJob or RLExperiment document found" in result.stderr

@@ -531,17 +531,23 @@ def parse_job(document: Any, source: str = "<manifest>") -> RLTrainingJob:
         raise ManifestError(source, format_validation_error(e)) from None
 
 
-def load_jobs(path: str | os.PathLike[str]) -> list[RLTrainingJob]:
-    """Every RLTrainingJob in a YAML file (other kinds are skipped)."""
+def read_documents(path: str | os.PathLike[str]) -> list[Any]:
+    """The YAML documents of a manifest file; ManifestError naming the file if unreadable or not YAML."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ManifestError(source, [f"cannot read file: {e.strerror}"]) from None
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:
         raise ManifestError(source, [f"invalid YAML: {e}"]) from None
+
+
+def load_jobs(path: str | os.PathLike[str]) -> list[RLTrainingJob]:
+    """Every RLTrainingJob in a YAML file (other kinds are skipped)."""
+    source = str(path)
+    documents = read_documents(path)
     jobs = [
         parse_job(d, source)
         for d in documents

@@ -14,10 +14,8 @@ from __future__ import annotations
 import copy
 import os
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from rljob_trainer.config import Model, TrainingSpec
@@ -30,6 +28,7 @@ from rljob_operator.api import (
     ObjectMeta,
     RLTrainingJobSpec,
     StatusModel,
+    read_documents,
 )
 
 KIND = "RLExperiment"
@@ -534,14 +533,7 @@ def parse_experiment(document: Any, source: str = "<manifest>") -> RLExperiment:
 def load_experiment(path: str | os.PathLike[str]) -> RLExperiment:
     """The one RLExperiment in a YAML file (other kinds are skipped); ManifestError names file and field."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ManifestError(source, [f"cannot read file: {e.strerror}"]) from None
-    try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise ManifestError(source, [f"invalid YAML: {e}"]) from None
+    documents = read_documents(path)
     found = [d for d in documents if not (isinstance(d, dict) and d.get("kind") not in (None, KIND))]
     if len(found) != 1:
         raise ManifestError(source, [f"{len(found)} {KIND} documents; expected exactly one"])
