@@ -42,7 +42,7 @@ def _validate_file(path: str) -> list[str]:
     from rljob_operator.experiments.api import KIND as EXPERIMENT
     from rljob_operator.experiments.api import parse_experiment
 
-    parsers = {JOB: parse_job, EXPERIMENT: parse_experiment}
+    parsers: dict[str, Callable[[Any, str], Any]] = {JOB: parse_job, EXPERIMENT: parse_experiment}
     found = []
     for document in read_documents(path):
         kind = document.get("kind") if isinstance(document, dict) else None
