@@ -278,11 +278,23 @@ def write_run_summary(
         wall_seconds=time.time() - started,
     )
     summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
+    summary["peak_memory_bytes"] = peak_memory_bytes()
     atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
     if heartbeat is not None:
         heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
                        final=not STOP.signum)
     return summary
+
+
+def peak_memory_bytes() -> int:
+    """Rank 0's peak memory: GPU memory allocated by torch on a GPU, else the process's peak RSS."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def run(cfg: TrainerConfig) -> dict[str, Any] | None:

@@ -1,0 +1,99 @@
+"""LoRA adapters and the throughput knobs for real: torchrun runs of the quickstart on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_trainer_run import tensorboard_scalars
+from tests.trainer_helpers import deep_update, quickstart_doc, run_rljob, write_manifest
+
+pytestmark = pytest.mark.trainer
+
+LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "modulesToSave": ["lm_head"]}
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def test_lora_learns_with_a_kl_to_the_base_resumes_from_its_adapter_and_exports_a_merged_model(
+    tmp_path: Path,
+) -> None:
+    first, total = 60, 120
+    doc = deep_update(quickstart_doc(), {"spec": {
+        "training": {"maxSteps": first, "learningRate": 0.03, "beta": 0.04, "lora": LORA},
+        "checkpoint": {"everySteps": 30, "keepLast": 2},
+    }})
+    out = tmp_path / "out"
+    ran = run_rljob("train", str(write_manifest(tmp_path / "job.yaml", doc)), "--output", str(out), timeout=900)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    ckpt = out / "checkpoints" / f"checkpoint-{first}"
+    # The checkpoint holds the adapter, not the model, and is sealed like any other.
+    assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "rljob-manifest.json").is_file()
+    assert not list(ckpt.glob("model*.safetensors"))
+    base = json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"]
+    adapter_bytes = (ckpt / "adapter_model.safetensors").stat().st_size
+    model_bytes = sum(f.stat().st_size for f in Path(base).glob("*.safetensors"))
+    print(f"adapter {adapter_bytes} B = {adapter_bytes / model_bytes:.2f} of the model's {model_bytes} B")
+    assert adapter_bytes < model_bytes
+
+    # Resume: the same job with more steps continues from the adapter checkpoint.
+    doc["spec"]["training"]["maxSteps"] = total
+    again = run_rljob("train", str(write_manifest(tmp_path / "job.yaml", doc)), "--output", str(out), timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] == f"checkpoint-{first}" and summary["steps"] == total
+    assert [s for s, _ in summary["reward_history"]][0] == first + 1  # only the steps after the checkpoint
+    rewards = [r for _, r in tensorboard_scalars(out / "tensorboard", "train/reward")]
+    assert len(rewards) == total
+    assert mean(rewards[:10]) <= 0.3 and mean(rewards[-10:]) >= mean(rewards[:10]) + 0.3, rewards
+    # beta > 0: the reference is the base model with the adapter disabled, so the KL starts at 0 and grows.
+    kl = [v for _, v in tensorboard_scalars(out / "tensorboard", "train/kl")]
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and max(kl[-20:]) > 1e-3, kl
+
+    merged = tmp_path / "merged"
+    exported = run_rljob("checkpoints", "export", str(out / "checkpoints"), str(merged), "--merged")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert f"checkpoint-{total}" in exported.stdout
+    assert greedy_repeat_score(merged) >= 0.5  # the merged model kept what the adapter learned
+
+
+def greedy_repeat_score(model_dir: Path) -> float:
+    """Mean repeat_char reward of greedy completions of a few prompts, with transformers alone (no PEFT)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert not hasattr(model, "peft_config")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    scores = []
+    for char in "abcdef":
+        ids = tokenizer(char * 6, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        scores.append(sum(c == char for c in text[:6]) / 6)
+    return mean(scores)
+
+
+def test_throughput_knobs_run_one_generation_per_two_steps_and_finish(tmp_path: Path) -> None:
+    steps = 12
+    doc = deep_update(quickstart_doc(), {"spec": {
+        "workers": {"procsPerWorker": 1},
+        "training": {"maxSteps": steps, "gradientCheckpointing": False, "stepsPerGeneration": 2},
+        "checkpoint": {"everySteps": 1000},
+    }})
+    out = tmp_path / "out"
+    ran = run_rljob("train", str(write_manifest(tmp_path / "job.yaml", doc)), "--output", str(out))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == steps and len(summary["reward_history"]) == steps
+    # TRL counts tokens when it generates: with stepsPerGeneration 2 the count moves every other step.
+    tokens = [v for _, v in tensorboard_scalars(out / "tensorboard", "train/num_tokens")]
+    assert len(tokens) == steps
+    assert all(tokens[i] == tokens[i + 1] for i in range(0, steps, 2)), tokens
+    assert all(tokens[i + 1] < tokens[i + 2] for i in range(0, steps - 2, 2)), tokens
+    assert summary["num_tokens"] == tokens[-1]
