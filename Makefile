@@ -40,6 +40,7 @@ include $(wildcard mk/*.mk)
 bench: venv ## Run the benchmarks, write bench/results/*.json and the table in bench/README.md
 	$(PY) -m bench.trainer_overhead
 	$(PY) -m bench.gpu_grpo --small
+	$(PY) -m bench.lora --small
 	@if [ -f bench/checkpoint_upload.py ]; then $(PY) -m bench.checkpoint_upload; fi
 	@if [ -f bench/operator_scale.py ]; then $(PY) -m bench.operator_scale; fi
 	@if [ -f bench/kueue_admission.py ]; then $(PY) -m bench.kueue_admission; fi

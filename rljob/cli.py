@@ -247,6 +247,31 @@ def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoints_export(args: argparse.Namespace) -> int:
+    """A complete checkpoint (verified against its manifest) → a merged model in a new folder."""
+    import tempfile
+    from pathlib import Path
+
+    from rljob_trainer.checkpoints.export import ExportError, export_merged
+
+    loc, name = _checkpoint_root(args)
+    listing = loc.listing()
+    name = name or listing.latest
+    info = next((c for c in listing.complete if c.name == name), None)
+    if info is None:
+        print(f"rljob: error: {args.uri}: no complete checkpoint {name or '(no latest)'} at {loc.uri}", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="rljob-export-") as tmp:
+        local = loc.fetch(info, listing, Path(tmp))  # verified against its manifest
+        try:
+            out = export_merged(local, Path(args.out), base=args.base)
+        except ExportError as e:
+            print(f"rljob: error: {e}", file=sys.stderr)
+            return 1
+    print(f"rljob: merged {loc.child_uri(info.name)} into {out}")
+    return 0
+
+
 def add_checkpoints_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "checkpoints", help="list, verify or prune checkpoints on object storage or in a folder",
@@ -276,6 +301,14 @@ def add_checkpoints_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
     c.add_argument("--protect", action="append", help="never delete this checkpoint (repeatable)")
     c.add_argument("--dry-run", action="store_true", help="print what would be deleted")
     c.set_defaults(func=_storage_errors(cmd_checkpoints_prune))
+
+    c = cmds.add_parser("export", parents=[common],
+                        help="write a LoRA checkpoint merged into its base model (a Hugging Face model folder)")
+    c.add_argument("out", help="new folder for the merged model (never overwritten)")
+    c.add_argument("--merged", action="store_true", required=True,
+                   help="merge the adapter into the base model's weights (the only export form)")
+    c.add_argument("--base", help="base model folder or hub id (default: the one recorded in the adapter)")
+    c.set_defaults(func=_storage_errors(cmd_checkpoints_export))
 
 
 def build_parser() -> argparse.ArgumentParser:

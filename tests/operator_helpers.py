@@ -111,6 +111,20 @@ INVALID_MANIFESTS: list[tuple[str, dict[str, Any], str]] = [
     ("ttl-negative", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": -1}}},
      "spec.runPolicy.ttlSecondsAfterFinished"),
     ("name-too-long", {"metadata": {"name": MAX_NAME}}, "metadata.name"),
+    ("generation-batch-not-whole-steps", {"spec": {"training": {"generationBatchSize": 12}}},
+     "spec.training.generationBatchSize"),
+    ("generation-batch-and-steps-per-generation",
+     {"spec": {"training": {"generationBatchSize": 16, "stepsPerGeneration": 2}}}, "spec.training.generationBatchSize"),
+    ("generation-batch-with-elastic-workers",
+     {"spec": {"workers": {"minReplicas": 1, "maxReplicas": 4}, "training": {"generationBatchSize": 16}}},
+     "spec.training.generationBatchSize"),
+    ("steps-per-generation-indivisible",
+     {"spec": {"training": {"batchSize": 3, "numGenerations": 8, "stepsPerGeneration": 2}}},
+     "spec.training.stepsPerGeneration"),
+    ("lora-rank-zero", {"spec": {"training": {"lora": {"r": 0}}}}, "spec.training.lora.r"),
+    ("lora-dropout-one", {"spec": {"training": {"lora": {"dropout": 1}}}}, "spec.training.lora.dropout"),
+    ("lora-all-linear-and-names", {"spec": {"training": {"lora": {"targetModules": ["all-linear", "q_proj"]}}}},
+     "spec.training.lora.targetModules"),
 ]
 
 

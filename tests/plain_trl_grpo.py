@@ -4,7 +4,8 @@ It builds the same tiny model, data and reward as the quickstart (rljob's built-
 data and functions) and trains with TRL directly: no rljob launcher, config or callbacks.
 
     python tests/plain_trl_grpo.py OUT_DIR MAX_STEPS [--model-overrides JSON] [--batch N]
-        [--max-completion-length N] [--bf16]
+        [--max-completion-length N] [--bf16] [--save-at-end]
+        [--learning-rate LR]
     python -m torch.distributed.run --nproc-per-node 2 tests/plain_trl_grpo.py OUT_DIR MAX_STEPS
 """
 
@@ -17,6 +18,7 @@ from datasets import Dataset
 from rljob_trainer.builtin.rewards import repeat_char
 from rljob_trainer.builtin.tasks import builtin_rows
 from rljob_trainer.builtin.tiny_model import materialize_builtin_model
+from rljob_trainer.telemetry import tokens_seen
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -33,6 +35,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--max-completion-length", type=int, default=6)
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--learning-rate", type=float, default=0.003)
+    p.add_argument("--save-at-end", action="store_true",
+                   help="save a checkpoint after the last step, as rljob's trainer does (same work for benchmarks)")
     a = p.parse_args()
     out = a.out
     model_dir = materialize_builtin_model(f"{out}/model", json.loads(a.model_overrides), seed=0)
@@ -43,7 +48,7 @@ def main() -> None:
         per_device_train_batch_size=a.batch,
         num_generations=8,
         max_completion_length=a.max_completion_length,
-        learning_rate=0.003,
+        learning_rate=a.learning_rate,
         lr_scheduler_type="constant",
         temperature=1.0,
         max_steps=a.max_steps,
@@ -52,7 +57,8 @@ def main() -> None:
         bf16=a.bf16,
         beta=0.0,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if a.save_at_end else "no",
+        save_steps=a.max_steps,
         report_to=[],
         disable_tqdm=True,
     )
@@ -64,7 +70,7 @@ def main() -> None:
     logs = trainer.state.log_history
     history = [h for h in logs if "reward" in h]
     runtime = next(h["train_runtime"] for h in logs if "train_runtime" in h)
-    tokens = max((float(h["num_tokens"]) for h in logs if "num_tokens" in h), default=0.0)
+    tokens = tokens_seen(logs)
     with open(f"{out}/history.json", "w") as f:
         json.dump([{"step": h["step"], "reward": h["reward"], "loss": h["loss"]} for h in history], f)
     with open(f"{out}/runtime.json", "w") as f:

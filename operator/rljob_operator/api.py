@@ -22,11 +22,13 @@ from rljob_trainer.config import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_MODELS,
     CheckpointSpec,
+    GenerationBatchError,
     Model,
     TrainerConfig,
     TrainingSpec,
     WorkersSpec,
     accumulation_for,
+    check_elastic_generation,
     check_generation_batch,
 )
 from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, format_validation_error
@@ -290,13 +292,14 @@ class RLTrainingJobSpec(Model):
             self.workers.min_replicas and self.workers.max_replicas
         ):
             raise ValueError("@workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas")
-        if self.workers.elastic:
-            return self  # the operator picks gradientAccumulationSteps for each size (batch_shape)
-        world = self.workers.replicas * self.workers.procs_per_worker
         try:
-            check_generation_batch(self.training, world)
-        except ValueError as e:
-            raise ValueError(f"@training.numGenerations: {e}") from None
+            if self.workers.elastic:
+                # The operator picks gradientAccumulationSteps for each size (batch_shape).
+                check_elastic_generation(self.training)
+                return self
+            check_generation_batch(self.training, self.workers.replicas * self.workers.procs_per_worker)
+        except GenerationBatchError as e:
+            raise ValueError(f"@training.{e.field}: {e}") from None
         return self
 
 

@@ -74,6 +74,30 @@ def _rule(rule: str, message: str, field_path: str | None = None, reason: str | 
     return out
 
 
+_ELASTIC = "(has(self.workers.minReplicas) || has(self.workers.maxReplicas))"
+_GLOBAL_BATCH = "self.training.batchSize * self.workers.replicas * self.workers.procsPerWorker"
+#: The generation-batch knobs (config.check_generation_batch / check_elastic_generation).
+GENERATION_RULES = [
+    _rule(f"!has(self.training.generationBatchSize) || {_ELASTIC} || "
+          f"self.training.generationBatchSize % ({_GLOBAL_BATCH}) == 0",
+          "spec.training.generationBatchSize must be a multiple of batchSize × replicas × procsPerWorker",
+          ".training.generationBatchSize"),
+    _rule("!has(self.training.generationBatchSize) || "
+          "self.training.generationBatchSize % self.training.numGenerations == 0",
+          "spec.training.generationBatchSize must be a multiple of numGenerations", ".training.generationBatchSize"),
+    _rule(f"!has(self.training.generationBatchSize) || !{_ELASTIC}",
+          "spec.training.generationBatchSize cannot be fixed with elastic workers (the world size changes); "
+          "use stepsPerGeneration", ".training.generationBatchSize"),
+    _rule(f"!has(self.training.stepsPerGeneration) || {_ELASTIC} || "
+          f"({_GLOBAL_BATCH} * self.training.stepsPerGeneration) % self.training.numGenerations == 0",
+          "spec.training.numGenerations must divide the generation batch "
+          "batchSize × replicas × procsPerWorker × stepsPerGeneration", ".training.stepsPerGeneration"),
+    _rule(f"!has(self.training.stepsPerGeneration) || !{_ELASTIC} || "
+          "(self.training.batchSize * self.training.stepsPerGeneration) % self.training.numGenerations == 0",
+          "spec.training.stepsPerGeneration: with elastic workers, batchSize × stepsPerGeneration must be a "
+          "multiple of numGenerations", ".training.stepsPerGeneration"),
+]
+
 #: CEL rules by schema path (``[]`` = list items). Each mirrors a pydantic validator.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "": [
@@ -85,18 +109,25 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
     "spec": [
         _rule(
             "has(self.workers.minReplicas) || has(self.workers.maxReplicas) || "
+            "has(self.training.generationBatchSize) || has(self.training.stepsPerGeneration) || "
             "(self.training.batchSize * self.workers.replicas * self.workers.procsPerWorker"
             " * self.training.gradientAccumulationSteps) % self.training.numGenerations == 0",
             "spec.training.numGenerations must divide the generation batch "
             "batchSize × replicas × procsPerWorker × gradientAccumulationSteps",
             ".training.numGenerations",
         ),
+        *GENERATION_RULES,
         _rule(
             "!has(self.autoscaling) || !has(self.autoscaling.policy) || self.autoscaling.policy != 'Capacity' || "
             "(has(self.workers.minReplicas) && has(self.workers.maxReplicas))",
             "spec.workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas",
             ".workers",
         ),
+    ],
+    "spec.training.lora": [
+        _rule("!('all-linear' in self.targetModules) || size(self.targetModules) == 1",
+              "spec.training.lora.targetModules: all-linear stands alone: give it or a list of module names, "
+              "not both", ".targetModules"),
     ],
     "spec.workers": [
         _rule(
@@ -118,6 +149,9 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             f"spec.training.model: unknown built-in model; choose one of {', '.join(BUILTIN_MODELS)}",
             ".model",
         ),
+        _rule("!has(self.generationBatchSize) || !has(self.stepsPerGeneration)",
+              "spec.training.generationBatchSize: set generationBatchSize or stepsPerGeneration, not both",
+              ".generationBatchSize"),
     ],
     "spec.training.dataset": [
         _rule(

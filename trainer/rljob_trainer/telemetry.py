@@ -165,6 +165,13 @@ def append_metrics(path: Path, step: int, logs: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def tokens_seen(log_history: list[dict[str, Any]]) -> float:
+    """Prompt + completion tokens the run processed, over all ranks: TRL's cumulative ``num_tokens``
+    (``state.num_input_tokens_seen``) at its last log. The one count every benchmark and summary uses,
+    so tokens/s of two runs compare like their step times when both generated the same tokens."""
+    return max((float(h["num_tokens"]) for h in log_history if "num_tokens" in h), default=0.0)
+
+
 def reward_history(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
     return [(int(h["step"]), float(h["reward"])) for h in log_history if "reward" in h and "step" in h]
 
@@ -189,6 +196,7 @@ def write_summary(
         "wall_seconds": round(wall_seconds, 3),
         # The Trainer's own timing of the training loop (excludes start-up and model loading).
         "train_runtime": next((float(h["train_runtime"]) for h in log_history if "train_runtime" in h), None),
+        "num_tokens": tokens_seen(log_history),
         "reward_history": history,
         "loss_history": [(int(h["step"]), float(h["loss"])) for h in log_history if "loss" in h and "step" in h],
     }

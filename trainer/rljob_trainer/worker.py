@@ -71,6 +71,11 @@ def trl_arguments(cfg: TrainerConfig, checkpoint_dir: str, use_cpu: bool) -> dic
         "use_cpu": use_cpu,
         "dataloader_num_workers": t.dataloader_workers,
         "beta": t.beta,
+        # transformers 5 renamed it; setting the new name too keeps the old one from warning.
+        "activation_checkpointing": t.gradient_checkpointing,
+        "gradient_checkpointing": t.gradient_checkpointing,
+        "generation_batch_size": t.generation_batch_size,  # None: TRL's default (one step's worth)
+        "steps_per_generation": t.steps_per_generation,
         "save_strategy": "steps",
         "save_steps": cfg.checkpoint.every_steps,
         "save_total_limit": None,  # rljob's retention, which knows complete from partial
@@ -162,6 +167,7 @@ class Inputs:
     dataset: Any
     model_path: str
     tokenizer: Any
+    peft_config: Any = None
 
 
 def prepare_inputs(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use_cpu: bool) -> Inputs:
@@ -183,7 +189,16 @@ def prepare_inputs(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use
         raise PermanentError("spec.training.model", f"cannot load tokenizer from {model_path!r}: {e}") from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Inputs(args, reward_funcs, dataset, model_path, tokenizer)
+    return Inputs(args, reward_funcs, dataset, model_path, tokenizer, peft_config(cfg))
+
+
+def peft_config(cfg: TrainerConfig) -> Any:
+    """PEFT's ``LoraConfig`` for ``spec.training.lora`` (None: full fine-tuning)."""
+    if cfg.training.lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(**cfg.training.lora.peft_kwargs())
 
 
 def start_reporting(cfg: TrainerConfig, rank: int) -> tuple[Any, Any]:
@@ -234,6 +249,7 @@ def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callback
             train_dataset=inputs.dataset,
             processing_class=inputs.tokenizer,
             callbacks=callbacks,
+            peft_config=inputs.peft_config,
         )
     except (OSError, ValueError) as e:
         raise PermanentError("spec.training", f"cannot build the {cfg.training.algorithm} trainer: {e}") from e
@@ -263,11 +279,23 @@ def write_run_summary(
         wall_seconds=time.time() - started,
     )
     summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
+    summary["peak_memory_bytes"] = peak_memory_bytes()
     atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
     if heartbeat is not None:
         heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
                        final=not STOP.signum)
     return summary
+
+
+def peak_memory_bytes() -> int:
+    """Rank 0's peak memory: GPU memory allocated by torch on a GPU, else the process's peak RSS."""
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def run(cfg: TrainerConfig) -> dict[str, Any] | None:
@@ -348,9 +376,26 @@ def die_with_parent() -> None:
         os._exit(137)
 
 
+def run_alone_when_alone(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """In a gang of one, hide torchrun's ``LOCAL_RANK`` so the rank trains like a plain script.
+
+    accelerate treats any process with ``LOCAL_RANK`` set as distributed, even at ``WORLD_SIZE=1``:
+    the Trainer then wraps the model in DistributedDataParallel (NCCL on a GPU, gloo on CPU) and
+    every step pays a gradient all-reduce with nobody and, with ``find_unused_parameters``, an
+    extra pass over the autograd graph; measured as most of rljob's gap to plain TRL with one
+    process. Returns True when it changed the environment.
+    """
+    if environ.get("WORLD_SIZE", "1") != "1" or "LOCAL_RANK" not in environ:
+        return False
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        environ.pop(name, None)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
+    run_alone_when_alone()
     silence_known_warnings()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     error_dir = os.environ.get(ERROR_DIR_ENV)
