@@ -228,8 +228,13 @@ RULE = EarlyStoppingSpec(minSteps=4, interval=2, minTrials=2)
 def test_median_rule_stops_a_trial_below_the_others_at_a_rung() -> None:
     curves = {"good1": line(0.1, 8), "good2": line(0.09, 6), "bad": line(0.01, 6)}
     d = should_prune("bad", curves, ObjectiveSpec(k=1), RULE, max_steps=20)
-    assert d is not None and d.step == 6 and d.others == 2 and d.median == pytest.approx(0.57)
+    # Stopped at the first rung it was worse at (4), not the last it reached (6).
+    assert d is not None and d.step == 4 and d.others == 2 and d.median == pytest.approx(0.38)
     assert should_prune("good2", curves, ObjectiveSpec(k=1), RULE, max_steps=20) is None
+    # However late it is looked at, the decision is the same: what a watcher in time would decide.
+    for reached in (4, 5, 6):
+        late = {**curves, "bad": line(0.01, reached)}
+        assert should_prune("bad", late, ObjectiveSpec(k=1), RULE, max_steps=20) == d
 
 
 def test_median_rule_waits_for_enough_others_and_min_steps() -> None:

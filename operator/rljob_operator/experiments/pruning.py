@@ -6,8 +6,11 @@ logged up to r is stopped when its objective so far — the objective of its cur
 is strictly worse than the median of the other trials' objectives cut at r. Only other trials
 whose curves reached r count (running or finished, pruned ones included), and at least
 ``minTrials`` of them must have, so the first trials are never judged against nothing. The
-trial is judged at the highest rung it has reached where enough others have too; the decision
-is a function of the curves alone, so any process can make it again after a restart.
+trial is stopped at the first rung it has passed where enough others have too and it was worse:
+what a watcher that looked at every rung in time would have decided. So the decision does not
+depend on when the curves were looked at (a late poll, a heartbeat flushed after several steps, a
+loaded machine), and it is a function of the curves alone: any process can make it again after a
+restart.
 """
 
 from __future__ import annotations
@@ -53,16 +56,13 @@ def should_prune(
     reached = _reached(curves[trial])
     others = {name: c for name, c in curves.items() if name != trial}
     # The last rung is never max_steps itself: a trial that got there has finished anyway.
-    for rung in reversed([r for r in early_stopping.rung_steps(max_steps - 1) if r <= reached]):
+    for rung in [r for r in early_stopping.rung_steps(max_steps - 1) if r <= reached]:
         theirs = [v for c in others.values() if _reached(c) >= rung
                   and (v := objective_value(c, objective, upto=rung)) is not None]
-        if len(theirs) < early_stopping.min_trials:
-            continue
         mine = objective_value(curves[trial], objective, upto=rung)
-        if mine is None:
-            return None
+        if len(theirs) < early_stopping.min_trials or mine is None:
+            continue
         median = statistics.median(theirs)
         if is_better(median, mine, objective.direction):
             return PruneDecision(rung, mine, median, len(theirs))
-        return None
     return None
