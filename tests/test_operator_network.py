@@ -22,14 +22,17 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
+    annotate_pod,
     create_job,
     events_for,
     get_job,
     job_manifest,
     job_pods,
     patch_spec,
+    wait_gang,
     wait_phase,
 )
 from tests.test_delivery_chart import PROMETHEUS, helm_template, kustomize_build
@@ -169,6 +172,32 @@ def test_an_orphaned_child_the_operator_created_for_the_job_is_adopted(kube: Any
     cm = kube.request("GET", _collection(kube, planted) + "/orphan-config")
     assert [(r["uid"], r["controller"]) for r in cm["metadata"]["ownerReferences"]] == [(uid, True)]
     assert cm["data"]["trainer.yaml"] != planted["data"]["trainer.yaml"]  # the operator's config, not the stale one
+
+
+def test_children_deleted_under_a_running_gang_are_made_again_for_the_next_generation(
+        kube: Any, namespace: str, operator: Any) -> None:
+    """The operator checks a job's ConfigMap, Service and NetworkPolicy once per gang generation
+    (looking them up first once they were made): a restarted gang never starts without them."""
+    operator(env=NETWORK_ENV)
+    quick = {"workers": {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
+             "runPolicy": {"backoffBaseSeconds": 0}}
+    create_job(kube, namespace, job_manifest("again", replicas=2, spec=quick))
+    uid = wait_gang(kube, namespace, "again", 0)["metadata"]["uid"]
+    children = [("ConfigMap", str(kube.core_path(namespace, "configmaps", "again-config"))),
+                ("Service", str(kube.core_path(namespace, "services", "again"))),
+                ("NetworkPolicy", policy_path(kube, namespace, "again-workers"))]
+    before = {kind: kube.request("GET", path) for kind, path in children}
+    for _, path in children:
+        kube.request("DELETE", path)
+    annotate_pod(kube, namespace, "again-worker-1", fake_pods.exit_annotations(1))
+    wait_gang(kube, namespace, "again", 1)
+    for kind, path in children:
+        made = kube.request("GET", path)
+        assert made["metadata"]["uid"] != before[kind]["metadata"]["uid"], kind  # made again, not left gone
+        assert [(r["uid"], r["controller"]) for r in made["metadata"]["ownerReferences"]] == [(uid, True)], kind
+        assert made.get("data") == before[kind].get("data") or kind != "ConfigMap"
+        if kind == "NetworkPolicy":
+            assert made["spec"] == before[kind]["spec"]
 
 
 @pytest.mark.parametrize("source", ["chart", "chart-watch-namespaces", "kustomize-cluster-wide",

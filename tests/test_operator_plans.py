@@ -213,19 +213,21 @@ class RecordingKube:
     def __init__(self, raw: dict[str, Any], refuse: tuple[str, Exception] | None = None) -> None:
         self.raw, self.refuse = raw, refuse
         self.calls: list[tuple[Any, ...]] = []
+        self.lists = 0
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any]:
         return json.loads(json.dumps(self.raw))
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.lists += 1
         return []
 
     def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.calls.append(("status", status.get("phase"), status.get("reason")))
 
     def create_or_adopt(self, obj: dict[str, Any], uid: str, compare_data: bool = False,
-                        compare_spec: bool = False) -> None:
-        self.calls.append(("create", obj["kind"]))
+                        compare_spec: bool = False, look_first: bool = False) -> None:
+        self.calls.append(("look" if look_first else "create", obj["kind"]))
         if self.refuse is not None and self.refuse[0] == obj["kind"]:
             raise self.refuse[1]
 
@@ -240,10 +242,14 @@ class RecordingKube:
         self.calls.append(("event", reason))
 
 
-def _reconcile(kube: RecordingKube, network: JobNetwork | None = None) -> float | None:
+def _reconciler(kube: RecordingKube, network: JobNetwork | None = None) -> Reconciler:
     # Any image: these tests are about the write order, not the platform's pod profile.
-    reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
-                            network=network)
+    return Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
+                      network=network)
+
+
+def _reconcile(kube: RecordingKube, network: JobNetwork | None = None) -> float | None:
+    reconciler = _reconciler(kube, network)
     try:
         return reconciler.reconcile("team-a", "train")
     finally:
@@ -262,6 +268,52 @@ def test_the_reconciler_writes_status_then_children_then_pods_then_events() -> N
     assert kube.calls[0] == ("status", "Pending", "CreatingWorkers")
     assert sorted(kube.calls[1:3]) == [("create", "ConfigMap"), ("create", "Service")]
     assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers")]
+
+
+def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after_the_first() -> None:
+    kube = RecordingKube(_raw())
+    reconciler = _reconciler(kube, JobNetwork())
+    try:
+        reconciler.reconcile("team-a", "train")
+        children = {("create", "ConfigMap"), ("create", "Service"), ("create", "NetworkPolicy")}
+        assert set(kube.calls[1:4]) == children
+        # The same generation again (its pods are created over several reconciles while old
+        # ones terminate): the children were made for it, only pods are created.
+        kube.calls.clear()
+        reconciler.reconcile("team-a", "train")
+        assert [c for c in kube.calls if c[1] != "Pod" and c[0] != "event" and c[0] != "status"] == []
+        # A new generation: each child is looked up (it most likely exists), not re-posted blindly.
+        kube.raw = _raw({"gangGeneration": 1, "phase": "Restarting", "restarts": 1})
+        kube.calls.clear()
+        reconciler.reconcile("team-a", "train")
+        assert {c for c in kube.calls if c[1] in ("ConfigMap", "Service", "NetworkPolicy")} == \
+            {("look", "ConfigMap"), ("look", "Service"), ("look", "NetworkPolicy")}
+        # A new job under the same name (another uid) starts over.
+        kube.raw = _raw()
+        kube.raw["metadata"]["uid"] = "another-uid"
+        kube.calls.clear()
+        reconciler.reconcile("team-a", "train")
+        assert {c for c in kube.calls if c[1] in ("ConfigMap", "Service", "NetworkPolicy")} == children
+    finally:
+        reconciler._pool.shutdown()
+
+
+def test_pods_from_the_watch_are_listed_again_before_creating_unless_the_job_never_had_a_status() -> None:
+    def reconcile(raw: dict[str, Any]) -> RecordingKube:
+        kube = RecordingKube(raw)
+        reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
+                                pod_cache=lambda namespace, name: [])
+        try:
+            reconciler.reconcile("team-a", "train")
+        finally:
+            reconciler._pool.shutdown()
+        assert kube.calls.count(("create", "Pod")) == 2
+        return kube
+
+    # No reconcile got as far as the pods of a job without status (status is written first).
+    assert reconcile(_raw()).lists == 0
+    # One did: the watch may not show a pod it created a moment ago, so the API server is asked.
+    assert reconcile(_raw({"phase": "Pending", "gangGeneration": 0})).lists == 1
 
 
 def test_the_network_policy_exists_before_any_pod_and_a_taken_name_stops_the_pods() -> None:

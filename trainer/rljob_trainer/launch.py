@@ -78,12 +78,14 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
     from rljob_trainer.checkpoints.resume import StorageUnavailable, prepare_checkpoint_storage
     from rljob_trainer.data import check_dataset_source
     from rljob_trainer.rewards import resolve_rewards
-    from rljob_trainer.worker import check_trl_fields, trl_classes
 
     resolve_rewards(cfg.training.rewards)
     check_dataset_source(cfg.training.dataset)
-    config_cls, _ = trl_classes(cfg.training.algorithm)
-    check_trl_fields(config_cls, cfg.training.trl)
+    # spec.training.trl was checked against TRL's config fields when the config was loaded
+    # (trl_fields.TRL_FIELDS, generated from the installed TRL); each rank checks it against the
+    # class itself again. Importing TRL here would cost every node ~15 s of start-up (trl pulls
+    # in transformers' trainer stack, torch.distributed.tensor, dynamo, sympy, pandas) before
+    # the ranks, which import it anyway, could start.
     try:
         # A denied or missing bucket is a PermanentError here, before any rank starts; every node
         # fetches (and verifies) its own copy of the checkpoint to resume from.

@@ -263,22 +263,26 @@ class Kube:
         return f"{path}/{quote(name)}" if name else path
 
     def create_or_adopt(self, obj: dict[str, Any], owner_uid: str, compare_data: bool = False,
-                        compare_spec: bool = False) -> dict[str, Any]:
+                        compare_spec: bool = False, look_first: bool = False) -> dict[str, Any]:
         """Create ``obj``; if its name is taken, keep or adopt the existing one, or raise ``ChildConflict``.
 
         Kept: controlled by ``owner_uid``. Adopted (ownerReference added): no controller, and the
         operator's marker for this very job (``adoptable``). Anything else: ``ChildConflict``.
         A kept or adopted object is brought up to date: its ``data`` with ``compare_data``, its
         ``spec`` (replaced exactly) with ``compare_spec``.
+        ``look_first``: GET before the POST (one request instead of a refused POST and a GET, where
+        the object most likely exists already: a gang restarted).
         """
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        try:
-            return self.request("POST", self.child_path(obj), obj, query={"fieldManager": FIELD_MANAGER})
-        except ApiException as e:
-            if e.status != 409:
-                raise
-        existing = self.request("GET", self.child_path(obj, name))
+        existing = self.get_child(obj) if look_first else None
+        if existing is None:
+            try:
+                return self.request("POST", self.child_path(obj), obj, query={"fieldManager": FIELD_MANAGER})
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            existing = self.request("GET", self.child_path(obj, name))
         refs = existing["metadata"].get("ownerReferences") or []
         controller = next((r for r in refs if r.get("controller")), None)
         patch: dict[str, Any] = {}
@@ -305,6 +309,15 @@ class Kube:
         return self.request(
             "PATCH", self.child_path(obj, name), patch, content_type="application/merge-patch+json"
         )
+
+    def get_child(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The object named as ``obj`` (same kind, namespace and name); None if there is none."""
+        try:
+            return self.request("GET", self.child_path(obj, obj["metadata"]["name"]))  # type: ignore[no-any-return]
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
 
     def create_pod(self, pod: dict[str, Any]) -> bool:
         """Create a worker pod; False when its name is taken (the next reconcile looks at it)."""

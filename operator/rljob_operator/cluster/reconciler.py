@@ -55,7 +55,7 @@ from rljob_operator.decisions.queueing import (
 )
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
 from rljob_operator.decisions.scaling import Capacity
-from rljob_operator.names import LABEL_JOB, StatusEndpoint, job_uid
+from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, StatusEndpoint, job_uid
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.reconciler")
@@ -119,6 +119,9 @@ class Reconciler:
         self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rljob-create")
         self._capacity_denied = False
+        self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
+        """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
+        last created or checked."""
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Reconcile ``namespace/name`` once; returns seconds until it wants another look."""
@@ -136,6 +139,7 @@ class Reconciler:
     def _reconcile(self, namespace: str, name: str) -> float | None:
         raw = self.kube.get_job(namespace, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
+            self._children_verified.pop((namespace, name), None)
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
@@ -152,10 +156,12 @@ class Reconciler:
         queue = self.queue_view(job, uid)
         plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
                               self.force_delete_after, capacity, self.profile, self.network, queue)
-        if cached is not None and (plan.create_pods or plan.gang_restart or (plan.queue and plan.queue.status)):
+        if cached is not None and raw.get("status") and (
+                plan.create_pods or plan.gang_restart or (plan.queue and plan.queue.status)):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
             # created, one gone) is looked up before pods are created, a gang is restarted or a
-            # Workload's quota is given back because no pod is left.
+            # Workload's quota is given back because no pod is left. Not for a job without status:
+            # no reconcile has got as far as its pods (the status is written first), so it has none.
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, queue)
@@ -309,15 +315,24 @@ class Reconciler:
         """The ConfigMap, Service and NetworkPolicy (all exist before any pod is created), then the pods."""
         namespace, name, uid = raw["metadata"]["namespace"], raw["metadata"]["name"], raw["metadata"]["uid"]
         if plan.children is not None:
-            children = [
-                self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True),
-                self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid),
-            ]
-            if plan.children.networkpolicy is not None:
-                children.append(self._pool.submit(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
-                                                  compare_spec=True))
-            for child in children:
-                child.result()  # all exist (or raised) before any pod is created
+            # Verified once per gang generation (a gang restarted with old pods still terminating is
+            # created over several reconciles); after the first generation they most likely exist.
+            generations = {(p["metadata"].get("labels") or {}).get(LABEL_GANG_GENERATION) for p in plan.create_pods}
+            verified = self._children_verified.get((namespace, name))
+            if verified is None or verified[0] != uid or not generations <= {verified[1]}:
+                look_first = verified is not None and verified[0] == uid
+                children = [
+                    self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True,
+                                      look_first=look_first),
+                    self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid, look_first=look_first),
+                ]
+                if plan.children.networkpolicy is not None:
+                    children.append(self._pool.submit(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
+                                                      compare_spec=True, look_first=look_first))
+                for child in children:
+                    child.result()  # all exist (or raised) before any pod is created
+                if len(generations) == 1:
+                    self._children_verified[(namespace, name)] = (uid, next(iter(generations)))
         for pod in plan.create_pods:
             log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
         # A gang's pods are independent requests: send them together (a failure still raises).
