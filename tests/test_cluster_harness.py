@@ -256,6 +256,32 @@ def test_stuck_terminating_pod_stays_until_force_deleted(core_v1, namespace):
     )
 
 
+def test_kwok_confirms_a_deletion_by_uid_never_deleting_a_namesake_created_meanwhile(
+    control_plane, core_v1, namespace
+):
+    """A kubelet confirms a graceful delete with the pod's UID as precondition; kwok 0.8 deletes by
+    name (tools/kwok/delete-by-uid.patch adds the UID). Here kwok lags (SIGSTOP) while a pod is
+    deleted and a new pod takes its name, as an operator recreating a gang under the same names
+    does: caught up, kwok must leave the new pod alone."""
+    core_v1.create_namespaced_pod(namespace, gpu_pod("reused"))
+    wait_running(core_v1, namespace, "reused")
+    kwok = next(p for p in control_plane.processes if p.name == "kwok")
+    os.kill(kwok.pid, signal.SIGSTOP)
+    try:
+        core_v1.delete_namespaced_pod("reused", namespace)  # graceful: waits for kwok to confirm
+        # kwok is stopped: a grace period of 0 removes the old pod without it, as a force delete does.
+        core_v1.delete_namespaced_pod("reused", namespace, grace_period_seconds=0)
+        wait_for(lambda: read_pod_or_none(core_v1, namespace, "reused") is None, 30, message="old pod gone")
+        new_uid = core_v1.create_namespaced_pod(namespace, gpu_pod("reused")).metadata.uid
+    finally:
+        os.kill(kwok.pid, signal.SIGCONT)
+    wait_running(core_v1, namespace, "reused")  # kwok has caught up with everything before it
+    core_v1.create_namespaced_pod(namespace, gpu_pod("clock"))
+    wait_running(core_v1, namespace, "clock")  # and with a pod created after it
+    pod = read_pod_or_none(core_v1, namespace, "reused")
+    assert pod is not None and pod.metadata.uid == new_uid and pod.metadata.deletion_timestamp is None
+
+
 def test_apiserver_restart_keeps_objects(control_plane, core_v1, namespace):
     core_v1.create_namespaced_config_map(namespace, {"metadata": {"name": "survivor"}, "data": {"k": "v"}})
     old_pid = next(p.pid for p in control_plane.processes if p.name == "kube-apiserver")

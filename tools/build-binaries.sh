@@ -40,9 +40,36 @@ module_version() {
     "$TOOLS_DIR/$dir/go.mod"
 }
 
+# Patches to a tool (tools/<dir>/*.patch, for the source of the module of its package, -p1) mark
+# its version as <version>+p<hash of the patches>: a patched build never reuses an unpatched one.
+patch_suffix() {
+  local files=("$TOOLS_DIR/$1"/*.patch)
+  [[ -e "${files[0]}" ]] || return 0
+  echo "+p$(cat "${files[@]}" | sha256sum | cut -c1-8)"
+}
+
+# Where `go build` runs: tools/<dir>, or for a patched tool a temporary copy of it whose go.mod
+# replaces the module with a patched copy of its source from the module cache.
+build_dir() {
+  local dir="$1" pkg="$2" files=("$TOOLS_DIR/$1"/*.patch)
+  if [[ ! -e "${files[0]}" ]]; then echo "$TOOLS_DIR/$dir"; return 0; fi
+  local work module src
+  work="$(mktemp -d "${TMPDIR:-/tmp}/rljob-build-$dir.XXXXXX")"
+  module="$(cd "$TOOLS_DIR/$dir" && go list -f '{{.Module.Path}}' "$pkg")"
+  src="$(cd "$TOOLS_DIR/$dir" && go list -m -f '{{.Dir}}' "$module")"
+  cp -r "$src" "$work/src" && chmod -R u+w "$work/src"  # the module cache is read-only
+  for f in "${files[@]}"; do
+    log "patching $module with ${f#"$TOOLS_DIR"/}"
+    patch -s -p1 -d "$work/src" <"$f" >&2
+  done
+  cp "$TOOLS_DIR/$dir/go.mod" "$TOOLS_DIR/$dir/go.sum" "$work/"
+  (cd "$work" && go mod edit -replace "$module=$work/src")
+  echo "$work"
+}
+
 K8S_VERSION="$(module_version k8s k8s.io/kubernetes)"
 ETCD_VERSION="$(module_version etcd go.etcd.io/etcd/server/v3)"
-KWOK_VERSION="$(module_version kwok sigs.k8s.io/kwok)"
+KWOK_VERSION="$(module_version kwok sigs.k8s.io/kwok)$(patch_suffix kwok)"
 HELM_VERSION="$(module_version helm helm.sh/helm/v3)"
 PROMTOOL_VERSION="$(module_version promtool github.com/prometheus/prometheus)"
 KUEUE_VERSION="$(module_version kueue sigs.k8s.io/kueue)"
@@ -127,15 +154,18 @@ build_tool() {
   fi
   mkdir -p "$out"
   local flags; flags="$(ldflags_for "$name" "$version")"
+  local first="${missing[0]}" bdir
+  bdir="$(build_dir "$dir" "${first#*=}")"
   for pair in "${missing[@]}"; do
     local bin="${pair%%=*}" pkg="${pair#*=}" start=$SECONDS
     log "building $bin $version ..."
     # Build to a temp name and rename, so an interrupted build never leaves a
     # half-written binary that a later run would take as done.
-    (cd "$TOOLS_DIR/$dir" && go build -trimpath -ldflags "-s -w $flags" -o "$out/.$bin.tmp" "$pkg")
+    (cd "$bdir" && go build -trimpath -ldflags "-s -w $flags" -o "$out/.$bin.tmp" "$pkg")
     mv -f "$out/.$bin.tmp" "$out/$bin"
     log "built $bin in $((SECONDS - start))s"
   done
+  [[ "$bdir" == "$TOOLS_DIR/$dir" ]] || rm -rf "$bdir"
 }
 
 # A function, so bash has parsed all of it before running: editing this file
