@@ -16,6 +16,13 @@ pytestmark = pytest.mark.trainer
 # On the 2-layer built-in model, adapters on the linear layers alone stayed at chance for 120 steps in
 # trial runs; training the output head in full (modulesToSave) lets it learn the task.
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "modulesToSave": ["lm_head"]}
+# The learning rate at which this LoRA learns the quickstart task on any seed. At 0.03 the fully trained
+# head collapses the policy onto one character within ~15 steps (entropy → 0, every group's rewards
+# equal, so GRPO has no signal left) and whether a run escapes first depends on float rounding: the
+# same seed reached 0.3-0.45 on one CPU and stayed at 0.14 on another. Measured for 120 steps
+# (mean reward of the last 20 steps, seeds 0/1/2/3): lr 0.03 → 0.14 (seed 0, the failing CPU);
+# 0.02 → 0.41/0.20; 0.01 → 0.45/0.31/0.09; 0.01 with beta 0.04 → 0.67/0.34/0.25/0.29; 0.005 → 0.98/0.82/0.98/1.00.
+LEARNS = 0.005
 
 
 def mean(values: list[float]) -> float:
@@ -25,7 +32,7 @@ def mean(values: list[float]) -> float:
 def test_lora_learns_resumes_from_its_adapter_and_exports_a_merged_model(tmp_path: Path) -> None:
     first, total = 60, 120
     doc = deep_update(quickstart_doc(), {"spec": {
-        "training": {"maxSteps": first, "learningRate": 0.03, "lora": LORA},
+        "training": {"maxSteps": first, "learningRate": LEARNS, "lora": LORA},
         "checkpoint": {"everySteps": 30, "keepLast": 2},
     }})
     out = tmp_path / "out"
@@ -50,9 +57,9 @@ def test_lora_learns_resumes_from_its_adapter_and_exports_a_merged_model(tmp_pat
     assert re.search(rf"resuming from \S*checkpoint-{first}\b", again.stderr + again.stdout)
     rewards = [r for _, r in tensorboard_scalars(out / "tensorboard", "train/reward")]
     assert len(rewards) == total
-    # Chance is about 0.03; LoRA with a trained head reached 0.3-0.45 by step 120 in trial runs (full
-    # fine-tuning: 1.0), so a rise of 0.15 is learning, with room for another seed of the machine's noise.
-    assert mean(rewards[:10]) <= 0.2 and mean(rewards[-20:]) >= mean(rewards[:10]) + 0.15, rewards
+    # Chance is about 0.03; see LEARNS for the mean of the last 20 steps over seeds (0.82-1.00), so a rise
+    # of 0.3 is learning with room for a seed, or a CPU, that learns more slowly.
+    assert mean(rewards[:10]) <= 0.2 and mean(rewards[-20:]) >= mean(rewards[:10]) + 0.3, rewards
 
     merged = tmp_path / "merged"
     exported = run_rljob("checkpoints", "export", str(out / "checkpoints"), str(merged), "--merged")
