@@ -358,6 +358,13 @@ def summary_rows(runs: list[dict[str, Any]], load: float) -> list[dict[str, Any]
     return rows
 
 
+def _result_name(value: str) -> str:
+    """--result names a file in bench/results/: ASCII letters, digits and _ only, never a path."""
+    if not value or not all(c.isascii() and (c.isalnum() or c == "_") for c in value):
+        raise argparse.ArgumentTypeError(f"--result {value!r}: use letters, digits and _ (a name, not a path)")
+    return value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, nargs="+", default=[10, 100, 1000], help="burst sizes, run in order")
@@ -370,6 +377,8 @@ def main() -> None:
     p.add_argument("--scheduler-qps", type=int, default=200, help="kube-scheduler --kube-api-qps (0: its default)")
     p.add_argument("--node-grace", type=int, default=40, help="node monitor grace period; heartbeats every 1/5")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result", default="peer_scale", type=_result_name,
+                   help="write bench/results/RESULT.json (a long burst kept beside the default run's file)")
     a = p.parse_args()
     a.jobs = sorted(a.jobs)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
@@ -398,7 +407,7 @@ def main() -> None:
         finally:
             plane.stop()
     rows = summary_rows(runs, load_before[0])
-    path = write_result("peer_scale", {
+    path = write_result(a.result, {
         "config": {"nodes": scale.NODES, "gpus_per_node": scale.GPUS_PER_NODE, "pods_per_job": scale.WORKERS,
                    "bursts": a.jobs, "repetitions": a.repeat, "failures": a.failures,
                    "failure_exit_code": FAILURE_EXIT_CODE, "idle_seconds": a.idle_seconds,
