@@ -360,7 +360,7 @@ def summary_rows(runs: list[dict[str, Any]], load: float) -> list[dict[str, Any]
 
 def _result_name(value: str) -> str:
     """--result names a file in bench/results/: ASCII letters, digits and _ only, never a path."""
-    if not value or not all(c.isascii() and (c.isalnum() or c == "_") for c in value):
+    if not re.fullmatch(r"[A-Za-z0-9_]+", value):
         raise argparse.ArgumentTypeError(f"--result {value!r}: use letters, digits and _ (a name, not a path)")
     return value
 
