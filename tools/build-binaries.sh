@@ -40,23 +40,29 @@ module_version() {
     "$TOOLS_DIR/$dir/go.mod"
 }
 
-# Patches to a tool (tools/<dir>/*.patch, for the source of the module of its package, -p1) mark
-# its version as <version>+p<hash of the patches>: a patched build never reuses an unpatched one.
-patch_suffix() {
-  local files=("$TOOLS_DIR/$1"/*.patch)
-  [[ -e "${files[0]}" ]] || return 0
-  echo "+p$(cat "${files[@]}" | sha256sum | cut -c1-8)"
+# Patches to a tool: tools/<dir>/*.patch (for the source of the module of its package, -p1), one
+# path a line, in name order; nothing when it has none.
+patches() {
+  compgen -G "$TOOLS_DIR/$1/*.patch" | sort || true
 }
 
-# Where `go build` runs: tools/<dir>, or for a patched tool a temporary copy of it whose go.mod
-# replaces the module with a patched copy of its source from the module cache.
+# A patched tool's version is <version>+p<hash of its patches>: a patched build never reuses an
+# unpatched one.
+patch_suffix() {
+  local files; mapfile -t files < <(patches "$1")
+  [[ ${#files[@]} -eq 0 ]] || echo "+p$(cat "${files[@]}" | sha256sum | cut -c1-8)"
+}
+
+# Where `go build` runs: tools/<dir>, or for a patched tool WORK (emptied first, so an interrupted
+# build leaves nothing stale), a copy of tools/<dir> whose go.mod replaces the module with a patched
+# copy of its source from the module cache.
 build_dir() {
-  local dir="$1" pkg="$2" files=("$TOOLS_DIR/$1"/*.patch)
-  if [[ ! -e "${files[0]}" ]]; then echo "$TOOLS_DIR/$dir"; return 0; fi
-  local work module src
-  work="$(mktemp -d "${TMPDIR:-/tmp}/rljob-build-$dir.XXXXXX")"
+  local dir="$1" pkg="$2" work="$3" files module src
+  mapfile -t files < <(patches "$dir")
+  if [[ ${#files[@]} -eq 0 ]]; then echo "$TOOLS_DIR/$dir"; return 0; fi
   module="$(cd "$TOOLS_DIR/$dir" && go list -f '{{.Module.Path}}' "$pkg")"
   src="$(cd "$TOOLS_DIR/$dir" && go list -m -f '{{.Dir}}' "$module")"
+  rm -rf "$work" && mkdir -p "$work"
   cp -r "$src" "$work/src" && chmod -R u+w "$work/src"  # the module cache is read-only
   for f in "${files[@]}"; do
     log "patching $module with ${f#"$TOOLS_DIR"/}"
@@ -155,7 +161,7 @@ build_tool() {
   mkdir -p "$out"
   local flags; flags="$(ldflags_for "$name" "$version")"
   local first="${missing[0]}" bdir
-  bdir="$(build_dir "$dir" "${first#*=}")"
+  bdir="$(build_dir "$dir" "${first#*=}" "$out/.build")"
   for pair in "${missing[@]}"; do
     local bin="${pair%%=*}" pkg="${pair#*=}" start=$SECONDS
     log "building $bin $version ..."
@@ -165,7 +171,7 @@ build_tool() {
     mv -f "$out/.$bin.tmp" "$out/$bin"
     log "built $bin in $((SECONDS - start))s"
   done
-  [[ "$bdir" == "$TOOLS_DIR/$dir" ]] || rm -rf "$bdir"
+  rm -rf "$out/.build"
 }
 
 # A function, so bash has parsed all of it before running: editing this file
