@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, median, write_result
+from bench.common import env as bench_env
 
 #: What each process imports before its first useful line, as it imports it.
 PROCESSES = {
@@ -48,9 +49,8 @@ def has_bytecode() -> bool:
 
 
 def timed_import(code: str, side: str, empty_prefix: str) -> float:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("operator", "trainer", "."))
-    env["PYTHONWARNINGS"] = "ignore"
+    env = bench_env(PYTHONPATH=os.pathsep.join(str(REPO / p) for p in ("operator", "trainer", ".")),
+                    PYTHONWARNINGS="ignore")
     if side == "source":
         env.update({"PYTHONPYCACHEPREFIX": empty_prefix, "PYTHONDONTWRITEBYTECODE": "1"})
     else:
