@@ -79,6 +79,28 @@ def gpu_slots(gpus: list[str], world: int, parallel: int) -> list[str | None]:
     return [",".join(gpus[i * world:(i + 1) * world]) for i in range(parallel)]
 
 
+def cpu_threads(cpus: int, world: int, parallel: int) -> int | None:
+    """Intra-op threads (``OMP_NUM_THREADS``) of each trial process when ``parallel`` trials of ``world``
+    processes share ``cpus`` cores: an equal share, at least one; None (torch's default: every core)
+    for a lone single-process trial. Without it each of two one-process trials on 2 cores ran 2
+    threads and its 20 steps took 19.5 s instead of 1.5 s (``bench/README.md``)."""
+    if world * parallel <= 1:
+        return None
+    return max(1, cpus // (world * parallel))
+
+
+def trial_env(base: dict[str, str], gpus: str | None, threads: int | None) -> dict[str, str]:
+    """A trial's environment: ``base`` with no progress bars, its slot's GPUs and its share of the
+    cores; a ``CUDA_VISIBLE_DEVICES``/``OMP_NUM_THREADS`` the user set for the slots is theirs."""
+    env = dict(base)
+    env.setdefault(PROGRESS_ENV, "0")  # no progress bars in the trial logs
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    if threads is not None:
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
 @dataclass
 class RunningTrial:
     """A trial's process and what has been read of its metrics log."""
@@ -109,6 +131,7 @@ class LocalRunner:
         self.queue: list[Trial] = arm_trials(experiment) if self.spec.arms is not None else []
         self.interrupted = False
         self.slots = gpu_slots(visible_gpus(), trial_world(experiment), parallel)
+        self.threads = cpu_threads(os.cpu_count() or 1, trial_world(experiment), parallel)
 
     # ------------------------------------------------------------------------ the loop
 
@@ -154,11 +177,8 @@ class LocalRunner:
         log = folder.parent / f"{trial.name}.log"
         # A folder from an earlier run of this experiment is kept: like `rljob train`, the trial resumes
         # from its newest checkpoint, and the metrics log already holds the curve up to there.
-        env = dict(os.environ)
-        env.setdefault(PROGRESS_ENV, "0")  # no progress bars in the trial logs
         slot = min(set(range(self.parallel)) - {rt.slot for rt in self.running.values()})
-        if self.slots[slot] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.slots[slot])
+        env = trial_env(dict(os.environ), self.slots[slot], self.threads)
         with log.open("wb") as f:
             proc = subprocess.Popen([sys.executable, "-m", "rljob", "train", str(manifest), "--output", str(folder)],
                                     stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -355,6 +355,19 @@ def test_trials_at_once_fit_the_gpus_or_cpus_and_never_share_a_gpu(monkeypatch: 
     assert visible_gpus() == []
 
 
+def test_trials_at_once_share_the_cores_instead_of_each_taking_them_all() -> None:
+    from rljob.experiment import cpu_threads, trial_env
+
+    assert cpu_threads(2, 1, 2) == 1  # two one-process trials on 2 cores: a core each
+    assert cpu_threads(16, 2, 2) == 4
+    assert cpu_threads(2, 2, 2) == 1  # never fewer than one
+    assert cpu_threads(8, 1, 1) is None  # alone: torch's default, every core
+    env = trial_env({"PATH": "/bin"}, "2,3", 4)
+    assert env == {"PATH": "/bin", "RLJOB_PROGRESS": "0", "CUDA_VISIBLE_DEVICES": "2,3", "OMP_NUM_THREADS": "4"}
+    assert trial_env({"OMP_NUM_THREADS": "6"}, None, 1)["OMP_NUM_THREADS"] == "6"  # the user's setting stays
+    assert "OMP_NUM_THREADS" not in trial_env({}, None, None) and "CUDA_VISIBLE_DEVICES" not in trial_env({}, None, 1)
+
+
 def test_record_point_grows_a_bounded_curve_and_follows_the_objective() -> None:
     from rljob_operator.experiments.api import MAX_CURVE_POINTS
     from rljob_operator.experiments.objective import record_point

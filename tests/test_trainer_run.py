@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,6 +35,22 @@ NAMED_SERIES = {
     "rljob_trainer_step_seconds",
     "rljob_trainer_tokens_per_second",
 }
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below ``pid``: the ranks, and the fork server they were forked from."""
+    return psutil.Process(pid).children(recursive=True)
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    running = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                running.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return running
 
 
 def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -137,12 +153,15 @@ def test_sigkill_after_checkpoint_resumes_from_it_and_loses_at_most_the_interval
     try:
         wait_until(progressed, timeout=400, interval=0.2, what="a checkpoint and progress past it")
         step_at_kill = int(scrape(port)["rljob_trainer_step"][()])
+        gang = descendants(proc.pid)
+        assert len(gang) >= 3, gang  # the ranks and the fork server they were forked from
+        proc.kill()  # the launcher alone, as the OOM killer would
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        # No rank outlives its launcher (they would go on writing checkpoints).
+        wait_until(lambda: not alive(gang),
+                   timeout=30, what=f"ranks to exit after the launcher was killed: {gang}")
     finally:
         kill_group(proc, signal.SIGKILL)
-    assert proc.returncode == -signal.SIGKILL
-    # No rank outlives its launcher (they would go on writing checkpoints).
-    wait_until(lambda: subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1,
-               timeout=30, what="ranks to exit after the launcher was killed")
     resumable = (ckpts / "latest").read_text().strip()
     resumable_step = int(resumable.split("-")[1])
     assert 0 <= step_at_kill - resumable_step <= every
@@ -184,6 +203,7 @@ def test_sigterm_saves_a_checkpoint_of_the_current_step_then_exits_143(tmp_path:
 
     try:
         signalled_at = wait_until(stepping, timeout=400, interval=0.2, what="training under way")
+        gang = descendants(proc.pid)
         proc.send_signal(signal.SIGTERM)  # the launcher only, as the kubelet signals a container's PID 1
         code = proc.wait(timeout=120)
     finally:
@@ -197,5 +217,5 @@ def test_sigterm_saves_a_checkpoint_of_the_current_step_then_exits_143(tmp_path:
     assert (out / "checkpoints" / latest / "rljob-manifest.json").exists()  # sealed: complete
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == saved and summary["latest_checkpoint"]["name"] == latest
-    wait_until(lambda: subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1,
-               timeout=30, what="ranks to exit")
+    wait_until(lambda: not alive(gang),
+               timeout=30, what=f"ranks to exit: {gang}")

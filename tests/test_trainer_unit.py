@@ -14,7 +14,14 @@ from rljob_trainer import checkpoints as ck
 from rljob_trainer.builtin import rewards as builtin
 from rljob_trainer.config import RewardSpec
 from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, is_cuda_oom
-from rljob_trainer.launch import NodeSettings, bounded_worker_shutdown, build_launch_config, exit_code_for
+from rljob_trainer.launch import (
+    NodeSettings,
+    bounded_worker_shutdown,
+    build_launch_config,
+    exit_code_for,
+    rank_start_method,
+    recorded_exit_codes,
+)
 from rljob_trainer.rewards import RewardFunctionError, checked_reward, resolve_rewards
 
 
@@ -133,6 +140,19 @@ def test_exit_code_prefers_permanent_then_oom_then_first_failure() -> None:
     assert exit_code_for({0: _failure(EXIT_CUDA_OOM, 5), 1: _failure(1, 1)}) == (EXIT_CUDA_OOM, 0)
     assert exit_code_for({0: _failure(-9, 2), 1: _failure(1, 1)}) == (1, 1)
     assert exit_code_for({0: _failure(-9, 1)}) == (137, 0)
+    # A forked gang's agent names one failure; the ranks' own records decide with it.
+    assert exit_code_for({0: _failure(1, 1)}, {1: EXIT_CUDA_OOM}) == (EXIT_CUDA_OOM, 1)
+    assert exit_code_for({0: _failure(1, 1)}, {0: 1, 1: 3}) == (1, 0)
+    assert exit_code_for({1: _failure(EXIT_CUDA_OOM, 1)}, {0: EXIT_PERMANENT}) == (EXIT_PERMANENT, 0)
+
+
+def test_ranks_exit_codes_are_read_back_from_the_error_folder(tmp_path: Path) -> None:
+    (tmp_path / "rank-1.exit").write_text("200")
+    (tmp_path / "rank-3.exit").write_text("78\n")
+    (tmp_path / "rank-2.txt").write_text("the first error line")
+    (tmp_path / "rank-x.exit").write_text("1")
+    (tmp_path / "rank-4.exit").write_text("junk")
+    assert recorded_exit_codes(str(tmp_path)) == {1: 200, 3: 78}
 
 
 
@@ -195,6 +215,21 @@ def test_launch_config_passes_shutdown_timeout_only_where_launch_config_has_it()
     cfg, patch_needed = build_launch_config(LaunchConfig, NODE, 110)
     assert patch_needed == (not hasattr(cfg, "shutdown_timeout"))
     assert getattr(cfg, "shutdown_timeout", 110) == 110
+
+
+def test_ranks_are_forked_from_a_fork_server_only_on_a_node_without_a_gpu(tmp_path: Path) -> None:
+    gpu = tmp_path / "nvidia0"
+    none = (str(tmp_path / "absent"),)
+    assert rank_start_method({}, none) == "forkserver"
+    assert rank_start_method({"RLJOB_RANK_START": "auto"}, none) == "forkserver"
+    gpu.touch()
+    assert rank_start_method({}, (*none, str(gpu))) == "spawn"  # CUDA must not be touched before a fork
+    assert rank_start_method({"RLJOB_RANK_START": "spawn"}, none) == "spawn"
+    assert rank_start_method({"RLJOB_RANK_START": "forkserver"}, (str(gpu),)) == "forkserver"
+    with pytest.raises(PermanentError, match=r"RLJOB_RANK_START: unknown value 'fork'"):
+        rank_start_method({"RLJOB_RANK_START": "fork"}, none)
+    for method in ("spawn", "forkserver"):
+        assert build_launch_config(LaunchConfigWithoutShutdown, NODE, 110, method)[0].start_method == method
 
 
 def test_without_the_field_the_agents_stop_waits_the_shutdown_timeout() -> None:

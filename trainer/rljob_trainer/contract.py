@@ -91,6 +91,10 @@ RDZV_TIMEOUT_ENV = "RLJOB_RDZV_TIMEOUT"
 PROGRESS_ENV = "RLJOB_PROGRESS"
 #: Where the termination message goes instead of ``/dev/termination-log``.
 TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
+#: How the launcher starts its ranks: ``auto`` (default: forked from a fork server that imported the
+#: training stack once, unless the node has a GPU; then ``spawn``), ``spawn`` (a fresh interpreter per
+#: rank, each importing the stack) or ``forkserver``. See ``rljob_trainer.launch.rank_start_method``.
+RANK_START_ENV = "RLJOB_RANK_START"
 
 
 def mirror_env_prefix(index: int) -> str:

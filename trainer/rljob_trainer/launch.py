@@ -112,21 +112,38 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
     return env
 
 
-def exit_code_for(failures: dict[int, Any]) -> tuple[int, int | None]:
-    """(node exit code, rank whose failure decided it) from torchrun's per-rank failures."""
+def exit_code_for(failures: dict[int, Any], recorded: dict[int, int] | None = None) -> tuple[int, int | None]:
+    """(node exit code, rank whose failure decided it) from torchrun's per-rank failures.
+
+    ``recorded``: the codes ranks wrote themselves (:func:`recorded_exit_codes`). A spawned gang's
+    failures list every rank that had exited when the agent looked; a forked gang's (multiprocessing)
+    only the first it saw, which may be a peer that lost its connection to the rank that ran out of
+    memory, so what the ranks recorded counts too."""
     codes = {rank: (contract.exit_code_for_signal(-f.exitcode) if f.exitcode < 0 else f.exitcode)
              for rank, f in failures.items()}
+    for rank, code in (recorded or {}).items():
+        codes.setdefault(rank, code)
     for wanted in (EXIT_PERMANENT, EXIT_CUDA_OOM):
         for rank, code in sorted(codes.items()):
             if code == wanted:
                 return code, rank
-    if not codes:
+    if not failures:
         return 1, None
     first = min(failures, key=lambda r: (failures[r].timestamp, r))
     return (codes[first] or 1), first
 
 
-def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_timeout: int) -> tuple[Any, bool]:
+def recorded_exit_codes(error_dir: str) -> dict[int, int]:
+    """``rank-N.exit`` files the ranks left in the error folder (``worker.record_exit_code``)."""
+    codes = {}
+    for path in Path(error_dir).glob("rank-*.exit"):
+        with contextlib.suppress(OSError, ValueError):
+            codes[int(path.name[len("rank-"):-len(".exit")])] = int(path.read_text(encoding="utf-8").strip())
+    return codes
+
+
+def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_timeout: int,
+                        start_method: str = "spawn") -> tuple[Any, bool]:
     """(torchrun's ``LaunchConfig`` for this node, whether the shutdown bound must be applied elsewhere).
 
     ``shutdown_timeout`` (seconds between the agent's SIGTERM to the ranks and its SIGKILL) is a field
@@ -144,7 +161,7 @@ def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_tim
         "rdzv_configs": {"timeout": node.rdzv_timeout, "is_host": node.node_rank == 0},
         "max_restarts": 0,  # the operator owns restarts (a whole gang at a time)
         "monitor_interval": 0.2,
-        "start_method": "spawn",
+        "start_method": start_method,
     }
     has_field = "shutdown_timeout" in {f.name for f in dataclasses.fields(launch_config_cls)}
     if has_field:
@@ -178,9 +195,73 @@ def bounded_worker_shutdown(timeout: int, pcontext_cls: Any = None) -> Iterator[
         pcontext_cls.close = original
 
 
+#: Device files whose presence means "this node has a GPU" (NVIDIA, AMD ROCm).
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+#: The preload of the fork server: what every rank imports.
+RANK_STACK = "rljob_trainer.rank_stack"
+
+
+def rank_start_method(environ: dict[str, str] | os._Environ[str] = os.environ,
+                      gpu_device_files: tuple[str, ...] = GPU_DEVICE_FILES) -> str:
+    """``forkserver`` or ``spawn``: how the elastic agent starts this node's ranks.
+
+    A spawned rank is a new interpreter that imports TRL, transformers and torch (8.4 s of one core
+    each, see ``bench/startup.py``); with ``forkserver`` a server process imports them once, while
+    the pre-flight runs, and each rank is a fork of it. ``auto`` forks only on nodes without a GPU:
+    CUDA must not be initialised before a fork, and an import of the stack may query the devices.
+    """
+    value = environ.get(contract.RANK_START_ENV, "auto").strip() or "auto"
+    if value not in ("auto", "spawn", "forkserver"):
+        raise PermanentError(contract.RANK_START_ENV, f"unknown value {value!r}; use auto, spawn or forkserver")
+    if value != "auto":
+        return value
+    return "spawn" if any(os.path.exists(f) for f in gpu_device_files) else "forkserver"
+
+
+def start_fork_server() -> None:
+    """Start multiprocessing's fork server with the ranks' imports preloaded (returns at once).
+
+    The server keeps the environment it starts with; :func:`launch` hands the ranks what it adds
+    later. Its preload (``rljob_trainer.rank_stack``) first asks Linux to kill the server with this
+    launcher, and each rank asks the same of the server, so no rank outlives a killed launcher.
+    """
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.set_forkserver_preload([RANK_STACK])
+    multiprocessing.forkserver.ensure_running()
+
+
+def stop_fork_server() -> None:
+    """Stop this launch's fork server, so a later launch in this process starts one with its own
+    environment. ``ForkServer._stop`` is CPython's own (3.9+); without it the server stays until
+    this process exits."""
+    import multiprocessing.forkserver
+
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        with contextlib.suppress(OSError):
+            stop()
+
+
 def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | None = None) -> int:
     """Run the gang's processes on this node; returns the node's exit code."""
     silence_known_warnings()
+    try:
+        start_method = rank_start_method()
+    except PermanentError as e:
+        report_fatal(str(e))
+        return EXIT_PERMANENT
+    if start_method != "forkserver":
+        return _launch(cfg, node, extra_env or {}, start_method)
+    start_fork_server()  # imports the training stack while the pre-flight runs
+    try:
+        return _launch(cfg, node, extra_env or {}, start_method)
+    finally:
+        stop_fork_server()
+
+
+def _launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str], start_method: str) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -196,15 +277,21 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
     config_path.write_text(cfg.model_dump_json(by_alias=True, indent=1), encoding="utf-8")
 
     error_dir = tempfile.mkdtemp(prefix="rljob-errors-")
+    # What the ranks get beyond the launcher's own environment (a fork server has the environment of
+    # the moment it started, so it is handed to forked ranks explicitly as well).
+    env = {**env, **extra_env, contract.ERROR_DIR_ENV: error_dir}
     os.environ.update(env)
-    os.environ.update(extra_env or {})
-    os.environ[contract.ERROR_DIR_ENV] = error_dir
     # On SIGTERM the ranks save a checkpoint and stop (worker.StopOnSignal); wait that long for them.
     shutdown_timeout = int(os.environ.get(contract.SHUTDOWN_TIMEOUT_ENV, "110"))
-    launch_config, bound_by_patch = build_launch_config(LaunchConfig, node, shutdown_timeout)
+    launch_config, bound_by_patch = build_launch_config(LaunchConfig, node, shutdown_timeout, start_method)
     try:
         with bounded_worker_shutdown(shutdown_timeout) if bound_by_patch else contextlib.nullcontext():
-            elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
+            if start_method == "forkserver":
+                from rljob_trainer.worker import forked_main
+
+                elastic_launch(launch_config, forked_main)(str(config_path), env)
+            else:
+                elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
         return 0
     except SignalException as e:
         code = contract.exit_code_for_signal(e.sigval)
@@ -213,7 +300,7 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
         write_termination_message(message)
         return code
     except ChildFailedError as e:
-        code, rank = exit_code_for(e.failures)
+        code, rank = exit_code_for(e.failures, recorded_exit_codes(error_dir))
         message = _rank_error(error_dir, rank) or f"rank {rank} exited with code {code}"
         print(f"rljob: node {node.node_rank} failed: {message} (exit {code})", file=sys.stderr, flush=True)
         write_termination_message(message)

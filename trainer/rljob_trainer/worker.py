@@ -393,7 +393,24 @@ def run_alone_when_alone(environ: dict[str, str] | os._Environ[str] = os.environ
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    code = _main(sys.argv[1:] if argv is None else argv)
+    if code:
+        record_exit_code(code)
+    return code
+
+
+def record_exit_code(code: int) -> None:
+    """Leave this rank's exit code in the launcher's error folder (``rank-N.exit``, next to the error
+    line): a gang forked by multiprocessing reports only the first rank the agent saw fail, and that
+    may be a peer that merely lost its connection to the one that ran out of memory."""
+    error_dir = os.environ.get(ERROR_DIR_ENV)
+    if not error_dir:
+        return
+    with contextlib.suppress(OSError):
+        Path(error_dir, f"rank-{os.environ.get('RANK', '0')}.exit").write_text(str(code), encoding="utf-8")
+
+
+def _main(argv: list[str]) -> int:
     die_with_parent()
     run_alone_when_alone()
     silence_known_warnings()
@@ -422,6 +439,22 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_CUDA_OOM
         report_fatal(f"{type(e).__name__}: {e}")
         return 1
+
+
+def forked_main(config_path: str, env: dict[str, str]) -> None:
+    """A rank forked from the launcher's fork server (``rljob_trainer.rank_stack``): run, then exit.
+
+    The server ignores SIGTERM; a rank takes it back at once (``main`` then installs the handler that
+    saves a checkpoint). The server's environment is the launcher's from when the server started;
+    ``env`` is what the launcher added since (model path, resume checkpoint, error folder); the
+    elastic agent has set this rank's own variables (``RANK``, ``WORLD_SIZE``, ...) already.
+    ``sys.exit`` carries the code out of multiprocessing, which the agent reads as the rank's exit code.
+    """
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.update(env)
+    sys.exit(main([config_path]))
 
 
 if __name__ == "__main__":
