@@ -178,7 +178,8 @@ def test_node_deleted_gang_replaced_on_other_nodes_without_consuming_the_limit(
     wait_gang(kube, namespace, "lost", 0)
     spare = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
     fake_gpu_nodes.remove(doomed[0])
-    # kwok forgets the node's pods; the pod GC controller deletes them after its 40 s quarantine.
+    # kwok forgets the node's pods; the pod GC controller deletes them after its 40 s quarantine (this is
+    # also the test that the harness's controller-manager runs pod GC: the gang is replaced only then).
     job = wait_gang(kube, namespace, "lost", 1, timeout=120)
     status = job["status"]
     assert (status["restarts"], status["disruptions"]) == (0, 1)
@@ -202,3 +203,10 @@ def test_node_not_ready_evicted_pods_force_deleted_and_gang_replaced(
     assert (job["status"]["restarts"], job["status"]["disruptions"]) == (0, 1)
     assert {p["spec"]["nodeName"] for p in job_pods(kube, namespace, "unreach")} == set(spare)
     assert _warnings(kube, namespace, "unreach", "ForceDeleted")
+    # As a cluster does it (the harness's node lifecycle controller): Ready Unknown, then the taint that
+    # evicted the pods.
+    node = kube.request("GET", f"/api/v1/nodes/{silent[0]}")
+    ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("Unknown", "NodeStatusUnknown")
+    assert {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"} in [
+        {k: t[k] for k in ("key", "effect")} for t in node["spec"].get("taints", [])]
