@@ -39,6 +39,7 @@ include $(wildcard mk/*.mk)
 
 bench: venv ## Run the benchmarks, write bench/results/*.json and the table in bench/README.md
 	$(PY) -m bench.startup
+	$(PY) -m bench.rank_start
 	$(PY) -m bench.trainer_overhead
 	$(PY) -m bench.gpu_grpo --small
 	$(PY) -m bench.lora --small

@@ -232,6 +232,42 @@ def test_ranks_are_forked_from_a_fork_server_only_on_a_node_without_a_gpu(tmp_pa
         assert build_launch_config(LaunchConfigWithoutShutdown, NODE, 110, method)[0].start_method == method
 
 
+STOP_WHILE_IMPORTING = """
+import multiprocessing, multiprocessing.forkserver, os, sys, time
+import psutil
+from rljob_trainer.launch import stop_fork_server
+multiprocessing.set_forkserver_preload(["rljob_slow_preload"])
+multiprocessing.forkserver.ensure_running()
+server = psutil.Process(multiprocessing.forkserver._forkserver._forkserver_pid)
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+stop_fork_server()
+print(server.is_running())
+"""
+
+
+def test_a_fork_server_still_importing_is_stopped_at_once(tmp_path: Path) -> None:
+    """A pre-flight that fails must not wait for the server's imports (8 s of TRL here) to finish.
+
+    In a process of its own, as the launcher; the server finds its preload through ``PYTHONPATH`` (it
+    is a new interpreter, and before Python 3.12 it ignores the sys.path it is handed)."""
+    import os
+    import subprocess
+    import sys
+
+    importing, done = tmp_path / "importing", tmp_path / "imported"
+    (tmp_path / "rljob_slow_preload.py").write_text(
+        f"import time\nopen({str(importing)!r}, 'w').close()\ntime.sleep(60)\nopen({str(done)!r}, 'w').close()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", STOP_WHILE_IMPORTING, str(importing)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert importing.exists()  # the server was importing its preload when it was stopped
+    assert proc.stdout.strip() == "False"  # it is gone
+    assert not done.exists()  # stopped during its imports, not after them
+
+
 def test_without_the_field_the_agents_stop_waits_the_shutdown_timeout() -> None:
     calls: list[tuple[object, object]] = []
 

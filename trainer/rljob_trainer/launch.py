@@ -223,7 +223,9 @@ def start_fork_server() -> None:
 
     The server keeps the environment it starts with; :func:`launch` hands the ranks what it adds
     later. Its preload (``rljob_trainer.rank_stack``) first asks Linux to kill the server with this
-    launcher, and each rank asks the same of the server, so no rank outlives a killed launcher.
+    launcher, and each rank asks the same of the server, so no rank outlives a killed launcher. The server
+    is a new interpreter: it finds ``rljob_trainer`` where the launcher's environment says (an installed
+    package, ``PYTHONPATH``), not on a ``sys.path`` changed at run time, which Python 3.11 does not hand on.
     """
     import multiprocessing
     import multiprocessing.forkserver
@@ -233,12 +235,23 @@ def start_fork_server() -> None:
 
 
 def stop_fork_server() -> None:
-    """Stop this launch's fork server, so a later launch in this process starts one with its own
-    environment. ``ForkServer._stop`` is CPython's own (3.9+); without it the server stays until
-    this process exits."""
-    import multiprocessing.forkserver
+    """Stop this launch's fork server at once, so a later launch in this process starts one with its own
+    environment, and a pre-flight that failed does not wait for the server's imports to finish.
 
-    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+    By now the elastic agent has joined or killed the ranks; SIGKILL ends a server still importing
+    (it would notice its closed pipe only after the imports) and, through each rank's death signal,
+    anything it forked. ``_forkserver_pid`` and ``_stop`` are CPython's own (3.9+); without them the
+    server stays until this process exits, and dies with it.
+    """
+    import multiprocessing.forkserver
+    import signal
+
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stop = getattr(server, "_stop", None)
     if stop is not None:
         with contextlib.suppress(OSError):
             stop()
