@@ -87,6 +87,8 @@ class ProcessRecord:
     name: str
     pid: int
     exe: str
+    stop_timeout: float = 10.0
+    """Seconds between SIGTERM and SIGKILL when the plane stops."""
 
 
 def start_process(
@@ -186,7 +188,7 @@ class RunRecord:
     def stop_all(self) -> None:
         """Stop every recorded process (last started first), then forget the record."""
         for proc in reversed(self.processes):
-            stop_process_group(proc.pid, proc.exe)
+            stop_process_group(proc.pid, proc.exe, timeout=proc.stop_timeout)
         if self.remove_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         Path(self.path).unlink(missing_ok=True)
