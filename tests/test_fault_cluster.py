@@ -194,6 +194,11 @@ def test_node_not_ready_evicted_pods_force_deleted_and_gang_replaced(
     operator(env={"RLJOB_OPERATOR_FORCE_DELETE_AFTER_SECONDS": "2"})
     spec = _policy(backoffLimit=0, backoffBaseSeconds=0)
     spec["workers"]["nodeSelector"] = {"rljob.dev/test-pool": pool}
+    # Evicted 1 s after the node turns NotReady rather than the harness's default 10 s: what a user
+    # who wants a fast fail-over sets (the API server adds the default only where none is given).
+    spec["workers"]["tolerations"] = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists",
+                                       "effect": "NoExecute", "tolerationSeconds": 1}
+                                      for taint in ("unreachable", "not-ready")]
     create_job(kube, namespace, job_manifest("unreach", spec=spec))
     wait_gang(kube, namespace, "unreach", 0)
     spare = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
@@ -203,6 +208,8 @@ def test_node_not_ready_evicted_pods_force_deleted_and_gang_replaced(
     assert (job["status"]["restarts"], job["status"]["disruptions"]) == (0, 1)
     assert {p["spec"]["nodeName"] for p in job_pods(kube, namespace, "unreach")} == set(spare)
     assert _warnings(kube, namespace, "unreach", "ForceDeleted")
+    assert {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+            "tolerationSeconds": 1} in job_pods(kube, namespace, "unreach")[0]["spec"]["tolerations"]
     # As a cluster does it (the harness's node lifecycle controller): Ready Unknown, then the taint that
     # evicted the pods.
     node = kube.request("GET", f"/api/v1/nodes/{silent[0]}")

@@ -90,7 +90,7 @@ RUNTIME_CASES = [
 ]
 
 
-def _run_case(tmp_path: Path, patch: dict[str, Any]) -> tuple[Any, Path]:
+def _run_case(tmp_path: Path, patch: dict[str, Any], **env: str) -> tuple[Any, Path]:
     (tmp_path / "rljob_test_rewards.py").write_text(REWARDS_MODULE)
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"text": "aaaaaa", "target": "a"}\n' * 16)
@@ -105,7 +105,7 @@ def _run_case(tmp_path: Path, patch: dict[str, Any]) -> tuple[Any, Path]:
     termination.write_text("")
     result = run_rljob("train", str(manifest), "--output", str(out),
                        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-                       RLJOB_TERMINATION_LOG=str(termination))
+                       RLJOB_TERMINATION_LOG=str(termination), **env)
     return result, out
 
 
@@ -140,9 +140,13 @@ def test_preflight_error_stops_before_any_rank(tmp_path: Path, case: str, patch:
 def test_runtime_error_in_a_rank_is_permanent_and_named(
     tmp_path: Path, case: str, patch: dict[str, Any], expected: str
 ) -> None:
-    result, out = _run_case(tmp_path, patch)
+    # One case with spawned ranks (how GPU nodes start them), the rest forked from the fork server.
+    start = "spawn" if case == "reward-raises" else "auto"
+    result, out = _run_case(tmp_path, patch, RLJOB_RANK_START=start)
     _assert_permanent(result, out, expected, tmp_path)
     assert "node 0 failed" in result.stderr
+    # torch's agent names what it started: the worker module's interpreter, or the forked function.
+    assert ("of binary: " if start == "spawn" else "of fn: forked_main") in result.stderr, result.stderr[-2000:]
 
 
 def test_validate_accepts_the_examples() -> None:

@@ -16,7 +16,6 @@ STEPS = 6
 
 
 def test_rljob_and_plain_trl_log_the_same_rewards_and_losses(tmp_path: Path) -> None:
-    """With ranks forked from the fork server (the default without a GPU) and spawned (as on GPUs)."""
     doc = deep_update(quickstart_doc(), {
         "spec": {"workers": {"procsPerWorker": 1},
                  "training": {"maxSteps": STEPS, "batchSize": 16},
@@ -30,12 +29,11 @@ def test_rljob_and_plain_trl_log_the_same_rewards_and_losses(tmp_path: Path) -> 
     assert len(reference) == STEPS
     # Rewards vary across steps, so agreement is not two constant series matching by luck.
     assert len({round(r["reward"], 6) for r in reference}) > 1
-    for start in ("forkserver", "spawn"):
-        ours = run_rljob("train", str(manifest), "--output", str(tmp_path / start), RLJOB_RANK_START=start)
-        assert ours.returncode == 0, ours.stderr[-3000:]
-        summary = json.loads((tmp_path / start / "summary.json").read_text())
-        rewards = dict((int(s), r) for s, r in summary["reward_history"])
-        losses = dict((int(s), v) for s, v in summary["loss_history"])
-        for row in reference:
-            assert rewards[row["step"]] == pytest.approx(row["reward"], abs=1e-6), (start, row)
-            assert losses[row["step"]] == pytest.approx(row["loss"], abs=1e-6), (start, row)
+    ours = run_rljob("train", str(manifest), "--output", str(tmp_path / "rljob"))
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    summary = json.loads((tmp_path / "rljob" / "summary.json").read_text())
+    rewards = dict((int(s), r) for s, r in summary["reward_history"])
+    losses = dict((int(s), v) for s, v in summary["loss_history"])
+    for row in reference:
+        assert rewards[row["step"]] == pytest.approx(row["reward"], abs=1e-6), row
+        assert losses[row["step"]] == pytest.approx(row["loss"], abs=1e-6), row

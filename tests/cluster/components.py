@@ -133,6 +133,10 @@ def apiserver_argv(layout: Layout, config: ClusterConfig) -> list[str]:
         f"--default-not-ready-toleration-seconds={toleration}",
         f"--default-unreachable-toleration-seconds={toleration}",
         "--allow-privileged=true",
+        # On SIGTERM, end open watches (clients re-list elsewhere, or after the restart) instead of
+        # serving them until they end themselves: without it one watch kept a stopping API server up
+        # past the harness's 10 s, so every restart and every session's end waited out the SIGKILL.
+        "--shutdown-watch-termination-grace-period=2s",
         "--profiling=false",
         f"--v={config.log_verbosity}",
         *audit_argv(layout, config),

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -87,8 +88,8 @@ class ProcessRecord:
     name: str
     pid: int
     exe: str
-    stop_timeout: float = 10.0
-    """Seconds between SIGTERM and SIGKILL when the plane stops."""
+    stop_timeout: float = 3.0
+    """Seconds between SIGTERM and SIGKILL when the whole plane stops (its data goes with it)."""
 
 
 def start_process(
@@ -187,8 +188,14 @@ class RunRecord:
 
     def stop_all(self) -> None:
         """Stop every recorded process (last started first), then forget the record."""
+        # Last started first (an API server stops cleanly while etcd still answers it). One that needs more
+        # than a few seconds is named on the real stderr (pytest captures the rest).
         for proc in reversed(self.processes):
+            started = time.monotonic()
             stop_process_group(proc.pid, proc.exe, timeout=proc.stop_timeout)
+            if time.monotonic() - started > 3:
+                print(f"control plane: {proc.name} took {time.monotonic() - started:.1f} s to stop",
+                      file=sys.__stderr__, flush=True)
         if self.remove_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         Path(self.path).unlink(missing_ok=True)
