@@ -161,11 +161,31 @@ def _no_rljob_system(kube: Any) -> None:
     pytest.fail("namespace rljob-system exists on the test control plane: this test needs a cluster without it")
 
 
+def _no_jobs_being_deleted(kube: Any) -> None:
+    """Wait until no RLTrainingJob is left in a Terminating namespace.
+
+    An operator started without ``--namespace`` watches every namespace. The tests before this one
+    force-delete their pods and then their namespace without waiting, and a job whose pods vanished
+    under it is reconciled as a lost gang, with warnings when its events can no longer be posted.
+    That is a real cluster being torn down, not the steady state this test checks.
+    """
+    from tests.cluster.waiting import wait_for
+
+    def settled() -> bool:
+        namespaces = kube.request("GET", "/api/v1/namespaces")["items"]
+        terminating = {n["metadata"]["name"] for n in namespaces if (n.get("status") or {}).get("phase") == "Terminating"}
+        jobs = kube.request("GET", "/apis/rljob.dev/v1alpha1/rltrainingjobs")["items"]
+        return not any(j["metadata"]["namespace"] in terminating for j in jobs)
+
+    wait_for(settled, 120, interval=0.5, message="earlier tests' jobs deleted with their namespaces")
+
+
 @pytest.mark.cluster
 def test_operator_with_only_a_kubeconfig_reconciles_without_repeating_warnings(
     admin_kubeconfig: Path, kube: Any, namespace: str, crd_installed: Any, tmp_path: Path
 ) -> None:
     _no_rljob_system(kube)
+    _no_jobs_being_deleted(kube)
     log = tmp_path / "operator.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rljob", "operator", "--kubeconfig", str(admin_kubeconfig)],

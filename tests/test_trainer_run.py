@@ -13,6 +13,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 from rljob_trainer.launch import free_port
+from rljob_trainer.worker import NOT_PRELOADED
 
 from tests.trainer_helpers import (
     QUICKSTART,
@@ -95,6 +96,8 @@ def test_quickstart_two_process_reward_rises_and_reports_agree(tmp_path: Path) -
     noisy = [line for line in (tmp_path / "log.txt").read_text().splitlines()
              if "FutureWarning" in line or "DeprecationWarning" in line]
     assert not noisy, "\n".join(noisy[:10])
+    # The ranks were forked from a fork server that had preloaded the training stack (no GPU here).
+    assert NOT_PRELOADED not in (tmp_path / "log.txt").read_text()
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 120

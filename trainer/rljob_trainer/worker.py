@@ -454,7 +454,15 @@ def forked_main(config_path: str, env: dict[str, str]) -> None:
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.update(env)
+    if "rljob_trainer.rank_stack" not in sys.modules:  # the server's preload failed (it says nothing)
+        print(f"rljob: rank {os.environ.get('RANK', '?')}: {NOT_PRELOADED}", file=sys.stderr, flush=True)
     sys.exit(main([config_path]))
+
+
+#: What a forked rank says when its fork server had not imported ``rljob_trainer.rank_stack``: it then
+#: imports the stack itself, and the server did not tie itself to the launcher or ignore SIGTERM.
+NOT_PRELOADED = ("the fork server did not preload rljob_trainer.rank_stack (is rljob_trainer importable "
+                 "from the launcher's environment?); set RLJOB_RANK_START=spawn")
 
 
 if __name__ == "__main__":
