@@ -82,7 +82,6 @@ def floor_burst(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, name
         applies_done = time.time()
         for future in pods_created:
             future.result()
-        pod_pool.shutdown()
         requests_done = time.time()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -93,6 +92,7 @@ def floor_burst(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, name
         lat = gang_latencies(recorder, sent, 0)
         cpu = Meter.delta(before, meter.snapshot())
     finally:
+        pod_pool.shutdown(wait=False, cancel_futures=True)
         watch.stop()
     if watch.error is not None:
         raise RuntimeError(f"pod watch: {watch.error}")

@@ -109,6 +109,20 @@ def start_process(
     return process, ProcessRecord(name, process.pid, os.path.realpath(argv[0]))
 
 
+#: A component that takes longer than this to stop is named on the real stderr (pytest captures the rest).
+SLOW_STOP_S = 3.0
+
+
+def stop_component(proc: ProcessRecord, timeout: float | None = None) -> None:
+    """:func:`stop_process_group` for a recorded component (its own ``stop_timeout`` unless given),
+    naming it when it was slow to stop."""
+    started = time.monotonic()
+    stop_process_group(proc.pid, proc.exe, timeout=proc.stop_timeout if timeout is None else timeout)
+    if time.monotonic() - started > SLOW_STOP_S:
+        print(f"control plane: {proc.name} took {time.monotonic() - started:.1f} s to stop",
+              file=sys.__stderr__, flush=True)
+
+
 def stop_process_group(pid: int, exe: str | None = None, timeout: float = 10.0) -> None:
     """SIGTERM the group led by ``pid``, then SIGKILL what is left after ``timeout``."""
     if not is_running(pid, exe):
@@ -188,14 +202,8 @@ class RunRecord:
 
     def stop_all(self) -> None:
         """Stop every recorded process (last started first), then forget the record."""
-        # Last started first (an API server stops cleanly while etcd still answers it). One that needs more
-        # than a few seconds is named on the real stderr (pytest captures the rest).
-        for proc in reversed(self.processes):
-            started = time.monotonic()
-            stop_process_group(proc.pid, proc.exe, timeout=proc.stop_timeout)
-            if time.monotonic() - started > 3:
-                print(f"control plane: {proc.name} took {time.monotonic() - started:.1f} s to stop",
-                      file=sys.__stderr__, flush=True)
+        for proc in reversed(self.processes):  # an API server stops cleanly while etcd still answers it
+            stop_component(proc)
         if self.remove_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         Path(self.path).unlink(missing_ok=True)

@@ -234,6 +234,17 @@ def start_fork_server() -> None:
     multiprocessing.forkserver.ensure_running()
 
 
+@contextlib.contextmanager
+def fork_server() -> Iterator[None]:
+    """The fork server of one launch: started on entry (it imports the training stack while the
+    pre-flight runs), stopped on exit."""
+    start_fork_server()
+    try:
+        yield
+    finally:
+        stop_fork_server()
+
+
 def stop_fork_server() -> None:
     """Stop this launch's fork server at once, so a later launch in this process starts one with its own
     environment, and a pre-flight that failed does not wait for the server's imports to finish.
@@ -265,13 +276,8 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
     except PermanentError as e:
         report_fatal(str(e))
         return EXIT_PERMANENT
-    if start_method != "forkserver":
+    with fork_server() if start_method == "forkserver" else contextlib.nullcontext():
         return _launch(cfg, node, extra_env or {}, start_method)
-    start_fork_server()  # imports the training stack while the pre-flight runs
-    try:
-        return _launch(cfg, node, extra_env or {}, start_method)
-    finally:
-        stop_fork_server()
 
 
 def _launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str], start_method: str) -> int:
