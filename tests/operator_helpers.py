@@ -5,7 +5,7 @@ A pytest plugin (``tests/conftest.py``): every test module gets these fixtures b
 * ``job_manifest(name, ...)``: a small valid RLTrainingJob (2 workers × 1 GPU by default).
 * ``INVALID_MANIFESTS``: (case, spec patch, field) — each must be rejected naming ``field``,
   by the models (unit tests) and by the API server (schema and CEL, cluster tests).
-* ``crd_installed`` (session): the generated CRD applied to the test control plane.
+* ``crd_installed``, ``experiment_crd`` (session): the generated CRDs applied to the test control plane.
 * ``operator`` (function): ``start(**opts) -> OperatorProcess`` running ``rljob operator``
   against the test's namespace, with short intervals; every process is stopped afterwards.
 * ``wait_gang(kube, namespace, name, generation)``: the job once that gang generation runs
@@ -153,32 +153,58 @@ def kube(api_client: Any) -> Any:
     return _kube(api_client)
 
 
-@pytest.fixture(scope="session")
-def crd_installed(kube: Any) -> dict[str, Any]:
-    """The generated CRD, created (or replaced) and Established."""
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def install_crd(kube: Any, crd: dict[str, Any], plural: str) -> dict[str, Any]:
+    """Create (or replace) ``crd`` and wait until it is Established and its ``plural`` can be listed
+    (discovery, which kopf and kubectl resolve resources through, has caught up)."""
     from kubernetes.client.exceptions import ApiException
-    from rljob_operator.crd import CRD_NAME, crd_manifest
 
     from tests.cluster.waiting import wait_for
 
-    crd = crd_manifest()
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    name = crd["metadata"]["name"]
     try:
-        kube.request("POST", path, crd)
+        kube.request("POST", CRDS, crd)
     except ApiException as e:
         if e.status != 409:
             raise
-        current = kube.request("GET", f"{path}/{CRD_NAME}")
-        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        kube.request("PUT", f"{path}/{CRD_NAME}", crd)
+        crd["metadata"]["resourceVersion"] = kube.request("GET", f"{CRDS}/{name}")["metadata"]["resourceVersion"]
+        kube.request("PUT", f"{CRDS}/{name}", crd)
 
     def established() -> bool:
-        conditions = (kube.request("GET", f"{path}/{CRD_NAME}").get("status") or {}).get("conditions") or []
+        conditions = (kube.request("GET", f"{CRDS}/{name}").get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_for(established, 60, message="CRD Established")
+    def served() -> bool:
+        try:
+            kube.request("GET", f"/apis/{crd['spec']['group']}/v1alpha1/{plural}")
+            return True
+        except ApiException:
+            return False
+
+    wait_for(established, 60, message=f"CRD {name} Established")
+    wait_for(served, 30, message=f"{plural} served")
+    return crd
+
+
+@pytest.fixture(scope="session")
+def crd_installed(kube: Any) -> dict[str, Any]:
+    """The generated RLTrainingJob CRD, created (or replaced) and Established."""
+    from rljob_operator.crd import crd_manifest
+
+    crd = install_crd(kube, crd_manifest(), "rltrainingjobs")
     time.sleep(1)  # discovery catches up
     return crd
+
+
+@pytest.fixture(scope="session")
+def experiment_crd(kube: Any, crd_installed: Any) -> dict[str, Any]:
+    """The generated RLExperiment CRD, created (or replaced) and Established. An operator watching
+    every namespace serves both kinds, so it needs both CRDs."""
+    from rljob_operator.crd import experiment_crd_manifest
+
+    return install_crd(kube, experiment_crd_manifest(), "rlexperiments")
 
 
 class OperatorProcess:

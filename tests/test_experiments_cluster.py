@@ -28,42 +28,6 @@ from tests.operator_helpers import (
 
 pytestmark = pytest.mark.cluster
 
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
-
-@pytest.fixture(scope="session")
-def experiment_crd(kube: Any, crd_installed: Any) -> dict[str, Any]:
-    """The generated RLExperiment CRD, created (or replaced) and Established."""
-    from rljob_operator.crd import experiment_crd_manifest
-
-    crd = experiment_crd_manifest()
-    name = crd["metadata"]["name"]
-    try:
-        kube.request("POST", CRDS, crd)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        crd["metadata"]["resourceVersion"] = kube.request("GET", f"{CRDS}/{name}")["metadata"]["resourceVersion"]
-        kube.request("PUT", f"{CRDS}/{name}", crd)
-
-    def established() -> bool:
-        conditions = (kube.request("GET", f"{CRDS}/{name}").get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(established, 60, message="RLExperiment CRD Established")
-    # Discovery (kubectl's resource mapping) catches up: wait until the resource can be listed.
-    wait_for(lambda: _try_list(kube), 30, message="rlexperiments served")
-    return crd
-
-
-def _try_list(kube: Any) -> bool:
-    try:
-        kube.request("GET", "/apis/rljob.dev/v1alpha1/rlexperiments")
-        return True
-    except ApiException:
-        return False
-
-
 def exp_path(namespace: str, name: str | None = None, sub: str | None = None) -> str:
     path = f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rlexperiments"
     return path + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")

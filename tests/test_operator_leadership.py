@@ -373,8 +373,15 @@ def test_operator_across_an_apiserver_restart_converges_without_duplicate_pods(
         wait_for(lambda: any(job_pods(kube, namespace, n) for n in fresh), 30, interval=0.02,
                  message="gangs being created")
         control_plane.restart_apiserver()
+        back = time.time()
 
         restarts = 0
+
+        def renewed_since_the_restart() -> bool:
+            # An operator that could not renew while the server was down gives the Lease up and exits
+            # (then it is restarted above): until it renewed after the restart, it may still do so.
+            lease = kube.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/rljob-operator")
+            return lease["spec"].get("holderIdentity") == "restarted" and _at(lease["spec"]["renewTime"]) >= back
 
         def converged() -> bool:
             nonlocal operator, restarts
@@ -386,7 +393,8 @@ def test_operator_across_an_apiserver_restart_converges_without_duplicate_pods(
                 operator = replicas("rljob-operator-r", identity="restarted")
             control_plane.revive_crashed()  # kube-scheduler may exit after the restart, as in a cluster
             _report_ready_again(kube, namespace)
-            return all(_converged(kube, namespace, n, workers, 1 if n == "steady-0" else 0) for n in first + fresh)
+            return (all(_converged(kube, namespace, n, workers, 1 if n == "steady-0" else 0) for n in first + fresh)
+                    and renewed_since_the_restart() and operator.alive())
 
         try:
             wait_for(converged, 120, interval=0.5, message="every job running after the restart",

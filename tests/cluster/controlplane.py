@@ -389,7 +389,17 @@ class ControlPlane:
         return revived
 
     def restart_apiserver(self) -> None:
-        """Stop kube-apiserver and start it again on the same port; etcd keeps the data."""
+        """Stop kube-apiserver and start it again on the same port; etcd keeps the data.
+
+        Namespace deletions under way (earlier tests' teardowns) are waited out first. Cut short by
+        the restart, the namespace controller can find the custom resources missing from discovery
+        while the new server registers them, finalize the namespace anyway, and leave its custom
+        resources in etcd with no namespace (seen once: a later operator watching every namespace
+        reconciled another test's jobs there).
+        """
+        core = self._core()
+        wait_for(lambda: not [n for n in core.list_namespace().items if n.status.phase == "Terminating"], 120,
+                 interval=0.5, message="namespace deletions under way finished before the restart")
         record = next(p for p in self.processes if p.name == "kube-apiserver")
         stop_component(record, timeout=10.0)
         self._launch("kube-apiserver", self._argv["kube-apiserver"])
