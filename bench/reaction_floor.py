@@ -1,4 +1,4 @@
-"""The floor under "apply → pods created": a controller that costs nothing, on the same control plane.
+"""The floors under the reaction targets: a controller that costs nothing, on the same control plane.
 
 ``bench/operator_scale.py`` measures rljob's operator from a job's create request to its 4 worker
 pods existing. This measures what no controller can beat on this machine: the jobs are created as
@@ -12,16 +12,31 @@ audit policy), measured client-side from a pod watch. Each burst runs in a fresh
 
 If this floor's p99 is above a target, no operator meets that target on this machine.
 
+``--failures K`` also measures the floor under "failure → replacement gang" with ``--running N``
+jobs Running (the issue's target: p99 ≤ 3 s with 1,000): N jobs and their 4 pods are created as
+above, then one worker of K distinct jobs is made to exit as ``operator_scale.py`` does it (KWOK's
+fake exit code, 0.1 s apart). A controller that costs nothing but does what a gang restart must,
+reacts from its pod watch: the failed pod's gang is deleted the way the operator deletes it
+(graceful, with a UID precondition, so KWOK confirms each deletion as a kubelet would), and as the
+watch sees each old pod gone its replacement of gang generation 1 (same name) is created. No
+queue, no job GET, no status write, no ConfigMap or Service. Measured from the pod watch: failed
+→ all 4 replacement pods created, and → all Ready.
+
     python -m bench.reaction_floor [--jobs 10 100] [--repeats 2] [--pod-threads 8 32]
+    python -m bench.reaction_floor --jobs --failures 100 --running 1000 --pod-threads 32
+
+Results: bench/results/reaction_floor.json (bursts), reaction_floor_replacement.json (failures).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,12 +45,14 @@ import psutil
 from rljob_operator.api import parse_job
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.children import desired_worker_pod
+from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX
 
 from bench.common import write_result
 from bench.operator_scale import (
     GPUS_PER_NODE,
     NODES,
     TARGET_POD_CREATE_P99_S,
+    TARGET_REPLACEMENT_P99_S,
     WORKERS,
     BenchControlPlane,
     Meter,
@@ -49,6 +66,7 @@ from bench.operator_scale import (
     job_manifest,
     percentile,
 )
+from tests.cluster import fake_pods
 from tests.cluster.controlplane import ClusterConfig
 from tests.cluster.nodes import GpuNodeShape
 
@@ -106,21 +124,145 @@ def floor_burst(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, name
             "raw_pods_created_s": [round(x, 3) for x in created], "cpu_s": cpu}
 
 
+class GangRestarter:
+    """The zero-cost reaction to a failed worker: from the pod watch, delete its gang's pods as the
+    operator does, and create each replacement (gang generation 1, the same name) once the watch saw
+    the old pod gone. ``jobs`` maps a job's name to its parsed job."""
+
+    def __init__(self, kube: Kube, namespace: str, jobs: dict[str, Any], pool: ThreadPoolExecutor) -> None:
+        self.kube, self.namespace, self.jobs, self.pool = kube, namespace, jobs, pool
+        self.lock = threading.Lock()
+        self.uids: dict[str, str] = {}  # generation-0 pod name -> uid
+        self.restarting: dict[str, set[int]] = {}  # job -> worker indexes whose old pod is not gone yet
+        self.errors: list[str] = []
+
+    def on_pod(self, t: float, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        if LABEL_JOB not in labels or labels.get(LABEL_GANG_GENERATION) != "0":
+            return
+        job, index = labels[LABEL_JOB], int(labels[LABEL_WORKER_INDEX])
+        with self.lock:
+            if kind == "DELETED":
+                pending = self.restarting.get(job)
+                if pending is not None and index in pending:
+                    pending.discard(index)
+                    self.pool.submit(self._call, "POST", f"/api/v1/namespaces/{self.namespace}/pods",
+                                     desired_worker_pod(self.jobs[job], index, 1))
+                return
+            self.uids[meta["name"]] = meta["uid"]
+            if (pod.get("status") or {}).get("phase") == "Failed" and job not in self.restarting:
+                self.restarting[job] = set(range(WORKERS))
+                for i in range(WORKERS):
+                    name = f"{job}-worker-{i}"
+                    self.pool.submit(self._delete, name, self.uids.get(name))
+
+    def _delete(self, name: str, uid: str | None) -> None:
+        try:
+            self.kube.delete_pod(self.namespace, name, uid)
+        except Exception as error:  # noqa: BLE001 - counted and reported
+            self.errors.append(f"delete {name}: {error}")
+
+    def _call(self, method: str, path: str, body: dict[str, Any]) -> None:
+        try:
+            self.kube.request(method, path, body)
+        except Exception as error:  # noqa: BLE001 - counted and reported
+            self.errors.append(f"{method} {path}: {error}")
+
+
+def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, failures: int,
+                      interval: float, namespace: str, timeout: float, threads: int, seed: int) -> dict[str, Any]:
+    """``n`` jobs Running (their pods created by the client), then ``failures`` workers made to exit;
+    seconds from each failure to its replacement gang created and Ready, restarted by :class:`GangRestarter`."""
+    create_namespace(kube, namespace)
+    recorder = Recorder()
+    jobs: dict[str, Any] = {}
+    pool = ThreadPoolExecutor(max_workers=threads)
+    restarter = GangRestarter(kube, namespace, jobs, pool)
+
+    def on_pod(t: float, kind: str, pod: dict[str, Any]) -> None:
+        recorder.on_pod(t, kind, pod)
+        restarter.on_pod(t, kind, pod)
+
+    watch = Watch(plane, f"/api/v1/namespaces/{namespace}/pods", on_pod)
+    watch.start()
+    watch.listed.wait(30)
+    names = [f"job-{i:04d}" for i in range(n)]
+
+    def create(name: str) -> None:
+        job = jobs[name] = parse_job(kube.request("POST", Kube.job_path(namespace), job_manifest(name)))
+        for index in range(WORKERS):
+            kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", desired_worker_pod(job, index, 0))
+
+    def all_ready(gen: int, of: list[str]) -> bool:
+        return all(len([p for p in recorder.gang(name, gen) if "ready" in p]) == WORKERS for name in of)
+
+    try:
+        started = time.time()
+        with ThreadPoolExecutor(max_workers=threads) as creators:
+            list(creators.map(create, names))
+        deadline = time.monotonic() + timeout
+        while not all_ready(0, names) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        running_after = time.time() - started
+        print(f"  {n} jobs' pods Ready after {running_after:.0f}s; injecting {failures} worker failures", flush=True)
+        time.sleep(5)  # let the control plane settle after the burst, as operator_scale's idle phase does
+        rng = random.Random(seed)
+        victims = rng.sample(names, min(failures, n))
+        before = meter.snapshot()
+        for name in victims:
+            kube.request("PATCH", kube.core_path(namespace, "pods", f"{name}-worker-{rng.randrange(WORKERS)}"),
+                         {"metadata": {"annotations": {fake_pods.EXIT_CODE: "1"}}},
+                         content_type="application/merge-patch+json")
+            time.sleep(interval)
+        deadline = time.monotonic() + timeout
+        while not all_ready(1, victims) and time.monotonic() < deadline and watch.error is None:
+            time.sleep(0.25)
+        cpu = Meter.delta(before, meter.snapshot())
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        watch.stop()
+    if watch.error is not None:
+        raise RuntimeError(f"pod watch: {watch.error}")
+    latencies: dict[str, list[float]] = {"replacement_created": [], "replacement_ready": []}
+    for name in victims:
+        failed = [p["failed"] for p in recorder.gang(name, 0) if "failed" in p]
+        gang = recorder.gang(name, 1)
+        if not failed or len(gang) < WORKERS:
+            continue
+        latencies["replacement_created"].append(max(p["created"] for p in gang) - min(failed))
+        if all("ready" in p for p in gang):
+            latencies["replacement_ready"].append(max(p["ready"] for p in gang) - min(failed))
+    created = latencies["replacement_created"]
+    print(f"  {len(created)}/{len(victims)} gangs replaced; failure → replacement created p50 "
+          f"{percentile(created, 50) or float('nan'):.2f}s p99 {percentile(created, 99) or float('nan'):.2f}s; "
+          f"{len(restarter.errors)} request errors", flush=True)
+    return {"jobs": n, "failures": len(victims), "interval_s": interval, "namespace": namespace,
+            "pods_ready_after_s": round(running_after, 1), "errors": restarter.errors[:20],
+            "latency_s": {k: distribution(v) for k, v in latencies.items()},
+            "raw_replacement_created_s": [round(x, 3) for x in created], "cpu_s": cpu}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--jobs", type=int, nargs="+", default=[10, 100], help="burst sizes")
+    p.add_argument("--jobs", type=int, nargs="*", default=[10, 100], help="burst sizes (none: only --failures)")
     p.add_argument("--repeats", type=int, default=2, help="bursts per size (fresh namespace each)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--pod-threads", type=int, nargs="+", default=[8, 32],
                    help="sizes of the pool creating pods (each size runs every burst)")
     p.add_argument("--scheduler-qps", type=int, default=200)
     p.add_argument("--node-grace", type=int, default=40)
+    p.add_argument("--failures", type=int, default=0,
+                   help="also measure failure → replacement: this many worker failures ...")
+    p.add_argument("--running", type=int, default=1000, help="... with this many jobs Running")
+    p.add_argument("--failure-interval", type=float, default=0.1, help="seconds between injected failures")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
                            node_monitor_grace_s=a.node_grace, start_timeout_s=300)
     plane = BenchControlPlane(config, a.scheduler_qps)
     runs: list[dict[str, Any]] = []
+    replacements: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rljob-bench-floor-"):
         try:
@@ -138,29 +280,54 @@ def main() -> None:
                                                 threads))
                         runs[-1]["pod_threads"] = threads
                         delete_namespace(kube, runs[-1]["namespace"], timeout=max(60, n))
+            if a.failures:
+                replacements.append(replacement_floor(plane, kube, meter, a.running, a.failures, a.failure_interval,
+                                                      f"floor-replace-{a.running}", a.timeout, max(a.pod_threads),
+                                                      seed=1))
             api_client.close()
         finally:
             plane.stop()
-    summary = []
-    for threads in a.pod_threads:
-        for n in a.jobs:
-            mine = [r for r in runs if r["jobs"] == n and r["pod_threads"] == threads]
-            p99s = [r["latency_s"]["pods_created"]["p99"] for r in mine]
-            p50s = [r["latency_s"]["pods_created"]["p50"] for r in mine]
-            row: dict[str, Any] = {
-                "metric": f"floor, {n} jobs: apply → {WORKERS} pods created by a zero-cost controller "
-                          f"({threads} pod threads), p50 / p99 per burst",
-                "value": "; ".join(f"{a_} / {b_}" for a_, b_ in zip(p50s, p99s, strict=True)), "unit": "s"}
-            if n == 100:
-                row.update(target=f"operator ≤ {TARGET_POD_CREATE_P99_S:g} (p99)",
-                           met=all(x is not None and x <= TARGET_POD_CREATE_P99_S for x in p99s))
-            summary.append(row)
-    path = write_result("reaction_floor", {
-        "config": {"nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "workers_per_job": WORKERS,
-                   "scheduler_qps": a.scheduler_qps, "node_monitor_grace_s": a.node_grace,
-                   "apply_threads": 8, "pod_threads": a.pod_threads, "load_average_before": [round(x, 2) for x in load_before]},
-        "runs": runs, "summary": summary})
-    for row in summary:
+    config = {"nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "workers_per_job": WORKERS,
+              "scheduler_qps": a.scheduler_qps, "node_monitor_grace_s": a.node_grace, "apply_threads": 8,
+              "pod_threads": a.pod_threads, "load_average_before": [round(x, 2) for x in load_before]}
+    if runs:
+        summary = []
+        for threads in a.pod_threads:
+            for n in a.jobs:
+                mine = [r for r in runs if r["jobs"] == n and r["pod_threads"] == threads]
+                p99s = [r["latency_s"]["pods_created"]["p99"] for r in mine]
+                p50s = [r["latency_s"]["pods_created"]["p50"] for r in mine]
+                row: dict[str, Any] = {
+                    "metric": f"floor, {n} jobs: apply → {WORKERS} pods created by a zero-cost controller "
+                              f"({threads} pod threads), p50 / p99 per burst",
+                    "value": "; ".join(f"{a_} / {b_}" for a_, b_ in zip(p50s, p99s, strict=True)), "unit": "s"}
+                if n == 100:
+                    row.update(target=f"floor under the operator's p99 ≤ {TARGET_POD_CREATE_P99_S:g}",
+                               met=all(x is not None and x <= TARGET_POD_CREATE_P99_S for x in p99s))
+                summary.append(row)
+        report("reaction_floor", {"config": config, "runs": runs, "summary": summary})
+    if replacements:
+        summary = []
+        for r in replacements:
+            lat = r["latency_s"]
+            summary.append({
+                "metric": f"floor, {r['failures']} worker failures with {r['jobs']} jobs Running: failure → "
+                          f"replacement gang created by a zero-cost controller, p50 / p99 (Ready p50 / p99)",
+                "value": f"{lat['replacement_created']['p50']} / {lat['replacement_created']['p99']} "
+                         f"({lat['replacement_ready']['p50']} / {lat['replacement_ready']['p99']})", "unit": "s",
+                "target": f"floor under the operator's p99 ≤ {TARGET_REPLACEMENT_P99_S:g}",
+                "met": lat["replacement_created"]["p99"] is not None
+                and lat["replacement_created"]["p99"] <= TARGET_REPLACEMENT_P99_S})
+        report("reaction_floor_replacement", {
+            "config": {**config, "failures": a.failures, "running": a.running,
+                       "failure_interval_s": a.failure_interval},
+            "replacements": replacements, "summary": summary})
+
+
+def report(name: str, data: dict[str, Any]) -> None:
+    """Write bench/results/NAME.json and print its summary."""
+    path = write_result(name, data)
+    for row in data["summary"]:
         print(f"{row['metric']}: {row['value']}")
     print(f"wrote {path}")
 
