@@ -31,6 +31,7 @@ Results: bench/results/reaction_floor.json (bursts), reaction_floor_replacement.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -71,13 +73,26 @@ from tests.cluster.controlplane import ClusterConfig
 from tests.cluster.nodes import GpuNodeShape
 
 
+@contextlib.contextmanager
+def pods_watched(plane: BenchControlPlane, namespace: str, handle: Any, pool: ThreadPoolExecutor) -> Iterator[Watch]:
+    """A pod watch of ``namespace`` feeding ``handle``, listed before the body runs; afterwards ``pool``
+    is shut down and the watch stopped, and a watch that failed raises."""
+    watch = Watch(plane, f"/api/v1/namespaces/{namespace}/pods", handle)
+    watch.start()
+    watch.listed.wait(30)
+    try:
+        yield watch
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        watch.stop()
+    if watch.error is not None:
+        raise RuntimeError(f"pod watch: {watch.error}")
+
+
 def floor_burst(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, namespace: str,
                 timeout: float, pod_threads: int) -> dict[str, Any]:
     create_namespace(kube, namespace)
     recorder = Recorder()
-    watch = Watch(plane, f"/api/v1/namespaces/{namespace}/pods", recorder.on_pod)
-    watch.start()
-    watch.listed.wait(30)
     sent: dict[str, float] = {}
 
     def create_pods(job: Any) -> None:
@@ -92,9 +107,9 @@ def floor_burst(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, name
         return pod_pool.submit(create_pods, job)
 
     names = [f"job-{i:04d}" for i in range(n)]
-    before = meter.snapshot()
-    started = time.time()
-    try:
+    with pods_watched(plane, namespace, recorder.on_pod, pod_pool):
+        before = meter.snapshot()
+        started = time.time()
         with ThreadPoolExecutor(max_workers=8) as pool:
             pods_created = list(pool.map(create, names))
         applies_done = time.time()
@@ -109,11 +124,6 @@ def floor_burst(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, name
             time.sleep(0.25)
         lat = gang_latencies(recorder, sent, 0)
         cpu = Meter.delta(before, meter.snapshot())
-    finally:
-        pod_pool.shutdown(wait=False, cancel_futures=True)
-        watch.stop()
-    if watch.error is not None:
-        raise RuntimeError(f"pod watch: {watch.error}")
     created = lat["pods_created"]
     print(f"  N={n}: {len(created)}/{n} gangs created; apply → pods created p50 "
           f"{percentile(created, 50) or float('nan'):.2f}s p99 {percentile(created, 99) or float('nan'):.2f}s; "
@@ -184,9 +194,6 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
         recorder.on_pod(t, kind, pod)
         restarter.on_pod(t, kind, pod)
 
-    watch = Watch(plane, f"/api/v1/namespaces/{namespace}/pods", on_pod)
-    watch.start()
-    watch.listed.wait(30)
     names = [f"job-{i:04d}" for i in range(n)]
 
     def create(name: str) -> None:
@@ -197,7 +204,7 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
     def all_ready(gen: int, of: list[str]) -> bool:
         return all(len([p for p in recorder.gang(name, gen) if "ready" in p]) == WORKERS for name in of)
 
-    try:
+    with pods_watched(plane, namespace, on_pod, pool) as watch:
         started = time.time()
         with ThreadPoolExecutor(max_workers=threads) as creators:
             list(creators.map(create, names))
@@ -219,11 +226,6 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
         while not all_ready(1, victims) and time.monotonic() < deadline and watch.error is None:
             time.sleep(0.25)
         cpu = Meter.delta(before, meter.snapshot())
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        watch.stop()
-    if watch.error is not None:
-        raise RuntimeError(f"pod watch: {watch.error}")
     latencies: dict[str, list[float]] = {"replacement_created": [], "replacement_ready": []}
     for name in victims:
         failed = [p["failed"] for p in recorder.gang(name, 0) if "failed" in p]
