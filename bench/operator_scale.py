@@ -46,6 +46,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import ssl
@@ -469,6 +470,12 @@ class OperatorProcess(helpers.OperatorProcess):
                                 ("rljob_operator_reconcile_duration_seconds_sum", "seconds")):
                 if line.startswith(prefix + " "):
                     out[key] = float(line.split()[-1])
+            # Time from the watch event to the reconcile's start (cumulative buckets: diff two snapshots).
+            if line.startswith("rljob_operator_queue_wait_seconds_") and 'queued_by="event"' in line:
+                name, value = line.rsplit(" ", 1)
+                le = name.split('le="')[1].split('"')[0] if 'le="' in name else None
+                kind = name.split("{")[0].rsplit("_", 1)[-1]
+                out[f"event_queue_wait_{kind}" + (f"_le_{le}" if le else "")] = float(value)
         return out
 
 
@@ -818,6 +825,10 @@ def main() -> None:
     p.add_argument("--scheduler-qps", type=int, default=200, help="kube-scheduler --kube-api-qps (0: its default)")
     p.add_argument("--node-grace", type=int, default=40, help="node monitor grace period; heartbeats every 1/5")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result", default="operator_scale",
+                   help="results/NAME.json to write (another name keeps the figures the READMEs cite)")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="copy the operator logs and the API server's audit log into this folder")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     sizes = sorted(a.jobs)
@@ -846,9 +857,14 @@ def main() -> None:
                     delete_namespace(kube, runs[-1]["namespace"], timeout=max(60, n))
             api_client.close()
         finally:
+            if a.keep is not None:  # before the plane's stop removes its folder
+                a.keep.mkdir(parents=True, exist_ok=True)
+                for kept in [*Path(tmp).glob("*.log"), plane.audit_log]:
+                    if kept.exists():
+                        shutil.copy2(kept, a.keep / kept.name)
             plane.stop()
     rows = summary_rows(runs, a.idle_seconds)
-    path = write_result("operator_scale", {
+    path = write_result(a.result, {
         "config": {"nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "workers_per_job": WORKERS,
                    "gpus_per_worker": 1, "bursts": sizes, "failures": a.failures,
                    "failure_interval_s": a.failure_interval, "idle_seconds": a.idle_seconds,

@@ -459,7 +459,8 @@ JOB_RULES = [
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]},
 ]
 
-CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list"]}]
+CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+                  {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
 
@@ -469,7 +470,8 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator")] == JOB_RULES
     assert [r["resources"] for r in rbac[("ClusterRole", "", "rljob-operator-reviews")]] == [
         ["tokenreviews"], ["subjectaccessreviews"]]
-    # Autoscaling policy Capacity reads nodes and bound pods, and nothing else, and writes nothing.
+    # Autoscaling policy Capacity reads nodes and bound pods (and nodes are watched for deletions), and
+    # nothing else, and writes nothing.
     assert rbac[("ClusterRole", "", "rljob-operator-capacity")] == CAPACITY_RULES
     # Kueue: the flavors an admission assigns and the priority classes jobs name, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES

@@ -397,7 +397,10 @@ def test_operator_with_the_charts_identity_reconciles_a_job(release: Release, co
         refused = [line for line in operator.metrics().splitlines()
                    if line.startswith("rljob_operator_api_errors_total") and 'code="403"' in line]
         assert not refused, refused
-        assert "Forbidden" not in operator.log.read_text()
+        log = operator.log.read_text()
+        assert "Forbidden" not in log
+        # The chart's identity may watch Nodes (rbac.capacityAutoscaling): deleted nodes are acted on at once.
+        assert "Nodes watched" in log and "cannot list and watch nodes" not in log
     finally:
         operator.stop()
 

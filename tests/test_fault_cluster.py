@@ -7,6 +7,7 @@ the status API writes them). The operator runs as ``rljob operator`` in a child 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from datetime import UTC, datetime
@@ -177,14 +178,37 @@ def test_node_deleted_gang_replaced_on_other_nodes_without_consuming_the_limit(
     create_job(kube, namespace, job_manifest("lost", spec=spec))
     wait_gang(kube, namespace, "lost", 0)
     spare = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
+    removed = time.monotonic()
     fake_gpu_nodes.remove(doomed[0])
-    # kwok forgets the node's pods; the pod GC controller deletes them after its 40 s quarantine (this is
-    # also the test that the harness's controller-manager runs pod GC: the gang is replaced only then).
+    # kwok forgets the node's pods, and the pod garbage collector would delete them only after its 40 s
+    # quarantine: the operator's Node watch sees the node go and replaces the gang well before that.
     job = wait_gang(kube, namespace, "lost", 1, timeout=120)
+    assert time.monotonic() - removed < 30, "the gang was replaced only after the pod garbage collector's 40 s"
     status = job["status"]
     assert (status["restarts"], status["disruptions"]) == (0, 1)
-    assert status["lastFailure"]["disruption"] is True
+    assert (status["lastFailure"]["reason"], status["lastFailure"]["disruption"]) == ("WorkerLost", True)
     assert {p["spec"]["nodeName"] for p in job_pods(kube, namespace, "lost")} == set(spare)
+    # Its pods there were force-deleted (no kubelet would confirm a graceful deletion), each named.
+    forced = sorted(e["message"] for e in _warnings(kube, namespace, "lost", "ForceDeleted"))
+    assert forced == [f"lost-worker-{i} was bound to node {doomed[0]}, which was deleted: force-deleted it"
+                      for i in range(2)], forced
+
+
+def test_nodes_are_watched_only_where_the_operator_may_list_and_watch_them(
+        control_plane, kube, namespace, caplog) -> None:
+    from rljob_operator.cluster.kube import Kube, load_api_client
+    from rljob_operator.cluster.runner import nodes_watchable
+    from rljob_operator.settings import OperatorSettings
+
+    caplog.set_level(logging.INFO, "rljob")
+    admin = OperatorSettings()
+    assert nodes_watchable(admin, kube)
+    assert not nodes_watchable(OperatorSettings(watch_nodes=False), kube)
+    assert "cannot list and watch nodes" not in caplog.text
+    # A service account with no rights at all: refused, and the operator says what it needs.
+    nobody = Kube(load_api_client(str(control_plane.service_account_kubeconfig(namespace, "nobody"))))
+    assert not nodes_watchable(admin, nobody)
+    assert "cannot list and watch nodes" in caplog.text and "rbac.capacityAutoscaling" in caplog.text
 
 
 def test_node_not_ready_evicted_pods_force_deleted_and_gang_replaced(

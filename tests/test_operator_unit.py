@@ -25,7 +25,13 @@ from rljob_operator.decisions.children import (
 from rljob_operator.decisions.conditions import make_conditions
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod, first_failure
-from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX, StatusEndpoint
+from rljob_operator.names import (
+    LABEL_GANG_GENERATION,
+    LABEL_JOB,
+    LABEL_WORKER_INDEX,
+    StatusEndpoint,
+    rendezvous_endpoint,
+)
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 from rljob_trainer.config import TrainerConfig
@@ -271,11 +277,19 @@ def test_configmap_holds_the_trainer_config_and_the_status_ca() -> None:
     assert cm["data"]["status-ca.crt"] == ENDPOINT.ca_pem
 
 
-def test_service_is_headless_and_publishes_unready_workers() -> None:
-    svc = desired_service(make_job())
+def test_service_is_headless_publishes_unready_workers_and_selects_worker_0_only() -> None:
+    job = make_job()
+    svc = desired_service(job)
     assert svc["metadata"]["name"] == "train"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"] == {LABEL_JOB: "train"}
+    selector = svc["spec"]["selector"].items()
+    # Worker 0 (the rendezvous host, whatever its gang generation) and no other worker: the
+    # endpoint controllers re-sync the Service on its pods' events only.
+    assert [i for i in range(3) for g in (0, 5) if selector <= desired_worker_pod(job, i, g)["metadata"]["labels"].items()
+            ] == [0, 0]
+    # ... whose name, through this Service, is the rendezvous endpoint every worker is given.
+    endpoint = rendezvous_endpoint("train", "default")
+    assert endpoint.startswith(f"{desired_worker_pod(job, 0, 0)['spec']['hostname']}.{svc['metadata']['name']}.")
     assert {p["port"] for p in svc["spec"]["ports"]} == {29500, 9400}
 
 
@@ -433,6 +447,23 @@ def test_a_worker_disappearing_under_restart_policy_never_fails_the_job() -> Non
     plan = plan_reconcile(job, observe(job, pod_json(job, 0)), NOW)
     assert plan.status["phase"] == "Failed" and plan.status["reason"] == "WorkerLost"
     assert "train-worker-1" in plan.status["message"] and plan.create_pods == []
+
+
+def test_a_worker_on_a_deleted_node_restarts_the_gang_as_a_disruption_and_is_force_deleted() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0})
+    pods = [pod_json(job, 0, node="node-a"), pod_json(job, 1, node="node-b")]
+    # Unknown (no Node watch): both pods look healthy, nothing happens.
+    unknown = plan_reconcile(job, [ObservedPod.from_pod(p, UID) for p in pods], NOW)
+    assert unknown.status.get("phase", "Running") == "Running" and not unknown.delete_pods
+    observed = [ObservedPod.from_pod(p, UID, node_gone=lambda node: node == "node-b") for p in pods]
+    assert [p.node_lost for p in observed] == [False, True]
+    plan = plan_reconcile(job, observed, NOW)
+    s = plan.status
+    assert (s["phase"], s["reason"], s["gangGeneration"], s["disruptions"], s["restarts"]) == (
+        "Restarting", "WorkerLost", 1, 1, 0)
+    assert s["lastFailure"]["worker"] == "train-worker-1" and s["lastFailure"]["disruption"] is True
+    # No kubelet will confirm worker 1's end: it is force-deleted (and only that); worker 0 goes gracefully.
+    assert (plan.force_delete_pods, plan.delete_pods) == (["train-worker-1"], ["train-worker-0"])
 
 
 def test_a_pod_of_a_deleted_namesake_job_blocks_its_name() -> None:
@@ -624,6 +655,46 @@ def test_work_queue_serves_events_before_routine_looks() -> None:
 
     order = asyncio.run(scenario())
     assert order == ["busy", "failed-worker", "raised", "resync-1", "resync-2"]  # each key once
+
+
+def test_work_queue_reports_how_long_keys_waited_and_how_many_wait() -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {by: (sample("rljob_operator_queue_wait_seconds_count", queued_by=by),
+                   sample("rljob_operator_queue_wait_seconds_sum", queued_by=by)) for by in ("event", "routine")}
+    depths: list[float] = []
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+
+        async def handler(key: Any) -> float | None:
+            if key == "busy":
+                await gate.wait()
+            return None
+
+        queue = WorkQueue(handler, workers=1)
+        queue.start()
+        queue.add("busy")
+        await asyncio.sleep(0.01)
+        queue.add("event")
+        queue.add("routine", low=True)
+        depths.append(sample("rljob_operator_queue_depth"))
+        await asyncio.sleep(0.2)  # both wait behind "busy" this long
+        gate.set()
+        await asyncio.sleep(0.05)
+        depths.append(sample("rljob_operator_queue_depth"))
+        await queue.stop()
+
+    asyncio.run(scenario())
+    assert depths == [2, 0]
+    event_count, event_sum = (sample(f"rljob_operator_queue_wait_seconds_{k}", queued_by="event") for k in ("count", "sum"))
+    assert event_count - before["event"][0] == 2  # "busy" (at once) and "event" (after the 0.2 s)
+    assert 0.2 <= event_sum - before["event"][1] < 2
+    assert sample("rljob_operator_queue_wait_seconds_count", queued_by="routine") - before["routine"][0] == 1
+    assert sample("rljob_operator_queue_wait_seconds_sum", queued_by="routine") - before["routine"][1] >= 0.2
 
 
 # --------------------------------------------------------------------- settings

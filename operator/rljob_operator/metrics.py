@@ -30,6 +30,14 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 RECONCILES = Counter("rljob_operator_reconciles_total", "Reconciles by result (ok, error).", ["result"])
+QUEUE_WAIT_SECONDS = Histogram(
+    "rljob_operator_queue_wait_seconds",
+    "Time a job waited in the work queue, from the event (or due time) that queued it to its reconcile's "
+    "start, by what queued it: event (a watch event) or routine (a timer or the periodic resync).",
+    ["queued_by"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60),
+)
+QUEUE_DEPTH = Gauge("rljob_operator_queue_depth", "Jobs waiting in the work queue (not counting those reconciling).")
 API_REQUESTS = Counter(
     "rljob_operator_api_requests_total", "Kubernetes API requests the reconciler sent.", ["verb", "resource"]
 )

@@ -89,6 +89,10 @@ class OperatorSettings:
     """Heartbeats of one job are written to its status at most this often."""
     force_delete_after_seconds: float = 60.0
     """A worker pod still Terminating this long past its grace period is force-deleted (its node is gone)."""
+    watch_nodes: bool = True
+    """Watch Nodes (needs list and watch on nodes, cluster-wide): a gang with a worker on a Node that is
+    deleted is restarted at once, its pods there force-deleted, rather than once the pod garbage
+    collector removes them (40 s later). Without the permission it is off, with one warning."""
     network_policy: bool = True
     """Give every job a NetworkPolicy ``<job>-workers``: its pods accept traffic only from the job's own
     pods, and metrics scrapes from ``trainer_metrics_from``. Needs get, create, patch on networkpolicies."""

@@ -11,6 +11,7 @@ catches anything a watch missed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,11 +58,15 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
     )
 
 
+#: How long a deleted Node is remembered (its pods are force-deleted long before: the next reconcile).
+GONE_NODE_MEMORY_SECONDS = 3600.0
+
+
 class JobWatch:
     """The registry of handlers, feeding ``enqueue`` and remembering which jobs exist."""
 
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None],
-                 watch_workloads: bool = False) -> None:
+                 watch_workloads: bool = False, watch_nodes: bool = False) -> None:
         self.enqueue = enqueue
         self.forget = forget
         self.known: set[Key] = set()
@@ -69,6 +74,8 @@ class JobWatch:
         self.pod_index: Any = None
         """kopf's index of worker pods, filled from the pod watch (kopf handles no event before
         its initial listing is indexed, so it is complete by the first reconcile)."""
+        self.gone_nodes: dict[str, float] = {}
+        """Nodes the watch saw deleted (and not created again since): name → when (monotonic)."""
         registry = self.registry
 
         @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
@@ -91,6 +98,15 @@ class JobWatch:
             self.pod_index = kw[POD_INDEX]
             self.enqueue((namespace or "", labels[LABEL_JOB]))
 
+        if watch_nodes:  # a Node deleted: the gangs with a worker there are lost now, not after pod GC
+            @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
+            async def node_event(type: str | None, name: str, **kw: Any) -> None:
+                self.pod_index = kw[POD_INDEX]
+                if type == "DELETED":
+                    self.node_deleted(name)
+                else:  # listed, added or modified: a Node of that name exists (again)
+                    self.gone_nodes.pop(name, None)
+
         if watch_workloads:  # Kueue admitting, preempting or evicting a job's gang
             @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels={LABEL_JOB: kopf.PRESENT},
                            registry=registry, id="workload_event")
@@ -107,6 +123,24 @@ class JobWatch:
             return None
         store = index.get((namespace, name))
         return list(store) if store is not None else []
+
+    def node_gone(self, name: str | None) -> bool:
+        """Was Node ``name`` deleted (seen by the watch, and not created again since)?"""
+        return name is not None and name in self.gone_nodes
+
+    def node_deleted(self, name: str) -> None:
+        """Remember the Node as gone and queue every job with a worker pod bound to it."""
+        now = time.monotonic()
+        for node, when in list(self.gone_nodes.items()):
+            if now - when > GONE_NODE_MEMORY_SECONDS:
+                del self.gone_nodes[node]
+        self.gone_nodes[name] = now
+        index = self.pod_index
+        if index is None:
+            return
+        for key, pods in list(index.items()):
+            if any((pod.get("spec") or {}).get("nodeName") == name for pod in list(pods)):
+                self.enqueue(key)
 
     def job_changed(self, key: Key, deleted: bool) -> None:
         if deleted:

@@ -95,7 +95,7 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
 
 
 _RESOURCES = ("pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL, "rlexperiments",
-              "tokenreviews", "subjectaccessreviews", "workloads", "resourceflavors", "workloadpriorityclasses")
+              "tokenreviews", "subjectaccessreviews", "selfsubjectaccessreviews", "workloads", "resourceflavors", "workloadpriorityclasses")
 
 
 def _resource_of(path: str) -> str:
@@ -227,6 +227,14 @@ class Kube:
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         out = self.request("GET", self.core_path(namespace, "pods"), query={"labelSelector": label_selector})
         return list(out.get("items") or [])
+
+    def may(self, verb: str, resource: str, group: str = "") -> bool:
+        """May this client's identity ``verb`` ``resource`` cluster-wide? (a SelfSubjectAccessReview)"""
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"verb": verb, "resource": resource, "group": group}}}
+        answer = self.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review,
+                              count_write=False)
+        return bool((answer.get("status") or {}).get("allowed"))
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "/api/v1/nodes").get("items") or [])

@@ -101,8 +101,11 @@ class Reconciler:
         network: JobNetwork | None = None,
         kueue: bool = True,
         workloads_watched: bool = False,
+        node_gone: Callable[[str | None], bool] | None = None,
     ) -> None:
         self.kube = kube
+        self.node_gone = node_gone
+        """Was this Node deleted? (the Node watch; None: not watched, the pod GC removes such pods)."""
         self.kueue = kueue
         """Honour the label kueue.x-k8s.io/queue-name (False: such jobs run as if unlabelled)."""
         self.workloads_watched = workloads_watched
@@ -154,7 +157,7 @@ class Reconciler:
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
         queue = self.queue_view(job, uid)
-        plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
+        plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                               self.force_delete_after, capacity, self.profile, self.network, queue)
         if cached is not None and raw.get("status") and (
                 plan.create_pods or plan.gang_restart or (plan.queue and plan.queue.status)):
@@ -163,12 +166,15 @@ class Reconciler:
             # Workload's quota is given back because no pod is left. Not for a job without status:
             # no reconcile has got as far as its pods (the status is written first), so it has none.
             pods = self._list_pods(namespace, name)
-            plan = plan_reconcile(job, [ObservedPod.from_pod(p, uid) for p in pods], now, self.endpoint,
+            plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, queue)
         requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
         if queue is not None and not self.workloads_watched and requeue is None:
             requeue = UNWATCHED_QUEUE_SECONDS
         return requeue
+
+    def _observe(self, pods: list[dict[str, Any]], uid: str) -> list[ObservedPod]:
+        return [ObservedPod.from_pod(p, uid, self.node_gone) for p in pods]
 
     # ------------------------------------------------------------------ Kueue
     def queue_view(self, job: RLTrainingJob, uid: str) -> QueueView | None:
@@ -302,14 +308,18 @@ class Reconciler:
     def _delete_pods(self, raw: dict[str, Any], plan: Plan, pods: dict[str, dict[str, Any]], now: datetime) -> None:
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
         for pod_name in plan.delete_pods:
-            pod_uid = (pods.get(pod_name) or {}).get("metadata", {}).get("uid")
             log.info("%s/%s: deleting pod %s", namespace, name, pod_name)
-            self.kube.delete_pod(namespace, pod_name, pod_uid)
+        # Independent requests, as the creates: a gang's deletions are sent together (a failure still raises).
+        list(self._pool.map(lambda pod_name: self.kube.delete_pod(
+            namespace, pod_name, (pods.get(pod_name) or {}).get("metadata", {}).get("uid")), plan.delete_pods))
         for pod_name in plan.force_delete_pods:
-            pod_uid = (pods.get(pod_name) or {}).get("metadata", {}).get("uid")
-            log.warning("%s/%s: pod %s is stuck terminating: force-deleting it", namespace, name, pod_name)
-            self.kube.delete_pod(namespace, pod_name, pod_uid, force=True)
-            self._event(raw, force_deleted_event(pod_name), now)
+            pod = pods.get(pod_name) or {}
+            node = (pod.get("spec") or {}).get("nodeName")
+            deleted_node = node if self.node_gone is not None and self.node_gone(node) else None
+            log.warning("%s/%s: pod %s %s: force-deleting it", namespace, name, pod_name,
+                        f"was on node {deleted_node}, which was deleted" if deleted_node else "is stuck terminating")
+            self.kube.delete_pod(namespace, pod_name, pod.get("metadata", {}).get("uid"), force=True)
+            self._event(raw, force_deleted_event(pod_name, deleted_node), now)
 
     def _create(self, raw: dict[str, Any], plan: Plan) -> None:
         """The ConfigMap, Service and NetworkPolicy (all exist before any pod is created), then the pods."""

@@ -134,6 +134,20 @@ async def _acquire(elector: LeaderElector, stopping: asyncio.Event) -> bool:
     return True
 
 
+def nodes_watchable(s: OperatorSettings, kube: Kube) -> bool:
+    """Watch Nodes? Where the settings ask for it and this identity may list and watch them (a gang on
+    a deleted Node is then restarted at once); asked once, at the start of leadership."""
+    if not s.watch_nodes:
+        return False
+    if kube.may("list", "nodes") and kube.may("watch", "nodes"):
+        log.info("Nodes watched: a gang with a worker on a deleted node is restarted at once")
+        return True
+    log.warning("cannot list and watch nodes: a gang on a deleted node is restarted only once the pod "
+                "garbage collector removes its pods (about 40 s); grant both (the chart's "
+                "rbac.capacityAutoscaling does) or set RLJOB_OPERATOR_WATCH_NODES=false")
+    return False
+
+
 def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
                  elector: LeaderElector | None) -> tuple[WorkQueue, JobWatch]:
     """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache.
@@ -150,10 +164,13 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     if s.kueue:
         log.info("Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission; %s", "Workloads watched"
                  if watch_workloads else "its API is not served (yet): such jobs say KueueUnavailable until it is")
+    watch_nodes = nodes_watchable(s, kube)
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             profile=PodProfile.from_settings(s), network=network, kueue=s.kueue,
                             workloads_watched=watch_workloads,
-                            pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None)
+                            pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
+                            node_gone=(lambda node: watch_ref[0].node_gone(node) if watch_ref else False)
+                            if watch_nodes else None)
 
     experiments = ExperimentReconciler(kube, PodProfile.from_settings(s), instance=s.identity)
 
@@ -170,7 +187,8 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
 
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
-    watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads)
+    watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads,
+                     watch_nodes=watch_nodes)
     register_experiments(watch.registry, queue.add)
     watch_ref.append(watch)
     return queue, watch

@@ -17,6 +17,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 
+from rljob_operator import metrics
+
 log = logging.getLogger("rljob.workqueue")
 
 Key = Hashable
@@ -38,6 +40,8 @@ class WorkQueue:
         self._backoff_max = backoff_max
         self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
         self._queued: dict[Key, int] = {}
+        self._queued_at: dict[Key, float] = {}
+        """When each queued key was first queued (loop time), for the queue-wait metric."""
         """Queued keys and the best priority they are queued with (0 events, 1 timers and resyncs)."""
         self._seq = 0
         self._running: set[Key] = set()
@@ -65,9 +69,11 @@ class WorkQueue:
         if key in self._running:
             self._dirty.add(key)
         elif self._queued.get(key, 2) > priority:  # not queued yet, or only behind the routine looks
+            self._queued_at[key] = asyncio.get_running_loop().time()  # queued, or raised to the events
             self._queued[key] = priority
             self._seq += 1
             self._queue.put_nowait((priority, self._seq, key))
+            metrics.QUEUE_DEPTH.set(len(self._queued))
 
     def _fire(self, key: Key) -> None:
         self._timers.pop(key, None)
@@ -89,6 +95,9 @@ class WorkQueue:
             if self._queued.get(key) != priority:
                 continue  # a duplicate entry: the key was raised to the front, or has run since
             del self._queued[key]
+            metrics.QUEUE_DEPTH.set(len(self._queued))
+            waited = asyncio.get_running_loop().time() - self._queued_at.pop(key, asyncio.get_running_loop().time())
+            metrics.QUEUE_WAIT_SECONDS.labels(queued_by="routine" if priority else "event").observe(waited)
             self._running.add(key)
             try:
                 requeue = await self._handler(key)

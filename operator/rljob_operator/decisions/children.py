@@ -108,8 +108,13 @@ def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None
 
 
 def desired_service(job: RLTrainingJob) -> dict[str, Any]:
-    """Headless Service giving every worker a DNS name; worker 0's hosts the rendezvous.
+    """Headless Service giving worker 0, which hosts the rendezvous, its DNS name.
 
+    It selects worker 0 only: the other workers reach worker 0 by that name and are reached by
+    the addresses they announce in the rendezvous (their own names resolve from the pod's
+    /etc/hosts), so no worker's DNS record is needed but worker 0's. A Service selecting every
+    worker makes the endpoint controllers re-sync it on each of the gang's pod events: with
+    a thousand jobs Running, the kube-controller-manager cost of restarted gangs quadruples.
     Not-ready addresses are published: workers rendezvous long before they are Ready.
     """
     name = job.metadata.name
@@ -120,7 +125,7 @@ def desired_service(job: RLTrainingJob) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_JOB: name},
+            "selector": {LABEL_JOB: name, LABEL_WORKER_INDEX: "0"},
             "ports": [
                 {"name": "rendezvous", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"},
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},

@@ -52,7 +52,7 @@ def find_fault(ctx: Situation) -> Fault | None:
     # taken by the cluster: its node went away, it was evicted or preempted.
     lost = [] if ctx.restarted or phase != Phase.running.value else [
         worker_name(job.metadata.name, i) for i in range(ctx.replicas)
-        if i not in ctx.by_index or ctx.by_index[i].deleting
+        if i not in ctx.by_index or ctx.by_index[i].deleting or ctx.by_index[i].node_lost
         or (ctx.capacity is not None and not ctx.capacity.node_ok(ctx.by_index[i].node))
     ]
     if lost:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,8 @@ class ObservedPod:
     """metadata.deletionTimestamp: when its grace period ends."""
     node: str | None = None
     """spec.nodeName: the node it is bound to."""
+    node_lost: bool = False
+    """Its node was deleted: no kubelet will run it or confirm its deletion (force-deleted at once)."""
 
     @property
     def finished(self) -> bool:
@@ -67,8 +69,11 @@ class ObservedPod:
         return not self.finished and not self.deleting
 
     @classmethod
-    def from_pod(cls, pod: dict[str, Any], job_uid: str) -> ObservedPod:
+    def from_pod(cls, pod: dict[str, Any], job_uid: str,
+                 node_gone: Callable[[str | None], bool] | None = None) -> ObservedPod:
+        """``node_gone``: whether a node was deleted (the operator's Node watch; None: unknown)."""
         meta, status = pod.get("metadata", {}), pod.get("status") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
         controllers = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         owned = any(ref.get("uid") == job_uid for ref in controllers)
@@ -107,7 +112,8 @@ class ObservedPod:
             finished_at=terminated.get("finishedAt"),
             disrupted=conditions.get("DisruptionTarget", {}).get("status") == "True",
             deleted_at=meta.get("deletionTimestamp"),
-            node=(pod.get("spec") or {}).get("nodeName"),
+            node=node,
+            node_lost=node is not None and node_gone is not None and node_gone(node),
         )
 
 

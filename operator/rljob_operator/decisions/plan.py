@@ -109,6 +109,12 @@ class Plan:
     queue: QueueWrites | None = None
     """Kueue Workload writes, applied right after the status (None: the job is not queued)."""
 
+    def __post_init__(self) -> None:
+        # A pod force-deleted is not deleted gracefully first (that would only add a request).
+        if self.force_delete_pods:
+            forced = set(self.force_delete_pods)
+            self.delete_pods = [p for p in self.delete_pods if p not in forced]
+
     @property
     def configmap(self) -> dict[str, Any] | None:
         return self.children.configmap if self.children is not None else None
@@ -218,7 +224,10 @@ def transition_event(prev_phase: str | None, d: StatusDraft) -> list[Event]:
     return [Event(kind, d.reason, f"{prev_phase or 'New'} → {d.phase}: {d.message}")]
 
 
-def force_deleted_event(pod_name: str) -> Event:
-    """Posted right after a pod stuck Terminating is force-deleted."""
+def force_deleted_event(pod_name: str, deleted_node: str | None = None) -> Event:
+    """Posted right after a pod stuck Terminating, or bound to ``deleted_node``, is force-deleted."""
+    if deleted_node is not None:
+        return Event("Warning", "ForceDeleted",
+                     f"{pod_name} was bound to node {deleted_node}, which was deleted: force-deleted it")
     return Event("Warning", "ForceDeleted",
                  f"{pod_name} stayed Terminating past its grace period (its node does not answer): force-deleted it")

@@ -82,11 +82,13 @@ class Sizing:
 
 
 def stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> list[str]:
-    """Pods still Terminating ``after`` seconds past their deletion deadline (no kubelet confirms)."""
+    """Pods no kubelet will confirm: still Terminating ``after`` seconds past their deletion
+    deadline, or bound to a node that was deleted (what the pod garbage collector force-deletes
+    after its 40 s quarantine)."""
     out = []
     for p in pods:
         deadline = parse_time(p.deleted_at)
-        if p.deleting and deadline is not None and (now - deadline).total_seconds() >= after:
+        if p.node_lost or (p.deleting and deadline is not None and (now - deadline).total_seconds() >= after):
             out.append(p.name)
     return out
 
