@@ -33,6 +33,13 @@ def _pool_nodes(kube: Any, fake_gpu_nodes: Any, pool: str, count: int) -> list[s
                                                          "effect": "NoSchedule"}]
         kube.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": taints}},
                      content_type="application/merge-patch+json")
+    # A new node carries node.kubernetes.io/not-ready (NoSchedule) until the node lifecycle controller
+    # sees it Ready (and the patch above may have put it back): until then neither the scheduler nor
+    # the operator's capacity counts it, and the operator now reacts within that second.
+    for name in names:
+        wait_for(lambda name=name: not [t for t in kube.request("GET", f"/api/v1/nodes/{name}")["spec"].get("taints") or []
+                                        if t["key"].startswith("node.kubernetes.io/")], 30,
+                 interval=0.1, message=f"{name} schedulable")
     return names
 
 

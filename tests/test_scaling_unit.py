@@ -10,6 +10,7 @@ import yaml
 from rljob_operator.api import RLTrainingJob, parse_job
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
+from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.scaling import Capacity
 from rljob_operator.names import CONFIG_KEY
 from rljob_operator.times import rfc3339
@@ -236,6 +237,36 @@ def test_nodes_lost_shrink_the_next_gang_and_below_min_it_waits() -> None:
     # Back above: the gang starts again.
     back = plan_reconcile(after(job, waiting), [], NOW + timedelta(seconds=9), capacity=cluster(left, []))
     assert len(back.create_pods) == 2
+
+
+def test_a_snapshot_taken_before_the_node_watch_saw_a_node_go_does_not_count_it() -> None:
+    from rljob_operator.cluster.reconciler import Reconciler
+
+    nodes = [node("a", 1), node("b", 1), node("c", 1)]
+    job, pods = _running_capacity_job(nodes, start=3)
+
+    class Lister:  # what the API server answered a moment before node c was deleted
+        def list_nodes(self) -> list[dict[str, Any]]:
+            return nodes
+
+        def list_bound_pods(self) -> list[dict[str, Any]]:
+            return pods
+
+    gone: set[str] = set()
+    reconciler = Reconciler(Lister(), node_gone=lambda name: name in gone)  # type: ignore[arg-type]
+    try:
+        assert [n.name for n in reconciler.capacity().nodes] == ["a", "b", "c"]  # type: ignore[union-attr]
+        gone.add("c")  # the Node watch saw it deleted; the snapshot above is still fresh (1 s)
+        snapshot = reconciler.capacity()
+        assert snapshot is not None and [n.name for n in snapshot.nodes] == ["a", "b"]
+        assert [p.node for p in snapshot.pods] == ["a", "b"] and not snapshot.node_ok("c")
+        # So the gang restarted for the worker lost there starts at what the other nodes hold: NodesLost.
+        observed = [ObservedPod.from_pod(p, UID, node_gone=lambda name: name in gone) for p in pods]
+        job = after(job, plan_reconcile(job, observed, NOW + timedelta(seconds=5), capacity=snapshot))
+        plan = plan_reconcile(job, [], NOW + timedelta(seconds=6), capacity=reconciler.capacity())
+        assert (plan.status["scaling"]["replicas"], plan.status["scaling"]["lastScaleReason"]) == (2, "NodesLost")
+    finally:
+        reconciler._pool.shutdown()
 
 
 def test_a_new_gang_counts_its_own_terminating_pods_as_free_whatever_the_watch_shows() -> None:

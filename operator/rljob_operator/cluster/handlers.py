@@ -66,7 +66,9 @@ class JobWatch:
     """The registry of handlers, feeding ``enqueue`` and remembering which jobs exist."""
 
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None],
-                 watch_workloads: bool = False, watch_nodes: bool = False) -> None:
+                 watch_workloads: bool = False, watch_nodes: bool = False,
+                 nodes_changed: Callable[[], None] | None = None) -> None:
+        """``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted."""
         self.enqueue = enqueue
         self.forget = forget
         self.known: set[Key] = set()
@@ -102,6 +104,8 @@ class JobWatch:
             @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
             async def node_event(type: str | None, name: str, **kw: Any) -> None:
                 self.pod_index = kw[POD_INDEX]
+                if type in ("ADDED", "DELETED") and nodes_changed is not None:
+                    nodes_changed()  # before the jobs below are queued: they size their gangs afresh
                 if type == "DELETED":
                     self.node_deleted(name)
                 else:  # listed, added or modified: a Node of that name exists (again)

@@ -256,7 +256,7 @@ class Reconciler:
         """
         taken, snapshot = self._capacity
         if time.monotonic() - taken < CAPACITY_MAX_AGE_SECONDS:
-            return snapshot
+            return self._without_gone_nodes(snapshot)
         try:
             snapshot = Capacity.from_objects(self.kube.list_nodes(), self.kube.list_bound_pods())
         except ApiException as e:
@@ -268,7 +268,19 @@ class Reconciler:
             self._capacity_denied = True
             snapshot = None
         self._capacity = (time.monotonic(), snapshot)
-        return snapshot
+        return self._without_gone_nodes(snapshot)
+
+    def forget_capacity(self) -> None:
+        """A node was added or deleted: the next reconcile that needs capacity looks again."""
+        self._capacity = (float("-inf"), None)
+
+    def _without_gone_nodes(self, snapshot: Capacity | None) -> Capacity | None:
+        """A snapshot taken before the Node watch saw a node deleted must not count it: the gang that
+        lost workers there would be restarted at a size its nodes no longer hold (then shrunk again,
+        as Unschedulable, instead of as NodesLost)."""
+        if snapshot is None or self.node_gone is None:
+            return snapshot
+        return snapshot.without_nodes(self.node_gone)
 
     def _apply(self, raw: dict[str, Any], plan: Plan, now: datetime,
                pods: dict[str, dict[str, Any]] | None = None) -> float | None:

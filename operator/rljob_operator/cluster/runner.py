@@ -188,7 +188,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads,
-                     watch_nodes=watch_nodes)
+                     watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity)
     register_experiments(watch.registry, queue.add)
     watch_ref.append(watch)
     return queue, watch

@@ -40,9 +40,9 @@ class WorkQueue:
         self._backoff_max = backoff_max
         self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
         self._queued: dict[Key, int] = {}
-        self._queued_at: dict[Key, float] = {}
-        """When each queued key was first queued (loop time), for the queue-wait metric."""
         """Queued keys and the best priority they are queued with (0 events, 1 timers and resyncs)."""
+        self._queued_at: dict[Key, float] = {}
+        """When each queued key was queued at that priority (loop time), for the queue-wait metric."""
         self._seq = 0
         self._running: set[Key] = set()
         self._dirty: set[Key] = set()
@@ -96,8 +96,9 @@ class WorkQueue:
                 continue  # a duplicate entry: the key was raised to the front, or has run since
             del self._queued[key]
             metrics.QUEUE_DEPTH.set(len(self._queued))
-            waited = asyncio.get_running_loop().time() - self._queued_at.pop(key, asyncio.get_running_loop().time())
-            metrics.QUEUE_WAIT_SECONDS.labels(queued_by="routine" if priority else "event").observe(waited)
+            now = asyncio.get_running_loop().time()
+            metrics.QUEUE_WAIT_SECONDS.labels(queued_by="routine" if priority else "event").observe(
+                now - self._queued_at.pop(key, now))
             self._running.add(key)
             try:
                 requeue = await self._handler(key)

@@ -20,7 +20,7 @@ scheduler stays the judge, and a grow that does not fit ends as an ``Unschedulab
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -104,6 +104,13 @@ class Capacity:
     def from_objects(cls, nodes: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]) -> Capacity:
         usages = [u for u in (PodUsage.from_pod(p) for p in pods) if u is not None]
         return cls([NodeInfo.from_node(n) for n in nodes], usages)
+
+    def without_nodes(self, gone: Callable[[str], bool]) -> Capacity:
+        """This snapshot less the nodes ``gone`` names (deleted since it was taken) and their pods."""
+        names = {n.name for n in self.nodes if gone(n.name)}
+        if not names:
+            return self
+        return Capacity([n for n in self.nodes if n.name not in names], [p for p in self.pods if p.node not in names])
 
     def node_ok(self, name: str | None) -> bool:
         """The node exists and is Ready (a pod on any other node is lost); True for no node (unbound)."""
