@@ -63,6 +63,7 @@ from typing import Any
 from urllib.parse import urlencode, urlparse
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import REPO, write_result
 
@@ -462,20 +463,20 @@ class OperatorProcess(helpers.OperatorProcess):
             raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
 
     def reconciles(self) -> dict[str, float]:
-        """The operator's own counters: reconciles (ok, error) and the seconds they took in all."""
+        """The operator's own counters: reconciles (ok, error), the seconds they took in all, and the
+        event-driven reconciles' wait in the queue (cumulative buckets: diff two snapshots)."""
         out: dict[str, float] = {}
-        for line in self.metrics_text().splitlines():
-            for prefix, key in (('rljob_operator_reconciles_total{result="ok"}', "ok"),
-                                ('rljob_operator_reconciles_total{result="error"}', "error"),
-                                ("rljob_operator_reconcile_duration_seconds_sum", "seconds")):
-                if line.startswith(prefix + " "):
-                    out[key] = float(line.split()[-1])
-            # Time from the watch event to the reconcile's start (cumulative buckets: diff two snapshots).
-            if line.startswith("rljob_operator_queue_wait_seconds_") and 'queued_by="event"' in line:
-                name, value = line.rsplit(" ", 1)
-                le = name.split('le="')[1].split('"')[0] if 'le="' in name else None
-                kind = name.split("{")[0].rsplit("_", 1)[-1]
-                out[f"event_queue_wait_{kind}" + (f"_le_{le}" if le else "")] = float(value)
+        for family in text_string_to_metric_families(self.metrics_text()):
+            for sample in family.samples:
+                if sample.name == "rljob_operator_reconciles_total" and sample.labels.get("result") in ("ok", "error"):
+                    out[sample.labels["result"]] = sample.value
+                elif sample.name == "rljob_operator_reconcile_duration_seconds_sum":
+                    out["seconds"] = sample.value
+                elif (sample.name.startswith("rljob_operator_queue_wait_seconds_")
+                      and sample.labels.get("queued_by") == "event"):
+                    le = sample.labels.get("le")
+                    kind = sample.name.rsplit("_", 1)[-1]
+                    out[f"event_queue_wait_{kind}" + (f"_le_{le}" if le else "")] = sample.value
         return out
 
 

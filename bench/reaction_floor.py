@@ -47,7 +47,7 @@ import psutil
 from rljob_operator.api import parse_job
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.children import desired_worker_pod
-from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX
+from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX, worker_name
 
 from bench.common import write_result
 from bench.operator_scale import (
@@ -157,27 +157,22 @@ class GangRestarter:
                 pending = self.restarting.get(job)
                 if pending is not None and index in pending:
                     pending.discard(index)
-                    self.pool.submit(self._call, "POST", f"/api/v1/namespaces/{self.namespace}/pods",
+                    self.pool.submit(self._try, f"create {meta['name']}", self.kube.create_pod,
                                      desired_worker_pod(self.jobs[job], index, 1))
                 return
             self.uids[meta["name"]] = meta["uid"]
             if (pod.get("status") or {}).get("phase") == "Failed" and job not in self.restarting:
                 self.restarting[job] = set(range(WORKERS))
                 for i in range(WORKERS):
-                    name = f"{job}-worker-{i}"
-                    self.pool.submit(self._delete, name, self.uids.get(name))
+                    name = worker_name(job, i)
+                    self.pool.submit(self._try, f"delete {name}", self.kube.delete_pod, self.namespace, name,
+                                     self.uids.get(name))
 
-    def _delete(self, name: str, uid: str | None) -> None:
+    def _try(self, what: str, call: Any, *args: Any) -> None:
         try:
-            self.kube.delete_pod(self.namespace, name, uid)
+            call(*args)
         except Exception as error:  # noqa: BLE001 - counted and reported
-            self.errors.append(f"delete {name}: {error}")
-
-    def _call(self, method: str, path: str, body: dict[str, Any]) -> None:
-        try:
-            self.kube.request(method, path, body)
-        except Exception as error:  # noqa: BLE001 - counted and reported
-            self.errors.append(f"{method} {path}: {error}")
+            self.errors.append(f"{what}: {error}")
 
 
 def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, failures: int,
@@ -199,7 +194,7 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
     def create(name: str) -> None:
         job = jobs[name] = parse_job(kube.request("POST", Kube.job_path(namespace), job_manifest(name)))
         for index in range(WORKERS):
-            kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", desired_worker_pod(job, index, 0))
+            kube.create_pod(desired_worker_pod(job, index, 0))
 
     def all_ready(gen: int, of: list[str]) -> bool:
         return all(len([p for p in recorder.gang(name, gen) if "ready" in p]) == WORKERS for name in of)
@@ -218,7 +213,7 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
         victims = rng.sample(names, min(failures, n))
         before = meter.snapshot()
         for name in victims:
-            kube.request("PATCH", kube.core_path(namespace, "pods", f"{name}-worker-{rng.randrange(WORKERS)}"),
+            kube.request("PATCH", kube.core_path(namespace, "pods", worker_name(name, rng.randrange(WORKERS))),
                          {"metadata": {"annotations": {fake_pods.EXIT_CODE: "1"}}},
                          content_type="application/merge-patch+json")
             time.sleep(interval)
