@@ -74,6 +74,7 @@ for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a b
 from rljob_operator.cluster.kube import Kube  # noqa: E402
 from rljob_operator.crd import CRD_NAME, crd_manifest  # noqa: E402
 from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX  # noqa: E402
+from rljob_operator.settings import OperatorSettings  # noqa: E402
 
 from tests import operator_helpers as helpers  # noqa: E402
 from tests.cluster import fake_pods  # noqa: E402
@@ -437,10 +438,12 @@ class OperatorProcess(helpers.OperatorProcess):
     """The tests' ``rljob operator`` process, but with production settings (not the tests' fast
     resyncs and leases), as the operator's service account, dying with this process."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, source: Path = REPO) -> None:
+        """``source``: the checkout whose operator runs (``--against``: another commit's worktree)."""
         super().__init__(kubeconfig, namespace, log, identity=f"bench-{namespace}")
         self.args += ["--operator-namespace", OPERATOR_NAMESPACE]
-        path = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer"), str(REPO)]
+        self.source = source
+        path = os.pathsep.join([str(source / "operator"), str(source / "trainer"), str(source)]
                                + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
         # Production settings but for the pod profile's images: the tests' fake trainer image (KWOK
         # never pulls it), as in the tests, so the jobs are built rather than refused (PolicyViolation).
@@ -449,8 +452,8 @@ class OperatorProcess(helpers.OperatorProcess):
 
     def start(self) -> OperatorProcess:
         with self.log.open("ab") as f:
-            self.proc = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, env=self.env,
+                                         cwd=self.source, preexec_fn=_die_with_parent)
         return self
 
     @property
@@ -464,7 +467,7 @@ class OperatorProcess(helpers.OperatorProcess):
 
     def reconciles(self) -> dict[str, float]:
         """The operator's own counters: reconciles (ok, error), the seconds they took in all, and the
-        event-driven reconciles' wait in the queue (cumulative buckets: diff two snapshots)."""
+        event-driven reconciles' wait in the queue, urgent and not (cumulative buckets: diff two snapshots)."""
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(self.metrics_text()):
             for sample in family.samples:
@@ -473,10 +476,10 @@ class OperatorProcess(helpers.OperatorProcess):
                 elif sample.name == "rljob_operator_reconcile_duration_seconds_sum":
                     out["seconds"] = sample.value
                 elif (sample.name.startswith("rljob_operator_queue_wait_seconds_")
-                      and sample.labels.get("queued_by") == "event"):
+                      and sample.labels.get("queued_by") in ("urgent", "event")):
                     le = sample.labels.get("le")
                     kind = sample.name.rsplit("_", 1)[-1]
-                    out[f"event_queue_wait_{kind}" + (f"_le_{le}" if le else "")] = sample.value
+                    out[f"{sample.labels['queued_by']}_queue_wait_{kind}" + (f"_le_{le}" if le else "")] = sample.value
         return out
 
 
@@ -493,8 +496,10 @@ class RLJobSide:
     failure_exit_code = "1"  # retryable for rljob (contract.py); the peer bench uses 137 for both sides
     replacement_pods = WORKERS  # a failed worker restarts its whole gang (a new rendezvous)
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, source: Path = REPO, name: str = "rljob") -> None:
         self.kubeconfig = kubeconfig
+        self.source = source
+        self.name = name
 
     def recorder(self) -> Recorder:
         return Recorder()
@@ -510,7 +515,7 @@ class RLJobSide:
         return f"{job}-worker-{index}"
 
     def controller(self, namespace: str, log: Path) -> OperatorProcess:
-        return OperatorProcess(self.kubeconfig, namespace, log)
+        return OperatorProcess(self.kubeconfig, namespace, log, self.source)
 
 
 # ------------------------------------------------------------------------------- phases
@@ -744,6 +749,73 @@ def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, 
     return result
 
 
+def run_against(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: AuditLog, meter: Meter,
+                args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+    """The largest burst and its failures, ``args.repeat`` times with each operator: this checkout's
+    and commit ``args.against``'s, alternating which goes first (AB, BA, ...), on one control plane."""
+    n = max(args.jobs)
+    worktree = logs / "against"
+    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.against], cwd=REPO, check=True,
+                   capture_output=True)
+    try:
+        head = RLJobSide(kubeconfig)
+        base = RLJobSide(kubeconfig, worktree, name=f"rljob@{args.against}")
+        runs: list[dict[str, Any]] = []
+        for rep in range(args.repeat):
+            for side in (base, head) if rep % 2 == 0 else (head, base):
+                tag = "base" if side is base else "head"
+                runs.append(run_burst(plane, kube, side, audit, meter, n, args, logs, with_failures=True,
+                                      namespace=f"rljob-scale-{n}-{tag}-{rep}"))
+                delete_namespace(kube, runs[-1]["namespace"], timeout=max(60, n / 4))
+        return runs
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, check=False,
+                       capture_output=True)
+
+
+def against_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per figure, each side's median over its runs and the ratio this checkout / the other commit."""
+    head = [r for r in runs if r["side"] == "rljob"]
+    base = [r for r in runs if r["side"] != "rljob"]
+
+    def median(values: list[float | None]) -> float | None:
+        got = sorted(v for v in values if v is not None)
+        return percentile(got, 50) if got else None
+
+    figures: list[tuple[str, Any]] = [
+        ("failure → replacement gang created p50", lambda r: r["failures"]["latency_s"]["replacement_created"]["p50"]),
+        ("failure → replacement gang created p99", lambda r: r["failures"]["latency_s"]["replacement_created"]["p99"]),
+        ("failure → job Running again p99", lambda r: r["failures"]["latency_s"]["replacement_running"]["p99"]),
+        ("operator API requests per failure",
+         lambda r: r["api_requests"]["failures"]["total"] / r["failures"]["failures"]),
+        ("operator CPU per failure, s", lambda r: r["cpu_s"]["failures"]["operator"] / r["failures"]["failures"]),
+        ("machine CPU per failure, s", lambda r: r["cpu_s"]["failures"]["machine_busy"] / r["failures"]["failures"]),
+        ("all Running after, s", lambda r: r["all_running_s"]),
+        ("apply → pods created p99, s", lambda r: r["latency_s"]["pods_created"]["p99"]),
+        ("operator API requests per job, burst", lambda r: r["api_requests"]["burst"]["total"] / r["jobs"]),
+        ("operator CPU per job, burst, ms", lambda r: 1000 * r["cpu_s"]["burst"]["operator"] / r["jobs"]),
+        ("operator peak RSS, MiB", lambda r: r["operator_memory"]["peak_rss_mib"]),
+    ]
+    def each(side: list[dict[str, Any]], pick: Any) -> list[float | None]:
+        out: list[float | None] = []
+        for r in side:
+            try:
+                out.append(round(float(pick(r)), 3))
+            except (KeyError, TypeError):  # a run that timed out has no such figure
+                out.append(None)
+        return out
+
+    rows = []
+    for label, pick in figures:
+        h, b = each(head, pick), each(base, pick)
+        mh, mb = median(h), median(b)
+        rows.append({"metric": f"{runs[0]['jobs']} jobs: {label} (median: this / {base[0]['side']})",
+                     "value": f"{mh if mh is None else round(mh, 3)} / {mb if mb is None else round(mb, 3)}",
+                     "unit": f"ratio {mh / mb:.2f}" if mh is not None and mb else "",
+                     "this": h, "other": b})
+    return rows
+
+
 # -------------------------------------------------------------------------------- report
 
 
@@ -825,16 +897,23 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="bound on each wait for Running")
     p.add_argument("--scheduler-qps", type=int, default=200, help="kube-scheduler --kube-api-qps (0: its default)")
     p.add_argument("--node-grace", type=int, default=40, help="node monitor grace period; heartbeats every 1/5")
+    p.add_argument("--kwok-parallelism", type=int, default=4,
+                   help="pod stages kwok plays at once (4: kwok's default; it plays the kubelet of every node)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result", default="operator_scale",
                    help="results/NAME.json to write (another name keeps the figures the READMEs cite)")
+    p.add_argument("--against", metavar="REV", default=None,
+                   help="instead of the bursts: the largest burst and its failures, alternately with this "
+                        "checkout's operator and commit REV's (a git worktree), --repeat times each")
+    p.add_argument("--repeat", type=int, default=2, help="runs per side with --against")
     p.add_argument("--keep", type=Path, default=None,
                    help="copy the operator logs and the API server's audit log into this folder")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     sizes = sorted(a.jobs)
     config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
-                           node_monitor_grace_s=a.node_grace, start_timeout_s=300)
+                           node_monitor_grace_s=a.node_grace, start_timeout_s=300,
+                           kwok_pod_parallelism=a.kwok_parallelism)
     plane = BenchControlPlane(config, a.scheduler_qps)
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
@@ -850,7 +929,9 @@ def main() -> None:
             kubeconfig = operator_kubeconfig(plane, kube)
             audit = AuditLog(plane.audit_log)
             meter = Meter(plane)
-            for i, n in enumerate(sizes):
+            if a.against:
+                runs = run_against(plane, kube, kubeconfig, audit, meter, a, Path(tmp))
+            for i, n in enumerate([] if a.against else sizes):
                 last = i == len(sizes) - 1
                 runs.append(run_burst(plane, kube, RLJobSide(kubeconfig), audit, meter, n, a, Path(tmp),
                                       with_failures=last))
@@ -864,13 +945,16 @@ def main() -> None:
                     if kept.exists():
                         shutil.copy2(kept, a.keep / kept.name)
             plane.stop()
-    rows = summary_rows(runs, a.idle_seconds)
+    rows = against_rows(runs) if a.against else summary_rows(runs, a.idle_seconds)
     path = write_result(a.result, {
         "config": {"nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "workers_per_job": WORKERS,
-                   "gpus_per_worker": 1, "bursts": sizes, "failures": a.failures,
+                   "gpus_per_worker": 1, "bursts": sizes[-1:] if a.against else sizes, "failures": a.failures,
+                   "against": a.against, "repeat": a.repeat if a.against else None,
                    "failure_interval_s": a.failure_interval, "idle_seconds": a.idle_seconds,
                    "scheduler_qps": a.scheduler_qps or "default (50)", "node_monitor_grace_s": a.node_grace,
-                   "operator": "defaults (4 reconcile workers, 60 s resync, leader election) unless "
+                   "kwok_pod_parallelism": a.kwok_parallelism,
+                   "operator": f"defaults ({OperatorSettings.workers} reconcile workers, "
+                               f"{OperatorSettings.resync_seconds:g} s resync, leader election) unless "
                                "operator_env says otherwise; a service account bound to cluster-admin",
                    "operator_env": {k: v for k, v in os.environ.items() if k.startswith("RLJOB_OPERATOR_")},
                    "source": source_state(),

@@ -9,9 +9,11 @@ import pytest
 from rljob_operator import metrics
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.decisions.policy import PodProfile
+from rljob_operator.names import LABEL_GANG_GENERATION
 
+from tests.cluster.fake_pods import exit_annotations
 from tests.cluster.waiting import wait_for
-from tests.operator_helpers import create_job, get_job, job_manifest, job_pods
+from tests.operator_helpers import annotate_pod, create_job, get_job, job_manifest, job_pods
 
 pytestmark = pytest.mark.cluster
 
@@ -24,7 +26,7 @@ def test_a_lagging_pod_cache_creates_nothing_twice_and_restarts_no_healthy_gang(
     view: dict[str, list[dict[str, Any]] | None] = {"pods": None}  # None: no watch yet, LIST
     reconciler = Reconciler(kube, pod_cache=lambda ns, name: view["pods"],
                             profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)))
-    create_job(kube, namespace, job_manifest("cached", 2))
+    create_job(kube, namespace, job_manifest("cached", 2, {"runPolicy": {"backoffBaseSeconds": 0}}))
 
     view["pods"] = []  # the watch has not seen the job's pods (there are none yet)
     reconciler.reconcile(namespace, "cached")
@@ -55,3 +57,22 @@ def test_a_lagging_pod_cache_creates_nothing_twice_and_restarts_no_healthy_gang(
     lists = _count("GET", "pods")
     reconciler.reconcile(namespace, "cached")
     assert _count("GET", "pods") == lists
+
+    # A worker fails: verified with a LIST, the gang is restarted and its pods deleted. Once the watch
+    # shows them gone, the new gang is created from the watch's view alone: the view lacks no pod this
+    # reconciler created, so there is nothing to look up, and a name still taken would refuse the create.
+    annotate_pod(kube, namespace, "cached-worker-1", exit_annotations(1))
+    wait_for(lambda: any(p["status"].get("phase") == "Failed" for p in job_pods(kube, namespace, "cached")),
+             30, message="cached-worker-1 Failed")
+    view["pods"] = job_pods(kube, namespace, "cached")
+    lists = _count("GET", "pods")
+    reconciler.reconcile(namespace, "cached")
+    assert get_job(kube, namespace, "cached")["status"]["gangGeneration"] == 1
+    assert _count("GET", "pods") == lists + 1
+    wait_for(lambda: not job_pods(kube, namespace, "cached"), 30, message="the old gang gone")
+    view["pods"] = []
+    lists, posts = _count("GET", "pods"), _count("POST", "pods")
+    reconciler.reconcile(namespace, "cached")
+    assert _count("GET", "pods") == lists and _count("POST", "pods") == posts + 2
+    pods = job_pods(kube, namespace, "cached")
+    assert len(pods) == 2 and {p["metadata"]["labels"][LABEL_GANG_GENERATION] for p in pods} == {"1"}

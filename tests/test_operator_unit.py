@@ -26,6 +26,7 @@ from rljob_operator.decisions.conditions import make_conditions
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod, first_failure
 from rljob_operator.names import (
+    CONTAINER,
     LABEL_GANG_GENERATION,
     LABEL_JOB,
     LABEL_WORKER_INDEX,
@@ -657,6 +658,70 @@ def test_work_queue_serves_events_before_routine_looks() -> None:
     assert order == ["busy", "failed-worker", "raised", "resync-1", "resync-2"]  # each key once
 
 
+def test_work_queue_serves_urgent_events_first_and_a_key_keeps_its_tier_while_it_runs() -> None:
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        gate, running = asyncio.Event(), asyncio.Event()
+
+        async def handler(key: Any) -> float | None:
+            order.append(key)
+            if key == "busy" and order.count("busy") == 1:
+                running.set()
+                await gate.wait()
+            return None
+
+        queue = WorkQueue(handler, workers=1)
+        queue.start()
+        queue.add("busy")
+        await running.wait()  # the only worker is busy: everything below waits
+        queue.add("resync", low=True)
+        for key in ("ready-1", "ready-2", "raised"):
+            queue.add(key)  # pods turning ready: status changes
+        queue.add("failed-worker", urgent=True)
+        queue.add("raised", urgent=True)  # already waiting as an event: moved up, runs once
+        queue.add("busy", urgent=True)  # its pod failed while it ran: runs again, urgently
+        queue.add("busy")  # a later plain event does not demote it
+        gate.set()
+        await asyncio.sleep(0.1)
+        await queue.stop()
+        return order
+
+    order = asyncio.run(scenario())
+    assert order == ["busy", "failed-worker", "raised", "busy", "ready-1", "ready-2", "resync"]
+
+
+def test_a_pod_event_is_urgent_when_a_worker_ended_or_its_gangs_last_terminating_pod_is_gone() -> None:
+    from rljob_operator.cluster.handlers import urgent_pod_event
+
+    job = make_job()
+    running = pod_json(job, 0)
+    running["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+    def variant(status: dict[str, Any] | None = None, deleting: bool = False) -> dict[str, Any]:
+        pod = copy.deepcopy(running)
+        if status is not None:
+            pod["status"] = status
+        if deleting:
+            pod["metadata"]["deletionTimestamp"] = rfc3339(NOW)
+        return pod
+
+    exited = {"phase": "Running", "containerStatuses": [
+        {"name": CONTAINER, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+    assert not urgent_pod_event("MODIFIED", running, [running])  # ready: a status change only
+    assert not urgent_pod_event("ADDED", variant({"phase": "Pending"}), [])
+    assert not urgent_pod_event("MODIFIED", variant(deleting=True), [variant(deleting=True)])
+    assert urgent_pod_event("MODIFIED", variant({"phase": "Failed"}), [])
+    assert urgent_pod_event("MODIFIED", variant({"phase": "Succeeded"}), [])
+    assert urgent_pod_event("MODIFIED", variant(exited), [])  # the trainer exited, the phase not yet
+    assert urgent_pod_event("MODIFIED", variant({"phase": "Running", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}), [])
+    assert urgent_pod_event(None, variant({"phase": "Failed"}), [])  # listed at start
+    # Deleted: urgent once no other pod of the job is still terminating (its replacements can be created).
+    assert not urgent_pod_event("DELETED", variant(deleting=True), [running, variant(deleting=True)])
+    assert urgent_pod_event("DELETED", variant(deleting=True), [running])
+    assert urgent_pod_event("DELETED", running, [])  # gone without a word: a worker lost
+
+
 def test_work_queue_reports_how_long_keys_waited_and_how_many_wait() -> None:
     from prometheus_client import REGISTRY
 
@@ -827,3 +892,21 @@ def test_the_watch_cache_keeps_everything_the_reconciler_reads_of_a_pod() -> Non
         assert ObservedPod.from_pod(slim, UID) == ObservedPod.from_pod(pod, UID)
         assert slim["metadata"]["uid"] == pod["metadata"]["uid"]
         assert len(repr(slim)) < len(repr(pod)) / 2  # no container specs, volumes or env
+
+
+def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does_not_keep() -> None:
+    import kopf
+    from kubernetes.client import Configuration
+    from rljob_operator.cluster.experiments import register as register_experiments
+    from rljob_operator.cluster.handlers import JobWatch, NoDiffBase, check_handlers, kopf_settings
+
+    watch = JobWatch(Configuration(), lambda *a, **kw: None, lambda key: None, watch_workloads=True, watch_nodes=True)
+    register_experiments(watch.registry, lambda *a, **kw: None)
+    check_handlers(watch.registry)  # on.event, on.login and indexes only
+    assert isinstance(kopf_settings().persistence.diffbase_storage, NoDiffBase)
+
+    @kopf.on.update("rljob.dev", "v1alpha1", "rltrainingjobs", registry=watch.registry, id="an_update_handler")
+    def an_update_handler(**_: Any) -> None: ...
+
+    with pytest.raises(RuntimeError, match="an_update_handler need a diff base"):
+        check_handlers(watch.registry)

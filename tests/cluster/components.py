@@ -226,10 +226,18 @@ def kwok_argv(layout: Layout, stages: Path) -> list[str]:
 
 
 def kwok_stages(config: ClusterConfig) -> list[dict[str, Any]]:
-    """The stages of ``kwok_stages.yaml``, heartbeats spaced to fit the grace period."""
-    stages = list(yaml.safe_load_all(STAGES_FILE.read_text()))
+    """kwok's configuration (``config.kwok_pod_parallelism``) and the stages of ``kwok_stages.yaml``,
+    heartbeats spaced to fit the grace period."""
+    # kwok v0.8 does not default the options of a configuration it reads from a file: all are given
+    # (its own defaults but for the pod parallelism; the command line's flags override the rest).
+    options = {"podPlayStageParallelism": config.kwok_pod_parallelism, "nodePlayStageParallelism": 4,
+               "nodeLeaseParallelism": 4, "podsOnNodeSyncParallelism": 1, "enablePodsOnNodeSyncListPager": True,
+               "enablePodsOnNodeSyncStreamWatch": False, "manageAllNodes": False, "enableDebuggingHandlers": True,
+               "enableContentionProfiling": False, "enableProfilingHandler": True}
+    settings = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": options}
+    stages = [settings, *yaml.safe_load_all(STAGES_FILE.read_text())]
     grace_ms = config.node_monitor_grace_s * 1000
-    for stage in stages:
+    for stage in stages[1:]:
         if stage["metadata"]["name"] == "node-heartbeat":
             # 4-5 beats per grace period: a slow beat or two never flaps a node.
             stage["spec"]["delay"] = {

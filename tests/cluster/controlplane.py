@@ -63,6 +63,9 @@ class ClusterConfig:
     start_timeout_s: float = 180.0
     """Bound on each start-up wait (etcd, apiserver, controllers, nodes)."""
     log_verbosity: int = 1
+    kwok_pod_parallelism: int = 4
+    """How many pod stages kwok plays at once (its ``podPlayStageParallelism``; 4, kwok's default).
+    kwok plays the kubelet of every fake node: a real cluster of 100 nodes has 100 kubelets."""
     kueue: bool = False
     """Start Kueue too (``ControlPlane.start_kueue``); the test fixture ``kueue`` starts it on demand."""
     audit_groups: tuple[str, ...] = ("rljob:audited",)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
 from rljob_operator.api import GROUP, PLURAL, VERSION
-from rljob_operator.decisions.observed import slim_pod
+from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.names import LABEL_JOB
 
 Key = tuple[str, str]
@@ -26,8 +26,33 @@ Key = tuple[str, str]
 POD_INDEX = "worker_pods"
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: kopf builds one on every watch event (a deep copy of the whole object) for its
+    on.create/update/resume/delete handlers. rljob registers none of those (only on.event, on.login
+    and an index; ``JobWatch.check_handlers`` says so at start), so nothing would ever read it."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
+def check_handlers(registry: kopf.OperatorRegistry) -> None:
+    """Raise if a handler needs the diff base that ``NoDiffBase`` does not keep (kopf's change and
+    daemon/timer handlers: the latter would also add finalizers, see the module's docstring)."""
+    needing = [h.id for h in [*registry._changing.get_all_handlers(), *registry._spawning.get_all_handlers()]]
+    if needing:
+        raise RuntimeError(f"kopf handlers {', '.join(needing)} need a diff base; only on.event, on.login and "
+                           "indexes are supported (see NoDiffBase)")
+
+
 def kopf_settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.scanning.disabled = True  # no cluster-wide CRD/namespace listing needed
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -56,6 +81,20 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
         certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
     )
+
+
+def urgent_pod_event(type: str | None, pod: Mapping[str, Any], others: list[Mapping[str, Any]]) -> bool:
+    """Does this watch event of a worker pod call for a gang decision ahead of routine ones?
+
+    Yes when the worker ended (its trainer exited, the pod Failed or Succeeded, or the cluster marked
+    it for disruption), and when a deleted pod was the last of its job's pods still terminating
+    (``others``: the job's pods after the event), so the replacements can be created. A pod
+    created, scheduled, ready or marked for deletion only changes what the status reports.
+    """
+    if type == "DELETED":
+        return not any((other.get("metadata") or {}).get("deletionTimestamp") for other in others)
+    seen = ObservedPod.from_pod(slim_pod(pod), "")
+    return seen.finished or seen.exit_code is not None or seen.disrupted
 
 
 #: How long a deleted Node is remembered (its pods are force-deleted long before: the next reconcile).
@@ -96,9 +135,12 @@ class JobWatch:
 
         @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry,
                        id="worker_pod_event")
-        async def worker_pod_event(labels: Mapping[str, str], namespace: str | None, **kw: Any) -> None:
+        async def worker_pod_event(type: str | None, body: Mapping[str, Any], labels: Mapping[str, str],
+                                   namespace: str | None, **kw: Any) -> None:
             self.pod_index = kw[POD_INDEX]
-            self.enqueue((namespace or "", labels[LABEL_JOB]))
+            key = (namespace or "", labels[LABEL_JOB])
+            store = self.pod_index.get(key)  # indexed before this handler runs: without a deleted pod
+            self.enqueue(key, urgent=urgent_pod_event(type, body, list(store) if store is not None else []))
 
         if watch_nodes:  # a Node deleted: the gangs with a worker there are lost now, not after pod GC
             @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
@@ -144,7 +186,7 @@ class JobWatch:
             return
         for key, pods in list(index.items()):
             if any((pod.get("spec") or {}).get("nodeName") == name for pod in list(pods)):
-                self.enqueue(key)
+                self.enqueue(key, urgent=True)
 
     def job_changed(self, key: Key, deleted: bool) -> None:
         if deleted:

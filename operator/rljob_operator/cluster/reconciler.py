@@ -66,6 +66,8 @@ KUEUE_API_MAX_AGE_SECONDS = 30.0
 FLAVOR_MAX_AGE_SECONDS = 5.0
 #: How often a queued job is looked at when no watch on Workloads wakes it (Kueue installed later).
 UNWATCHED_QUEUE_SECONDS = 10.0
+#: How long a pod this operator created may be absent from its watch before it is no longer looked up.
+UNSEEN_CREATE_SECONDS = 30.0
 
 
 def _without_nulls(value: Any) -> Any:
@@ -122,6 +124,9 @@ class Reconciler:
         self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rljob-create")
         self._capacity_denied = False
+        self._created: dict[tuple[str, str], dict[str, float]] = {}
+        """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
+        name → when (monotonic)."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -143,6 +148,7 @@ class Reconciler:
         raw = self.kube.get_job(namespace, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._children_verified.pop((namespace, name), None)
+            self._created.pop((namespace, name), None)
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
@@ -160,11 +166,15 @@ class Reconciler:
         plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                               self.force_delete_after, capacity, self.profile, self.network, queue)
         if cached is not None and raw.get("status") and (
-                plan.create_pods or plan.gang_restart or (plan.queue and plan.queue.status)):
+                plan.gang_restart or (plan.queue and plan.queue.status)
+                or self._unseen_creates(namespace, name, cached, plan)):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
-            # created, one gone) is looked up before pods are created, a gang is restarted or a
-            # Workload's quota is given back because no pod is left. Not for a job without status:
-            # no reconcile has got as far as its pods (the status is written first), so it has none.
+            # created, one gone) is looked up before a gang is restarted or a Workload's quota is given
+            # back because no pod is left, and before a pod this operator created is created again.
+            # Not for a job without status: no reconcile has got as far as its pods (the status is
+            # written first), so it has none. Nor for other creates: a pod the cache does not show
+            # was confirmed gone by the watch, or never created (its name is deterministic, so a
+            # create that still finds it refuses, and creates nothing twice).
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, queue)
@@ -172,6 +182,23 @@ class Reconciler:
         if queue is not None and not self.workloads_watched and requeue is None:
             requeue = UNWATCHED_QUEUE_SECONDS
         return requeue
+
+    def _unseen_creates(self, namespace: str, name: str, cached: list[dict[str, Any]], plan: Plan) -> bool:
+        """Would ``plan`` create a pod this reconciler created before and the watch has not shown yet?
+
+        Forgets the creates the cache shows, and those older than ``UNSEEN_CREATE_SECONDS``.
+        """
+        created = self._created.get((namespace, name))
+        if not created:
+            return False
+        seen = {p["metadata"]["name"] for p in cached}
+        now = time.monotonic()
+        for pod_name, when in list(created.items()):
+            if pod_name in seen or now - when > UNSEEN_CREATE_SECONDS:
+                del created[pod_name]
+        if not created:
+            del self._created[(namespace, name)]
+        return any(p["metadata"]["name"] in created for p in plan.create_pods)
 
     def _observe(self, pods: list[dict[str, Any]], uid: str) -> list[ObservedPod]:
         return [ObservedPod.from_pod(p, uid, self.node_gone) for p in pods]
@@ -355,8 +382,10 @@ class Reconciler:
                     child.result()  # all exist (or raised) before any pod is created
                 if len(generations) == 1:
                     self._children_verified[(namespace, name)] = (uid, next(iter(generations)))
+        created = self._created.setdefault((namespace, name), {})
         for pod in plan.create_pods:
             log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
+            created[pod["metadata"]["name"]] = time.monotonic()
         # A gang's pods are independent requests: send them together (a failure still raises).
         list(self._pool.map(self.kube.create_pod, plan.create_pods))
 
@@ -365,8 +394,8 @@ class Reconciler:
         meta = raw["metadata"]
         if plan.gang_restart:
             metrics.GANG_RESTARTS.labels(reason=plan.gang_restart).inc()
-        for event in plan.events:
-            self._event(raw, event, now)
+        # Independent requests: sent together (each one's failure is only logged).
+        list(self._pool.map(lambda event: self._event(raw, event, now), plan.events))
         if plan.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", meta["namespace"], meta["name"])
             self.kube.delete_job(meta["namespace"], meta["name"], meta["uid"])

@@ -25,7 +25,7 @@ from aiohttp import web
 from rljob_operator import metrics
 from rljob_operator.cluster.experiments import ExperimentReconciler
 from rljob_operator.cluster.experiments import register as register_experiments
-from rljob_operator.cluster.handlers import JobWatch, kopf_settings
+from rljob_operator.cluster.handlers import JobWatch, check_handlers, kopf_settings
 from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import Reconciler
@@ -190,6 +190,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads,
                      watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity)
     register_experiments(watch.registry, queue.add)
+    check_handlers(watch.registry)
     watch_ref.append(watch)
     return queue, watch
 

@@ -6,9 +6,15 @@ concurrently), a key added many times while waiting runs once, a reconcile may a
 run again after a delay (deadlines, TTLs), and a failing one is retried with exponential
 backoff. This is what keeps the kopf handlers one line long and every reconcile serial.
 
-Keys added by events go before keys whose delay ran out and before the periodic resync
-(``low=True``): with a thousand jobs a failed worker's job must not wait behind a thousand
-routine looks at jobs where nothing happened.
+Keys are served in three tiers, first come first served within each:
+
+* *urgent* (``urgent=True``): an event that calls for a gang decision now (a worker ended, the
+  last terminating pod of a gang is gone so its replacements can be created, a Node was deleted);
+* *event*: any other watch event (a job created or edited, a pod scheduled or ready);
+* *routine* (``low=True``): a delay that ran out and the periodic resync.
+
+With a thousand jobs a failed worker's job must not wait behind a thousand routine looks, nor
+behind the status updates of a hundred gangs whose pods are becoming ready.
 """
 
 from __future__ import annotations
@@ -22,6 +28,10 @@ from rljob_operator import metrics
 log = logging.getLogger("rljob.workqueue")
 
 Key = Hashable
+
+URGENT, EVENT, ROUTINE = 0, 1, 2
+#: The ``queued_by`` label of the queue-wait metric, per tier.
+QUEUED_BY = {URGENT: "urgent", EVENT: "event", ROUTINE: "routine"}
 
 
 class WorkQueue:
@@ -40,20 +50,22 @@ class WorkQueue:
         self._backoff_max = backoff_max
         self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
         self._queued: dict[Key, int] = {}
-        """Queued keys and the best priority they are queued with (0 events, 1 timers and resyncs)."""
+        """Queued keys and the best tier they are queued in (``URGENT``, ``EVENT`` or ``ROUTINE``)."""
         self._queued_at: dict[Key, float] = {}
         """When each queued key was queued at that priority (loop time), for the queue-wait metric."""
         self._seq = 0
         self._running: set[Key] = set()
-        self._dirty: set[Key] = set()
+        self._dirty: dict[Key, int] = {}
+        """Keys added while their reconcile runs, and the tier they run again in (event, or urgent)."""
         self._failures: dict[Key, int] = {}
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
-    def add(self, key: Key, delay: float | None = None, low: bool = False) -> None:
+    def add(self, key: Key, delay: float | None = None, low: bool = False, urgent: bool = False) -> None:
         """Reconcile ``key`` soon (after ``delay`` seconds; the earliest pending delay wins).
 
-        ``low``: after every key added without it (a routine look, not an event).
+        ``low``: after every key added without it (a routine look, not an event); ``urgent``: before
+        every key added without it (an event that calls for a gang decision).
         """
         if delay is not None and delay > 0:
             loop = asyncio.get_running_loop()
@@ -65,10 +77,10 @@ class WorkQueue:
                 timer.cancel()
             self._timers[key] = loop.call_at(due, self._fire, key)
             return
-        priority = 1 if low else 0
+        priority = ROUTINE if low else URGENT if urgent else EVENT
         if key in self._running:
-            self._dirty.add(key)
-        elif self._queued.get(key, 2) > priority:  # not queued yet, or only behind the routine looks
+            self._dirty[key] = min(self._dirty.get(key, EVENT), priority)
+        elif self._queued.get(key, ROUTINE + 1) > priority:  # not queued yet, or only in a later tier
             self._queued_at[key] = asyncio.get_running_loop().time()  # queued, or raised to the events
             self._queued[key] = priority
             self._seq += 1
@@ -97,7 +109,7 @@ class WorkQueue:
             del self._queued[key]
             metrics.QUEUE_DEPTH.set(len(self._queued))
             now = asyncio.get_running_loop().time()
-            metrics.QUEUE_WAIT_SECONDS.labels(queued_by="routine" if priority else "event").observe(
+            metrics.QUEUE_WAIT_SECONDS.labels(queued_by=QUEUED_BY[priority]).observe(
                 now - self._queued_at.pop(key, now))
             self._running.add(key)
             try:
@@ -115,8 +127,8 @@ class WorkQueue:
             finally:
                 self._running.discard(key)
             if key in self._dirty:
-                self._dirty.discard(key)
-                self.add(key)
+                tier = self._dirty.pop(key)
+                self.add(key, urgent=tier == URGENT)
             if requeue is not None:
                 self.add(key, max(requeue, 0.01))
 
