@@ -32,9 +32,16 @@ Changes to the harness's components, all in this file: the API server gets the a
 kube-scheduler gets ``--kube-api-qps=200 --kube-api-burst=400`` (its default of 50 requests/s
 would bind at most 50 pods/s and measure the scheduler; ``--scheduler-qps 0`` keeps the default),
 the same limits the harness gives kube-controller-manager. Nodes heartbeat every 8-18 s
-(``--node-grace 40``), closer to kubelets' 10 s lease renewals than the tests' 3-7 s.
+(``--node-grace 40``), closer to kubelets' 10 s lease renewals than the tests' 3-7 s. KWOK plays
+at most 4 pod stages at once by default (its own default; ``--kwok-parallelism N`` raises it): one
+process stands in for the kubelets of all 100 nodes, which on a real cluster work in parallel.
+
+``--against REV`` compares two operators instead: this checkout's and commit REV's (from a git
+worktree), each running the largest burst and its failures ``--repeat`` times, alternating which
+goes first, on one control plane; the summary gives each figure's median per side and the ratio.
 
     python -m bench.operator_scale [--jobs 10 100 1000] [--failures 100] [--idle-seconds 30]
+    python -m bench.operator_scale --jobs 1000 --against REV [--repeat 2] [--kwok-parallelism 32]
 """
 
 from __future__ import annotations

@@ -690,7 +690,8 @@ def test_work_queue_serves_urgent_events_first_and_a_key_keeps_its_tier_while_it
     assert order == ["busy", "failed-worker", "raised", "busy", "ready-1", "ready-2", "resync"]
 
 
-def test_a_pod_event_is_urgent_when_a_worker_ended_or_its_gangs_last_terminating_pod_is_gone() -> None:
+def test_a_pod_event_is_urgent_when_a_worker_ended_its_gangs_last_terminating_pod_is_gone_or_all_are_ready(
+) -> None:
     from rljob_operator.cluster.handlers import urgent_pod_event
 
     job = make_job()
@@ -707,7 +708,10 @@ def test_a_pod_event_is_urgent_when_a_worker_ended_or_its_gangs_last_terminating
 
     exited = {"phase": "Running", "containerStatuses": [
         {"name": CONTAINER, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
-    assert not urgent_pod_event("MODIFIED", running, [running])  # ready: a status change only
+    unready = variant({"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]})
+    assert not urgent_pod_event("MODIFIED", running, [running, unready])  # ready before its gang: status only
+    assert not urgent_pod_event("MODIFIED", running, [running, variant(deleting=True)])
+    assert urgent_pod_event("MODIFIED", running, [running, running])  # the last of its gang: Running
     assert not urgent_pod_event("ADDED", variant({"phase": "Pending"}), [])
     assert not urgent_pod_event("MODIFIED", variant(deleting=True), [variant(deleting=True)])
     assert urgent_pod_event("MODIFIED", variant({"phase": "Failed"}), [])

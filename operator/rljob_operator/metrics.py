@@ -33,8 +33,8 @@ RECONCILES = Counter("rljob_operator_reconciles_total", "Reconciles by result (o
 QUEUE_WAIT_SECONDS = Histogram(
     "rljob_operator_queue_wait_seconds",
     "Time a job waited in the work queue, from the event (or due time) that queued it to its reconcile's "
-    "start, by what queued it: urgent (a worker ended, a gang's last terminating pod is gone, a Node was "
-    "deleted), event (any other watch event) or routine (a timer or the periodic resync).",
+    "start, by what queued it: urgent (a worker ended, a gang's last terminating pod is gone or its last pod "
+    "is ready, a Node was deleted), event (any other watch event) or routine (a timer or the periodic resync).",
     ["queued_by"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60),
 )

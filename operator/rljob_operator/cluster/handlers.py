@@ -87,14 +87,18 @@ def urgent_pod_event(type: str | None, pod: Mapping[str, Any], others: list[Mapp
     """Does this watch event of a worker pod call for a gang decision ahead of routine ones?
 
     Yes when the worker ended (its trainer exited, the pod Failed or Succeeded, or the cluster marked
-    it for disruption), and when a deleted pod was the last of its job's pods still terminating
-    (``others``: the job's pods after the event), so the replacements can be created. A pod
-    created, scheduled, ready or marked for deletion only changes what the status reports.
+    it for disruption); when a deleted pod was the last of its job's pods still terminating
+    (``others``: the job's pods after the event), so the replacements can be created; and when a
+    ready pod makes every pod of its job ready (the gang is Running: again, after a restart). A
+    pod created, scheduled, marked for deletion or ready before its gang only changes what the
+    status reports.
     """
     if type == "DELETED":
         return not any((other.get("metadata") or {}).get("deletionTimestamp") for other in others)
     seen = ObservedPod.from_pod(slim_pod(pod), "")
-    return seen.finished or seen.exit_code is not None or seen.disrupted
+    if seen.finished or seen.exit_code is not None or seen.disrupted:
+        return True
+    return seen.ready and all(o.ready and not o.deleting for o in (ObservedPod.from_pod(dict(p), "") for p in others))
 
 
 #: How long a deleted Node is remembered (its pods are force-deleted long before: the next reconcile).

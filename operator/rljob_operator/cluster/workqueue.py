@@ -9,8 +9,9 @@ backoff. This is what keeps the kopf handlers one line long and every reconcile 
 Keys are served in three tiers, first come first served within each:
 
 * *urgent* (``urgent=True``): an event that calls for a gang decision now (a worker ended, the
-  last terminating pod of a gang is gone so its replacements can be created, a Node was deleted);
-* *event*: any other watch event (a job created or edited, a pod scheduled or ready);
+  last terminating pod of a gang is gone so its replacements can be created, the last of a gang's
+  pods is ready, a Node was deleted);
+* *event*: any other watch event (a job created or edited, a pod scheduled, or ready before its gang);
 * *routine* (``low=True``): a delay that ran out and the periodic resync.
 
 With a thousand jobs a failed worker's job must not wait behind a thousand routine looks, nor
