@@ -29,7 +29,7 @@ POD_INDEX = "worker_pods"
 class NoDiffBase(kopf.DiffBaseStorage):
     """No diff base: kopf builds one on every watch event (a deep copy of the whole object) for its
     on.create/update/resume/delete handlers. rljob registers none of those (only on.event, on.login
-    and an index; ``JobWatch.check_handlers`` says so at start), so nothing would ever read it."""
+    and indexes; ``check_handlers`` refuses to start otherwise), so nothing would ever read it."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return cast(kopf.BodyEssence, {})
