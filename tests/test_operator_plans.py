@@ -298,22 +298,33 @@ def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after
         reconciler._pool.shutdown()
 
 
-def test_pods_from_the_watch_are_listed_again_before_creating_unless_the_job_never_had_a_status() -> None:
-    def reconcile(raw: dict[str, Any]) -> RecordingKube:
-        kube = RecordingKube(raw)
-        reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
-                                pod_cache=lambda namespace, name: [])
-        try:
-            reconciler.reconcile("team-a", "train")
-        finally:
-            reconciler._pool.shutdown()
-        assert kube.calls.count(("create", "Pod")) == 2
-        return kube
+def test_pods_from_the_watch_are_listed_again_only_before_creating_one_this_reconciler_created_and_has_not_seen(
+) -> None:
+    def reconciler(kube: RecordingKube) -> Reconciler:
+        return Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
+                          pod_cache=lambda namespace, name: [])
 
     # No reconcile got as far as the pods of a job without status (status is written first).
-    assert reconcile(_raw()).lists == 0
-    # One did: the watch may not show a pod it created a moment ago, so the API server is asked.
-    assert reconcile(_raw({"phase": "Pending", "gangGeneration": 0})).lists == 1
+    kube = RecordingKube(_raw())
+    first = reconciler(kube)
+    try:
+        first.reconcile("team-a", "train")
+    finally:
+        first._pool.shutdown()
+    assert kube.lists == 0 and kube.calls.count(("create", "Pod")) == 2
+
+    # One did, but not this reconciler (another replica, before a restart): the watch shows every pod
+    # that exists, and a name still taken would refuse the create, so the pods are created without a LIST.
+    kube = RecordingKube(_raw({"phase": "Pending", "gangGeneration": 0}))
+    second = reconciler(kube)
+    try:
+        second.reconcile("team-a", "train")
+        assert kube.lists == 0 and kube.calls.count(("create", "Pod")) == 2
+        # This reconciler created them a moment ago and the watch does not show them yet: the API is asked.
+        second.reconcile("team-a", "train")
+        assert kube.lists == 1
+    finally:
+        second._pool.shutdown()
 
 
 def test_the_network_policy_exists_before_any_pod_and_a_taken_name_stops_the_pods() -> None:

@@ -394,8 +394,8 @@ class Reconciler:
         meta = raw["metadata"]
         if plan.gang_restart:
             metrics.GANG_RESTARTS.labels(reason=plan.gang_restart).inc()
-        # Independent requests: sent together (each one's failure is only logged).
-        list(self._pool.map(lambda event: self._event(raw, event, now), plan.events))
+        for event in plan.events:  # in order: they share a timestamp, so their order is what kubectl shows
+            self._event(raw, event, now)
         if plan.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", meta["namespace"], meta["name"])
             self.kube.delete_job(meta["namespace"], meta["name"], meta["uid"])
