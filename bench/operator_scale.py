@@ -759,7 +759,8 @@ def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, 
 def run_against(plane: BenchControlPlane, kube: Kube, kubeconfig: Path, audit: AuditLog, meter: Meter,
                 args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
     """The largest burst and its failures, ``args.repeat`` times with each operator: this checkout's
-    and commit ``args.against``'s, alternating which goes first (AB, BA, ...), on one control plane."""
+    and commit ``args.against``'s, alternating which goes first (base, head, head, base, ...), on one
+    control plane."""
     n = max(args.jobs)
     worktree = logs / "against"
     subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.against], cwd=REPO, check=True,
@@ -938,12 +939,13 @@ def main() -> None:
             meter = Meter(plane)
             if a.against:
                 runs = run_against(plane, kube, kubeconfig, audit, meter, a, Path(tmp))
-            for i, n in enumerate([] if a.against else sizes):
-                last = i == len(sizes) - 1
-                runs.append(run_burst(plane, kube, RLJobSide(kubeconfig), audit, meter, n, a, Path(tmp),
-                                      with_failures=last))
-                if not last:
-                    delete_namespace(kube, runs[-1]["namespace"], timeout=max(60, n))
+            else:
+                for i, n in enumerate(sizes):
+                    last = i == len(sizes) - 1
+                    runs.append(run_burst(plane, kube, RLJobSide(kubeconfig), audit, meter, n, a, Path(tmp),
+                                          with_failures=last))
+                    if not last:
+                        delete_namespace(kube, runs[-1]["namespace"], timeout=max(60, n))
             api_client.close()
         finally:
             if a.keep is not None:  # before the plane's stop removes its folder

@@ -4,6 +4,7 @@ and the reconciler applying Plans in its documented order (over a recording fake
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -242,10 +243,11 @@ class RecordingKube:
         self.calls.append(("event", reason))
 
 
-def _reconciler(kube: RecordingKube, network: JobNetwork | None = None) -> Reconciler:
+def _reconciler(kube: RecordingKube, network: JobNetwork | None = None,
+                pod_cache: Callable[[str, str], list[dict[str, Any]] | None] | None = None) -> Reconciler:
     # Any image: these tests are about the write order, not the platform's pod profile.
     return Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
-                      network=network)
+                      network=network, pod_cache=pod_cache)
 
 
 def _reconcile(kube: RecordingKube, network: JobNetwork | None = None) -> float | None:
@@ -301,8 +303,7 @@ def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after
 def test_pods_from_the_watch_are_listed_again_only_before_creating_one_this_reconciler_created_and_has_not_seen(
 ) -> None:
     def reconciler(kube: RecordingKube) -> Reconciler:
-        return Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
-                          pod_cache=lambda namespace, name: [])
+        return _reconciler(kube, pod_cache=lambda namespace, name: [])  # the watch shows no pod
 
     # No reconcile got as far as the pods of a job without status (status is written first).
     kube = RecordingKube(_raw())
