@@ -864,12 +864,14 @@ def summary_rows(runs: list[dict[str, Any]], idle_seconds: float) -> list[dict[s
         f = largest["failures"]
         lat = f["latency_s"]
         p99 = lat["replacement_created"]["p99"]
-        rows.append({"metric": f"{f['failures']} worker failures ({largest['jobs']} jobs): failure → replacement "
-                               "gang created, p50 / p99", "value": _pair(lat["replacement_created"]), "unit": "s",
+        rate = f"{1 / f['interval_s']:g}/s" if f["interval_s"] else "at once"
+        what = f"{f['failures']} worker failures, {rate} ({largest['jobs']} jobs)"
+        rows.append({"metric": f"{what}: failure → replacement gang created, p50 / p99",
+                     "value": _pair(lat["replacement_created"]), "unit": "s",
                      "target": f"p99 ≤ {TARGET_REPLACEMENT_P99_S:g}",
                      "met": p99 is not None and p99 <= TARGET_REPLACEMENT_P99_S})
-        rows.append({"metric": f"{f['failures']} worker failures ({largest['jobs']} jobs): failure → job Running "
-                               "again, p50 / p99", "value": _pair(lat["replacement_running"]), "unit": "s"})
+        rows.append({"metric": f"{what}: failure → job Running again, p50 / p99",
+                     "value": _pair(lat["replacement_running"]), "unit": "s"})
     return rows
 
 
