@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 from rljob_operator import crd
 from rljob_operator.api import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
+from rljob_operator.cluster import runner
 from rljob_operator.cluster.workqueue import WorkQueue
 from rljob_operator.decisions import children as builders_module
 from rljob_operator.decisions.children import (
@@ -598,6 +602,42 @@ def test_work_queue_runs_each_key_serially_once_per_burst() -> None:
 
     calls, overlap = asyncio.run(scenario())
     assert calls.count("a") == 2 and calls.count("b") == 1 and overlap == 0
+
+
+def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_executor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``workers`` reconciles run at once in the operator's own threads: asyncio's default executor
+    has min(32, CPUs + 4) threads (6 on a 2-core node) and is kept at 2 here, so a reconcile sent
+    there could never meet the 8 others at the barrier."""
+    workers = 8
+    barrier = threading.Barrier(workers, timeout=10)
+    met: list[str] = []
+
+    def reconcile(self: Any, namespace: str, name: str) -> float | None:
+        barrier.wait()  # BrokenBarrierError unless all `workers` reconciles run at once
+        met.append(name)
+        return None
+
+    monkeypatch.setattr(runner.Reconciler, "reconcile", reconcile)
+    settings = OperatorSettings(workers=workers, kueue=False, watch_nodes=False)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+        queue, _, threads = runner._reconciling(settings, SimpleNamespace(configuration=None),
+                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+        try:
+            for i in range(workers):
+                queue.add(("team-a", f"job-{i}"))
+            deadline = loop.time() + 15
+            while len(met) < workers and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            await queue.stop()
+            threads.shutdown(wait=False)
+
+    asyncio.run(scenario())
+    assert sorted(met) == sorted(f"job-{i}" for i in range(workers))
 
 
 def test_work_queue_requeues_after_a_delay_and_backs_off_errors() -> None:

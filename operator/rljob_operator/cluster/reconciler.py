@@ -68,6 +68,8 @@ FLAVOR_MAX_AGE_SECONDS = 5.0
 UNWATCHED_QUEUE_SECONDS = 10.0
 #: How long a pod this operator created may be absent from its watch before it is no longer looked up.
 UNSEEN_CREATE_SECONDS = 30.0
+#: Threads for a reconcile's concurrent requests (a gang's creates and deletes, its children), per reconcile worker.
+REQUEST_THREADS_PER_WORKER = 2
 
 
 def _without_nulls(value: Any) -> Any:
@@ -104,7 +106,9 @@ class Reconciler:
         kueue: bool = True,
         workloads_watched: bool = False,
         node_gone: Callable[[str | None], bool] | None = None,
+        request_threads: int = 8,
     ) -> None:
+        """``request_threads``: how many of the reconciles' concurrent requests may be in flight at once."""
         self.kube = kube
         self.node_gone = node_gone
         """Was this Node deleted? (the Node watch; None: not watched, the pod GC removes such pods)."""
@@ -122,7 +126,7 @@ class Reconciler:
         self.instance = instance
         self.force_delete_after = force_delete_after
         self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rljob-create")
+        self._pool = ThreadPoolExecutor(max_workers=request_threads, thread_name_prefix="rljob-create")
         self._capacity_denied = False
         self._created: dict[tuple[str, str], dict[str, float]] = {}
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 from urllib.parse import urlparse
 
@@ -28,7 +29,7 @@ from rljob_operator.cluster.experiments import register as register_experiments
 from rljob_operator.cluster.handlers import JobWatch, check_handlers, kopf_settings
 from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
-from rljob_operator.cluster.reconciler import Reconciler
+from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconciler
 from rljob_operator.cluster.workqueue import WorkQueue
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.policy import PodProfile
@@ -149,8 +150,9 @@ def nodes_watchable(s: OperatorSettings, kube: Kube) -> bool:
 
 
 def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
-                 elector: LeaderElector | None) -> tuple[WorkQueue, JobWatch]:
-    """The work queue (started) and the watch that feeds it; the reconciler reads the watch's pod cache.
+                 elector: LeaderElector | None) -> tuple[WorkQueue, JobWatch, ThreadPoolExecutor]:
+    """The work queue (started), the watch that feeds it, and the threads reconciles run in (shut
+    down after the queue stops); the reconciler reads the watch's pod cache.
 
     With an elector, every reconcile and every write of the reconciler first checks that the Lease
     is fresh (``LeaderElector.write_guard``).
@@ -165,7 +167,11 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
         log.info("Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission; %s", "Workloads watched"
                  if watch_workloads else "its API is not served (yet): such jobs say KueueUnavailable until it is")
     watch_nodes = nodes_watchable(s, kube)
+    # Threads of our own, s.workers of them: asyncio's default executor has min(32, CPUs + 4), so
+    # 6 on a 2-core node, whatever s.workers says, and it is shared with everything else in the loop.
+    threads = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix="rljob-reconcile")
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
+                            request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
                             profile=PodProfile.from_settings(s), network=network, kueue=s.kueue,
                             workloads_watched=watch_workloads,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
@@ -181,9 +187,10 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
         reason = elector.write_guard() if elector is not None else None
         if reason is not None:  # not even the reads: the process is about to stop
             raise NotLeader(f"reconcile of {namespace}/{name} not started: {reason}")
+        loop = asyncio.get_running_loop()
         if len(parts) == 3:
-            return await asyncio.to_thread(experiments.reconcile, namespace, name)
-        return await asyncio.to_thread(reconciler.reconcile, namespace, name)
+            return await loop.run_in_executor(threads, experiments.reconcile, namespace, name)
+        return await loop.run_in_executor(threads, reconciler.reconcile, namespace, name)
 
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
@@ -192,7 +199,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     register_experiments(watch.registry, queue.add)
     check_handlers(watch.registry)
     watch_ref.append(watch)
-    return queue, watch
+    return queue, watch, threads
 
 
 async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
@@ -200,7 +207,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
     """Watch and reconcile until a signal (0), the Lease is lost or kopf stops on its own (1)."""
     import kopf
 
-    queue, watch = _reconciling(s, api_client, kube, endpoint, elector)
+    queue, watch, threads = _reconciling(s, api_client, kube, endpoint, elector)
     stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
     # Our tasks exist before kopf starts, so kopf does not wait for them as "hung" when it stops.
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
@@ -233,6 +240,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
     with contextlib.suppress(BaseException):
         await asyncio.wait_for(kopf_task, timeout=1.5)
     await queue.stop()
+    threads.shutdown(wait=False)  # a reconcile still running finishes on its own
     if elector is not None and not lost:
         await asyncio.to_thread(elector.release)
     return code
