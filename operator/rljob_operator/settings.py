@@ -84,7 +84,7 @@ class OperatorSettings:
     resync_seconds: float = 300.0
     """Every job is reconciled at least this often, events or not."""
     workers: int = 16
-    """Jobs reconciled in parallel, each in a thread of its own (their requests in twice as many more)."""
+    """Jobs reconciled at once, each in a thread of its own; their concurrent requests get twice as many."""
     heartbeat_flush_seconds: float = 2.0
     """Heartbeats of one job are written to its status at most this often."""
     force_delete_after_seconds: float = 60.0

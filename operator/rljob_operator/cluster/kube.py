@@ -78,8 +78,9 @@ class NotLeader(Exception):
     """A write refused before it was sent: this replica may no longer act as the leader."""
 
 
-def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
-    """An ApiClient from ``kubeconfig``, else in-cluster credentials, else the default kubeconfig."""
+def load_api_client(kubeconfig: str | None = None, connections: int = 64) -> k8s.ApiClient:
+    """An ApiClient from ``kubeconfig``, else in-cluster credentials, else the default kubeconfig,
+    keeping up to ``connections`` connections open."""
     configuration = k8s.Configuration()
     if kubeconfig:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -90,7 +91,7 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
             k8s_config.load_kube_config(client_configuration=configuration)
     # Reconcile workers, their concurrent pod creations and the status API share the client: a pool
     # smaller than that discards connections and pays a TLS handshake per request under load.
-    configuration.connection_pool_maxsize = 64
+    configuration.connection_pool_maxsize = connections
     return k8s.ApiClient(configuration)
 
 

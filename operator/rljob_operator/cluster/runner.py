@@ -77,7 +77,9 @@ UNWORKABLE_SETTING_STATUS = 2
 
 async def operate(s: OperatorSettings) -> int:
     """Run one replica until a signal (0), a lost Lease (1) or a setting that cannot work (2)."""
-    api_client = load_api_client(s.kubeconfig)
+    # Every reconcile thread and its request threads may hold a connection, besides the Lease's
+    # thread and the status API's reviews.
+    api_client = load_api_client(s.kubeconfig, max(64, (1 + REQUEST_THREADS_PER_WORKER) * s.workers + 16))
     kube = Kube(api_client)
     stopping = asyncio.Event()
     _install_signals(stopping)
