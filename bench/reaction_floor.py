@@ -209,7 +209,7 @@ class GangRestarter:
         if raw is None:
             raise RuntimeError(f"job {job} not found")
         self.kube.patch_job_status(self.namespace, job, {"phase": "Restarting", "reason": "WorkerFailed",
-                                                         "gangRestarts": 1})
+                                                         "restarts": 1})
         self._delete_gang(uids)
         self.kube.post_event(raw, "Warning", "GangRestarting", "a worker failed: the gang is restarted",
                              rfc3339(datetime.now(UTC)))
@@ -370,8 +370,8 @@ def main() -> None:
         finally:
             plane.stop()
     config = {"nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "workers_per_job": WORKERS,
-              "kwok_pod_parallelism": a.kwok_parallelism, "scheduler_qps": a.scheduler_qps, "node_monitor_grace_s": a.node_grace, "apply_threads": 8,
-              "pod_threads": a.pod_threads, "load_average_before": [round(x, 2) for x in load_before]}
+              "kwok_pod_parallelism": a.kwok_parallelism, "scheduler_qps": a.scheduler_qps,
+              "node_monitor_grace_s": a.node_grace, "apply_threads": 8, "pod_threads": a.pod_threads, "load_average_before": [round(x, 2) for x in load_before]}
     if runs:
         summary = []
         for threads in a.pod_threads:
