@@ -285,6 +285,12 @@ class Watch(threading.Thread):
                 conn.sock.shutdown(socket.SHUT_RDWR)
 
 
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Does the pod's JSON say its Ready condition is True?"""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 class Recorder:
     """When each job and worker pod reached each state, as seen by the watches."""
 
@@ -324,7 +330,7 @@ class Recorder:
             self.events["pod " + kind] += 1
             if (pod.get("spec") or {}).get("nodeName"):
                 rec.setdefault("scheduled", t)
-            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+            if pod_ready(pod):
                 rec.setdefault("ready", t)
             if status.get("phase") == "Failed":
                 rec.setdefault("failed", t)

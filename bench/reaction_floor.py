@@ -81,6 +81,7 @@ from bench.operator_scale import (
     install_crd,
     job_manifest,
     percentile,
+    pod_ready,
 )
 from tests.cluster import fake_pods
 from tests.cluster.controlplane import ClusterConfig
@@ -175,7 +176,7 @@ class GangRestarter:
             return
         job, index = labels[LABEL_JOB], int(labels[LABEL_WORKER_INDEX])
         if labels.get(LABEL_GANG_GENERATION) == "1":
-            if self.essentials and kind != "DELETED" and _ready(pod):
+            if self.essentials and kind != "DELETED" and pod_ready(pod):
                 with self.lock:
                     ready = self.ready.setdefault(job, set())
                     if len(ready) < WORKERS:
@@ -228,11 +229,6 @@ class GangRestarter:
             call(*args)
         except Exception as error:  # noqa: BLE001 - counted and reported
             self.errors.append(f"{what}: {error}")
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int, failures: int,

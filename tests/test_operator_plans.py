@@ -250,8 +250,9 @@ def _reconciler(kube: RecordingKube, network: JobNetwork | None = None,
                       network=network, pod_cache=pod_cache)
 
 
-def _reconcile(kube: RecordingKube, network: JobNetwork | None = None) -> float | None:
-    reconciler = _reconciler(kube, network)
+def _reconcile(kube: RecordingKube, network: JobNetwork | None = None,
+               pod_cache: Callable[[str, str], list[dict[str, Any]] | None] | None = None) -> float | None:
+    reconciler = _reconciler(kube, network, pod_cache)
     try:
         return reconciler.reconcile("team-a", "train")
     finally:
@@ -302,22 +303,18 @@ def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after
 
 def test_pods_from_the_watch_are_listed_again_only_before_creating_one_this_reconciler_created_and_has_not_seen(
 ) -> None:
-    def reconciler(kube: RecordingKube) -> Reconciler:
-        return _reconciler(kube, pod_cache=lambda namespace, name: [])  # the watch shows no pod
+    def no_pods(namespace: str, name: str) -> list[dict[str, Any]]:
+        return []  # the watch shows no pod
 
     # No reconcile got as far as the pods of a job without status (status is written first).
     kube = RecordingKube(_raw())
-    first = reconciler(kube)
-    try:
-        first.reconcile("team-a", "train")
-    finally:
-        first._pool.shutdown()
+    _reconcile(kube, pod_cache=no_pods)
     assert kube.lists == 0 and kube.calls.count(("create", "Pod")) == 2
 
     # One did, but not this reconciler (another replica, before a restart): the watch shows every pod
     # that exists, and a name still taken would refuse the create, so the pods are created without a LIST.
     kube = RecordingKube(_raw({"phase": "Pending", "gangGeneration": 0}))
-    second = reconciler(kube)
+    second = _reconciler(kube, pod_cache=no_pods)
     try:
         second.reconcile("team-a", "train")
         assert kube.lists == 0 and kube.calls.count(("create", "Pod")) == 2
