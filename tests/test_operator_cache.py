@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from rljob_operator import metrics
+from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.names import LABEL_GANG_GENERATION
@@ -76,3 +77,54 @@ def test_a_lagging_pod_cache_creates_nothing_twice_and_restarts_no_healthy_gang(
     assert _count("GET", "pods") == lists and _count("POST", "pods") == posts + 2
     pods = job_pods(kube, namespace, "cached")
     assert len(pods) == 2 and {p["metadata"]["labels"][LABEL_GANG_GENERATION] for p in pods} == {"1"}
+
+
+def test_a_lagging_job_cache_never_decides_from_a_status_older_than_the_operators_own_write(
+        kube, namespace, crd_installed) -> None:
+    jobs = JobCache()
+    view: dict[str, list[dict[str, Any]] | None] = {"pods": []}
+    reconciler = Reconciler(kube, job_cache=jobs, pod_cache=lambda ns, name: view["pods"],
+                            profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)))
+    key = (namespace, "jc")
+    create_job(kube, namespace, job_manifest("jc", 2, {"runPolicy": {"backoffBaseSeconds": 0}}))
+
+    # Never shown by the watch: GET. Shown (and no write of ours since): read from the cache alone.
+    gets = _count("GET", "rltrainingjobs")
+    reconciler.reconcile(namespace, "jc")
+    assert _count("GET", "rltrainingjobs") == gets + 1
+    assert jobs.get(key) is None  # unknown to the watch
+
+    def shown() -> bool:  # the watch catches up with the job as it is now
+        jobs.seen(key, get_job(kube, namespace, "jc"))
+        view["pods"] = job_pods(kube, namespace, "jc")
+        reconciler.reconcile(namespace, "jc")
+        return (get_job(kube, namespace, "jc").get("status") or {}).get("phase") == "Running"
+
+    wait_for(shown, 60, interval=0.3, message="jc Running")
+    # The reconcile that saw the gang ready wrote Running: that event is the operator's own (once).
+    assert jobs.seen(key, get_job(kube, namespace, "jc")) is True
+    assert jobs.seen(key, get_job(kube, namespace, "jc")) is False
+    gets = _count("GET", "rltrainingjobs")
+    reconciler.reconcile(namespace, "jc")
+    assert _count("GET", "rltrainingjobs") == gets
+
+    # A worker fails: the reconcile restarts the gang (generation 1) and writes that status. The watch still
+    # shows the Running job of generation 0 and the failed worker: a reconcile that believed it would decide
+    # the failure again (served that job, it writes back the restart count of before). It GETs the job instead.
+    before = get_job(kube, namespace, "jc")
+    annotate_pod(kube, namespace, "jc-worker-1", exit_annotations(1))
+    wait_for(lambda: any(p["status"].get("phase") == "Failed" for p in job_pods(kube, namespace, "jc")),
+             30, message="jc-worker-1 Failed")
+    view["pods"] = job_pods(kube, namespace, "jc")
+    reconciler.reconcile(namespace, "jc")
+    assert get_job(kube, namespace, "jc")["status"]["gangGeneration"] == 1
+    assert jobs.seen(key, before) is False  # the watch lags: it shows the job before the write
+    gets = _count("GET", "rltrainingjobs")
+    reconciler.reconcile(namespace, "jc")
+    got = _count("GET", "rltrainingjobs") - gets
+    status = get_job(kube, namespace, "jc")["status"]
+    assert (status["gangGeneration"], status["restarts"]) == (1, 1)
+    assert got == 1
+    # Once the watch shows the write, its event is the operator's own (no reconcile needed) and the cache serves.
+    assert jobs.seen(key, get_job(kube, namespace, "jc")) is True
+    assert jobs.get(key) is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -670,6 +671,48 @@ def test_work_queue_requeues_after_a_delay_and_backs_off_errors() -> None:
     assert len(boom) == 3 and boom[2] - boom[1] > boom[1] - boom[0]
 
 
+def test_work_queue_coalesces_delayed_events_and_fires_them_as_events() -> None:
+    async def scenario() -> tuple[list[tuple[str, float]], list[str]]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        seen: list[tuple[str, float]] = []
+        gate = asyncio.Event()
+
+        async def handler(key: Any) -> float | None:
+            if key == "busy":
+                await gate.wait()
+            seen.append((key, round(loop.time() - start, 2)))
+            return None
+
+        queue = WorkQueue(handler, workers=1)
+        queue.start()
+        for _ in range(3):  # three pods of one gang coming up: one reconcile, a moment after the first
+            queue.add("gang", delay=0.2)
+            await asyncio.sleep(0.05)
+        queue.add("queued")  # already queued as an event: a delayed event adds nothing
+        queue.add("queued", delay=0.05)
+        queue.add("superseded", delay=0.3)
+        queue.add("superseded")  # it runs now: the pending delay is dropped
+        await asyncio.sleep(0.5)
+        # A delayed event fires as an event, ahead of the routine looks queued meanwhile.
+        queue.add("busy")
+        await asyncio.sleep(0.01)
+        queue.add("news", delay=0.05)
+        for key in ("resync-1", "resync-2"):
+            queue.add(key, low=True)
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.sleep(0.1)
+        await queue.stop()
+        return seen, [k for k, _ in seen][-4:]
+
+    seen, tail = asyncio.run(scenario())
+    assert [k for k, _ in seen].count("gang") == 1
+    assert next(t for k, t in seen if k == "gang") >= 0.19  # the first add's delay: the others wait with it
+    assert [k for k, _ in seen].count("queued") == 1 and [k for k, _ in seen].count("superseded") == 1
+    assert tail == ["busy", "news", "resync-1", "resync-2"]
+
+
 def test_work_queue_serves_events_before_routine_looks() -> None:
     async def scenario() -> list[str]:
         order: list[str] = []
@@ -938,6 +981,100 @@ def test_the_watch_cache_keeps_everything_the_reconciler_reads_of_a_pod() -> Non
         assert len(repr(slim)) < len(repr(pod)) / 2  # no container specs, volumes or env
 
 
+def test_the_job_cache_serves_the_watchs_job_unless_the_operators_own_write_is_not_shown_yet() -> None:
+    from rljob_operator.cluster.jobcache import JobCache
+
+    def body(version: str, status: str = "", labels: dict[str, str] | None = None) -> dict[str, Any]:
+        return {"metadata": {"name": "j", "resourceVersion": version, "generation": 1, "labels": labels or {},
+                             "managedFields": [{"manager": "x"}]}, "spec": {}, "status": {"phase": status}}
+
+    jobs, key = JobCache(), ("ns", "j")
+    assert jobs.get(key) is None  # never shown
+    assert jobs.seen(key, body("1")) is False
+    served = jobs.get(key)
+    assert served == {**body("1"), "metadata": {k: v for k, v in body("1")["metadata"].items() if k != "managedFields"}}
+    served["status"]["phase"] = "mutated"
+    assert jobs.get(key)["status"]["phase"] == ""  # a copy each time
+    # Our write (answer: version 2) is not shown yet: no cached job until it is; then its event is ours alone.
+    jobs.wrote(key, body("1"), body("2", "Running"))
+    assert jobs.get(key) is None
+    assert jobs.seen(key, body("1")) is False and jobs.get(key) is None  # an older event does not count
+    assert jobs.seen(key, body("2", "Running")) is True
+    assert jobs.get(key)["status"]["phase"] == "Running"
+    assert jobs.seen(key, body("2", "Running")) is False  # once only
+    # Someone labelled the job between our read and our write: the write's event is not ours alone.
+    jobs.wrote(key, body("2"), body("3", "Running", {"team": "a"}))
+    assert jobs.seen(key, body("3", "Running", {"team": "a"})) is False and jobs.get(key) is not None
+    # While a reconcile runs its job's events are held, and at its end only someone else's asks for another:
+    # the watch may show our write before the reconcile's thread has read the answer.
+    jobs.begin(key)
+    assert jobs.seen(key, body("4", "Pending")) is True
+    jobs.wrote(key, body("3"), body("4", "Pending"))
+    assert jobs.get(key) is not None  # the watch was quicker: nothing pending
+    assert jobs.end(key) is False
+    jobs.begin(key)
+    assert jobs.seen(key, body("5", "Pending")) is True  # a heartbeat's write, say
+    jobs.wrote(key, body("5"), body("6", "Running"))
+    assert jobs.seen(key, body("6", "Running")) is True
+    assert jobs.end(key) is True
+    assert jobs.seen(key, body("7")) is False  # no reconcile running: not held
+    # A write the watch skipped (it restarted and showed a later version): a GET that matches the watch
+    # shows the watch has caught up.
+    jobs.wrote(key, body("7"), body("8"))
+    assert jobs.seen(key, body("9")) is False and jobs.get(key) is None
+    jobs.got(key, body("10"))
+    assert jobs.get(key) is None  # the watch is behind the GET: still not served
+    jobs.got(key, body("9"))
+    assert jobs.get(key)["metadata"]["resourceVersion"] == "9"
+    jobs.wrote(key, body("9"), body("11"))
+    assert jobs.seen(key, None) is False and jobs.get(key) is None  # deleted: forgotten
+    assert jobs.seen(key, body("11")) is False and jobs.get(key) is not None
+
+
+def test_the_watch_queues_a_job_for_every_event_but_the_operators_own_status_write() -> None:
+    from kubernetes.client import Configuration
+    from rljob_operator.cluster.handlers import JobWatch
+
+    queued: list[Any] = []
+    watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), lambda key: None)
+    handler = next(h for h in watch.registry._watching.get_all_handlers() if h.id == "rltrainingjob_event")
+    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1", "generation": 1}, "spec": {}}
+    written = {**job, "metadata": {**job["metadata"], "resourceVersion": "2"}, "status": {"phase": "Running"}}
+
+    def event(type: str | None, body: dict[str, Any]) -> None:
+        asyncio.run(handler.fn(type=type, name="j", namespace="ns", event={"type": type, "object": body},
+                               worker_pods={}))
+
+    event(None, job)
+    watch.jobs.wrote(("ns", "j"), job, written)
+    event("MODIFIED", written)
+    assert queued == [("ns", "j")]  # the listing, not our own write
+    event("MODIFIED", {**written, "metadata": {**written["metadata"], "resourceVersion": "3"}})
+    event("DELETED", written)
+    assert queued == [("ns", "j")] * 3 and watch.jobs.get(("ns", "j")) is None and ("ns", "j") not in watch.known
+
+
+def test_a_pod_event_that_only_changes_the_status_is_queued_a_moment_later_a_decisive_one_at_once() -> None:
+    from kubernetes.client import Configuration
+    from rljob_operator.cluster.handlers import STATUS_NEWS_SECONDS, JobWatch
+
+    queued: list[dict[str, Any]] = []
+    watch = JobWatch(Configuration(), lambda key, **kw: queued.append({"key": key, **kw}), lambda key: None)
+    handler = next(h for h in watch.registry._watching.get_all_handlers() if h.id == "worker_pod_event")
+    job = make_job(replicas=2)
+    key = ("team-a", job.metadata.name)
+
+    def event(type: str, pod: dict[str, Any], *others: dict[str, Any]) -> dict[str, Any]:
+        asyncio.run(handler.fn(type=type, body=pod, labels=pod["metadata"]["labels"], namespace="team-a",
+                               worker_pods={key: list(others)}))
+        return queued[-1]
+
+    scheduled = pod_json(job, 0, "Pending", False)
+    assert event("ADDED", scheduled, scheduled) == {"key": key, "delay": STATUS_NEWS_SECONDS}
+    failed = pod_json(job, 1, "Failed", False, exit_code=1)
+    assert event("MODIFIED", failed, scheduled, failed) == {"key": key, "urgent": True}
+
+
 def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does_not_keep() -> None:
     import kopf
     from kubernetes.client import Configuration
@@ -948,6 +1085,9 @@ def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does
     register_experiments(watch.registry, lambda *a, **kw: None)
     check_handlers(watch.registry)  # on.event, on.login and indexes only
     assert isinstance(kopf_settings().persistence.diffbase_storage, NoDiffBase)
+    # Every handler of a watch event is a coroutine: kopf runs a plain function in its thread pool.
+    per_event = [*watch.registry._watching.get_all_handlers(), *watch.registry._indexing.get_all_handlers()]
+    assert len(per_event) >= 6 and all(inspect.iscoroutinefunction(h.fn) for h in per_event)
 
     @kopf.on.update("rljob.dev", "v1alpha1", "rltrainingjobs", registry=watch.registry, id="an_update_handler")
     def an_update_handler(**_: Any) -> None: ...

@@ -1,8 +1,11 @@
 """kopf handlers: watch RLTrainingJobs and their worker pods, and queue the job for a reconcile.
 
-Handlers stay one line long: every event (a job created, edited, its status written; a
-worker pod scheduled, ready, exited) only adds the job's key to the work queue, and the
-queue runs :class:`~rljob_operator.cluster.reconciler.Reconciler` serially per job. No handler
+Handlers stay short: every event (a job created, edited, its status written; a worker pod
+scheduled, ready, exited) only adds the job's key to the work queue, and the queue runs
+:class:`~rljob_operator.cluster.reconciler.Reconciler` serially per job. Two kinds of event wait:
+a pod's that only changes what the status reports is queued a moment later, with the others of
+its gang (``STATUS_NEWS_SECONDS``); the job's own status write, which the watch shows back, is
+not queued at all (``JobCache``, which keeps the jobs the watch shows for the reconciler). No handler
 needs a finalizer (kopf timers and daemons would add one and block ``kubectl delete`` while
 the operator is down); deadlines and TTLs are delayed re-queues, and a periodic resync
 catches anything a watch missed.
@@ -18,6 +21,7 @@ from typing import Any, cast
 import kopf
 
 from rljob_operator.api import GROUP, PLURAL, VERSION
+from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.names import LABEL_JOB
 
@@ -101,6 +105,9 @@ def urgent_pod_event(type: str | None, pod: Mapping[str, Any], others: list[Mapp
     return seen.ready and all(o.ready and not o.deleting for o in (ObservedPod.from_pod(dict(p), "") for p in others))
 
 
+#: How long a pod's watch event that only changes what the status reports (a pod created, scheduled,
+#: running, ready before its gang, marked for deletion) waits for the other such events of its job.
+STATUS_NEWS_SECONDS = 1.0
 #: How long a deleted Node is remembered (its pods are force-deleted long before: the next reconcile).
 GONE_NODE_MEMORY_SECONDS = 3600.0
 
@@ -110,8 +117,10 @@ class JobWatch:
 
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None],
                  watch_workloads: bool = False, watch_nodes: bool = False,
-                 nodes_changed: Callable[[], None] | None = None) -> None:
-        """``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted."""
+                 nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None) -> None:
+        """``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
+        cache the watch keeps the jobs in (the reconciler's; a new one if None)."""
+        self.jobs = jobs if jobs is not None else JobCache()
         self.enqueue = enqueue
         self.forget = forget
         self.known: set[Key] = set()
@@ -124,8 +133,9 @@ class JobWatch:
         registry = self.registry
 
         @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
-        def worker_pods(body: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
-                        ) -> dict[Key, dict[str, Any]]:
+        async def worker_pods(body: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
+                              ) -> dict[Key, dict[str, Any]]:
+            # async: kopf runs a sync handler in its thread pool, a thread hop for every pod event
             return {(namespace or "", labels[LABEL_JOB]): slim_pod(body)}
 
         @kopf.on.login(registry=registry, id="rljob_login")
@@ -133,9 +143,12 @@ class JobWatch:
             return connection_info(configuration)
 
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rltrainingjob_event")
-        async def rltrainingjob_event(type: str, name: str, namespace: str | None, **kw: Any) -> None:
+        async def rltrainingjob_event(type: str, name: str, namespace: str | None, event: Mapping[str, Any],
+                                      **kw: Any) -> None:
             self.pod_index = kw[POD_INDEX]
-            self.job_changed((namespace or "", name), deleted=type == "DELETED")
+            key, deleted = (namespace or "", name), type == "DELETED"
+            quiet = self.jobs.seen(key, None if deleted else dict(event["object"]))
+            self.job_changed(key, deleted=deleted, quiet=quiet)
 
         @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry,
                        id="worker_pod_event")
@@ -144,7 +157,10 @@ class JobWatch:
             self.pod_index = kw[POD_INDEX]
             key = (namespace or "", labels[LABEL_JOB])
             store = self.pod_index.get(key)  # indexed before this handler runs: without a deleted pod
-            self.enqueue(key, urgent=urgent_pod_event(type, body, list(store) if store is not None else []))
+            if urgent_pod_event(type, body, list(store) if store is not None else []):
+                self.enqueue(key, urgent=True)
+            else:  # news for the status only: one reconcile for the gang's pods as they come up together
+                self.enqueue(key, delay=STATUS_NEWS_SECONDS)
 
         if watch_nodes:  # a Node deleted: the gangs with a worker there are lost now, not after pod GC
             @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
@@ -192,13 +208,16 @@ class JobWatch:
             if any((pod.get("spec") or {}).get("nodeName") == name for pod in list(pods)):
                 self.enqueue(key, urgent=True)
 
-    def job_changed(self, key: Key, deleted: bool) -> None:
+    def job_changed(self, key: Key, deleted: bool, quiet: bool = False) -> None:
+        """``quiet``: the event queues nothing now (``JobCache.seen``: this operator's own status write, or
+        held for the end of the job's running reconcile)."""
         if deleted:
             self.known.discard(key)
             self.forget(key)
         else:
             self.known.add(key)
-        self.enqueue(key)  # a deleted job is reconciled once more: it clears its metrics
+        if not quiet:
+            self.enqueue(key)  # a deleted job is reconciled once more: it clears its metrics
 
     async def resync(self, every: float) -> None:
         """Queue every known job every ``every`` seconds, behind the jobs that events brought."""

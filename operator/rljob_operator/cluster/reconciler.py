@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
 from rljob_operator.api import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
+from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
@@ -107,9 +108,12 @@ class Reconciler:
         workloads_watched: bool = False,
         node_gone: Callable[[str | None], bool] | None = None,
         request_threads: int = 8,
+        job_cache: JobCache | None = None,
     ) -> None:
-        """``request_threads``: how many of the reconciles' concurrent requests may be in flight at once."""
+        """``request_threads``: how many of the reconciles' concurrent requests may be in flight at once;
+        ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job)."""
         self.kube = kube
+        self.job_cache = job_cache
         self.node_gone = node_gone
         """Was this Node deleted? (the Node watch; None: not watched, the pod GC removes such pods)."""
         self.kueue = kueue
@@ -148,8 +152,27 @@ class Reconciler:
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
-    def _reconcile(self, namespace: str, name: str) -> float | None:
+    def _read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job from the watch's cache, else (unknown there, or older than our last status write) a GET."""
+        if self.job_cache is None:
+            return self.kube.get_job(namespace, name)
+        raw = self.job_cache.get((namespace, name))
+        if raw is not None:
+            return raw
         raw = self.kube.get_job(namespace, name)
+        if raw is not None:
+            self.job_cache.got((namespace, name), raw)
+        return raw
+
+    def _patch_status(self, raw: dict[str, Any], status: dict[str, Any]) -> None:
+        """Patch the status of the job read as ``raw``; the cache learns the version this write made."""
+        namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
+        answer = self.kube.patch_job_status(namespace, name, status)
+        if self.job_cache is not None and isinstance(answer, dict):
+            self.job_cache.wrote((namespace, name), raw, answer)
+
+    def _reconcile(self, namespace: str, name: str) -> float | None:
+        raw = self._read_job(namespace, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._children_verified.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
@@ -271,7 +294,7 @@ class Reconciler:
                 log.warning("%s/%s: Workload refused (%s): %s", namespace, name, e.status, e.body)
                 rejected = rejected_status(_refusal_text(e))
                 if any(status.get(k) != v for k, v in rejected.items()):
-                    self.kube.patch_job_status(namespace, name, rejected)
+                    self._patch_status(raw, rejected)
         for workload, (version, status) in writes.status.items():
             if not self.kube.patch_workload_status(namespace, workload, version, status):
                 log.info("%s/%s: Workload %s changed meanwhile: decided again", namespace, name, workload)
@@ -343,7 +366,7 @@ class Reconciler:
         """Patch the plan's status unless it is already stored; returns the status now stored."""
         meta = raw["metadata"]
         if _status_changed(stored, plan.status):
-            self.kube.patch_job_status(meta["namespace"], meta["name"], plan.status)
+            self._patch_status(raw, plan.status)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
         return _merge_patch(stored, plan.status)

@@ -27,6 +27,7 @@ from rljob_operator import metrics
 from rljob_operator.cluster.experiments import ExperimentReconciler
 from rljob_operator.cluster.experiments import register as register_experiments
 from rljob_operator.cluster.handlers import JobWatch, check_handlers, kopf_settings
+from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconciler
@@ -172,10 +173,11 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     # Threads of our own, s.workers of them: asyncio's default executor has min(32, CPUs + 4), so
     # 6 on a 2-core node, whatever s.workers says, and it is shared with everything else in the loop.
     threads = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix="rljob-reconcile")
+    jobs = JobCache()  # filled by the watch, read by reconciles instead of a GET of their job
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
                             profile=PodProfile.from_settings(s), network=network, kueue=s.kueue,
-                            workloads_watched=watch_workloads,
+                            workloads_watched=watch_workloads, job_cache=jobs,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
                             node_gone=(lambda node: watch_ref[0].node_gone(node) if watch_ref else False)
                             if watch_nodes else None)
@@ -192,12 +194,17 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
         loop = asyncio.get_running_loop()
         if len(parts) == 3:
             return await loop.run_in_executor(threads, experiments.reconcile, namespace, name)
-        return await loop.run_in_executor(threads, reconciler.reconcile, namespace, name)
+        jobs.begin((namespace, name))  # the job's watch events wait for this reconcile's end
+        try:
+            return await loop.run_in_executor(threads, reconciler.reconcile, namespace, name)
+        finally:
+            if jobs.end((namespace, name)):  # one was not its own write: run again (the key is running)
+                queue.add((namespace, name))
 
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads,
-                     watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity)
+                     watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity, jobs=jobs)
     register_experiments(watch.registry, queue.add)
     check_handlers(watch.registry)
     watch_ref.append(watch)

@@ -16,6 +16,12 @@ Keys are served in three tiers, first come first served within each:
 
 With a thousand jobs a failed worker's job must not wait behind a thousand routine looks, nor
 behind the status updates of a hundred gangs whose pods are becoming ready.
+
+A delayed add fires in the tier it was added in: a reconcile's requeue as a routine look, a watch
+event that only changes what the status reports (a pod scheduled, running) as an event, a moment
+later, so that a gang's pods coming up one by one cost one reconcile and one status write, not
+one each. A reconcile that starts supersedes its key's pending delays: it sees everything up to
+now, and asks for its own next look.
 """
 
 from __future__ import annotations
@@ -59,26 +65,33 @@ class WorkQueue:
         self._dirty: dict[Key, int] = {}
         """Keys added while their reconcile runs, and the tier they run again in (event, or urgent)."""
         self._failures: dict[Key, int] = {}
-        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._timers: dict[Key, tuple[asyncio.TimerHandle, int]] = {}
+        """Delayed adds: per key, the earliest one and the best tier it fires in."""
         self._tasks: list[asyncio.Task[None]] = []
 
     def add(self, key: Key, delay: float | None = None, low: bool = False, urgent: bool = False) -> None:
-        """Reconcile ``key`` soon (after ``delay`` seconds; the earliest pending delay wins).
+        """Reconcile ``key`` soon (after ``delay`` seconds, in the tier the flags say).
 
         ``low``: after every key added without it (a routine look, not an event); ``urgent``: before
-        every key added without it (an event that calls for a gang decision).
+        every key added without it (an event that calls for a gang decision). Of several pending
+        delays of a key the earliest wins, and fires in the best tier any of them asked for; none
+        is kept while the key is queued in that tier or a better one.
         """
+        priority = ROUTINE if low else URGENT if urgent else EVENT
         if delay is not None and delay > 0:
+            if self._queued.get(key, ROUTINE + 1) <= priority:
+                return  # looked at soon enough: that reconcile asks for its own next look
             loop = asyncio.get_running_loop()
             due = loop.time() + delay
-            timer = self._timers.get(key)
-            if timer is not None and timer.when() <= due:
-                return
-            if timer is not None:
+            pending = self._timers.get(key)
+            if pending is not None:
+                timer, tier = pending
+                if timer.when() <= due and tier <= priority:
+                    return
+                due, priority = min(due, timer.when()), min(priority, tier)
                 timer.cancel()
-            self._timers[key] = loop.call_at(due, self._fire, key)
+            self._timers[key] = (loop.call_at(due, self._fire, key, priority), priority)
             return
-        priority = ROUTINE if low else URGENT if urgent else EVENT
         if key in self._running:
             self._dirty[key] = min(self._dirty.get(key, EVENT), priority)
         elif self._queued.get(key, ROUTINE + 1) > priority:  # not queued yet, or only in a later tier
@@ -88,15 +101,18 @@ class WorkQueue:
             self._queue.put_nowait((priority, self._seq, key))
             metrics.QUEUE_DEPTH.set(len(self._queued))
 
-    def _fire(self, key: Key) -> None:
+    def _fire(self, key: Key, priority: int) -> None:
         self._timers.pop(key, None)
-        self.add(key, low=True)
+        self.add(key, low=priority == ROUTINE, urgent=priority == URGENT)
+
+    def _cancel_timer(self, key: Key) -> None:
+        pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[0].cancel()
 
     def forget(self, key: Key) -> None:
         """Drop pending retries and timers of ``key`` (its object is gone)."""
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
+        self._cancel_timer(key)
         self._failures.pop(key, None)
 
     def __len__(self) -> int:
@@ -113,6 +129,7 @@ class WorkQueue:
             metrics.QUEUE_WAIT_SECONDS.labels(queued_by=QUEUED_BY[priority]).observe(
                 now - self._queued_at.pop(key, now))
             self._running.add(key)
+            self._cancel_timer(key)  # this reconcile sees all a pending delay would; it returns its own
             try:
                 requeue = await self._handler(key)
             except asyncio.CancelledError:
@@ -131,13 +148,13 @@ class WorkQueue:
                 tier = self._dirty.pop(key)
                 self.add(key, urgent=tier == URGENT)
             if requeue is not None:
-                self.add(key, max(requeue, 0.01))
+                self.add(key, max(requeue, 0.01), low=True)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(), name=f"rljob-worker-{i}") for i in range(self._workers)]
 
     async def stop(self) -> None:
-        for timer in self._timers.values():
+        for timer, _ in self._timers.values():
             timer.cancel()
         self._timers.clear()
         for task in self._tasks:
