@@ -74,10 +74,12 @@ from bench.operator_scale import (
     Meter,
     Recorder,
     Watch,
+    achieved_rate,
     create_namespace,
     delete_namespace,
     distribution,
     gang_latencies,
+    inject_on_schedule,
     install_crd,
     job_manifest,
     percentile,
@@ -272,12 +274,12 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
         time.sleep(5)  # let the control plane settle after the burst, as operator_scale's idle phase does
         rng = random.Random(seed)
         victims = rng.sample(names, min(failures, n))
+        pods = [worker_name(name, rng.randrange(WORKERS)) for name in victims]
         before = meter.snapshot()
-        for name in victims:
-            kube.request("PATCH", kube.core_path(namespace, "pods", worker_name(name, rng.randrange(WORKERS))),
-                         {"metadata": {"annotations": {fake_pods.EXIT_CODE: "1"}}},
-                         content_type="application/merge-patch+json")
-            time.sleep(interval)
+        sent = inject_on_schedule(lambda pod: kube.request(
+            "PATCH", kube.core_path(namespace, "pods", pod), {"metadata": {"annotations": {fake_pods.EXIT_CODE: "1"}}},
+            content_type="application/merge-patch+json"), pods, interval)
+        window = [min(sent.values()), max(sent.values())]
         deadline = time.monotonic() + timeout
         while not all_ready(1, victims) and time.monotonic() < deadline and watch.error is None:
             time.sleep(0.25)
@@ -298,7 +300,8 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
     print(f"  {len(created)}/{len(victims)} gangs replaced; failure → replacement created p50 "
           f"{percentile(created, 50) or float('nan'):.2f}s p99 {percentile(created, 99) or float('nan'):.2f}s; "
           f"{len(restarter.errors)} request errors", flush=True)
-    return {"jobs": n, "failures": len(victims), "interval_s": interval, "namespace": namespace,
+    return {"jobs": n, "failures": len(victims), "interval_s": interval,
+            "achieved_per_s": achieved_rate(window, len(victims)), "namespace": namespace,
             "essentials": essentials, "pods_ready_after_s": round(running_after, 1),
             "errors": restarter.errors[:20], "latency_s": {k: distribution(v) for k, v in latencies.items()},
             "raw_replacement_created_s": [round(x, 3) for x in created], "cpu_s": cpu}

@@ -19,9 +19,9 @@ behind the status updates of a hundred gangs whose pods are becoming ready.
 
 A delayed add fires in the tier it was added in: a reconcile's requeue as a routine look, a watch
 event that only changes what the status reports (a pod scheduled, running) as an event, a moment
-later, so that a gang's pods coming up one by one cost one reconcile and one status write, not
-one each. A reconcile that starts supersedes its key's pending delays: it sees everything up to
-now, and asks for its own next look.
+later, so that such events of one gang close together share a reconcile and a status write. A
+reconcile that starts supersedes its key's pending delays: it sees everything up to now, and
+asks for its own next look.
 """
 
 from __future__ import annotations
