@@ -2,6 +2,9 @@
 SHELL := /bin/bash
 PY ?= .venv/bin/python
 PYTEST_ARGS ?=
+# Two pytest workers: the control-plane tests in one lane, the rest beside them (tests/conftest.py).
+# PYTEST_WORKERS=0 runs every test in one process, in file order.
+PYTEST_WORKERS ?= 2
 # The shared venv holds dependencies only; the code comes from this checkout.
 export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
@@ -22,7 +25,7 @@ demo: venv ## Train the embedded quickstart on this machine (output in runs/quic
 	$(PY) -m rljob.cli train examples/quickstart.yaml
 
 test: venv binaries lint check-wheel ## Run every test (unit, trainer, S3, control plane) and the wheel check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (no torchrun, no cluster)
 	$(PY) -m pytest -m "not trainer and not cluster and not s3" $(PYTEST_ARGS)

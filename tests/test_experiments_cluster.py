@@ -19,11 +19,11 @@ from kubernetes.client.exceptions import ApiException
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
     annotate_pod,
-    events_for,
     get_job,
     job_manifest,
     job_pods,
     token_for,
+    wait_for_events,
 )
 
 pytestmark = pytest.mark.cluster
@@ -201,8 +201,8 @@ def test_trials_run_within_parallelism_and_heartbeats_make_the_better_arm_win(
     assert abs(high["mean"] - 0.655) < 0.01  # lastMean over the last 5 (all 4) logged rewards, two seeds
     assert status["best"]["checkpoint"].startswith("s3://ckpt/ab-high-") and status["best"]["arm"] == "high"
     assert [row["name"] for row in status["leaderboard"]] == ["high", "low"]
-    reasons = [e["reason"] for e in events_for(kube, namespace, "ab")]
-    assert reasons.count("TrialStarted") == 4 and "WinnerFound" in reasons
+    events = wait_for_events(kube, namespace, "ab", lambda events: "WinnerFound" in [e["reason"] for e in events])
+    assert [e["reason"] for e in events].count("TrialStarted") == 4
     assert len(trial_jobs(kube, namespace, "ab")) == 4
 
     # Finished, the experiment causes no more writes: two more reconciles (each woken by a label) patch nothing.
@@ -246,7 +246,7 @@ def test_a_hopeless_trial_is_pruned_at_a_rung(kube: Any, experiment_crd: Any, na
     wait_for(lambda: get_job(kube, namespace, "prune-c-s0")["spec"]["runPolicy"]["suspend"] is True, 30,
              message="the pruned trial suspended")
     wait_for(lambda: not job_pods(kube, namespace, "prune-c-s0"), 60, message="the pruned trial's pods gone")
-    assert "TrialPruned" in [e["reason"] for e in events_for(kube, namespace, "prune")]
+    wait_for_events(kube, namespace, "prune", lambda events: "TrialPruned" in [e["reason"] for e in events])
 
 
 def test_deleting_the_experiment_deletes_its_trials(kube: Any, experiment_crd: Any, namespace: str,

@@ -21,11 +21,11 @@ from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
     annotate_pod,
     create_job,
-    events_for,
     get_job,
     job_manifest,
     job_pods,
     patch_spec,
+    wait_for_events,
     wait_phase,
 )
 
@@ -202,8 +202,8 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     conds = {c["type"]: c for c in evicted["status"]["conditions"]}
     assert conds["QuotaReserved"]["status"] == "False" and conds["Requeued"]["status"] == "True"
     assert get_job(kube, namespace, "low")["status"]["phase"] == "Queued"
-    evictions = [e for e in events_for(kube, namespace, "low") if e["reason"] == "Evicted"]
-    assert evictions and not [e for e in events_for(kube, namespace, "low") if e["reason"] == "ForceDeleted"]
+    events = wait_for_events(kube, namespace, "low", lambda events: any(e["reason"] == "Evicted" for e in events))
+    assert not [e for e in events if e["reason"] == "ForceDeleted"]
 
     _finish(kube, namespace, "high")
     resumed = _running(kube, namespace, "low")

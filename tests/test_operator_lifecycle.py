@@ -19,12 +19,12 @@ from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
     annotate_pod,
     create_job,
-    events_for,
     get_job,
     job_manifest,
     job_pods,
     patch_spec,
     token_for,
+    wait_for_events,
     wait_phase,
 )
 
@@ -79,8 +79,8 @@ def test_two_gpu_workers_run_on_fake_gpu_nodes(kube, namespace, operator, contro
     assert status["workers"]["summary"] == "2/2" and status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
     assert not job["metadata"].get("finalizers")  # deleting a job never waits for the operator
-    reasons = [e["reason"] for e in events_for(kube, namespace, "gang")]
-    assert "CreatingWorkers" in reasons and "Running" in reasons  # one Event per phase transition
+    # One Event per phase transition (posted after the status that shows the phase).
+    wait_for_events(kube, namespace, "gang", lambda events: {"CreatingWorkers", "Running"} <= {e["reason"] for e in events})
     metrics = op.metrics_text()
     assert 'rljob_operator_jobs{phase="Running"} 1.0' in metrics
     assert "rljob_operator_reconcile_duration_seconds_count" in metrics
@@ -109,7 +109,7 @@ def test_worker_zero_completing_means_succeeded(kube, namespace, operator) -> No
     job = wait_phase(kube, namespace, "done", "Succeeded", reason="Completed")
     assert job["status"]["completionTime"]
     assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Succeeded"] == "True"
-    assert any(e["reason"] == "Completed" for e in events_for(kube, namespace, "done"))
+    wait_for_events(kube, namespace, "done", lambda events: any(e["reason"] == "Completed" for e in events))
 
 
 def test_a_permanent_exit_fails_the_job_with_its_message(kube, namespace, operator) -> None:
@@ -123,8 +123,9 @@ def test_a_permanent_exit_fails_the_job_with_its_message(kube, namespace, operat
     # The rest of the gang is stopped (it would hang in its next collective); the failed pod stays for its logs.
     wait_for(lambda: [p["metadata"]["name"] for p in job_pods(kube, namespace, "bad")] == ["bad-worker-1"], 30,
              message="worker 0 deleted")
-    warning = [e for e in events_for(kube, namespace, "bad") if e["reason"] == "PermanentError"]
-    assert warning and warning[0]["type"] == "Warning" and message in warning[0]["message"]
+    events = wait_for_events(kube, namespace, "bad", lambda events: any(e["reason"] == "PermanentError" for e in events))
+    warning = [e for e in events if e["reason"] == "PermanentError"]
+    assert warning[0]["type"] == "Warning" and message in warning[0]["message"]
 
 
 def test_suspend_deletes_the_pods_and_resume_recreates_them(kube, namespace, operator) -> None:

@@ -14,7 +14,7 @@ validated by them; the CRDs' versions are converted by it) over TLS on 127.0.0.1
   ``https://127.0.0.1:<port>/<path>`` (``url``) instead of the Service, with that CA. Only
   the webhooks of Kueue's own API are installed: its job integrations (pods, batch Jobs, ...)
   are off here, and a webhook nobody serves would refuse every pod.
-* No leader election; health, metrics and webhook ports are free loopback ports.
+* No leader election; health, metrics, webhook and visibility-server ports are free loopback ports.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ SECRET = "kueue-webhook-server-cert"
 CA_NAME = "kueue-ca"
 #: CRDs with a conversion webhook (kustomize's config/components/crd/patches/webhook_in_*).
 CONVERTED = ("clusterqueues", "cohorts", "localqueues", "multikueueclusters", "resourceflavors", "workloads")
-PORTS = ("kueue-webhook", "kueue-health", "kueue-metrics")
+PORTS = ("kueue-webhook", "kueue-health", "kueue-metrics", "kueue-visibility")
 
 
 def config_dir(binary: Path) -> Path:
@@ -57,6 +57,9 @@ def configuration(ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
         "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['kueue-health']}"},
         "metrics": {"bindAddress": f"127.0.0.1:{ports['kueue-metrics']}"},
         "webhook": {"port": ports["kueue-webhook"], "host": "127.0.0.1", "certDir": str(cert_dir)},
+        # Its default is 0.0.0.0:8082, a fixed port on every interface: a start fails whenever anything
+        # else on the machine holds 8082.
+        "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": ports["kueue-visibility"]},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": True, "webhookServiceName": SERVICE, "webhookSecretName": SECRET},
         "clientConnection": {"qps": 200, "burst": 400},
