@@ -615,6 +615,13 @@ def achieved_rate(window: list[float], failures: int) -> float | None:
     return (failures - 1) / span if failures > 1 and span > 0 else None
 
 
+def fail_pod(kube: Kube, namespace: str, pod: str, exit_code: str = "1") -> None:
+    """Make ``pod``'s containers exit with ``exit_code`` (KWOK's fake exit-code annotation)."""
+    kube.request("PATCH", kube.core_path(namespace, "pods", pod),
+                 {"metadata": {"annotations": {fake_pods.EXIT_CODE: exit_code}}},
+                 content_type="application/merge-patch+json")
+
+
 def inject_failures(kube: Kube, namespace: str, recorder: Recorder, names: list[str], count: int,
                     interval: float, timeout: float, checks: list[Any], seed: int,
                     side: Any = None) -> dict[str, Any]:
@@ -626,9 +633,7 @@ def inject_failures(kube: Kube, namespace: str, recorder: Recorder, names: list[
     indexes = [rng.randrange(WORKERS) for _ in victims]
 
     def fail(target: tuple[str, int]) -> None:
-        kube.request("PATCH", kube.core_path(namespace, "pods", side.victim_pod(*target)),
-                     {"metadata": {"annotations": {fake_pods.EXIT_CODE: side.failure_exit_code}}},
-                     content_type="application/merge-patch+json")
+        fail_pod(kube, namespace, side.victim_pod(*target), side.failure_exit_code)
 
     sent = inject_on_schedule(fail, list(zip(victims, indexes, strict=True)), interval)
     injected = {name: (sent[i], indexes[i]) for i, name in enumerate(victims)}

@@ -78,6 +78,7 @@ from bench.operator_scale import (
     create_namespace,
     delete_namespace,
     distribution,
+    fail_pod,
     gang_latencies,
     inject_on_schedule,
     install_crd,
@@ -85,7 +86,6 @@ from bench.operator_scale import (
     percentile,
     pod_ready,
 )
-from tests.cluster import fake_pods
 from tests.cluster.controlplane import ClusterConfig
 from tests.cluster.nodes import GpuNodeShape
 from tests.cluster.waiting import wait_for
@@ -276,9 +276,7 @@ def replacement_floor(plane: BenchControlPlane, kube: Kube, meter: Meter, n: int
         victims = rng.sample(names, min(failures, n))
         pods = [worker_name(name, rng.randrange(WORKERS)) for name in victims]
         before = meter.snapshot()
-        sent = inject_on_schedule(lambda pod: kube.request(
-            "PATCH", kube.core_path(namespace, "pods", pod), {"metadata": {"annotations": {fake_pods.EXIT_CODE: "1"}}},
-            content_type="application/merge-patch+json"), pods, interval)
+        sent = inject_on_schedule(lambda pod: fail_pod(kube, namespace, pod), pods, interval)
         window = [min(sent.values()), max(sent.values())]
         deadline = time.monotonic() + timeout
         while not all_ready(1, victims) and time.monotonic() < deadline and watch.error is None:

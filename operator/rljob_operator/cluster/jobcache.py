@@ -97,8 +97,11 @@ class JobCache:
     def end(self, key: Key) -> bool:
         """The reconcile of ``key`` ended: does an event held meanwhile need another (one not its own)?"""
         with self._lock:
-            held = self._held.pop(key, [])
-            return any([not self._is_own(key, version) for version in held])
+            again = False
+            for version in self._held.pop(key, []):  # every one: each own write seen is consumed
+                if not self._is_own(key, version):
+                    again = True
+            return again
 
     def wrote(self, key: Key, read: dict[str, Any], answer: dict[str, Any]) -> None:
         """This operator patched the status of the job it had read as ``read``; ``answer``: the API server's

@@ -168,7 +168,7 @@ class Reconciler:
         """Patch the status of the job read as ``raw``; the cache learns the version this write made."""
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
         answer = self.kube.patch_job_status(namespace, name, status)
-        if self.job_cache is not None and isinstance(answer, dict):
+        if self.job_cache is not None:
             self.job_cache.wrote((namespace, name), raw, answer)
 
     def _reconcile(self, namespace: str, name: str) -> float | None:
