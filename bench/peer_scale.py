@@ -17,7 +17,7 @@ only validates specs, which are valid here). Leader election stays off (its defa
 cluster it has no namespace to elect in); ``--namespace`` limits it to the burst's namespace, as
 ``--namespace`` does for rljob. Each side runs with its defaults: the peer with 1 controller thread
 (``--controller-threads``; ``--peer-threads`` changes it) and controller-runtime's client limit of
-20 requests/s (burst 30); rljob with 8 reconcile workers and no client-side limit.
+20 requests/s (burst 30); rljob with its default reconcile workers (16) and no client-side limit.
 
 The shape: 4 pods × ``nvidia.com/gpu: 1``. RLTrainingJob: 4 workers. PyTorchJob: Master × 1 +
 Worker × 3 (the non-elastic shape its docs use; its workers get an init container that waits for the
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rljob_operator.settings import OperatorSettings
 
 from bench import operator_scale as scale
 from bench.common import REPO, write_result
@@ -376,6 +377,8 @@ def main() -> None:
     p.add_argument("--peer-threads", type=int, default=1, help="the training operator's --controller-threads")
     p.add_argument("--scheduler-qps", type=int, default=200, help="kube-scheduler --kube-api-qps (0: its default)")
     p.add_argument("--node-grace", type=int, default=40, help="node monitor grace period; heartbeats every 1/5")
+    p.add_argument("--kwok-parallelism", type=int, default=4,
+                   help="pod stages KWOK plays at once (its default 4; operator_scale's A/Bs use 32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result", default="peer_scale", type=_result_name,
                    help="write bench/results/RESULT.json (a long burst kept beside the default run's file)")
@@ -384,7 +387,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     binary, module = peer_binary(), peer_module_dir()
     config = ClusterConfig(gpu_nodes=scale.NODES, node_shape=GpuNodeShape(gpus=scale.GPUS_PER_NODE),
-                           node_monitor_grace_s=a.node_grace, start_timeout_s=300)
+                           node_monitor_grace_s=a.node_grace, start_timeout_s=300,
+                           kwok_pod_parallelism=a.kwok_parallelism)
     plane = scale.BenchControlPlane(config, a.scheduler_qps, audit_users=[scale.OPERATOR_USER, PEER_USER])
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
@@ -410,10 +414,12 @@ def main() -> None:
     path = write_result(a.result, {
         "config": {"nodes": scale.NODES, "gpus_per_node": scale.GPUS_PER_NODE, "pods_per_job": scale.WORKERS,
                    "bursts": a.jobs, "repetitions": a.repeat, "failures": a.failures,
-                   "failure_exit_code": FAILURE_EXIT_CODE, "idle_seconds": a.idle_seconds,
+                   "failure_exit_code": FAILURE_EXIT_CODE, "failure_interval_s": a.failure_interval,
+                   "idle_seconds": a.idle_seconds,
                    "scheduler_qps": a.scheduler_qps or "default (50)", "node_monitor_grace_s": a.node_grace,
-                   "rljob": "defaults (8 reconcile workers, leader election); a service account bound to "
-                            "cluster-admin",
+                   "kwok_pod_parallelism": a.kwok_parallelism,
+                   "rljob": f"defaults ({OperatorSettings.workers} reconcile workers, leader election); a service "
+                            "account bound to cluster-admin",
                    "kubeflow": f"training-operator {module.name.split('@')[1]}, --controller-threads="
                                f"{a.peer_threads}, client 20 req/s burst 30 (controller-runtime's default), no "
                                "leader election, webhook disabled; a service account bound to its ClusterRole",
