@@ -30,9 +30,12 @@ pytest_plugins = ["tests.cluster.fixtures", "tests.operator_helpers"]  # cluster
 # plane goes to one lane, in file order, so only one worker ever starts a control plane (a second would
 # double its CPU and its start-up); the other tests are spread over both workers. Most of a cluster
 # test's time is Kubernetes' own timers and waits, most of a trainer test's is real training, so the
-# two overlap. The trainer and unit tests run at a lower CPU priority (they and every process they
-# start), so the control plane, the operator and their clocks (leases, heartbeats, force-delete
-# deadlines) come first whenever both lanes want the two cores; the local tests have no such clocks.
+# two overlap. The trainer and unit tests run at a lower CPU priority, so the cluster lane's own
+# polling and the processes it starts in its session come first whenever both lanes want the two
+# cores; the local tests have no clocks of that kind (leases, heartbeats, force-delete deadlines).
+# With Linux's autogroup scheduling (on here), niceness weighs threads within one session only: a
+# process started in a session of its own (every control-plane component; a test's torchrun gang
+# started to be killed as a group; the S3 server) is scheduled as one group among equals.
 CLUSTER_LANE = "cluster"
 #: The niceness of the local tests and their processes while a cluster test may run beside them.
 LOCAL_LANE_NICENESS = 10

@@ -171,8 +171,10 @@ def test_quota_of_two_gangs_queues_the_third_until_the_first_finishes(kube: Any,
         _assert_on_flavor(queues, _live_pods(kube, namespace, name))
 
     _finish(kube, namespace, "q-a")
-    [finished] = queues.workloads("q-a")
-    assert any(c["type"] == "Finished" and c["status"] == "True" for c in finished["status"]["conditions"])
+    # The reconcile that writes Succeeded then marks the Workload Finished (status first, then the queue).
+    wait_for(lambda: any(c["type"] == "Finished" and c["status"] == "True"
+                         for w in queues.workloads("q-a") for c in (w.get("status") or {}).get("conditions") or []),
+             30, message="q-a's Workload Finished")
     _running(kube, namespace, "q-c")
     _assert_on_flavor(queues, _live_pods(kube, namespace, "q-c"))
     assert (get_job(kube, namespace, "q-c")["status"].get("restarts") or 0) == 0
