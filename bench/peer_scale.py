@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rljob_operator.settings import OperatorSettings
 
 from bench import operator_scale as scale
 from bench.common import REPO, write_result
@@ -418,7 +417,7 @@ def main() -> None:
                    "idle_seconds": a.idle_seconds,
                    "scheduler_qps": a.scheduler_qps or "default (50)", "node_monitor_grace_s": a.node_grace,
                    "kwok_pod_parallelism": a.kwok_parallelism,
-                   "rljob": f"defaults ({OperatorSettings.workers} reconcile workers, leader election); a service "
+                   "rljob": f"defaults ({scale.OperatorSettings.workers} reconcile workers, leader election); a service "
                             "account bound to cluster-admin",
                    "kubeflow": f"training-operator {module.name.split('@')[1]}, --controller-threads="
                                f"{a.peer_threads}, client 20 req/s burst 30 (controller-runtime's default), no "
