@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -378,19 +377,19 @@ def events_for(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     return list(out.get("items") or [])
 
 
-def wait_for_events(kube: Any, namespace: str, name: str, enough: Callable[[list[dict[str, Any]]], bool],
-                    timeout: float = 30, message: str = "") -> list[dict[str, Any]]:
-    """``name``'s Events once ``enough`` holds for them. A reconcile posts its Events last, after its status
-    write and its pod writes (the reconciler's order), so a test that has seen the status may not see them yet."""
+def wait_for_events(kube: Any, namespace: str, name: str, *reasons: str, timeout: float = 30) -> list[dict[str, Any]]:
+    """``name``'s Events once they include one of each of ``reasons``. A reconcile posts its Events last, after
+    its status write and its pod writes (the reconciler's order), so a test that has seen the status may not see
+    them yet."""
     from tests.cluster.waiting import wait_for
 
     seen: list[dict[str, Any]] = []
 
     def check() -> bool:
         seen[:] = events_for(kube, namespace, name)
-        return enough(seen)
+        return set(reasons) <= {e["reason"] for e in seen}
 
-    wait_for(check, timeout, message=message or f"the Events of {namespace}/{name}")
+    wait_for(check, timeout, message=f"Events {', '.join(reasons)} of {namespace}/{name}")
     return seen
 
 

@@ -360,7 +360,7 @@ def test_operator_with_the_charts_identity_reconciles_a_job(release: Release, co
         policy = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{jobs}/networkpolicies/helm-gang-workers")
         assert policy["spec"]["ingress"][1]["from"] == [PROMETHEUS]
         assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Ready"] == "True"
-        wait_for_events(kube, jobs, "helm-gang", lambda events: any(e["reason"] == "Running" for e in events))
+        wait_for_events(kube, jobs, "helm-gang", "Running")
 
         # A heartbeat with worker 0's audience-bound token (TokenReview, then a pod lookup).
         token = token_for(kube, jobs, "rljob-trainer", "rljob-status", pod=pods[0])

@@ -201,7 +201,7 @@ def test_trials_run_within_parallelism_and_heartbeats_make_the_better_arm_win(
     assert abs(high["mean"] - 0.655) < 0.01  # lastMean over the last 5 (all 4) logged rewards, two seeds
     assert status["best"]["checkpoint"].startswith("s3://ckpt/ab-high-") and status["best"]["arm"] == "high"
     assert [row["name"] for row in status["leaderboard"]] == ["high", "low"]
-    events = wait_for_events(kube, namespace, "ab", lambda events: "WinnerFound" in [e["reason"] for e in events])
+    events = wait_for_events(kube, namespace, "ab", "WinnerFound")
     assert [e["reason"] for e in events].count("TrialStarted") == 4
     assert len(trial_jobs(kube, namespace, "ab")) == 4
 
@@ -246,7 +246,7 @@ def test_a_hopeless_trial_is_pruned_at_a_rung(kube: Any, experiment_crd: Any, na
     wait_for(lambda: get_job(kube, namespace, "prune-c-s0")["spec"]["runPolicy"]["suspend"] is True, 30,
              message="the pruned trial suspended")
     wait_for(lambda: not job_pods(kube, namespace, "prune-c-s0"), 60, message="the pruned trial's pods gone")
-    wait_for_events(kube, namespace, "prune", lambda events: "TrialPruned" in [e["reason"] for e in events])
+    wait_for_events(kube, namespace, "prune", "TrialPruned")
 
 
 def test_deleting_the_experiment_deletes_its_trials(kube: Any, experiment_crd: Any, namespace: str,

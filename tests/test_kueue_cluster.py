@@ -204,7 +204,7 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     conds = {c["type"]: c for c in evicted["status"]["conditions"]}
     assert conds["QuotaReserved"]["status"] == "False" and conds["Requeued"]["status"] == "True"
     assert get_job(kube, namespace, "low")["status"]["phase"] == "Queued"
-    events = wait_for_events(kube, namespace, "low", lambda events: any(e["reason"] == "Evicted" for e in events))
+    events = wait_for_events(kube, namespace, "low", "Evicted")
     assert not [e for e in events if e["reason"] == "ForceDeleted"]
 
     _finish(kube, namespace, "high")

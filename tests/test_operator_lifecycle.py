@@ -80,7 +80,7 @@ def test_two_gpu_workers_run_on_fake_gpu_nodes(kube, namespace, operator, contro
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
     assert not job["metadata"].get("finalizers")  # deleting a job never waits for the operator
     # One Event per phase transition (posted after the status that shows the phase).
-    wait_for_events(kube, namespace, "gang", lambda events: {"CreatingWorkers", "Running"} <= {e["reason"] for e in events})
+    wait_for_events(kube, namespace, "gang", "CreatingWorkers", "Running")
     metrics = op.metrics_text()
     assert 'rljob_operator_jobs{phase="Running"} 1.0' in metrics
     assert "rljob_operator_reconcile_duration_seconds_count" in metrics
@@ -109,7 +109,7 @@ def test_worker_zero_completing_means_succeeded(kube, namespace, operator) -> No
     job = wait_phase(kube, namespace, "done", "Succeeded", reason="Completed")
     assert job["status"]["completionTime"]
     assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Succeeded"] == "True"
-    wait_for_events(kube, namespace, "done", lambda events: any(e["reason"] == "Completed" for e in events))
+    wait_for_events(kube, namespace, "done", "Completed")
 
 
 def test_a_permanent_exit_fails_the_job_with_its_message(kube, namespace, operator) -> None:
@@ -123,7 +123,7 @@ def test_a_permanent_exit_fails_the_job_with_its_message(kube, namespace, operat
     # The rest of the gang is stopped (it would hang in its next collective); the failed pod stays for its logs.
     wait_for(lambda: [p["metadata"]["name"] for p in job_pods(kube, namespace, "bad")] == ["bad-worker-1"], 30,
              message="worker 0 deleted")
-    events = wait_for_events(kube, namespace, "bad", lambda events: any(e["reason"] == "PermanentError" for e in events))
+    events = wait_for_events(kube, namespace, "bad", "PermanentError")
     warning = [e for e in events if e["reason"] == "PermanentError"]
     assert warning[0]["type"] == "Warning" and message in warning[0]["message"]
 
