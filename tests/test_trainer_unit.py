@@ -373,3 +373,28 @@ def test_known_dependency_warnings_are_silenced_and_nothing_else() -> None:
     assert warn_from("transformers.modeling_utils", deprecated, DeprecationWarning) == [deprecated]
     other = "`use_cache=True` is deprecated and will be removed in v6."
     assert warn_from("transformers.modeling_utils", other, FutureWarning) == [other]
+
+
+#: A process that asks to die with its starter, then says it is still alive.
+DIE_WITH_STARTER = "from rljob_trainer.worker import die_with_parent; die_with_parent(); print('alive')"
+
+
+def test_a_process_whose_starter_is_gone_exits_but_one_started_by_pid_1_does_not() -> None:
+    import os
+    import subprocess
+    import sys
+
+    def child(starter: int, wrap: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+        script = DIE_WITH_STARTER if wrap is None else (
+            # Pid 1 of a new pid namespace (a container's launcher) starts the process.
+            "import os, subprocess, sys; env = {**os.environ, 'RLJOB_PARENT_PID': str(os.getpid())}; "
+            f"sys.exit(subprocess.run([sys.executable, '-c', {DIE_WITH_STARTER!r}], env=env).returncode)")
+        return subprocess.run([*(wrap or []), sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**os.environ, "RLJOB_PARENT_PID": str(starter)}, timeout=60)
+
+    assert child(os.getpid()).stdout == "alive\n"
+    # Started by this process while the variable names another: its starter died before prctl.
+    assert child(os.getppid()).returncode == 137
+    # In a container the launcher is pid 1; its fork server and ranks keep running (they all exited).
+    inside = child(0, wrap=["unshare", "--pid", "--fork"])
+    assert (inside.returncode, inside.stdout) == (0, "alive\n"), inside.stderr

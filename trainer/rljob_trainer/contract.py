@@ -82,6 +82,11 @@ RESUME_WARNINGS_ENV = "RLJOB_RESUME_WARNINGS"
 ERROR_DIR_ENV = "RLJOB_ERROR_DIR"
 #: This rank's file in that folder.
 ERROR_FILE_ENV = "RLJOB_ERROR_FILE"
+#: The pid of the process that starts this one (the launcher for its fork server and spawned ranks, the
+#: fork server for forked ranks): a process whose parent is no longer that pid lost it before it asked
+#: Linux to kill it with its parent. In a container the launcher is pid 1, so "my parent is pid 1"
+#: cannot mean "my parent died" there.
+PARENT_PID_ENV = "RLJOB_PARENT_PID"
 
 # Optional knobs (tests, laptops, special clusters).
 

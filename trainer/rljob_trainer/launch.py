@@ -276,6 +276,8 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
     except PermanentError as e:
         report_fatal(str(e))
         return EXIT_PERMANENT
+    # The fork server and spawned ranks check that this process is still their parent.
+    os.environ[contract.PARENT_PID_ENV] = str(os.getpid())
     with fork_server() if start_method == "forkserver" else contextlib.nullcontext():
         return _launch(cfg, node, extra_env or {}, start_method)
 

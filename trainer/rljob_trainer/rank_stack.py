@@ -10,8 +10,10 @@ of once per rank after it. Only the fork server imports this module.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 
+from rljob_trainer.contract import PARENT_PID_ENV
 from rljob_trainer.worker import die_with_parent
 
 
@@ -25,6 +27,7 @@ def prepare_server() -> None:
     SIGTERM back first thing.
     """
     die_with_parent()
+    os.environ[PARENT_PID_ENV] = str(os.getpid())  # the ranks forked from here are this server's
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 

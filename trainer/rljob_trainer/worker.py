@@ -26,6 +26,7 @@ from rljob_trainer.contract import (
     METRICS_LOG,
     METRICS_PORT_ENV,
     MODEL_PATH_ENV,
+    PARENT_PID_ENV,
     PROGRESS_ENV,
     exit_code_for_signal,
 )
@@ -358,11 +359,13 @@ def finish_together() -> None:
 
 
 def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank when its launcher dies.
+    """Ask Linux to SIGKILL this rank (or fork server) when the process that started it dies.
 
     torchrun starts ranks in their own sessions, so killing the launcher (a SIGKILLed
     ``rljob train``, an OOM-killed agent) would otherwise leave ranks training on as orphans,
-    writing checkpoints nobody asked for.
+    writing checkpoints nobody asked for. The starter's pid comes from ``RLJOB_PARENT_PID``: if the
+    parent is already another process, the starter died before the request took effect. Not "the
+    parent is pid 1": in a container the launcher is pid 1 (every rank exited at once there).
     """
     if not sys.platform.startswith("linux"):
         return
@@ -372,7 +375,8 @@ def die_with_parent() -> None:
     pr_set_pdeathsig = 1
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the launcher died before prctl took effect
+    starter = os.environ.get(PARENT_PID_ENV, "")
+    if starter.isdigit() and os.getppid() != int(starter):
         os._exit(137)
 
 
