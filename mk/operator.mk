@@ -1,5 +1,5 @@
 # Operator: the CRD generated from the API models (operator/rljob_operator/crd.py).
-.PHONY: crd check-crd operator-image
+.PHONY: crd check-crd
 
 crd: $(PY) ## Regenerate crds/ from the API models
 	$(PY) -m rljob crd -o crds/rljob.dev_rltrainingjobs.yaml
@@ -10,6 +10,3 @@ check-crd: $(PY) ## Fail when crds/ drifted from the API models
 	  || { echo "crds/ drifted from the API models: run 'make crd'"; exit 1; }
 	$(PY) -m rljob crd --kind RLExperiment | diff -u crds/rljob.dev_rlexperiments.yaml - \
 	  || { echo "crds/ drifted from the experiment models: run 'make crd'"; exit 1; }
-
-operator-image: ## Build the operator image (needs docker or podman)
-	$${CONTAINER_ENGINE:-docker} build -f Dockerfile.operator -t rljob-operator:dev .
