@@ -42,13 +42,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float = 30.0) -> None:
+def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
             return
         time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
 def client(endpoint: str, **credentials: str) -> Any:
@@ -61,9 +61,12 @@ def client(endpoint: str, **credentials: str) -> Any:
 
 
 class MotoServer:
-    """moto's S3 server in a child process on a free loopback port."""
+    """moto's S3 server in a child process on a free loopback port (or on ``host``: the real node's
+    pods reach it on their bridge's gateway address)."""
 
-    def __init__(self, port: int | None = None, log: Path | None = None, nice: int = 0) -> None:
+    def __init__(self, port: int | None = None, log: Path | None = None, nice: int = 0,
+                 host: str = "127.0.0.1") -> None:
+        self.host = host
         self.port = port or free_port()
         self.log = log
         self.nice = nice  # >0: yield the CPU to training (a real endpoint is not on the training host)
@@ -71,18 +74,18 @@ class MotoServer:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> MotoServer:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
         env = {**os.environ, **S3_ENV}
         env.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,  # noqa: PLW1509 - no threads yet
         )
-        wait_for_port(self.port)
+        wait_for_port(self.port, host=self.host)
         return self
 
     def stop(self, sig: int = signal.SIGKILL) -> None:

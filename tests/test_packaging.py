@@ -1,4 +1,4 @@
-"""The images build from what the wheel needs (every package root in pyproject.toml is copied in),
+"""The images carry what the wheel is built from (every package in pyproject.toml, on their PYTHONPATH),
 and the test virtualenv starts processes from compiled bytecode."""
 
 from __future__ import annotations
@@ -14,18 +14,23 @@ from tests.operator_helpers import REPO
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.operator", "Dockerfile.trainer"])
-def test_each_image_copies_every_package_root_the_wheel_is_built_from(dockerfile: str) -> None:
+def test_each_image_puts_every_package_the_wheel_is_built_from_on_its_python_path(dockerfile: str) -> None:
+    """The images run the code from its folders, as the tests do (no `pip install .`): each package of
+    pyproject.toml's package list must be copied into a folder on the image's PYTHONPATH."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     find = project["tool"]["setuptools"]["packages"]["find"]
-    roots = set()
+    packages = set()
     for where in find["where"]:
         for pattern in find["include"]:
-            roots |= {p.relative_to(REPO).parts[0] for p in (REPO / where).glob(pattern.rstrip("*") + "*")
-                      if (p / "__init__.py").exists()}
-    copied = set(re.findall(r"^COPY (?!--from)(?:\S+ )*?(\S+) \./\S*$", (REPO / dockerfile).read_text(), re.M))
-    # A package found at the top level ("rljob") is its own root; others live in operator/ and trainer/.
-    missing = sorted(r for r in roots if r not in copied)
-    assert not missing, f"{dockerfile} does not COPY {missing}: `pip install .` in the image would miss them"
+            packages |= {str(p.relative_to(REPO)) for p in (REPO / where).glob(pattern.rstrip("*") + "*")
+                         if (p / "__init__.py").exists()}
+    text = (REPO / dockerfile).read_text()
+    copies = dict(re.findall(r"^COPY (?!--from)(\S+) (\S+)$", text, re.M))
+    path = re.search(r"PYTHONPATH=(\S+)", text)
+    assert path, f"{dockerfile} sets no PYTHONPATH"
+    on_path = {f"{folder}/{Path(package).name}" for folder in path.group(1).split(":") for package in packages}
+    missing = sorted(p for p in packages if copies.get(p) not in on_path)
+    assert not missing, f"{dockerfile} does not COPY {missing} onto its PYTHONPATH: the image would miss them"
 
 
 #: Modules every rank, launcher or operator process imports, a few from each heavy package.

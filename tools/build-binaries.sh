@@ -8,6 +8,12 @@
 #                                      peers the benchmarks compare against: Kubeflow's
 #                                      training operator (bench/peer_scale.py). Not part
 #                                      of the default set, so CI's cold build does not grow.
+#   tools/build-binaries.sh --real-node [--check]
+#                                      build (if missing) and print the directory of what a
+#                                      real node needs (tests/cluster/realnode.py): kubelet and
+#                                      kube-proxy (tools/k8s), CoreDNS (tools/coredns) and the
+#                                      sandbox's pause (Kubernetes' build/pause/linux/pause.c,
+#                                      compiled with gcc -static). On demand only, like --peers.
 #
 # Versions come from the go.mod files under tools/<tool>/: one module per tool,
 # so each builds with the dependency versions its own release uses (kwok, helm
@@ -24,8 +30,15 @@ CACHE="${RLJOB_CACHE:-$HOME/.cache/rljob}"
 BIN_ROOT="$CACHE/bin"
 CHECK_ONLY=0
 PEERS=0
-[[ "${1:-}" == "--check" ]] && CHECK_ONLY=1
-[[ "${1:-}" == "--peers" ]] && PEERS=1
+REAL_NODE=0
+for arg in "$@"; do
+  case "$arg" in
+    --check) CHECK_ONLY=1 ;;
+    --peers) PEERS=1 ;;
+    --real-node) REAL_NODE=1 ;;
+    *) echo "[build-binaries] unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
 
 export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
 # Keep the Go caches out of the checkout but shared across builds.
@@ -80,6 +93,7 @@ HELM_VERSION="$(module_version helm helm.sh/helm/v3)"
 PROMTOOL_VERSION="$(module_version promtool github.com/prometheus/prometheus)"
 KUEUE_VERSION="$(module_version kueue sigs.k8s.io/kueue)"
 TRAINING_OPERATOR_VERSION="$(module_version training-operator github.com/kubeflow/training-operator)"
+COREDNS_VERSION="$(module_version coredns github.com/coredns/coredns)"
 
 # name|dir|version|binaries (space-separated "out=package" pairs)
 TOOLS=(
@@ -94,6 +108,14 @@ TOOLS=(
 # Built only on demand (--peers): the operators the benchmarks compare rljob with.
 PEER_TOOLS=(
   "training-operator|training-operator|$TRAINING_OPERATOR_VERSION|training-operator=github.com/kubeflow/training-operator/cmd/training-operator.v1"
+)
+
+# Built only on demand (--real-node): the node agents of the one real node. kubelet and kube-proxy
+# land beside the control plane's binaries (same module, same version); coredns is tools/coredns's
+# own main package (only the plugins it uses).
+REAL_NODE_TOOLS=(
+  "kubernetes|k8s|$K8S_VERSION|kubelet=k8s.io/kubernetes/cmd/kubelet kube-proxy=k8s.io/kubernetes/cmd/kube-proxy"
+  "coredns|coredns|$COREDNS_VERSION|coredns=rljob.dev/tools/coredns"
 )
 
 # -X flags that make binaries report their real version (kubectl version and
@@ -154,6 +176,8 @@ build_tool() {
     ANNOUNCED=1
     if [[ $PEERS -eq 1 ]]; then
       log "building into $BIN_ROOT; about 6 min on 2 cores, once per machine"
+    elif [[ $REAL_NODE -eq 1 ]]; then
+      log "building the real node's binaries into $BIN_ROOT; about 10 min on 2 cores, once per machine"
     else
       log "building into $BIN_ROOT; from cold this takes 25-45 min on 2 cores, once per machine"
     fi
@@ -174,9 +198,57 @@ build_tool() {
   rm -rf "$out/.build"
 }
 
+# The sandbox (pause) image's one binary, from the pause.c of the same Kubernetes version (no
+# registry to pull registry.k8s.io/pause from): it sleeps, reaps zombies of a pod that shares its
+# process namespace and exits on SIGTERM, as on every real node. Needs gcc and libc6-dev.
+build_pause() {
+  local out="$BIN_ROOT/pause-$K8S_VERSION" src tag
+  [[ -x "$out/pause" ]] && return 0
+  [[ $CHECK_ONLY -eq 1 ]] && { log "missing: pause $K8S_VERSION"; return 1; }
+  command -v gcc >/dev/null || { log "gcc is missing: apt-get install gcc libc6-dev"; return 1; }
+  src="$(cd "$TOOLS_DIR/k8s" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause"
+  tag="$(awk '$1 == "TAG" && $2 == "?=" { print $3; exit }' "$src/Makefile")"
+  mkdir -p "$out"
+  gcc -Os -Wall -Werror -static -DVERSION="v$tag-rljob" -o "$out/.pause.tmp" "$src/linux/pause.c"
+  strip "$out/.pause.tmp"
+  echo "$tag" >"$out/TAG"
+  mv -f "$out/.pause.tmp" "$out/pause"
+  log "built pause $tag (Kubernetes $K8S_VERSION)"
+}
+
+# The --real-node set: build what is missing, print a directory of symlinks to all of it.
+real_node_main() {
+  for entry in "${REAL_NODE_TOOLS[@]}"; do
+    IFS='|' read -r name dir version bins <<<"$entry"
+    [[ -n "$version" ]] || { log "no version for $name in tools/$dir/go.mod"; exit 1; }
+    build_tool "$name" "$dir" "$version" "$bins"
+  done
+  build_pause
+  local set_dir tmp
+  set_dir="$BIN_ROOT/real-node-$(printf '%s\n' "${REAL_NODE_TOOLS[@]}" "pause|$K8S_VERSION" | sha256sum | cut -c1-12)"
+  if [[ ! -d "$set_dir" ]]; then
+    tmp="$(mktemp -d "$BIN_ROOT/.set.XXXXXX")"
+    chmod 755 "$tmp"
+    for entry in "${REAL_NODE_TOOLS[@]}"; do
+      IFS='|' read -r name dir version bins <<<"$entry"
+      for pair in $bins; do
+        ln -s "../$name-$version/${pair%%=*}" "$tmp/${pair%%=*}"
+      done
+    done
+    ln -s "../pause-$K8S_VERSION/pause" "$tmp/pause"
+    ln -s "../pause-$K8S_VERSION/TAG" "$tmp/pause.tag"
+    mv -T "$tmp" "$set_dir" 2>/dev/null || rm -rf "$tmp"  # another run won the race
+  fi
+  echo "$set_dir"
+}
+
 # A function, so bash has parsed all of it before running: editing this file
 # during a long build cannot derail the build.
 main() {
+  if [[ $REAL_NODE -eq 1 ]]; then
+    real_node_main
+    return 0
+  fi
   if [[ $PEERS -eq 1 ]]; then
     # One peer today; print the path of its binary (stdout), build it if missing.
     IFS='|' read -r name dir version bins <<<"${PEER_TOOLS[0]}"

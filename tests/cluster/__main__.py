@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.cluster import realnode
 from tests.cluster.binaries import REPO_ROOT
 from tests.cluster.controlplane import ClusterConfig, ControlPlane
 from tests.cluster.nodes import GpuNodeShape
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-nodes", type=int, default=4, help="fake GPU nodes to create (default: 4)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node (default: 8)")
     parser.add_argument("--kueue", action="store_true", help="start Kueue too (its CRDs, webhooks and manager)")
+    parser.add_argument("--real-node", action="store_true",
+                        help="add one real node (containerd, kubelet, kube-proxy, CoreDNS; needs root), with the "
+                             f"local images {', '.join(realnode.DEV_IMAGES)} loaded when podman has them")
     args = parser.parse_args(argv)
 
     if args.command == "down":
@@ -50,18 +54,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dev cluster already running: {state['server']}")
         print(f"export KUBECONFIG={args.workdir / 'kubeconfig'}")
         return 0
+    images = realnode.existing_images(realnode.DEV_IMAGES) if args.real_node else ()
     config = ClusterConfig(gpu_nodes=args.gpu_nodes, node_shape=GpuNodeShape(gpus=args.gpus_per_node),
-                           kueue=args.kueue)
+                           kueue=args.kueue, real_node=args.real_node, real_node_images=images)
     started = time.monotonic()
     plane = ControlPlane(args.workdir, config, detached=True).start()
     print(
         f"dev cluster up in {time.monotonic() - started:.1f}s: {plane.server}, "
         f"{args.gpu_nodes} fake GPU nodes"
-        f"{f', Kueue (ready to admit in {plane.kueue_start_seconds:.1f}s)' if plane.kueue_start_seconds else ''}\n"
+        f"{f', Kueue (ready to admit in {plane.kueue_start_seconds:.1f}s)' if plane.kueue_start_seconds else ''}"
+        f"{_real_node_line(plane, images)}\n"
         f"export KUBECONFIG={plane.admin_kubeconfig}\n"
         f"logs: {plane.logs_dir}"
     )
     return 0
+
+
+def _real_node_line(plane: ControlPlane, images: tuple[str, ...]) -> str:
+    if plane.real_node is None:
+        return ""
+    steps = ", ".join(f"{step} {seconds:.1f}s" for step, seconds in plane.real_node_start_seconds.items())
+    return (f", real node {realnode.NODE_NAME} at {plane.real_node.gateway} ({steps}; "
+            f"images: base{''.join(', ' + image for image in images)})")
 
 
 if __name__ == "__main__":

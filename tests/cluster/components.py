@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tests.cluster import nodes, pki
+from tests.cluster import nodes, pki, realnode
 
 if TYPE_CHECKING:
     from tests.cluster.controlplane import ClusterConfig
@@ -140,6 +140,7 @@ def apiserver_argv(layout: Layout, config: ClusterConfig) -> list[str]:
         "--profiling=false",
         f"--v={config.log_verbosity}",
         *audit_argv(layout, config),
+        *(realnode.apiserver_argv(layout.cert, layout.key) if config.real_node else []),
     ]
 
 

@@ -3,8 +3,10 @@
 etcd, kube-apiserver (TLS, RBAC, service-account tokens), kube-controller-manager
 (garbage collector, node lifecycle, pod GC, taint eviction, ...), kube-scheduler
 and kwok, each a process of the pinned binaries (see ``binaries.py``), on free
-loopback ports. Used by the pytest fixtures (a temp dir, removed on stop) and by
-``python -m tests.cluster up`` (``.dev-cluster/``, detached).
+loopback ports; with ``ClusterConfig.real_node``, one real node too (``realnode.py``:
+containerd, kubelet, kube-proxy and CoreDNS running real containers). Used by the pytest
+fixtures (a temp dir, removed on stop) and by ``python -m tests.cluster up`` (``.dev-cluster/``,
+detached).
 
     with ControlPlane() as cp:
         client = cp.api_client()
@@ -19,6 +21,7 @@ import shutil
 import ssl
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster import components, kueue, nodes, pki
+from tests.cluster import components, kueue, nodes, pki, realnode
 from tests.cluster.binaries import bin_dir
 from tests.cluster.components import Layout
 from tests.cluster.processes import (
@@ -72,6 +75,13 @@ class ClusterConfig:
     """Users in these groups have every request written to ``ControlPlane.audit_log`` (JSON,
     Metadata level); nobody else's is, so the log costs nothing to other tests. Issue such a
     user with ``ControlPlane.client_kubeconfig(name, groups=(...,))``."""
+    real_node: bool = False
+    """Add one real node (``realnode.NODE_NAME``, labelled ``rljob.dev/real-node=true``, untainted):
+    containerd, kubelet, kube-proxy and CoreDNS on this host. Needs root, the Debian packages of
+    ``tools/real-node-deps.sh`` and ``tools/build-binaries.sh --real-node``; one per machine."""
+    real_node_images: tuple[str, ...] = ()
+    """Images loaded from the local podman storage into the real node's containerd, besides the
+    base image of ``tools/images/base.sh`` (there is no registry to pull from)."""
 
 
 class ControlPlaneError(RuntimeError):
@@ -106,6 +116,10 @@ class ControlPlane:
         self._admin_client = None
         self.kueue_start_seconds: float | None = None
         """How long ``start_kueue`` took, CRDs to webhooks answering (None: not started)."""
+        self.real_node: realnode.RealNodeState | None = None
+        """The real node's network and folder (None: none started)."""
+        self.real_node_start_seconds: dict[str, float] = {}
+        """How long each step of the real node's start took (containerd, images, node Ready, ...)."""
 
     # ----------------------------------------------------------------- paths
     @property
@@ -163,17 +177,18 @@ class ControlPlane:
         building missing binaries, which takes many minutes when cold.
         """
         binaries = bin_dir(build=build_binaries)
+        node_binaries = realnode.real_node_bin_dir(build=build_binaries) if self.config.real_node else None
         # Ports are picked free, then bound by the components a moment later; on
         # the rare collision with another process, start again on new ports.
         for attempt in range(3):
             try:
-                return self._start_once(binaries)
+                return self._start_once(binaries, node_binaries)
             except ControlPlaneError as error:
                 if "address already in use" not in str(error) or attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
-    def _start_once(self, binaries: Path) -> ControlPlane:
+    def _start_once(self, binaries: Path, node_binaries: realnode.NodeBinaries | None) -> ControlPlane:
         reap_stale(workdir=self._requested_workdir)
         if self._requested_workdir:
             workdir = self._requested_workdir
@@ -190,6 +205,8 @@ class ControlPlane:
             atexit.register(self.stop)
         try:
             components.write_credentials(layout)
+            if node_binaries is not None:
+                realnode.issue_apiserver_kubelet_client(layout.path("pki"))
             self._launch("etcd", components.etcd_argv(layout))
             self._wait_healthy("etcd", lambda: _http_ok(f"{layout.etcd_url}/health"), "etcd /health")
             if self.config.audit_groups:
@@ -200,6 +217,8 @@ class ControlPlane:
             if self.config.gpu_nodes:
                 self.add_gpu_nodes(self.config.gpu_nodes)
             self._wait_default_service_account()
+            if node_binaries is not None:
+                self._start_real_node(node_binaries)
             if self.config.kueue:
                 self.start_kueue()
         except BaseException:
@@ -318,6 +337,64 @@ class ControlPlane:
             self.config.start_timeout_s,
             message="the default service account (kube-controller-manager running)",
         )
+
+    # ------------------------------------------------------------- real node
+    def _start_real_node(self, binaries: realnode.NodeBinaries) -> None:
+        """containerd, CoreDNS, kubelet and kube-proxy on this host; returns once the node is Ready,
+        DNS answers and Services route. See ``realnode.py``."""
+        assert self._record is not None
+        layout, steps = self.layout, self.real_node_start_seconds
+        clock = time.monotonic()
+        realnode.refuse_second_node(self._record.path)
+        state = realnode.claim_network(layout.path("node"))
+        self.real_node = state
+        realnode.save_host_settings(state)
+        state.kube_proxy = binaries["kube-proxy"]
+        state.api_port = layout.ports["apiserver"]  # recorded first: teardown removes the rule
+        # From here on a stop, or the next start's reaper after a crash, tears the node down.
+        self._record.real_node = realnode.state_dict(state)
+        self._record.save()
+        realnode.forward_api(state, layout.ports["apiserver"])
+        for name in ("kubelet", "kubelet-healthz", "coredns-ready", "kube-proxy-healthz", "kube-proxy-metrics"):
+            layout.ports[name] = free_port()
+        realnode.write_node_files(state, binaries, layout.path("pki"), self.server, layout.ports)
+        self._launch("containerd", [binaries["containerd"], f"--config={state.path('containerd.toml')}"])
+        self._wait_healthy("containerd", lambda: realnode.containerd_ready(binaries, state), "containerd's API")
+        steps["containerd"] = time.monotonic() - clock
+        realnode.import_pause_image(binaries, state)
+        self.load_images((realnode.base_image(), *self.config.real_node_images), binaries)
+        steps["images"] = time.monotonic() - clock - steps["containerd"]
+        self._launch("coredns", [binaries["coredns"], "-conf", str(state.path("Corefile"))])
+        ready = f"http://127.0.0.1:{layout.ports['coredns-ready']}/ready"
+        self._launch("kubelet", realnode.kubelet_argv(binaries, state, self.config.log_verbosity))
+        self._wait_healthy("kubelet", lambda: self._node_schedulable(realnode.NODE_NAME),
+                           "the real node Ready, its not-ready taint removed")
+        steps["node ready"] = time.monotonic() - clock
+        self._launch("kube-proxy", [binaries["kube-proxy"], f"--config={state.path('kube-proxy.yaml')}"])
+        self._wait_healthy("coredns", lambda: _http_ok(ready), "CoreDNS /ready (its first sync)")
+        healthz = f"http://127.0.0.1:{layout.ports['kube-proxy-healthz']}/healthz"
+        self._wait_healthy("kube-proxy", lambda: _http_ok(healthz), "kube-proxy /healthz (its first sync)")
+        steps["total"] = time.monotonic() - clock
+
+    def load_images(self, images: tuple[str, ...] | list[str], binaries: realnode.NodeBinaries | None = None) -> None:
+        """Copy images from the local podman storage into the real node's containerd (no registry)."""
+        if self.real_node is None:
+            raise ControlPlaneError("no real node: start with ClusterConfig(real_node=True)")
+        binaries = binaries or realnode.real_node_bin_dir(build=False)
+        for image in images:
+            realnode.import_podman_image(binaries, self.real_node, image)
+
+    def _node_schedulable(self, name: str) -> bool:
+        """Ready, and the node lifecycle controller has removed the taints it had while not Ready."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            node = self._core().read_node(name)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return nodes.node_is_ready(node) and not node.spec.taints
 
     # ----------------------------------------------------------------- Kueue
     @property

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.binaries import BinariesUnavailable
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ClusterConfig, ControlPlane
 from tests.cluster.nodes import GpuNodeShape
 from tests.cluster.waiting import wait_for
 
@@ -47,10 +47,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: needs the local Kubernetes control plane (tests/cluster)")
 
 
+def real_node_selected(config: pytest.Config) -> bool:
+    """``-m realnode`` (``make e2e``): the real-node tests run (``tests/conftest.py`` deselects them
+    otherwise), and the session's control plane has the real node."""
+    return "realnode" in (config.getoption("markexpr", "") or "")
+
+
+#: Images the real node's containerd gets from the local podman storage (``make images``).
+REAL_NODE_IMAGES = ("localhost/rljob-trainer:dev",)
+
+
 @pytest.fixture(scope="session")
-def control_plane():
-    """The session's control plane; stopped (nothing left behind) at session end."""
-    plane = ControlPlane()
+def control_plane(request: pytest.FixtureRequest):
+    """The session's control plane; stopped (nothing left behind) at session end. With ``-m realnode``
+    (``make e2e``) it has the real node too, with the trainer image loaded."""
+    real = real_node_selected(request.config)
+    plane = ControlPlane(config=ClusterConfig(real_node=real, real_node_images=REAL_NODE_IMAGES if real else ()))
     try:
         # Never build here: a cold build takes far longer than a test timeout.
         plane.start(build_binaries=False)

@@ -23,6 +23,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -162,6 +163,8 @@ class RunRecord:
     owner_start: str | None
     processes: list[ProcessRecord]
     path: str = ""
+    real_node: dict[str, Any] | None = None
+    """What ``realnode.teardown`` undoes (bridge, mounts, sysctls, ...), once a real node started."""
 
     @classmethod
     def create(cls, workdir: Path, *, remove_workdir: bool, detached: bool) -> RunRecord:
@@ -202,6 +205,10 @@ class RunRecord:
 
     def stop_all(self) -> None:
         """Stop every recorded process (last started first), then forget the record."""
+        if self.real_node is not None:  # first, while containerd may still clean up its own containers
+            from tests.cluster import realnode  # it imports this module
+
+            realnode.teardown(self.real_node, self.processes)
         for proc in reversed(self.processes):  # an API server stops cleanly while etcd still answers it
             stop_component(proc)
         if self.remove_workdir:
