@@ -106,6 +106,13 @@ INVALID_MANIFESTS: list[tuple[str, dict[str, Any], str]] = [
      "spec.training.dataset.name"),
     ("dataset-size-zero", {"spec": {"training": {"dataset": {"size": 0}}}}, "spec.training.dataset.size"),
     ("s3-without-bucket", {"spec": {"checkpoint": {"storage": "s3://"}}}, "spec.checkpoint.storage"),
+    ("pvc-without-claim", {"spec": {"checkpoint": {"storage": "pvc:///run1"}}}, "spec.checkpoint.storage"),
+    ("pvc-claim-not-a-name", {"spec": {"checkpoint": {"storage": "pvc://Team_Ckpt/run1"}}},
+     "spec.checkpoint.storage"),
+    ("pvc-prefix-leaves-the-claim", {"spec": {"checkpoint": {"storage": "pvc://ckpt/../other"}}},
+     "spec.checkpoint.storage"),
+    ("pvc-mirror-prefix-leaves-the-claim", {"spec": {"checkpoint": {"mirrors": [{"location": "pvc://ckpt/a/../.."}]}}},
+     "spec.checkpoint.mirrors[0].location"),
     ("deadline-zero", {"spec": {"runPolicy": {"activeDeadlineSeconds": 0}}},
      "spec.runPolicy.activeDeadlineSeconds"),
     ("ttl-negative", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": -1}}},
@@ -211,8 +218,9 @@ class OperatorProcess:
     """``rljob operator`` as a child process watching one namespace."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log: Path, identity: str | None = None,
-                 env: dict[str, str] | None = None, leader_elect: bool = True) -> None:
+                 env: dict[str, str] | None = None, leader_elect: bool = True, status_host: str = "127.0.0.1") -> None:
         self.namespace = namespace
+        self.status_host = status_host  # where pods reach the status API (the real node's: its gateway)
         self.status_port = free_port()
         self.metrics_port = free_port()
         self.identity = identity or f"test-{uuid.uuid4().hex[:6]}"
@@ -222,7 +230,7 @@ class OperatorProcess:
             "--kubeconfig", str(kubeconfig),
             "--namespace", namespace,
             "--status-port", str(self.status_port),
-            "--status-url", f"https://127.0.0.1:{self.status_port}",
+            "--status-url", f"https://{status_host}:{self.status_port}",
             "--metrics-port", str(self.metrics_port),
             "--identity", self.identity,
             "--leader-elect" if leader_elect else "--no-leader-elect",
@@ -232,7 +240,7 @@ class OperatorProcess:
 
     @property
     def status_url(self) -> str:
-        return f"https://127.0.0.1:{self.status_port}"
+        return f"https://{self.status_host}:{self.status_port}"
 
     def start(self) -> OperatorProcess:
         with open(self.log, "ab") as f:

@@ -96,8 +96,8 @@ def test_two_gpu_workers_run_on_fake_gpu_nodes(kube, namespace, operator, contro
     kubectl = [str(control_plane.bin / "kubectl"), "--kubeconfig", str(control_plane.admin_kubeconfig)]
     out = subprocess.run([*kubectl, "get", "rltj", "-n", namespace], capture_output=True, text=True, check=True)
     header, row = out.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "WORKERS", "STEP", "REWARD", "AGE"]
-    assert row.split()[:5] == ["gang", "Running", "2/2", "7", "0.625"]
+    assert header.split() == ["NAME", "PHASE", "WORKERS", "STEP", "REWARD", "CHECKPOINTS", "AGE"]
+    assert row.split()[:6] == ["gang", "Running", "2/2", "7", "0.625", "Ephemeral"]  # no spec.checkpoint.storage
 
 
 def test_worker_zero_completing_means_succeeded(kube, namespace, operator) -> None:

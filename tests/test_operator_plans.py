@@ -270,7 +270,8 @@ def test_the_reconciler_writes_status_then_children_then_pods_then_events() -> N
     assert _reconcile(kube) is None
     assert kube.calls[0] == ("status", "Pending", "CreatingWorkers")
     assert sorted(kube.calls[1:3]) == [("create", "ConfigMap"), ("create", "Service")]
-    assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers")]
+    assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers"),
+                              ("event", "EphemeralCheckpoints")]
 
 
 def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after_the_first() -> None:
@@ -329,7 +330,8 @@ def test_the_network_policy_exists_before_any_pod_and_a_taken_name_stops_the_pod
     kube = RecordingKube(_raw())
     assert _reconcile(kube, JobNetwork()) is None
     assert sorted(kube.calls[1:4]) == [("create", "ConfigMap"), ("create", "NetworkPolicy"), ("create", "Service")]
-    assert kube.calls[4:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers")]
+    assert kube.calls[4:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers"),
+                              ("event", "EphemeralCheckpoints")]
 
     taken = "NetworkPolicy team-a/train-workers exists and lacks the label app.kubernetes.io/managed-by=rljob-operator"
     kube = RecordingKube(_raw(), ("NetworkPolicy", ChildConflict(taken)))
@@ -344,8 +346,8 @@ def test_the_reconciler_applies_the_refusal_plan_in_place_of_the_rest() -> None:
     kube = RecordingKube(raw, ("Service", ChildConflict(taken)))
     assert _reconcile(kube) == CONFLICT_REQUEUE_SECONDS
     assert kube.calls[0] == ("status", "Pending", "CreatingWorkers") and ("create", "Pod") not in kube.calls
-    assert kube.calls[-3:] == [("status", None, "ChildConflict"), ("event", "ChildConflict"),
-                               ("event", "CreatingWorkers")]
+    assert kube.calls[-4:] == [("status", None, "ChildConflict"), ("event", "ChildConflict"),
+                               ("event", "CreatingWorkers"), ("event", "EphemeralCheckpoints")]
 
     kube = RecordingKube(_raw(), ("Pod", _refused(422, '{"message": "invalid"}')))
     assert _reconcile(kube) is None

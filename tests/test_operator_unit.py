@@ -183,7 +183,7 @@ def test_crd_names_subresources_and_columns() -> None:
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.workers.replicas"
     assert version["subresources"]["status"] == {}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Workers", "Step", "Reward", "Age"]
+    assert columns == ["Phase", "Workers", "Step", "Reward", "Checkpoints", "Age"]
     conditions = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
 
@@ -379,7 +379,7 @@ def test_new_job_creates_every_worker_and_records_its_start() -> None:
     assert s["workers"] == {"desired": 3, "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/3",
                             "current": 0}
     assert s["selector"] == "rljob.dev/job=train" and s["observedGeneration"] == 1
-    assert [e.reason for e in plan.events] == ["CreatingWorkers"]
+    assert [e.reason for e in plan.events] == ["CreatingWorkers", "EphemeralCheckpoints"]  # no spec.checkpoint.storage
 
 
 def test_a_partly_created_gang_is_completed_and_never_duplicated() -> None:
@@ -404,8 +404,9 @@ def test_phases_follow_the_pods() -> None:
     assert running.status["phase"] == "Running" and running.status["workers"]["summary"] == "2/2"
     assert {c["type"]: c["status"] for c in running.status["conditions"]} == {
         "Ready": "True", "Reconciling": "False", "Stalled": "False", "Succeeded": "False", "Failed": "False",
-        "Suspended": "False"}
-    assert [(e.type, e.reason) for e in running.events] == [("Normal", "Running")]
+        "Suspended": "False", "CheckpointsDurable": "False"}
+    # The stored status has no CheckpointsDurable yet (a job from before it): warned once, with the phase change.
+    assert [(e.type, e.reason) for e in running.events] == [("Normal", "Running"), ("Warning", "EphemeralCheckpoints")]
 
 
 def test_a_running_job_that_loses_readiness_stays_running_but_not_ready() -> None:
@@ -413,7 +414,8 @@ def test_a_running_job_that_loses_readiness_stays_running_but_not_ready() -> Non
     plan = plan_reconcile(job, observe(job, pod_json(job, 0, ready=False), pod_json(job, 1)), NOW)
     assert plan.status["phase"] == "Running" and plan.status["reason"] == "WorkersNotReady"
     assert next(c for c in plan.status["conditions"] if c["type"] == "Ready")["status"] == "False"
-    assert plan.events == []
+    # No phase change, no Event; only the once-per-job warning a job from before CheckpointsDurable gets.
+    assert [e.reason for e in plan.events] == ["EphemeralCheckpoints"]
 
 
 def test_worker_zero_exiting_0_means_succeeded() -> None:

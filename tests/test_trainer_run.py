@@ -20,6 +20,7 @@ from tests.trainer_helpers import (
     deep_update,
     kill_group,
     quickstart_doc,
+    run_rljob,
     start_rljob,
     wait_until,
     write_manifest,
@@ -184,6 +185,55 @@ def test_sigkill_after_checkpoint_resumes_from_it_and_loses_at_most_the_interval
     assert steps_logged[-1] == 60
     assert "resuming from" in (tmp_path / "second.txt").read_text()
     assert summary["checkpoints"] == ["checkpoint-50", "checkpoint-60"]
+
+
+def test_checkpoints_in_a_folder_outside_the_output_outlive_it_and_resume(tmp_path: Path) -> None:
+    """What a pvc:// job's gang restart looks like to the trainer (issue #31): the operator gives it the
+    claim's mounted folder as spec.checkpoint.storage, the gang is killed, and the next gang starts with
+    an empty /workspace/output (a new emptyDir) but the same folder. Manifests, retention and resume
+    are the local-folder code the operator's rewrite leads to."""
+    every = 10
+    claim = tmp_path / "claim" / "runs" / "job"  # stands for /var/lib/rljob/checkpoints/<claim>/<prefix>
+    doc = deep_update(quickstart_doc(), {
+        "spec": {"training": {"maxSteps": 40},
+                 "checkpoint": {"everySteps": every, "keepLast": 2, "storage": str(claim)}},
+    })
+    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    first_out = tmp_path / "gang-0"
+    proc = start_rljob("train", str(manifest), "--output", str(first_out), "--metrics-port", str(free_port()),
+                       log=tmp_path / "first.txt")
+    try:
+        wait_until(lambda: (claim / "latest").exists() and (claim / "latest").read_text().strip() >= "checkpoint-20",
+                   timeout=400, interval=0.2, what="checkpoint-20 sealed in the claim folder")
+    finally:
+        kill_group(proc, signal.SIGKILL)  # the whole gang, as a node loss or a pod deletion does
+    resumable = (claim / "latest").read_text().strip()
+    assert (claim / resumable / "rljob-manifest.json").is_file()
+    assert not (first_out / "checkpoints").exists()  # nothing went to the pod's own folder
+    shutil.rmtree(first_out)  # the emptyDir goes with the pod
+
+    second_out = tmp_path / "gang-1"
+    second = start_rljob("train", str(manifest), "--output", str(second_out), "--metrics-port", str(free_port()),
+                         log=tmp_path / "second.txt")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.txt").read_text()[-3000:]
+    summary = json.loads((second_out / "summary.json").read_text())
+    assert summary["resumed_from"] == resumable and summary["steps"] == 40
+    assert f"resuming from {claim / resumable}" in (tmp_path / "second.txt").read_text()
+    # Retention ran in the claim folder: the newest keepLast, each sealed, and `latest` on the newest.
+    kept = sorted(p.name for p in claim.iterdir() if p.name.startswith("checkpoint-"))
+    assert kept == ["checkpoint-30", "checkpoint-40"] == summary["checkpoints"]
+    assert all((claim / name / "rljob-manifest.json").is_file() for name in kept)
+    assert (claim / "latest").read_text().strip() == "checkpoint-40"
+
+
+def test_rljob_train_refuses_a_pvc_location_naming_the_field(tmp_path: Path) -> None:
+    """No claim outside a cluster: a permanent error naming the field, not a guessed local folder."""
+    doc = deep_update(quickstart_doc(), {"spec": {"checkpoint": {"storage": "pvc://ckpt/run1"}}})
+    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    result = run_rljob("train", str(manifest), "--output", str(tmp_path / "out"), timeout=300)
+    assert result.returncode == 78, result.stderr[-2000:]
+    assert "spec.checkpoint.storage: pvc://ckpt/run1 names a PersistentVolumeClaim" in result.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()
 
 
 def test_sigterm_saves_a_checkpoint_of_the_current_step_then_exits_143(tmp_path: Path) -> None:

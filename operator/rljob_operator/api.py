@@ -329,7 +329,9 @@ class StatusModel(Model):
 class Condition(StatusModel):
     """A kstatus-compatible condition."""
 
-    type: str = Field(..., description="Ready, Reconciling, Stalled, Succeeded, Failed or Suspended.")
+    type: str = Field(..., description=(
+        "Ready, Reconciling, Stalled, Succeeded, Failed or Suspended; CheckpointsDurable (reason Durable or "
+        "Ephemeral) says whether checkpoints outlive a gang restart."))
     status: str = Field(..., description="True, False or Unknown.", pattern=r"^(True|False|Unknown)$")
     reason: str = Field("", description="CamelCase reason for the last transition.")
     message: str = Field("", description="Human-readable details.")

@@ -38,6 +38,7 @@ from rljob_trainer.config import (
     CREDENTIAL_TRL_MESSAGE,
     CUSTOM_REWARD_RE,
     MANAGED_TRL_FIELDS,
+    PVC_LOCATION_RE,
     describe_type,
     managed_message,
 )
@@ -97,6 +98,10 @@ GENERATION_RULES = [
           "spec.training.stepsPerGeneration: with elastic workers, batchSize × stepsPerGeneration must be a "
           "multiple of numGenerations", ".training.stepsPerGeneration"),
 ]
+
+#: What a pvc:// location must look like (config._check_claim_location says it in two messages).
+_PVC_FORM = ("use pvc://<claim>/<prefix>: a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.'), "
+             "then a relative path without empty, '.' or '..' parts")
 
 #: CEL rules by schema path (``[]`` = list items). Each mirrors a pydantic validator.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
@@ -173,6 +178,18 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "!has(self.storage) || self.storage != 's3://'",
             "spec.checkpoint.storage: an s3:// location needs a bucket, for example s3://my-bucket/run1",
             ".storage",
+        ),
+        _rule(
+            f"!has(self.storage) || !self.storage.startsWith('pvc://') || self.storage.matches(r'{PVC_LOCATION_RE.pattern}')",
+            f"spec.checkpoint.storage: {_PVC_FORM}",
+            ".storage",
+        ),
+    ],
+    "spec.checkpoint.mirrors[]": [
+        _rule(
+            f"!self.location.startsWith('pvc://') || self.location.matches(r'{PVC_LOCATION_RE.pattern}')",
+            f"spec.checkpoint.mirrors[].location: {_PVC_FORM}",
+            ".location",
         ),
     ],
 }
@@ -338,6 +355,7 @@ CEL_BOUNDS: dict[str, dict[str, int]] = {
     "spec.training.model": {"maxLength": 2048},
     "spec.training.dataset.name": {"maxLength": 2048},
     "spec.checkpoint.storage": {"maxLength": 2048},
+    "spec.checkpoint.mirrors[].location": {"maxLength": 2048},
     "spec.workers.gpuResource": {"maxLength": 253},
 }
 
@@ -500,6 +518,9 @@ def crd_manifest() -> dict[str, Any]:
                         },
                         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
                         {"name": "Reward", "type": "number", "jsonPath": ".status.progress.reward"},
+                        # Durable or Ephemeral: a job that restarts from step 0 after a gang restart shows it.
+                        {"name": "Checkpoints", "type": "string",
+                         "jsonPath": '.status.conditions[?(@.type=="CheckpointsDurable")].reason'},
                         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
                         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -36,6 +36,9 @@ RDZV_PORT = 29500
 METRICS_PORT = 9400
 STATUS_CA_KEY = "status-ca.crt"
 OUTPUT_DIR = "/workspace/output"
+#: Where the PersistentVolumeClaims named by ``pvc://claim/prefix`` checkpoint locations are mounted,
+#: one folder per claim (``<CLAIMS_DIR>/<claim>``); the trainer is given ``<CLAIMS_DIR>/<claim>/<prefix>``.
+CLAIMS_DIR = "/var/lib/rljob/checkpoints"
 TOKEN_DIR = "/var/run/secrets/rljob.dev/status"
 TOKEN_FILE = "token"
 #: Audience of the projected token the trainer sends with heartbeats; the status API asks

@@ -467,13 +467,46 @@ def _refuse_credentials(data: Any) -> Any:
     return data
 
 
+#: A checkpoint location on a PersistentVolumeClaim of the job's namespace: ``pvc://<claim>/<prefix>``.
+PVC_SCHEME = "pvc://"
+#: The CEL/regex form of a pvc:// location: a claim name, then an optional prefix of path segments
+#: (no empty, ``.`` or ``..`` segment: the prefix stays inside the claim).
+PVC_LOCATION_RE = re.compile(
+    r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"(/([^/]*[^/.][^/]*|\.\.\.+))*/?$"
+)
+
+
+def parse_claim(uri: str) -> tuple[str, str] | None:
+    """``(claim, prefix)`` of a ``pvc://claim/prefix`` location (prefix without slashes at its ends),
+    None for any other location. The location is assumed valid (:func:`_check_location`)."""
+    if not uri.startswith(PVC_SCHEME):
+        return None
+    claim, _, prefix = uri[len(PVC_SCHEME):].partition("/")
+    return claim, prefix.strip("/")
+
+
+def _check_claim_location(v: str) -> str:
+    claim = v[len(PVC_SCHEME):].split("/", 1)[0]
+    if not claim or len(claim) > 253 or not K8S_NAME_RE.match(claim):
+        raise ValueError(f"{v!r}: pvc:// needs a PersistentVolumeClaim name (lowercase letters, digits, '-' "
+                         "and '.'), for example pvc://checkpoints/run1")
+    if not PVC_LOCATION_RE.match(v):
+        raise ValueError(f"{v!r}: the prefix after the claim must be a relative path without empty, '.' or "
+                         "'..' parts, for example pvc://checkpoints/team-a/run1")
+    return v
+
+
 def _check_location(v: str) -> str:
     if v.startswith("s3://"):
         if len(v) <= len("s3://") or v[len("s3://")] == "/":
             raise ValueError("s3:// location needs a bucket, for example s3://my-bucket/run1")
+    elif v.startswith(PVC_SCHEME):
+        return _check_claim_location(v)
     elif re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", v):
         raise ValueError(
-            f"{v!r}: use s3://bucket/prefix (any S3-compatible endpoint, with endpointUrl) or a local path"
+            f"{v!r}: use s3://bucket/prefix (any S3-compatible endpoint, with endpointUrl), "
+            "pvc://claim/prefix (a PersistentVolumeClaim of the job's namespace) or a local path"
         )
     return v
 
@@ -497,7 +530,13 @@ def _check_secret_name(v: str | None) -> str | None:
 class MirrorSpec(Model):
     """A backup location every complete checkpoint is copied to (another bucket, region or endpoint)."""
 
-    location: str = Field(..., min_length=1, description="s3://bucket/prefix or a local path / mounted volume.")
+    location: str = Field(
+        ..., min_length=1,
+        description=(
+            "s3://bucket/prefix, pvc://claim/prefix (a PersistentVolumeClaim of the job's namespace, which the "
+            "operator mounts into every worker) or a local path / mounted volume."
+        ),
+    )
     endpoint_url: str | None = Field(
         None, description="S3-compatible endpoint URL of this mirror (else the primary's rules: AWS_ENDPOINT_URL)."
     )
@@ -531,9 +570,15 @@ class CheckpointSpec(Model):
     storage: str | None = Field(
         None,
         description=(
-            "s3://bucket/prefix (any S3-compatible endpoint) or a local path / mounted volume. Default: "
-            "<output>/checkpoints (locally) or /workspace/checkpoints (in a pod). With s3:// the trainer "
-            "writes to a local staging folder and uploads each checkpoint in the background."
+            "Where checkpoints go: s3://bucket/prefix (any S3-compatible endpoint; the trainer writes to a "
+            "local staging folder and uploads each checkpoint in the background), pvc://claim/prefix (a "
+            "PersistentVolumeClaim of the job's namespace, block or file storage: the operator mounts it "
+            "read-write into every worker and the trainer writes under prefix; on a cluster only) or a local "
+            "path / mounted volume. Default: <output>/checkpoints, which locally is a folder that stays, but "
+            "in a worker pod is /workspace/output/checkpoints on the pod's emptyDir volume: every gang restart "
+            "deletes it and the job starts again from step 0 (the job then shows the condition "
+            "CheckpointsDurable=False and a Warning Event EphemeralCheckpoints). On a cluster set s3:// or "
+            "pvc://, or a durable mirror, for checkpoints that outlive the gang."
         ),
     )
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint URL (else AWS_ENDPOINT_URL).")
@@ -547,10 +592,12 @@ class CheckpointSpec(Model):
         ),
     )
     mirrors: list[MirrorSpec] = Field(
-        default_factory=list,
+        default_factory=list, max_length=8,
         description=(
             "Backup locations each complete checkpoint is copied to (same protocol: files, verify, manifest, "
-            "latest). Resume falls back to a mirror when the primary is unreachable or its copy is corrupt."
+            "latest). Resume takes the newest complete checkpoint any location holds, so it falls back to a "
+            "mirror when the primary is unreachable, empty or its copy is corrupt: an s3:// or pvc:// mirror "
+            "keeps checkpoints across gang restarts even when the primary is the pod's own folder."
         ),
     )
     upload_retries: int = Field(

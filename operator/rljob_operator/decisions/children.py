@@ -24,6 +24,7 @@ from typing import Any
 from rljob_trainer import contract
 
 from rljob_operator.api import RLTrainingJob
+from rljob_operator.decisions.checkpoints import claim_volumes, mounted_checkpoint
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,
@@ -93,9 +94,11 @@ def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None
     """The trainer config (and the status API's CA) that every worker mounts at /etc/rljob.
 
     After an out-of-memory failure the batch shape OOM recovery chose (``status.oomRecovery``)
-    replaces the spec's per-device batch and accumulation.
+    replaces the spec's per-device batch and accumulation. A ``pvc://claim/prefix`` checkpoint
+    location becomes the folder the claim is mounted at (``checkpoints.mounted_checkpoint``).
     """
     config = job.trainer_config(output_dir=OUTPUT_DIR)
+    config = config.model_copy(update={"checkpoint": mounted_checkpoint(config.checkpoint)})
     data = {CONFIG_KEY: contract.dump_config(config)}
     if endpoint is not None and endpoint.ca_pem:
         data[STATUS_CA_KEY] = endpoint.ca_pem
@@ -281,6 +284,7 @@ def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]]
             {"name": "rljob-workspace", "mountPath": "/workspace"},
             {"name": "rljob-shm", "mountPath": "/dev/shm"},
             {"name": "rljob-tmp", "mountPath": "/tmp"},
+            *claim_volumes(job.spec.checkpoint)[1],
             *copy.deepcopy(workers.volume_mounts),
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -302,13 +306,14 @@ def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]]
 
 
 def _volumes(job: RLTrainingJob) -> list[dict[str, Any]]:
-    """The operator's volumes: the ConfigMap, scratch space, shared memory and /tmp."""
+    """The operator's volumes: the ConfigMap, scratch space, shared memory, /tmp and the checkpoint claims."""
     return [
         {"name": "rljob-config", "configMap": {"name": configmap_name(job.metadata.name)}},
         {"name": "rljob-workspace", "emptyDir": {}},
         # NCCL and DataLoader workers need more shared memory than a container's 64 MiB.
         {"name": "rljob-shm", "emptyDir": {"medium": "Memory"}},
         {"name": "rljob-tmp", "emptyDir": {}},
+        *claim_volumes(job.spec.checkpoint)[0],
     ]
 
 

@@ -102,6 +102,7 @@ def suspended(ctx: Situation) -> Plan | None:
         f"suspended; {len(remaining)} worker pod(s) still terminating" if remaining
         else "suspended; worker pods deleted, set spec.runPolicy.suspend=false to resume",
         ready=not remaining, reconciling=bool(remaining), generation=ctx.prev.gang_generation or 0, desired=0,
+        checkpoints=ctx.checkpoints,
     ).carry(ctx.prev)
     plan = settled(ctx, d, [p.name for p in remaining if not p.deleting])
     plan.requeue_after = WAIT_REQUEUE_SECONDS if remaining else None

@@ -17,13 +17,15 @@ from functools import cached_property
 from typing import Any
 
 from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus
+from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
+from rljob_operator.decisions.checkpoints import EPHEMERAL, EVENT_REASON, Durability
 from rljob_operator.decisions.children import (
     JobNetwork,
     desired_configmap,
     desired_network_policy,
     desired_service,
 )
-from rljob_operator.decisions.conditions import STALL_REASONS, make_conditions
+from rljob_operator.decisions.conditions import STALL_REASONS, checkpoints_condition, make_conditions
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.queueing import QueueWrites
 from rljob_operator.names import StatusEndpoint, selector
@@ -148,6 +150,8 @@ class StatusDraft:
     gang_start_time: str | None = None
     oom_recovery: dict[str, Any] | None = None
     scaling: dict[str, Any] | None = None
+    checkpoints: Durability | None = None
+    """Whether checkpoints outlive the gang (the CheckpointsDurable condition); None: keep the stored one."""
 
     def carry(self, prev: RLTrainingJobStatus) -> StatusDraft:
         """Keep the restart bookkeeping of ``prev``."""
@@ -198,7 +202,8 @@ def build_status(
             d.phase, d.reason, d.message, ready=d.ready, reconciling=d.reconciling,
             generation=observed_generation, previous=previous_conditions, now=now,
             stalled=d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason in STALL_REASONS),
-        ),
+        ) + checkpoints_condition(d.checkpoints, generation=observed_generation, previous=previous_conditions,
+                                  now=now),
         "workers": _workers(d, pods),
         "gangGeneration": d.generation,
         "selector": selector(job_name),
@@ -222,6 +227,22 @@ def transition_event(prev_phase: str | None, d: StatusDraft) -> list[Event]:
     trouble = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason != "Resizing")
     kind = "Warning" if trouble else "Normal"
     return [Event(kind, d.reason, f"{prev_phase or 'New'} → {d.phase}: {d.message}")]
+
+
+def checkpoint_event(previous_conditions: list[dict[str, Any]], d: StatusDraft) -> list[Event]:
+    """The Warning that a job's checkpoints will not survive a gang restart, posted once: when its
+    CheckpointsDurable condition turns Ephemeral (a new job, or a spec edit), not at every reconcile.
+
+    The stored condition is the memory, and the status is written before the Events; a finished
+    job's status is not news.
+    """
+    now = d.checkpoints
+    if now is None or now.durable or d.phase in (Phase.failed.value, Phase.succeeded.value):
+        return []
+    before = next((c for c in previous_conditions if c.get("type") == CHECKPOINTS_CONDITION), {})
+    if before.get("reason") == EPHEMERAL:
+        return []
+    return [Event("Warning", EVENT_REASON, now.message)]
 
 
 def force_deleted_event(pod_name: str, deleted_node: str | None = None) -> Event:

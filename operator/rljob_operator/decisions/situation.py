@@ -14,9 +14,18 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
+from rljob_operator.decisions.checkpoints import Durability, durability
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
-from rljob_operator.decisions.plan import Children, Event, Plan, StatusDraft, build_status, transition_event
+from rljob_operator.decisions.plan import (
+    Children,
+    Event,
+    Plan,
+    StatusDraft,
+    build_status,
+    checkpoint_event,
+    transition_event,
+)
 from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.decisions.queueing import (
     QueueView,
@@ -137,6 +146,16 @@ class Situation:
         """Fields of the job the platform's pod profile does not allow (``policy.violations``)."""
         found = violations(self.job, self.profile) if self.profile is not None else []
         return found + (queue_violations(self.job) if self.queue is not None else [])
+
+    @derived
+    def previous_conditions(self) -> list[dict[str, Any]]:
+        """The conditions as last written, as dicts."""
+        return [c.model_dump(by_alias=True) for c in self.prev.conditions]
+
+    @derived
+    def checkpoints(self) -> Durability:
+        """Whether the job's checkpoints outlive its gang (the CheckpointsDurable condition)."""
+        return durability(self.job.spec.checkpoint, lambda: desired_worker_pod(self.job, 0, 0))
 
     @derived
     def start(self) -> datetime:
@@ -295,7 +314,7 @@ class Situation:
         """
         generation = self.generation if spec_checked else self.base_generation
         d = StatusDraft("", "", "", start_time=rfc3339(self.start), generation=generation,
-                        desired=self.replicas).carry(self.prev)
+                        desired=self.replicas, checkpoints=self.checkpoints).carry(self.prev)
         if generation != (self.prev.gang_generation or 0):
             d.gang_start_time = None  # a new gang: set when its pods are created
         return d
@@ -304,7 +323,7 @@ class Situation:
         """The full status patch of draft ``d`` (``plan.build_status``)."""
         return build_status(
             d, job_name=self.job.metadata.name, observed_generation=self.meta_generation,
-            previous_conditions=[c.model_dump(by_alias=True) for c in self.prev.conditions],
+            previous_conditions=self.previous_conditions,
             now=self.now, pods=self.pods,
         )
 
@@ -322,7 +341,7 @@ class Situation:
             force_delete_pods=self.force_delete,
             children=Children(self.job, status, self.endpoint, self.network) if create else None,
             create_pods=create or [],
-            events=events + transition_event(self.prev.phase, d),
+            events=events + transition_event(self.prev.phase, d) + checkpoint_event(self.previous_conditions, d),
             requeue_after=requeue_after,
             gang_restart=gang_restart,
         )

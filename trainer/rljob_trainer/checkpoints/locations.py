@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -267,7 +268,9 @@ class LocalLocation(Location):
     def check_access(self) -> None:
         with storage_errors(self.uri):
             self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / ACCESS_PROBE
+            # One probe per node and process: on a shared folder (a ReadWriteMany claim) every worker pod
+            # checks at once, and a common name would let one pod delete another's probe mid-check.
+            probe = self.root / f"{ACCESS_PROBE}-{socket.gethostname()}-{os.getpid()}"
             probe.write_text("rljob\n")
             probe.unlink()
 

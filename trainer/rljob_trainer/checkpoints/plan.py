@@ -11,7 +11,9 @@ from typing import Any
 
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.s3 import MiB, S3Location, TransferSettings
+from rljob_trainer.config import PVC_SCHEME
 from rljob_trainer.contract import MIRROR_ENV_PREFIX
+from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage import credentials_from_env
 
 log = logging.getLogger("rljob.checkpoints")
@@ -27,7 +29,16 @@ def location_for(
     credentials: dict[str, str] | None = None,
     transfer: TransferSettings | None = None,
 ) -> Location:
-    """The location a URI names: ``s3://bucket/prefix`` is object storage, anything else a local folder."""
+    """The location a URI names: ``s3://bucket/prefix`` is object storage, anything else a local folder.
+
+    ``pvc://claim/prefix`` is a PermanentError naming ``where``: only the operator can mount a claim (it
+    gives the trainer the mounted folder instead), so the trainer never meets one in a pod; here it
+    means a run outside the cluster, where guessing a folder would hide where the checkpoints went.
+    """
+    if uri.startswith(PVC_SCHEME):
+        raise PermanentError(where, (
+            f"{uri} names a PersistentVolumeClaim, which exists only on a cluster (the operator mounts it "
+            "into the job's pods); to run here, set a local folder or an s3:// location"))
     if uri.startswith("s3://"):
         return S3Location(uri, where=where, endpoint_url=endpoint_url, region=region, credentials=credentials,
                           transfer=transfer)
