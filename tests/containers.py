@@ -215,7 +215,10 @@ def run_argv(pod: dict[str, Any], work: Path, *, image: str | None = None, files
     termination.touch(mode=0o666)
     termination.chmod(0o666)
     meta = pod["metadata"]
-    argv = [podman(), *ENGINE, "run", "--rm=false", "--name", container_name or meta["name"], *ULIMITS,
+    # --passwd=false: podman adds a password-database entry for a --user the image lacks; a kubelet's
+    # runtime does not (kopf's identity lookup failed on exactly that, under containerd only).
+    argv = [podman(), *ENGINE, "run", "--rm=false", "--passwd=false", "--name", container_name or meta["name"],
+            *ULIMITS,
             *(network if network is not None else ["--network", "none"]),
             *_user_flags(pod_sc, sc), *_hardening_flags(pod_sc, sc), *_mount_flags(container, sources),
             "--volume", f"{termination}:{container.get('terminationMessagePath', TERMINATION_LOG)}:rw",

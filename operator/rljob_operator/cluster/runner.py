@@ -227,6 +227,9 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
         registry=watch.registry,
         settings=kopf_settings(),
         standalone=True,  # leadership is ours (the Lease), not kopf's peering
+        # Our identity, not kopf's own guess: it asks the password database for the user's name, and
+        # an image's non-root uid often has no entry there (every container under a kubelet failed).
+        identity=s.identity,
         clusterwide=not s.namespaces,
         namespaces=s.namespaces,
         stop_flag=stop_flag,
@@ -237,6 +240,9 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
     await asyncio.wait([kopf_task, holding, stop_wait], return_when=asyncio.FIRST_COMPLETED)
     lost = holding.done()
     code = 1 if lost or (kopf_task.done() and not stopping.is_set()) else 0
+    if kopf_task.done() and not stopping.is_set():  # kopf ended on its own: say why, never exit mute
+        error = None if kopf_task.cancelled() else kopf_task.exception()
+        log.error("stopping: the watches ended%s", f": {error!r}" if error else "", exc_info=error)
     if lost:
         log.error("stopping: this replica no longer holds the lease")
         await queue.stop()  # first: no reconcile may start while kopf winds down
