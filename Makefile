@@ -28,7 +28,7 @@ test: venv binaries lint check-wheel images ## Run every test (unit, trainer, S3
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (no torchrun, no cluster)
-	$(PY) -m pytest -m "not trainer and not cluster and not s3" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not trainer and not cluster and not s3 and not images" $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
 	.venv/bin/ruff check rljob operator trainer tests bench charts/rljob/hack

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.fixtures import real_node_selected
-
 _REPO = Path(__file__).resolve().parents[1]
 _PATHS = [str(_REPO / "operator"), str(_REPO / "trainer"), str(_REPO)]
 for _p in reversed(_PATHS):
@@ -52,6 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The real-node tests need root, host packages and on-demand binaries, and change the host's
     # network: unless selected by name they are deselected (not skipped: they are `make e2e`'s, and
     # a plain `make test` reports only what it ran).
+    from tests.cluster.fixtures import real_node_selected  # a plugin: imported once registered
+
     if not real_node_selected(config):
         real_node = [item for item in items if item.get_closest_marker("realnode") is not None]
         if real_node:

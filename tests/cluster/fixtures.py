@@ -54,7 +54,7 @@ def real_node_selected(config: pytest.Config) -> bool:
 
 
 #: Images the real node's containerd gets from the local podman storage (``make images``).
-REAL_NODE_IMAGES = ("localhost/rljob-trainer:dev",)
+REAL_NODE_IMAGES = ("localhost/rljob-trainer:dev", "localhost/rljob-operator:dev")
 
 
 @pytest.fixture(scope="session")
