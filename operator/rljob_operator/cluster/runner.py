@@ -229,7 +229,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
         standalone=True,  # leadership is ours (the Lease), not kopf's peering
         # Our identity, not kopf's own guess: it asks the password database for the user's name, and
         # an image's non-root uid often has no entry there (every container under a kubelet failed).
-        identity=s.identity,
+        identity=cast(Any, s.identity),  # kopf's Identity is a NewType of str, not exported
         clusterwide=not s.namespaces,
         namespaces=s.namespaces,
         stop_flag=stop_flag,
