@@ -12,7 +12,7 @@ export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)$(if $(PYTHON
 .PHONY: help venv demo test test-fast lint typecheck crd check-crd bench clean
 
 help: ## List targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
 # The venv is keyed by requirements.lock and cached outside the checkout (tools/venv.sh).
 venv: ## Create or reuse the cached virtualenv (.venv)

@@ -150,6 +150,38 @@ def test_trainer_image_trains_the_quickstart_under_the_worker_pods_restrictions(
     assert (tmp_path / "termination-log").read_text() == ""
 
 
+# Compiled by inductor's C++ backend on first use (g++, Python's headers), cached under HOME=/tmp.
+COMPILE = """
+import torch
+def f(x, y):
+    return torch.sin(x) * y + torch.cos(y)
+x, y = torch.randn(256, 256), torch.randn(256, 256)
+compiled = torch.compile(f, fullgraph=True)  # a failed compile raises: no silent eager fallback
+print("max-difference", float((compiled(x, y) - f(x, y)).abs().max()))
+"""
+
+
+@pytest.mark.images
+def test_torch_compile_builds_its_kernels_where_the_worker_pod_may_write(
+        built_images: dict[str, str], tmp_path: Path) -> None:
+    pod, configmap = _quickstart_pod()
+    container = pod["spec"]["containers"][0]
+    container.update(command=["python", "-c", COMPILE], args=[])  # the worker pod, another command
+    name = _container_name("compile", tmp_path)
+    argv = _worker_argv(pod, configmap, tmp_path, built_images["trainer"], name)
+    try:
+        done = _run(argv, name, timeout=600)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        assert containers.changed_paths(name, argv) == []
+    finally:
+        containers.remove(name)
+    difference = float(re.search(r"max-difference (\S+)", done.stdout).group(1))  # type: ignore[union-attr]
+    assert difference < 1e-4
+    # The kernel was compiled to a shared object in the pod's /tmp, by its user.
+    kernels = list(containers.volume_folder(tmp_path, "rljob-tmp").glob("torchinductor_*/**/*.so"))
+    assert kernels and all(k.stat().st_uid == 1000 for k in kernels)
+
+
 @pytest.mark.images
 def test_trainer_container_stopped_by_sigterm_saves_a_checkpoint_and_exits_143(
         built_images: dict[str, str], tmp_path: Path) -> None:

@@ -224,22 +224,33 @@ real_node_main() {
     build_tool "$name" "$dir" "$version" "$bins"
   done
   build_pause
-  local set_dir tmp
+  local set_dir
   set_dir="$BIN_ROOT/real-node-$(printf '%s\n' "${REAL_NODE_TOOLS[@]}" "pause|$K8S_VERSION" | sha256sum | cut -c1-12)"
-  if [[ ! -d "$set_dir" ]]; then
-    tmp="$(mktemp -d "$BIN_ROOT/.set.XXXXXX")"
-    chmod 755 "$tmp"
-    for entry in "${REAL_NODE_TOOLS[@]}"; do
-      IFS='|' read -r name dir version bins <<<"$entry"
-      for pair in $bins; do
-        ln -s "../$name-$version/${pair%%=*}" "$tmp/${pair%%=*}"
-      done
-    done
-    ln -s "../pause-$K8S_VERSION/pause" "$tmp/pause"
-    ln -s "../pause-$K8S_VERSION/TAG" "$tmp/pause.tag"
-    mv -T "$tmp" "$set_dir" 2>/dev/null || rm -rf "$tmp"  # another run won the race
-  fi
+  link_set "$set_dir" "${REAL_NODE_TOOLS[@]}" \
+    "link:pause=../pause-$K8S_VERSION/pause" "link:pause.tag=../pause-$K8S_VERSION/TAG"
   echo "$set_dir"
+}
+
+# A folder of symlinks to a pinned set's binaries (callers put it on PATH), made once and atomically.
+# Arguments: the folder, then the set's entries ("name|dir|version|bins"), or "link:NAME=TARGET".
+link_set() {
+  local set_dir="$1" tmp entry name dir version bins pair link
+  shift
+  [[ -d "$set_dir" ]] && return 0
+  tmp="$(mktemp -d "$BIN_ROOT/.set.XXXXXX")"
+  chmod 755 "$tmp"
+  for entry in "$@"; do
+    if [[ "$entry" == link:* ]]; then
+      link="${entry#link:}"
+      ln -s "${link#*=}" "$tmp/${link%%=*}"
+      continue
+    fi
+    IFS='|' read -r name dir version bins <<<"$entry"
+    for pair in $bins; do
+      ln -s "../$name-$version/${pair%%=*}" "$tmp/${pair%%=*}"
+    done
+  done
+  mv -T "$tmp" "$set_dir" 2>/dev/null || rm -rf "$tmp"  # another run won the race
 }
 
 # A function, so bash has parsed all of it before running: editing this file
@@ -267,17 +278,7 @@ main() {
   # One directory of symlinks for the whole pinned set: callers put it on PATH.
   set_hash="$(printf '%s\n' "${TOOLS[@]}" | sha256sum | cut -c1-12)"
   SET_DIR="$BIN_ROOT/set-$set_hash"
-  if [[ ! -d "$SET_DIR" ]]; then
-    tmp="$(mktemp -d "$BIN_ROOT/.set.XXXXXX")"
-    chmod 755 "$tmp"
-    for entry in "${TOOLS[@]}"; do
-      IFS='|' read -r name dir version bins <<<"$entry"
-      for pair in $bins; do
-        ln -s "../$name-$version/${pair%%=*}" "$tmp/${pair%%=*}"
-      done
-    done
-    mv -T "$tmp" "$SET_DIR" 2>/dev/null || rm -rf "$tmp"  # another run won the race
-  fi
+  link_set "$SET_DIR" "${TOOLS[@]}"
   echo "$SET_DIR"
 }
 

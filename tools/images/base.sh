@@ -10,8 +10,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 SUITE=bookworm
 # python3-venv: the image's venv (and its pip); ca-certificates: TLS to object storage and the
-# status API; libgomp1 and libstdc++6: what torch's wheels link against from the system.
-PACKAGES=python3,python3-venv,ca-certificates,libgomp1,libstdc++6
+# status API; libgomp1 and libstdc++6: what torch's wheels link against from the system;
+# libpython3.11-dev: Python's headers, which python:3.11-slim carries too (torch.compile's kernels
+# include Python.h).
+PACKAGES=python3,python3-venv,ca-certificates,libgomp1,libstdc++6,libpython3.11-dev
 TAG="localhost/rljob-base:$SUITE-$(cat base.sh | sha256sum | cut -c1-10)"
 log() { echo "[images/base] $*" >&2; }
 
