@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -107,6 +108,24 @@ def hand_crd_to_release(kube: Any, release: str, namespace: str) -> None:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+@contextlib.contextmanager
+def chart_installed(control_plane: Any, kube: Any, home: Path, release: str, operator_ns: str, jobs_ns: str,
+                    *values: str) -> Iterator[None]:
+    """``helm install`` of the chart as ``release`` into a new restricted namespace (the CRD handed to the
+    release), its trainers' ServiceAccount in the new namespace ``jobs_ns``; uninstalled, both deleted after."""
+    make_namespace(kube, operator_ns, RESTRICTED)
+    make_namespace(kube, jobs_ns)
+    hand_crd_to_release(kube, release, operator_ns)
+    try:
+        helm_cli(control_plane, home, "install", release, str(CHART), "--namespace", operator_ns,
+                 "--set", f"trainerServiceAccount.namespaces={{{jobs_ns}}}", *values)
+        yield
+    finally:
+        helm_cli(control_plane, home, "uninstall", release, "--namespace", operator_ns, check=False)
+        for ns in (jobs_ns, operator_ns):
+            delete_namespace(kube, ns)
 
 
 def can_i_list(control_plane: Any, service_account: str, namespace: str) -> list[list[str]]:

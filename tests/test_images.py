@@ -228,33 +228,17 @@ def chart_operator_pod(control_plane: Any, api_client: Any, tmp_path: Path) -> A
     as the API server admitted it: the chart's template plus the ServiceAccount's token volume)."""
     from rljob_operator.cluster.kube import Kube
 
-    from tests.test_delivery_chart import CHART
-    from tests.test_delivery_cluster import (
-        RESTRICTED,
-        delete_namespace,
-        hand_crd_to_release,
-        helm_cli,
-        make_namespace,
-    )
+    from tests.test_delivery_cluster import chart_installed
 
     kube = Kube(api_client)
     suffix = tmp_path.name[-6:].lower().replace("_", "")
-    namespace = make_namespace(kube, f"rljob-img-{suffix}", RESTRICTED)
-    jobs = make_namespace(kube, f"rljob-imgjobs-{suffix}")
-    hand_crd_to_release(kube, "rljob-img", namespace)
-    home = tmp_path / "helm"
-    try:
-        # As a user who pushed the image to their registry configures it: the chart's allowlist.
-        helm_cli(control_plane, home, "install", "rljob-img", str(CHART), "--namespace", namespace,
-                 "--set", "replicaCount=1", "--set", f"trainerServiceAccount.namespaces={{{jobs}}}",
-                 "--set", "podProfile.allowedImages={registry.invalid/rljob-trainer:*}")
+    namespace, jobs = f"rljob-img-{suffix}", f"rljob-imgjobs-{suffix}"
+    # As a user who pushed the image to their registry configures it: the chart's allowlist.
+    with chart_installed(control_plane, kube, tmp_path / "helm", "rljob-img", namespace, jobs,
+                         "--set", "replicaCount=1", "--set", "podProfile.allowedImages={registry.invalid/rljob-trainer:*}"):
         selector = "app.kubernetes.io/instance=rljob-img,app.kubernetes.io/component=operator"
         pod = wait_for(lambda: (kube.list_pods(namespace, selector) or [None])[0], 60, message="the operator pod")
         yield kube, namespace, jobs, pod
-    finally:
-        helm_cli(control_plane, home, "uninstall", "rljob-img", "--namespace", namespace, check=False)
-        for ns in (jobs, namespace):
-            delete_namespace(kube, ns)
 
 
 def _api_access_files(kube: Any, control_plane: Any, pod: dict[str, Any]) -> containers.VolumeFiles:

@@ -93,6 +93,15 @@ def s3_secret(kube: Any, namespace: str) -> None:
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in S3_KEYS.items()}})
 
 
+def start_job(kube: Any, namespace: str, bucket: tuple[MotoServer, str], name: str,
+              spec: dict[str, Any]) -> None:
+    """A job checkpointing to the S3 test server, created and Running."""
+    server, bucket_name = bucket
+    s3_secret(kube, namespace)
+    create_job(kube, namespace, real_job(name, server.endpoint, bucket_name, spec))
+    wait_phase(kube, namespace, name, "Running", timeout=300)
+
+
 def pod_log(kube: Any, namespace: str, name: str, previous: bool = False) -> str:
     """The container's log through the API server (which asks the kubelet: ``kubectl logs``)."""
     from kubernetes import client
@@ -140,10 +149,7 @@ def test_quickstart_gang_trains_in_real_pods_and_succeeds_with_the_reward_learne
 def test_a_deleted_worker_restarts_the_gang_which_resumes_from_its_newest_checkpoint(
         real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
     server, bucket_name = bucket
-    s3_secret(kube, namespace)
-    create_job(kube, namespace, real_job("resume", server.endpoint, bucket_name,
-                                         {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 10}}))
-    wait_phase(kube, namespace, "resume", "Running", timeout=300)
+    start_job(kube, namespace, bucket, "resume", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 10}})
     saved = wait_for(lambda: checkpoints_in(server, bucket_name, "resume") or None, 600, message="a first checkpoint")
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "resume")}
     kube.request("DELETE", kube.core_path(namespace, "pods", "resume-worker-1"))
@@ -171,10 +177,7 @@ def test_suspend_stops_the_gang_with_sigterm_and_a_checkpoint_of_the_step_it_was
         real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
     """everySteps is beyond maxSteps: any checkpoint in the bucket is the one SIGTERM made."""
     server, bucket_name = bucket
-    s3_secret(kube, namespace)
-    create_job(kube, namespace, real_job("pause", server.endpoint, bucket_name,
-                                         {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 1000}}))
-    wait_phase(kube, namespace, "pause", "Running", timeout=300)
+    start_job(kube, namespace, bucket, "pause", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 1000}})
     grace = job_pods(kube, namespace, "pause")[0]["spec"]["terminationGracePeriodSeconds"]
     at = wait_for(lambda: (step := progress(kube, namespace, "pause").get("step") or 0) >= 5 and step, 300,
                   message="training under way")
@@ -212,27 +215,15 @@ def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to
     """``helm install`` with the locally built operator image: the operator runs in a real pod on the real
     node with its chart's security context and RBAC (in-cluster config through the ``kubernetes``
     Service), and its trainer pods send heartbeats to its status API through its Service and DNS."""
-    from tests.test_delivery_chart import CHART
-    from tests.test_delivery_cluster import (
-        RESTRICTED,
-        delete_namespace,
-        hand_crd_to_release,
-        helm_cli,
-        make_namespace,
-    )
+    from tests.test_delivery_cluster import chart_installed
 
     suffix = tmp_path.name[-6:].lower().replace("_", "")
-    operator_ns = make_namespace(kube, f"rljob-sys-{suffix}", RESTRICTED)
-    jobs = make_namespace(kube, f"rljob-team-{suffix}")
-    hand_crd_to_release(kube, "rljob", operator_ns)
-    home = tmp_path / "helm"
-    try:
-        helm_cli(real_node, home, "install", "rljob", str(CHART), "--namespace", operator_ns,
-                 "--set", "image.repository=localhost/rljob-operator", "--set", "image.tag=dev",
-                 "--set", "image.pullPolicy=Never", "--set", "replicaCount=1",
-                 "--set-string", "nodeSelector.rljob\\.dev/real-node=true",
-                 "--set", f"trainerServiceAccount.namespaces={{{jobs}}}",
-                 "--set", "podProfile.allowedImages={localhost/rljob-trainer:*}")
+    operator_ns, jobs = f"rljob-sys-{suffix}", f"rljob-team-{suffix}"
+    with chart_installed(real_node, kube, tmp_path / "helm", "rljob", operator_ns, jobs,
+                         "--set", "image.repository=localhost/rljob-operator", "--set", "image.tag=dev",
+                         "--set", "image.pullPolicy=Never", "--set", "replicaCount=1",
+                         "--set-string", "nodeSelector.rljob\\.dev/real-node=true",
+                         "--set", "podProfile.allowedImages={localhost/rljob-trainer:*}"):
         selector = "app.kubernetes.io/instance=rljob,app.kubernetes.io/component=operator"
 
         def operator_ready() -> dict[str, Any] | None:
@@ -250,7 +241,3 @@ def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to
         assert job["status"]["progress"]["lastHeartbeat"]
         log = pod_log(kube, operator_ns, pod["metadata"]["name"])
         assert "Forbidden" not in log
-    finally:
-        helm_cli(real_node, home, "uninstall", "rljob", "--namespace", operator_ns, check=False)
-        for ns in (jobs, operator_ns):
-            delete_namespace(kube, ns)
