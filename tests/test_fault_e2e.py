@@ -1,15 +1,16 @@
 """End to end: the real trainer, run as local processes from the pods the operator builds, survives
 a worker killed mid-training — the operator restarts the gang, which resumes from the newest
-checkpoint (losing at most one checkpoint interval) and trains to maxSteps.
+checkpoint (losing at most one checkpoint interval) in the S3 test server, trains to maxSteps, and
+logs exactly the curve an uninterrupted run of the same manifest logs.
 
-As in ``test_operator_contract``, each pod's command and environment run here as a process; the
-fake pod mirrors what the kubelet would report (exit 137 for the SIGKILLed node), and a pod the
-operator deletes has its process stopped. The checkpoint location is a folder both gangs share,
-as a volume or bucket would be.
+As in ``test_operator_contract``, each pod's command and environment (its Secret's keys included) run
+here as a process; the fake pod mirrors what the kubelet would report (exit 137 for the SIGKILLed
+node), and a pod the operator deletes has its process stopped.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -31,7 +32,9 @@ from tests.operator_helpers import (
     wait_gang,
     wait_phase,
 )
+from tests.s3_server import MotoServer, bucket_fixture, s3_server_fixture  # noqa: F401 - fixtures register by import
 from tests.test_operator_contract import _local_process
+from tests.trainer_helpers import assert_same_curve, deep_update, logged_curve, run_rljob, write_manifest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
@@ -81,16 +84,19 @@ def _logs(procs: list[tuple[Any, Any, Path]]) -> str:
     return "\n".join(f"--- {w}\n" + (w / "log.txt").read_text(errors="replace")[-3000:] for _, _, w in procs)
 
 
-def test_sigkilled_worker_gang_restarts_and_resumes_from_checkpoint(kube, namespace, operator, tmp_path) -> None:
+def test_sigkilled_worker_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_the_uninterrupted_curve(
+        kube: Any, namespace: str, operator: Any, tmp_path: Path, s3_server: MotoServer, bucket: str) -> None:
     operator()
-    storage = tmp_path / "checkpoints"
+    kube.request("POST", kube.core_path(namespace, "secrets"), {"metadata": {"name": "s3-keys"}, "data": {
+        k: base64.b64encode(b"testing").decode() for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
     spec = {
         "training": {"maxSteps": MAX_STEPS},
-        "checkpoint": {"everySteps": EVERY, "keepLast": 2, "storage": str(storage)},
+        "checkpoint": {"everySteps": EVERY, "keepLast": 2},
         "runPolicy": {"backoffBaseSeconds": 0},
         "workers": {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
     }
-    create_job(kube, namespace, job_manifest("e2e", spec=spec))
+    create_job(kube, namespace, job_manifest("e2e", spec=deep_update(spec, {"checkpoint": {
+        "storage": f"s3://{bucket}/e2e", "endpointUrl": s3_server.endpoint, "credentialsSecret": "s3-keys"}})))
     wait_gang(kube, namespace, "e2e", 0)
     first = _start_gang(kube, namespace, "e2e", 0, tmp_path)
     second: list[tuple[Any, Any, Path]] = []
@@ -109,6 +115,12 @@ def test_sigkilled_worker_gang_restarts_and_resumes_from_checkpoint(kube, namesp
                                  for p in job_pods(kube, namespace, "e2e")), 60, message="old gang deleted")
         _stop(first[:1], signal.SIGTERM)  # the kubelet stops worker 0 when its pod is deleted
         job = wait_gang(kube, namespace, "e2e", 1)
+        listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="e2e/").get("Contents", [])
+        sealed = {int(o["Key"].split("/")[1].split("-")[1]) for o in listed if o["Key"].endswith("/rljob-manifest.json")}
+        assert sealed, "the first gang sealed no checkpoint in the bucket"
+        # Each rank's RNG states are in it, though each rank saved them in its own pod's folder.
+        newest = {o["Key"].rsplit("/", 1)[1] for o in listed if o["Key"].startswith(f"e2e/checkpoint-{max(sealed)}/")}
+        assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= newest, newest
         assert job["status"]["restarts"] == 1 and job["status"]["lastFailure"]["worker"] == "e2e-worker-1"
 
         second = _start_gang(kube, namespace, "e2e", 1, tmp_path)
@@ -118,6 +130,10 @@ def test_sigkilled_worker_gang_restarts_and_resumes_from_checkpoint(kube, namesp
         resumed = int(summary["resumed_from"].rsplit("-", 1)[-1])
         assert killed_at - EVERY <= resumed <= killed_at + EVERY, (killed_at, summary["resumed_from"])
         assert summary["steps"] == MAX_STEPS
+        assert resumed == max(sealed), (resumed, sealed)  # the newest the bucket held
+        # Worker 1 keeps nothing of its own checkpoints (they went to worker 0's), only the resume's copy.
+        staging = second[1][2] / "output" / "checkpoint-staging"
+        assert sorted(p.name for p in staging.glob("checkpoint-*")) == [summary["resumed_from"]]
         wait_for(lambda: (get_job(kube, namespace, "e2e")["status"].get("progress") or {}).get("step") == MAX_STEPS,
                  30, message="final heartbeat")
         print(f"killed at step {killed_at}, resumed from {summary['resumed_from']}")
@@ -127,3 +143,17 @@ def test_sigkilled_worker_gang_restarts_and_resumes_from_checkpoint(kube, namesp
     for i in (1, 0):
         annotate_pod(kube, namespace, f"e2e-worker-{i}", fake_pods.exit_annotations(0))
     assert wait_phase(kube, namespace, "e2e", "Succeeded")["status"]["restarts"] == 1
+
+    # Exact resume through the operator (issue #31): `rljob train` of the same manifest, uninterrupted
+    # (two processes, as replicas × procsPerWorker; checkpoints in a folder), logs the same values, to
+    # the last bit, at every step: those the first gang trained before the resumed checkpoint, and
+    # every step the second gang trained.
+    local = write_manifest(tmp_path / "job.yaml", job_manifest("e2e", spec=spec))
+    reference = run_rljob("train", str(local), "--output", str(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    want = logged_curve(tmp_path / "reference" / "metrics.jsonl")
+    after = logged_curve(second[0][2] / "output" / "metrics.jsonl")
+    assert sorted(after) == list(range(resumed + 1, MAX_STEPS + 1))
+    before = {k: v for k, v in logged_curve(first[0][2] / "output" / "metrics.jsonl").items() if k <= resumed}
+    assert sorted(before) == list(range(1, resumed + 1))
+    assert_same_curve(after, want) + assert_same_curve(before, want)

@@ -10,6 +10,7 @@ heartbeats must show up in the job's ``status.progress``.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -71,6 +72,11 @@ def _local_process(kube: Any, namespace: str, pod: dict[str, Any], work: Path, r
             assert "value" in entry, f"{key} comes from the node: map it"
             built[key] = entry["value"]
     assert set(built) >= MAPPED | AS_BUILT, "the pod lacks part of the trainer's contract"
+    for source in container.get("envFrom") or []:  # as a kubelet resolves them: from the Secret's data
+        assert set(source) <= {"secretRef", "prefix"}, f"the contract test does not know envFrom {source}"
+        secret = kube.request("GET", kube.core_path(namespace, "secrets", source["secretRef"]["name"]))
+        for key, value in (secret.get("data") or {}).items():
+            built[source.get("prefix", "") + key] = base64.b64decode(value).decode()
     env.update(built)
     env.update({"CUDA_VISIBLE_DEVICES": "", "RLJOB_PROGRESS": "0", "TOKENIZERS_PARALLELISM": "false",
                 "RLJOB_TERMINATION_LOG": str(work / "termination-log")})

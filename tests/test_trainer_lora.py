@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.test_trainer_run import tensorboard_scalars
-from tests.trainer_helpers import deep_update, quickstart_doc, run_rljob, write_manifest
+from tests.trainer_helpers import (
+    assert_same_curve,
+    deep_update,
+    logged_curve,
+    quickstart_doc,
+    run_rljob,
+    write_manifest,
+)
 
 pytestmark = pytest.mark.trainer
 
@@ -50,8 +57,16 @@ def test_lora_learns_resumes_from_its_adapter_and_exports_a_merged_model(tmp_pat
 
     # Resume: the same job with more steps continues from the adapter checkpoint.
     doc["spec"]["training"]["maxSteps"] = total
+    logged_before = len((out / "metrics.jsonl").read_text().splitlines())
     again = run_rljob("train", str(write_manifest(tmp_path / "job.yaml", doc)), "--output", str(out), timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
+    # Exactly where an uninterrupted run of `total` steps would be (issue #31): the adapter, the trained
+    # head, the optimizer, the schedule and every RNG came back; each value of steps 61-120 is equal.
+    reference = run_rljob("train", str(tmp_path / "job.yaml"), "--output", str(tmp_path / "reference"), timeout=900)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    resumed = logged_curve(out / "metrics.jsonl", from_line=logged_before)
+    assert sorted(resumed) == list(range(first + 1, total + 1))
+    assert_same_curve(resumed, logged_curve(tmp_path / "reference" / "metrics.jsonl"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == f"checkpoint-{first}" and summary["steps"] == total
     assert re.search(rf"resuming from \S*checkpoint-{first}\b", again.stderr + again.stdout)

@@ -17,8 +17,10 @@ from rljob_trainer.worker import NOT_PRELOADED
 
 from tests.trainer_helpers import (
     QUICKSTART,
+    assert_same_curve,
     deep_update,
     kill_group,
+    logged_curve,
     quickstart_doc,
     run_rljob,
     start_rljob,
@@ -132,7 +134,8 @@ def test_quickstart_two_process_reward_rises_and_reports_agree(tmp_path: Path) -
         assert value == pytest.approx(history[step], abs=1e-5)
 
 
-def test_sigkill_after_checkpoint_resumes_from_it_and_loses_at_most_the_interval(tmp_path: Path) -> None:
+def test_sigkill_after_checkpoint_resumes_exactly_and_an_oom_restarts_batch_split_changes_only_rounding(
+        tmp_path: Path) -> None:
     every = 10
     doc = deep_update(quickstart_doc(), {
         "spec": {"training": {"maxSteps": 60}, "checkpoint": {"everySteps": every, "keepLast": 2}},
@@ -174,6 +177,7 @@ def test_sigkill_after_checkpoint_resumes_from_it_and_loses_at_most_the_interval
     shutil.copytree(ckpts / resumable, partial)
     (partial / "rljob-manifest.json").unlink()
 
+    logged_before = len((out / "metrics.jsonl").read_text().splitlines())
     second = start_rljob("train", str(manifest), "--output", str(out), "--metrics-port", str(free_port()),
                          log=tmp_path / "second.txt")
     assert second.wait(timeout=600) == 0, (tmp_path / "second.txt").read_text()[-3000:]
@@ -185,6 +189,39 @@ def test_sigkill_after_checkpoint_resumes_from_it_and_loses_at_most_the_interval
     assert steps_logged[-1] == 60
     assert "resuming from" in (tmp_path / "second.txt").read_text()
     assert summary["checkpoints"] == ["checkpoint-50", "checkpoint-60"]
+
+    # Exact resume (issue #31): the same manifest run without interruption logs the same values, to the
+    # last bit, at every step the resumed run trained: rewards, loss, grad norm, entropy, lengths, tokens.
+    reference = run_rljob("train", str(manifest), "--output", str(tmp_path / "reference"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    want = logged_curve(tmp_path / "reference" / "metrics.jsonl")
+    resumed = logged_curve(out / "metrics.jsonl", from_line=logged_before)
+    assert sorted(resumed) == list(range(resumable_step + 1, 61))
+    print(f"resumed from step {resumable_step}: {assert_same_curve(resumed, want)} values equal")
+    # And before the kill, the first run was that run too.
+    assert_same_curve({k: v for k, v in logged_curve(out / "metrics.jsonl").items() if k <= resumable_step}, want)
+
+    # After an out-of-memory restart the operator halves the per-device batch and doubles the accumulation
+    # (status.oomRecovery): the same prompts and completions per optimizer step (TRL generates a step's
+    # whole batch at once), so rewards, lengths and token counts stay equal; the loss is summed over
+    # two micro-batches instead of one, which changes loss and gradients by float rounding, and the
+    # logged entropy is then the mean of two micro-batches' means (0.1% off here, measured).
+    split = tmp_path / "oom" / "checkpoints"
+    shutil.copytree(tmp_path / "reference" / "checkpoints" / "checkpoint-50", split / "checkpoint-50")
+    (split / "latest").write_text("checkpoint-50")
+    halved = deep_update(doc, {"spec": {"training": {"batchSize": doc["spec"]["training"]["batchSize"] // 2,
+                                                     "gradientAccumulationSteps": 2}}})
+    oom = run_rljob("train", str(write_manifest(tmp_path / "oom.yaml", halved)), "--output", str(tmp_path / "oom"))
+    assert oom.returncode == 0, oom.stderr[-3000:]
+    after_oom = logged_curve(tmp_path / "oom" / "metrics.jsonl")
+    assert sorted(after_oom) == list(range(51, 61))
+    rounding = {"loss", "entropy", "grad_norm"}
+    assert_same_curve({k: {m: v for m, v in vs.items() if m not in rounding} for k, vs in after_oom.items()},
+                      {k: {m: v for m, v in vs.items() if m not in rounding} for k, vs in want.items()})
+    for step, values in after_oom.items():
+        assert values["loss"] == pytest.approx(want[step]["loss"], rel=1e-4, abs=1e-6), step
+        assert values["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=1e-4), step
+        assert values["entropy"] == pytest.approx(want[step]["entropy"], rel=5e-3), step
 
 
 def test_checkpoints_in_a_folder_outside_the_output_outlive_it_and_resume(tmp_path: Path) -> None:

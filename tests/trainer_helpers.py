@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import signal
 import subprocess
@@ -76,3 +77,33 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.2, what: str 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+#: Per-step values of metrics.jsonl that measure the clock, not the training.
+CLOCK_KEYS = frozenset({"step_time"})
+
+
+def logged_curve(metrics: Path, from_line: int = 0) -> dict[int, dict[str, float]]:
+    """Step → every value metrics.jsonl logged for it (from line ``from_line``; a step logged again, as
+    after a resume, keeps its last record), the clock's values left out."""
+    curve: dict[int, dict[str, float]] = {}
+    for line in metrics.read_text().splitlines()[from_line:]:
+        record = json.loads(line)
+        if "step" in record and "loss" in record:  # a training step's record
+            curve[int(record["step"])] = {k: v for k, v in record.items() if k not in CLOCK_KEYS}
+    return curve
+
+
+def assert_same_curve(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]]) -> int:
+    """Every value of every step in ``got`` equals ``want``'s exactly (not approximately: a resume that
+    restores everything replays the same floating-point operations). Returns how many values it compared."""
+    compared, differ = 0, []
+    for step, values in sorted(got.items()):
+        assert step in want, f"step {step} is not in the reference run"
+        assert set(values) == set(want[step]), (step, set(values) ^ set(want[step]))
+        for key, value in values.items():
+            compared += 1
+            if value != want[step][key]:
+                differ.append((step, key, value, want[step][key]))
+    assert not differ, f"{len(differ)} of {compared} values differ from the uninterrupted run, first: {differ[:5]}"
+    return compared

@@ -225,8 +225,9 @@ def checkpoint_callback(publisher: Any) -> Any:
 
     class PublishCheckpoint(TrainerCallback):  # type: ignore[misc]
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            ckpt_dir = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if dist.is_available() and dist.is_initialized():
-                dist.barrier()
+                gather_rank_files(ckpt_dir, args.process_index, dist)  # also the barrier: every rank saved
             if not state.is_world_process_zero or publisher is None:
                 return
             recent = [h for h in state.log_history if "reward" in h]
@@ -234,6 +235,31 @@ def checkpoint_callback(publisher: Any) -> Any:
             publisher.save(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step, metrics_now)
 
     return PublishCheckpoint()
+
+
+def gather_rank_files(ckpt_dir: Path, rank: int, dist: Any) -> None:
+    """Bring every rank's own files of a checkpoint into rank 0's copy of it (the one it publishes).
+
+    The HF Trainer saves each rank's RNG states (``rng_state_<rank>.pth``) into the checkpoint folder
+    of that rank's own file system; on worker pods that is a different emptyDir per pod, so without
+    this a checkpoint on object storage held rank 0's alone and the other ranks resumed with fresh
+    RNGs: a resumed multi-pod job then sampled other completions than an uninterrupted one."""
+    name = f"rng_state_{rank}.pth"
+    own = ckpt_dir / name
+    sent = (name, own.read_bytes()) if own.is_file() else None
+    received: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+    dist.gather_object(sent, received if rank == 0 else None, dst=0)
+    for item in received:
+        if item is not None and not (ckpt_dir / item[0]).exists():
+            tmp = ckpt_dir / f".{item[0]}.tmp"
+            tmp.write_bytes(item[1])
+            tmp.replace(ckpt_dir / item[0])
+    dist.barrier()
+    # On a pod of its own, a rank's folder holds only what it sent: nothing would ever delete it. (In a
+    # folder the ranks share it holds the whole checkpoint, which rank 0's retention looks after.)
+    if rank != 0 and sent is not None and [p.name for p in ckpt_dir.iterdir()] == [name]:
+        own.unlink()
+        ckpt_dir.rmdir()
 
 
 def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callbacks: list[Any]) -> Any:
