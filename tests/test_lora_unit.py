@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from rljob_operator.api import ManifestError, parse_job
+from rljob_trainer.checkpoints.export import base_identity
+from rljob_trainer.checkpoints.manifest import MANIFEST, build_manifest
 from rljob_trainer.config import TrainerConfig
 from rljob_trainer.worker import build_trl_config, peft_config, run_alone_when_alone, trl_classes
 
@@ -98,7 +100,13 @@ def _adapter_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
     ckpt = tmp_path / "checkpoint-10"
     model.save_pretrained(ckpt)
     AutoTokenizer.from_pretrained(base).save_pretrained(ckpt)
+    _seal(ckpt, base_identity(str(base)))
     return base, ckpt
+
+
+def _seal(ckpt: Path, base_model: dict[str, str] | None) -> None:
+    """The manifest the trainer's publisher writes, with the base model it trained on."""
+    (ckpt / MANIFEST).write_text(json.dumps(build_manifest(ckpt, 10, {}, base_model=base_model)))
 
 
 def test_export_merged_matches_the_adapter_model_and_loads_without_peft(tmp_path: Path) -> None:
@@ -141,3 +149,44 @@ def test_export_refuses_bad_input_and_leaves_nothing_behind(tmp_path: Path) -> N
         export_merged(ckpt, dest / "c")
     assert sorted(p.name for p in dest.iterdir()) == ["taken"]  # no partial exports
     assert export_merged(ckpt, dest / "d", base=str(base)).is_dir()  # --base fills the gap
+
+
+def test_export_merges_only_into_the_base_the_trainer_recorded_unless_told(tmp_path: Path) -> None:
+    """The adapter's files come from the job's own code: the base they name is trusted only when it is
+    the one the manifest recorded at seal time (name and config.json digest); ``--base`` overrides."""
+    import shutil
+
+    from rljob_trainer.checkpoints.export import ExportError, export_merged
+
+    base, ckpt = _adapter_checkpoint(tmp_path)
+    recorded = json.loads((ckpt / MANIFEST).read_text())["base_model"]
+    assert recorded["name_or_path"] == str(base) and len(recorded["config_sha256"]) == 64
+    dest = tmp_path / "exports"
+    # The adapter repointed at another model (here a copy that differs only in its config).
+    other = tmp_path / "other-base"
+    shutil.copytree(base, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rljob_note": "not the trained base"}))
+    adapter = json.loads((ckpt / "adapter_config.json").read_text())
+    (ckpt / "adapter_config.json").write_text(json.dumps({**adapter, "base_model_name_or_path": str(other)}))
+    with pytest.raises(ExportError, match=r"names the base model .*other-base.* but the checkpoint was trained on"):
+        export_merged(ckpt, dest / "a")
+    (ckpt / "adapter_config.json").write_text(json.dumps(adapter))
+    # The base model swapped at the recorded path.
+    original = (base / "config.json").read_bytes()
+    (base / "config.json").write_text(json.dumps({**config, "rljob_note": "swapped"}))
+    with pytest.raises(ExportError, match="config.json differs"):
+        export_merged(ckpt, dest / "b")
+    (base / "config.json").write_bytes(original)
+    # A manifest that records no base (or a malformed one) leaves the choice to the user.
+    _seal(ckpt, None)
+    with pytest.raises(ExportError, match="records no base model.*--base"):
+        export_merged(ckpt, dest / "c")
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    (ckpt / MANIFEST).write_text(json.dumps({**manifest, "base_model": {"name_or_path": 7}}))
+    with pytest.raises(ExportError, match="no readable base_model"):
+        export_merged(ckpt, dest / "d")
+    assert not dest.exists() or not list(dest.iterdir())  # nothing written by a refusal
+    assert export_merged(ckpt, dest / "e", base=str(base)).is_dir()  # the user's own choice
+    _seal(ckpt, recorded)
+    assert export_merged(ckpt, dest / "f").is_dir()  # the recorded base, unchanged: no --base needed

@@ -50,6 +50,8 @@ def test_lora_learns_resumes_from_its_adapter_and_exports_a_merged_model(tmp_pat
     assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "rljob-manifest.json").is_file()
     assert not list(ckpt.glob("model*.safetensors"))
     base = json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"]
+    # The manifest records the base the trainer loaded, which export trusts over the adapter's file.
+    assert json.loads((ckpt / "rljob-manifest.json").read_text())["base_model"]["name_or_path"] == base
     adapter_bytes = (ckpt / "adapter_model.safetensors").stat().st_size
     model_bytes = sum(f.stat().st_size for f in Path(base).glob("*.safetensors"))
     print(f"adapter {adapter_bytes} B = {adapter_bytes / model_bytes:.2f} of the model's {model_bytes} B")

@@ -329,6 +329,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     """Train one rank: inputs, reporting, rank 0's checkpoint publisher, the trainer, the summary."""
     import torch
 
+    from rljob_trainer.checkpoints.export import base_identity
     from rljob_trainer.checkpoints.plan import storage_plan
     from rljob_trainer.checkpoints.publisher import CheckpointPublisher
     from rljob_trainer.checkpoints.resume import resume_checkpoint
@@ -353,7 +354,8 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         # before the first step, so by the first save nothing is reading it any more.
         policy = RetentionPolicy(cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric)
         publisher = CheckpointPublisher.for_plan(storage, policy, retries=cfg.checkpoint.upload_retries,
-                                                 metrics=metrics, heartbeat=heartbeat)
+                                                 metrics=metrics, heartbeat=heartbeat,
+                                                 base_model=base_identity(inputs.model_path) if inputs.peft_config else None)
     metrics_log = Path(cfg.output_dir) / METRICS_LOG if rank == 0 else None
     callbacks = [TelemetryCallback(metrics, heartbeat, metrics_log), checkpoint_callback(publisher),
                  stop_on_signal_callback(STOP)]

@@ -153,10 +153,13 @@ def s3_part_size(part_size: int, file_size: int) -> int | None:
 
 
 def build_manifest(
-    ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[str, float], part_size: int | None = None
+    ckpt_dir: str | os.PathLike[str], step: int, metrics: dict[str, float], part_size: int | None = None,
+    base_model: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a checkpoint folder. With ``part_size`` (the uploader's multipart part size),
-    each file also gets the ETag S3 will report for it, computed in the same read as the MD5."""
+    each file also gets the ETag S3 will report for it, computed in the same read as the MD5.
+    ``base_model``: for an adapter checkpoint, the identity of the model it was trained on, as the
+    trainer knew it (:func:`rljob_trainer.checkpoints.export.base_identity`), not as a file says."""
     ckpt_dir = Path(ckpt_dir)
     files: dict[str, dict[str, Any]] = {}
     for p in sorted(ckpt_dir.rglob("*")):
@@ -178,6 +181,8 @@ def build_manifest(
     }
     if part_size is not None:
         manifest["part_size"] = part_size
+    if base_model is not None:
+        manifest["base_model"] = dict(base_model)
     return manifest
 
 
@@ -189,6 +194,16 @@ class _FileEntry(BaseModel):
     size: StrictInt = Field(ge=0, le=1 << 50)
     md5: str = Field(pattern=r"^[0-9a-f]{32}$")
     etag: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}(-[0-9]{1,5})?$")
+
+
+class BaseModelIdentity(BaseModel):
+    """The model an adapter checkpoint was trained on: the name or path the trainer loaded it from and,
+    for a folder, the SHA-256 of its ``config.json``."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name_or_path: str = Field(min_length=1, max_length=4096)
+    config_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 class _Manifest(BaseModel):
@@ -204,6 +219,7 @@ class _Manifest(BaseModel):
     files: dict[str, _FileEntry] = Field(max_length=MAX_FILES)
     part_size: StrictInt | None = Field(default=None, gt=0, le=5 << 30)
     created: float | None = None
+    base_model: BaseModelIdentity | None = None
 
     @field_validator("files")
     @classmethod

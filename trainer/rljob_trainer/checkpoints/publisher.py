@@ -92,6 +92,7 @@ class CheckpointPublisher:
         backoff: float = 2.0,
         metrics: Any = None,
         heartbeat: Any = None,
+        base_model: dict[str, str] | None = None,
     ) -> None:
         self.folder = folder
         self.locations = locations
@@ -103,6 +104,7 @@ class CheckpointPublisher:
         self.backoff = backoff
         self.metrics = metrics
         self.heartbeat = heartbeat
+        self.base_model = base_model  # recorded in every manifest (adapter checkpoints)
         self.failures = 0
         self.listings: dict[int, Listing] = {}
         self._healthy = [True] * len(locations)
@@ -131,7 +133,7 @@ class CheckpointPublisher:
 
     def _seal_in_folder(self, ckpt_dir: Path, step: int, metrics: dict[str, float]) -> None:
         """Seal a checkpoint in the primary folder and apply retention there (the calling thread)."""
-        self.folder.publish(ckpt_dir, build_manifest(ckpt_dir, step, metrics))
+        self.folder.publish(ckpt_dir, build_manifest(ckpt_dir, step, metrics, base_model=self.base_model))
         deleted, listing = self.folder.apply_retention(self.policy, self.pending() | self.protect)
         if deleted:
             log.info("checkpoint retention at %s deleted %s", self.folder.uri, ", ".join(deleted))
@@ -186,7 +188,8 @@ class CheckpointPublisher:
     def _manifest(self, job: _Job) -> dict[str, Any]:
         if not self.folder_is_primary:  # sealed here, off the training thread, with the ETags S3 will report
             self.folder.publish(job.ckpt_dir, build_manifest(job.ckpt_dir, job.step, job.metrics,
-                                                             part_size=self.transfer.part_size))
+                                                             part_size=self.transfer.part_size,
+                                                             base_model=self.base_model))
         manifest: dict[str, Any] = json.loads((job.ckpt_dir / MANIFEST).read_text(encoding="utf-8"))
         if manifest.get("part_size") != self.transfer.part_size:  # sealed without ETags (a local primary)
             for rel, meta in manifest["files"].items():
