@@ -163,6 +163,54 @@ def test_mirror_credentials_come_from_the_prefixed_environment() -> None:
     assert credentials_from_env("RLJOB_MIRROR1_", env) is None
 
 
+def _mount_secret(folder: Path, data: dict[str, str]) -> Path:
+    """A Secret volume as a kubelet writes it: each key a link into a ``..data`` folder."""
+    real = folder / "..2026_12_03"
+    real.mkdir(parents=True)
+    (folder / "..data").symlink_to(real.name)
+    for key, value in data.items():
+        (real / key).write_text(value)
+        (folder / key).symlink_to(f"..data/{key}")
+    return folder
+
+
+def test_mounted_credentials_become_a_private_credentials_file_and_mirror_keys(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat
+
+    import boto3
+    from rljob_trainer.checkpoints.plan import storage_plan
+    from rljob_trainer.config import TrainerConfig
+    from rljob_trainer.errors import PermanentError
+    from rljob_trainer.storage import credentials_from_folder, use_mounted_credentials
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    root = tmp_path / "storage"
+    _mount_secret(root / "checkpoint", {"AWS_ACCESS_KEY_ID": "AKIAPRIMARY", "AWS_SECRET_ACCESS_KEY": "s3cr3t\n"})
+    _mount_secret(root / "mirror-0", {"AWS_ACCESS_KEY_ID": "AKIAMIRROR", "AWS_SECRET_ACCESS_KEY": "m1rr0r",
+                                      "AWS_SESSION_TOKEN": "tok"})
+    path = Path(use_mounted_credentials(root / "checkpoint") or "")
+    # boto3's default chain finds the keys through the file; the environment holds only its path.
+    assert os.environ["AWS_SHARED_CREDENTIALS_FILE"] == str(path)
+    creds = boto3.Session().get_credentials()
+    assert (creds.access_key, creds.secret_key) == ("AKIAPRIMARY", "s3cr3t")
+    assert "s3cr3t" not in "".join(os.environ.values())
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    # A mirror's keys are read from its own folder.
+    cfg = TrainerConfig.model_validate({"job_name": "job", "output_dir": str(tmp_path / "out"), "checkpoint": {
+        "storage": "s3://bucket/run", "mirrors": [{"location": "s3://backup/run", "credentialsSecret": "m"}]}})
+    plan = storage_plan(cfg, {"RLJOB_CREDENTIALS_DIR": str(root)})
+    assert plan.mirrors[0].credentials == {"aws_access_key_id": "AKIAMIRROR", "aws_secret_access_key": "m1rr0r",
+                                           "aws_session_token": "tok"}
+    # Nothing mounted: nothing changes; a key that is not one line is refused, naming the field and file.
+    assert use_mounted_credentials(tmp_path / "absent") is None
+    _mount_secret(tmp_path / "bad", {"AWS_ACCESS_KEY_ID": "a\nb", "AWS_SECRET_ACCESS_KEY": "s"})
+    with pytest.raises(PermanentError, match=r"spec.checkpoint.credentialsSecret: .*bad/AWS_ACCESS_KEY_ID: not one"):
+        credentials_from_folder(tmp_path / "bad")
+
+
 def test_checkpoint_uri_may_name_one_checkpoint() -> None:
     assert ck.split_checkpoint_uri("s3://b/run/checkpoint-40/") == ("s3://b/run", "checkpoint-40")
     assert ck.split_checkpoint_uri("s3://b/run") == ("s3://b/run", None)

@@ -11,6 +11,7 @@ node), and a pod the operator deletes has its process stopped.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -40,6 +41,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
 MAX_STEPS = 10
 EVERY = 3
+#: The job's storage keys (the S3 test server takes any), distinctive enough to look for.
+KEYS = {"AWS_ACCESS_KEY_ID": "AKIARLJOBFAULTE2E", "AWS_SECRET_ACCESS_KEY": "rljob-e2e-secret-9f4c2a"}
 
 
 def _start_gang(kube: Any, namespace: str, name: str, generation: int, root: Path, size: int = 2
@@ -80,6 +83,18 @@ def _stop(procs: list[tuple[Any, Any, Path]], sig: int = signal.SIGKILL) -> None
         log.close()
 
 
+def _environments(procs: list[Any]) -> list[bytes]:
+    """The environment of every process of the gang's nodes (launchers, fork servers, ranks)."""
+    import psutil
+
+    out = []
+    for p in procs:
+        for proc in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]:
+            with contextlib.suppress(OSError):
+                out.append(Path(f"/proc/{proc.pid}/environ").read_bytes())
+    return out
+
+
 def _logs(procs: list[tuple[Any, Any, Path]]) -> str:
     return "\n".join(f"--- {w}\n" + (w / "log.txt").read_text(errors="replace")[-3000:] for _, _, w in procs)
 
@@ -88,7 +103,7 @@ def test_sigkilled_worker_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_
         kube: Any, namespace: str, operator: Any, tmp_path: Path, s3_server: MotoServer, bucket: str) -> None:
     operator()
     kube.request("POST", kube.core_path(namespace, "secrets"), {"metadata": {"name": "s3-keys"}, "data": {
-        k: base64.b64encode(b"testing").decode() for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+        k: base64.b64encode(v.encode()).decode() for k, v in KEYS.items()}})
     spec = {
         "training": {"maxSteps": MAX_STEPS},
         "checkpoint": {"everySteps": EVERY, "keepLast": 2},
@@ -107,6 +122,11 @@ def test_sigkilled_worker_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_
             return progress if progress.get("checkpoint") and (progress.get("step") or 0) > EVERY else None
 
         progress = wait_for(checkpointed, 300, interval=0.2, message="a checkpoint and a step past it")
+        # The keys reached the trainer as files (its checkpoints are in the bucket), and no process of the
+        # gang has them in its environment: only the path of the credentials file the launcher wrote.
+        environs = _environments([p for p, _, _ in first])
+        assert not [env for env in environs if KEYS["AWS_SECRET_ACCESS_KEY"].encode() in env]
+        assert any(b"AWS_SHARED_CREDENTIALS_FILE=" in env for env in environs)
         killed_at = progress["step"]
         assert killed_at < MAX_STEPS, "training finished before the fault: raise MAX_STEPS"
         _stop(first[1:])  # SIGKILL worker 1's node: torchrun and its workers

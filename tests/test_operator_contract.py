@@ -38,9 +38,30 @@ pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 MAX_STEPS = 3
 #: Every RLJOB_* variable the operator sets, and how a local process gets it.
 MAPPED = {"RLJOB_RDZV_ENDPOINT", "RLJOB_OUTPUT_DIR", "RLJOB_METRICS_PORT", "RLJOB_TOKEN_FILE",
-          "RLJOB_STATUS_CA_FILE", "RLJOB_POD_NAME"}
+          "RLJOB_STATUS_CA_FILE", "RLJOB_POD_NAME", "RLJOB_CREDENTIALS_DIR"}
 AS_BUILT = {"RLJOB_NNODES", "RLJOB_NODE_RANK", "RLJOB_NPROC_PER_NODE", "RLJOB_RUN_ID", "RLJOB_STATUS_URL",
             "RLJOB_SHUTDOWN_TIMEOUT"}
+
+
+def _secret_volumes(kube: Any, namespace: str, pod: dict[str, Any], root: Path) -> Path:
+    """The pod's Secret volumes mounted under the storage-credentials folder, written below ``root`` as a
+    kubelet writes them (one file per key); returns ``root`` (the folder the pod sees as CREDENTIALS_DIR)."""
+    from rljob_trainer import contract
+
+    container = pod["spec"]["containers"][0]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    for mount in container["volumeMounts"]:
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        assert mount["mountPath"].startswith(contract.CREDENTIALS_DIR + "/") and mount["readOnly"] is True
+        folder = root / mount["mountPath"].removeprefix(contract.CREDENTIALS_DIR + "/")
+        folder.mkdir(parents=True)
+        data = kube.request("GET", kube.core_path(namespace, "secrets", secret["secretName"])).get("data") or {}
+        for key, value in data.items():
+            (folder / key).write_bytes(base64.b64decode(value))
+            (folder / key).chmod(secret["defaultMode"])
+    return root
 
 
 def _local_process(kube: Any, namespace: str, pod: dict[str, Any], work: Path, rdzv: str,
@@ -59,8 +80,10 @@ def _local_process(kube: Any, namespace: str, pod: dict[str, Any], work: Path, r
         "RLJOB_TOKEN_FILE": str(token),
         "RLJOB_STATUS_CA_FILE": str(config_dir / "status-ca.crt"),
         "RLJOB_POD_NAME": name,
+        "RLJOB_CREDENTIALS_DIR": str(_secret_volumes(kube, namespace, pod, work / "credentials")),
     }
-    env = dict(os.environ)
+    # Storage credentials reach the pod only through its Secret volumes, never this process's environment.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     built: dict[str, str] = {}
     for entry in container["env"]:
         key = entry["name"]
@@ -72,11 +95,7 @@ def _local_process(kube: Any, namespace: str, pod: dict[str, Any], work: Path, r
             assert "value" in entry, f"{key} comes from the node: map it"
             built[key] = entry["value"]
     assert set(built) >= MAPPED | AS_BUILT, "the pod lacks part of the trainer's contract"
-    for source in container.get("envFrom") or []:  # as a kubelet resolves them: from the Secret's data
-        assert set(source) <= {"secretRef", "prefix"}, f"the contract test does not know envFrom {source}"
-        secret = kube.request("GET", kube.core_path(namespace, "secrets", source["secretRef"]["name"]))
-        for key, value in (secret.get("data") or {}).items():
-            built[source.get("prefix", "") + key] = base64.b64decode(value).decode()
+    assert not container.get("envFrom"), "the contract test does not know envFrom"
     env.update(built)
     env.update({"CUDA_VISIBLE_DEVICES": "", "RLJOB_PROGRESS": "0", "TOKENIZERS_PARALLELISM": "false",
                 "RLJOB_TERMINATION_LOG": str(work / "termination-log")})

@@ -18,7 +18,6 @@ from rljob_operator import crd
 from rljob_operator.api import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
 from rljob_operator.cluster import runner
 from rljob_operator.cluster.workqueue import WorkQueue
-from rljob_operator.decisions import children as builders_module
 from rljob_operator.decisions.children import (
     desired_configmap,
     desired_service,
@@ -912,17 +911,27 @@ def test_in_a_cluster_replicas_share_one_certificate_secret(monkeypatch: pytest.
     assert OperatorSettings.from_env({}, tls_cert_file="/c", tls_key_file="/k").tls_secret is None
 
 
-def test_storage_credentials_come_from_secrets_as_the_trainer_reads_them() -> None:
-    from rljob_trainer.checkpoints.plan import MIRROR_ENV_PREFIX
+def test_storage_credentials_come_from_secrets_mounted_as_files_never_environment() -> None:
+    from rljob_trainer import contract
 
-    assert builders_module.MIRROR_ENV_PREFIX == MIRROR_ENV_PREFIX
     job = make_job(spec={"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-creds",
                                         "mirrors": [{"location": "s3://backup/run"},
                                                     {"location": "s3://other/run", "credentialsSecret": "other"}]}})
-    env_from = desired_worker_pod(job, 0, 0)["spec"]["containers"][0]["envFrom"]
-    assert env_from == [{"secretRef": {"name": "s3-creds"}},
-                        {"prefix": "RLJOB_MIRROR1_", "secretRef": {"name": "other"}}]
-    assert "envFrom" not in desired_worker_pod(make_job(), 0, 0)["spec"]["containers"][0]
+    pod = desired_worker_pod(job, 0, 0)
+    container = pod["spec"]["containers"][0]
+    assert "envFrom" not in container
+    assert not [e for e in container["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]]
+    assert {"name": contract.CREDENTIALS_DIR_ENV, "value": contract.CREDENTIALS_DIR} in container["env"]
+    secrets = {v["name"]: v["secret"] for v in pod["spec"]["volumes"] if "secret" in v}
+    assert secrets == {"rljob-credentials-checkpoint": {"secretName": "s3-creds", "defaultMode": 0o440},
+                       "rljob-credentials-mirror-1": {"secretName": "other", "defaultMode": 0o440}}
+    mounts = {m["name"]: m for m in container["volumeMounts"] if m["name"] in secrets}
+    assert mounts["rljob-credentials-checkpoint"]["mountPath"] == f"{contract.CREDENTIALS_DIR}/checkpoint"
+    assert mounts["rljob-credentials-mirror-1"]["mountPath"] == f"{contract.CREDENTIALS_DIR}/mirror-1"
+    assert all(m["readOnly"] is True for m in mounts.values())
+    assert pod["spec"]["securityContext"]["fsGroup"] == 1000  # the group that may read them (0440)
+    plain = desired_worker_pod(make_job(), 0, 0)
+    assert not [v for v in plain["spec"]["volumes"] if "secret" in v]
 
 
 def test_progress_writes_are_coalesced_and_never_reordered() -> None:

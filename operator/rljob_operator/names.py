@@ -13,7 +13,6 @@ from typing import Any
 # re-exported here beside the names the operator chooses itself.
 from rljob_trainer.contract import CONFIG_DIR as CONFIG_DIR
 from rljob_trainer.contract import CONFIG_KEY as CONFIG_KEY
-from rljob_trainer.contract import MIRROR_ENV_PREFIX as MIRROR_ENV_PREFIX
 from rljob_trainer.contract import TRAINER_COMMAND as TRAINER_COMMAND
 from rljob_trainer.contract import heartbeat_path
 

@@ -545,8 +545,8 @@ class MirrorSpec(Model):
         None,
         description=(
             "Secret whose keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN) the "
-            "operator exposes as environment with the prefix RLJOB_MIRROR<i>_ (i = index in mirrors), for a "
-            "mirror on another account or provider. Default: the primary's credentials."
+            "operator mounts as files in the workers (never environment), for a mirror on another account "
+            "or provider. Default: the primary's credentials."
         ),
     )
 
@@ -586,9 +586,11 @@ class CheckpointSpec(Model):
     credentials_secret: str | None = Field(
         None,
         description=(
-            "Name of a Secret in the job's namespace exposed to the trainer as environment (AWS_ACCESS_KEY_ID, "
-            "AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN). Omit to use the pod's service account "
-            "(IRSA / workload identity)."
+            "Name of a Secret in the job's namespace whose keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+            "optionally AWS_SESSION_TOKEN) the operator mounts as files in the workers; the trainer turns them "
+            "into a private AWS credentials file (AWS_SHARED_CREDENTIALS_FILE), so the keys are never in a "
+            "process's environment. Omit to use the pod's service account (IRSA / workload identity), the "
+            "recommended way."
         ),
     )
     mirrors: list[MirrorSpec] = Field(

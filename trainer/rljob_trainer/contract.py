@@ -60,14 +60,21 @@ STATUS_URL_ENV = "RLJOB_STATUS_URL"
 TOKEN_FILE_ENV = "RLJOB_TOKEN_FILE"
 #: PEM file the trainer trusts for the status URL (set only when the operator ships a CA).
 STATUS_CA_FILE_ENV = "RLJOB_STATUS_CA_FILE"
-#: ``envFrom`` prefix under which mirror ``index``'s ``credentialsSecret`` reaches the trainer
-#: (``RLJOB_MIRROR0_AWS_ACCESS_KEY_ID``, ...); the primary's credentials come as plain ``AWS_*``.
+#: Folder under which the operator mounts the Secrets that ``credentialsSecret`` fields name, one
+#: file per key (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, optionally ``AWS_SESSION_TOKEN``):
+#: ``checkpoint/`` for spec.checkpoint's, ``mirror-<i>/`` for mirror ``i``'s. Files, never environment:
+#: the keys are not in every process's environment (a reward function's subprocess, a crash dump).
+CREDENTIALS_DIR_ENV = "RLJOB_CREDENTIALS_DIR"
+CREDENTIALS_DIR = "/var/run/secrets/rljob/storage"
+#: Outside a pod (``rljob train``), mirror ``index``'s credentials may come as
+#: ``RLJOB_MIRROR<index>_AWS_*`` variables; the primary's are the usual AWS ones.
 MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
 
-#: Every variable the operator sets on a worker with a status endpoint (the mirror prefix aside).
+#: Every variable the operator sets on a worker with a status endpoint.
 OPERATOR_ENV = frozenset({
     NNODES_ENV, NODE_RANK_ENV, NPROC_PER_NODE_ENV, RDZV_ENDPOINT_ENV, RUN_ID_ENV, SHUTDOWN_TIMEOUT_ENV,
     OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
+    CREDENTIALS_DIR_ENV,
 })
 
 # Set inside the pod by the launcher for its ranks (the operator never sets these).
@@ -100,6 +107,12 @@ TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
 #: training stack once, unless the node has a GPU; then ``spawn``), ``spawn`` (a fresh interpreter per
 #: rank, each importing the stack) or ``forkserver``. See ``rljob_trainer.launch.rank_start_method``.
 RANK_START_ENV = "RLJOB_RANK_START"
+
+
+def credentials_folder(mirror: int | None = None) -> str:
+    """The folder, under :data:`CREDENTIALS_DIR`, of spec.checkpoint's credentials (``mirror`` None)
+    or mirror ``mirror``'s."""
+    return "checkpoint" if mirror is None else f"mirror-{mirror}"
 
 
 def mirror_env_prefix(index: int) -> str:

@@ -30,6 +30,7 @@ from rljob_trainer.config import TrainerConfig
 from rljob_trainer.contract import EXIT_CUDA_OOM, EXIT_PERMANENT, EXIT_RETRYABLE
 from rljob_trainer.errors import PermanentError, report_fatal, write_termination_message
 from rljob_trainer.known_warnings import silence_known_warnings
+from rljob_trainer.storage import use_mounted_credentials
 
 CONFIG_FILE = "trainer-config.json"
 
@@ -363,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     output = os.environ.get(contract.OUTPUT_DIR_ENV)
     if output:
         cfg = cfg.model_copy(update={"output_dir": output})
+    mounted = os.environ.get(contract.CREDENTIALS_DIR_ENV)
+    if mounted:
+        try:  # before any rank or download: they all read the same credentials file
+            use_mounted_credentials(Path(mounted) / contract.credentials_folder())
+        except PermanentError as e:
+            report_fatal(str(e))
+            return EXIT_PERMANENT
     node = NodeSettings.from_env(default_nproc=1)
     return launch(cfg, node)
 

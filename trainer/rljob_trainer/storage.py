@@ -118,6 +118,56 @@ def credentials_from_env(prefix: str, environ: Mapping[str, str] | None = None) 
     return out
 
 
+#: A mounted Secret's key files → boto3's credential arguments.
+CREDENTIAL_FILES = {"AWS_ACCESS_KEY_ID": "aws_access_key_id", "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
+                    "AWS_SESSION_TOKEN": "aws_session_token"}
+_MAX_CREDENTIAL_BYTES = 16 << 10
+
+
+def credentials_from_folder(folder: Path, field: str = "spec.checkpoint.credentialsSecret") -> dict[str, str] | None:
+    """boto3's credential arguments from a mounted Secret (one file per key, as a kubelet writes a
+    ``secret`` volume: :data:`rljob_trainer.contract.CREDENTIALS_DIR`), or None when the folder holds no
+    key pair. A value that is not one line of text is refused (PermanentError naming ``field`` and the file)."""
+    out: dict[str, str] = {}
+    for key, argument in CREDENTIAL_FILES.items():
+        path = folder / key
+        if not path.is_file():
+            continue
+        with path.open("rb") as f:  # a secret volume's keys are links into its ..data folder
+            raw = f.read(_MAX_CREDENTIAL_BYTES + 1)
+        try:
+            value = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            value = ""
+        if not value or len(raw) > _MAX_CREDENTIAL_BYTES or any(c in value for c in "\r\n\0"):
+            raise PermanentError(field, f"{path}: not one line of text (the Secret's key {key})")
+        out[argument] = value
+    if "aws_access_key_id" not in out or "aws_secret_access_key" not in out:
+        return None
+    return out
+
+
+def use_mounted_credentials(folder: Path) -> str | None:
+    """Make spec.checkpoint's mounted credentials the default ones of this process and its children: an
+    AWS shared credentials file (profile ``default``, mode 0600, in a 0700 folder on the pod's memory-backed
+    /dev/shm when there is one) named by ``AWS_SHARED_CREDENTIALS_FILE``, so the keys themselves are never
+    in the environment. Returns the file's path, or None when nothing is mounted."""
+    import tempfile
+
+    creds = credentials_from_folder(folder)
+    if creds is None:
+        return None
+    shm = Path("/dev/shm")
+    where = tempfile.mkdtemp(prefix="rljob-aws-", dir=str(shm) if os.access(shm, os.W_OK) else None)
+    path = Path(where) / "credentials"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("[default]\n" + "".join(f"{k} = {v}\n" for k, v in creds.items()))
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(path)
+    os.environ.pop("AWS_PROFILE", None)
+    return str(path)
+
+
 #: Error codes no retry can fix: wrong bucket, wrong or missing credentials, no permission.
 PERMANENT_CODES = frozenset({
     "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket",

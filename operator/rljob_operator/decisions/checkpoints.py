@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rljob_trainer import contract
 from rljob_trainer.config import CheckpointSpec, parse_claim
 
 from rljob_operator.names import CLAIMS_DIR, CONTAINER, OUTPUT_DIR
@@ -68,6 +69,22 @@ def claim_volumes(checkpoint: CheckpointSpec) -> tuple[list[dict[str, Any]], lis
         name = claim_volume_name(i)
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": False}})
         mounts.append({"name": name, "mountPath": posixpath.join(CLAIMS_DIR, claim), "readOnly": False})
+    return volumes, mounts
+
+
+def credential_volumes(checkpoint: CheckpointSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, trainer volumeMounts) of the Secrets ``credentialsSecret`` fields name, each mounted
+    read-only at ``CREDENTIALS_DIR/<checkpoint|mirror-i>`` (readable by the pod's group, fsGroup)."""
+    named = [(contract.credentials_folder(), getattr(checkpoint, "credentials_secret", None))]
+    named += [(contract.credentials_folder(i), getattr(m, "credentials_secret", None))
+              for i, m in enumerate(checkpoint.mirrors)]
+    volumes, mounts = [], []
+    for folder, secret in named:
+        if secret:
+            name = f"rljob-credentials-{folder}"
+            volumes.append({"name": name, "secret": {"secretName": secret, "defaultMode": 0o440}})
+            mounts.append({"name": name, "mountPath": posixpath.join(contract.CREDENTIALS_DIR, folder),
+                           "readOnly": True})
     return volumes, mounts
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from rljob_trainer import contract
 
 from rljob_operator.api import RLTrainingJob
-from rljob_operator.decisions.checkpoints import claim_volumes, mounted_checkpoint
+from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,
@@ -36,7 +36,6 @@ from rljob_operator.names import (
     LABEL_JOB,
     LABEL_WORKER_INDEX,
     METRICS_PORT,
-    MIRROR_ENV_PREFIX,
     OUTPUT_DIR,
     RDZV_PORT,
     STATUS_CA_KEY,
@@ -186,6 +185,7 @@ def worker_env(
         {"name": contract.POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+        {"name": contract.CREDENTIALS_DIR_ENV, "value": contract.CREDENTIALS_DIR},
     ]
     if endpoint is not None:
         env.append({"name": contract.STATUS_URL_ENV, "value": endpoint.heartbeat_url(namespace, name)})
@@ -193,20 +193,6 @@ def worker_env(
         if endpoint.ca_pem:
             env.append({"name": contract.STATUS_CA_FILE_ENV, "value": f"{CONFIG_DIR}/{STATUS_CA_KEY}"})
     return env
-
-
-def _credentials_env_from(job: RLTrainingJob) -> list[dict[str, Any]]:
-    """Object-storage credentials from Secrets (never from the manifest), as the trainer reads them:
-    ``checkpoint.credentialsSecret`` as plain ``AWS_*``, mirror ``i``'s with ``RLJOB_MIRROR<i>_``."""
-    checkpoint = job.spec.checkpoint
-    out: list[dict[str, Any]] = []
-    if getattr(checkpoint, "credentials_secret", None):
-        out.append({"secretRef": {"name": checkpoint.credentials_secret}})
-    for i, mirror in enumerate(checkpoint.mirrors):
-        secret = getattr(mirror, "credentials_secret", None)
-        if secret:
-            out.append({"prefix": MIRROR_ENV_PREFIX.format(index=i), "secretRef": {"name": secret}})
-    return out
 
 
 def _resources(job: RLTrainingJob) -> dict[str, Any]:
@@ -285,6 +271,7 @@ def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]]
             {"name": "rljob-shm", "mountPath": "/dev/shm"},
             {"name": "rljob-tmp", "mountPath": "/tmp"},
             *claim_volumes(job.spec.checkpoint)[1],
+            *credential_volumes(job.spec.checkpoint)[1],
             *copy.deepcopy(workers.volume_mounts),
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -297,16 +284,14 @@ def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]]
         },
         **_probes(index),
     }
-    env_from = _credentials_env_from(job)
-    if env_from:
-        container["envFrom"] = env_from
     if job.spec.image_pull_policy:
         container["imagePullPolicy"] = job.spec.image_pull_policy
     return container
 
 
 def _volumes(job: RLTrainingJob) -> list[dict[str, Any]]:
-    """The operator's volumes: the ConfigMap, scratch space, shared memory, /tmp and the checkpoint claims."""
+    """The operator's volumes: the ConfigMap, scratch space, shared memory, /tmp, the checkpoint claims and
+    the storage credentials' Secrets."""
     return [
         {"name": "rljob-config", "configMap": {"name": configmap_name(job.metadata.name)}},
         {"name": "rljob-workspace", "emptyDir": {}},
@@ -314,6 +299,7 @@ def _volumes(job: RLTrainingJob) -> list[dict[str, Any]]:
         {"name": "rljob-shm", "emptyDir": {"medium": "Memory"}},
         {"name": "rljob-tmp", "emptyDir": {}},
         *claim_volumes(job.spec.checkpoint)[0],
+        *credential_volumes(job.spec.checkpoint)[0],
     ]
 
 

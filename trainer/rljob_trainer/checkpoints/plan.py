@@ -12,9 +12,9 @@ from typing import Any
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.s3 import MiB, S3Location, TransferSettings
 from rljob_trainer.config import PVC_SCHEME
-from rljob_trainer.contract import MIRROR_ENV_PREFIX
+from rljob_trainer.contract import CREDENTIALS_DIR_ENV, MIRROR_ENV_PREFIX, credentials_folder
 from rljob_trainer.errors import PermanentError
-from rljob_trainer.storage import credentials_from_env
+from rljob_trainer.storage import credentials_from_env, credentials_from_folder
 
 log = logging.getLogger("rljob.checkpoints")
 
@@ -91,17 +91,26 @@ def local_staging_dir(cfg: Any) -> str:
 
 def storage_plan(cfg: Any, environ: Mapping[str, str] | None = None) -> StoragePlan:
     """The :class:`StoragePlan` of a TrainerConfig (``spec.checkpoint``); mirror ``i``'s credentials
-    come from ``RLJOB_MIRROR<i>_AWS_*`` in ``environ`` (default: the process environment)."""
+    come from its Secret mounted under ``RLJOB_CREDENTIALS_DIR`` (in a pod), else from
+    ``RLJOB_MIRROR<i>_AWS_*`` in ``environ`` (default: the process environment)."""
     spec = cfg.checkpoint
     transfer = TransferSettings(part_size=spec.part_size_mib * MiB, concurrency=spec.upload_concurrency)
     location = cfg.checkpoint_location()
     primary = location_for(location, endpoint_url=spec.endpoint_url, region=spec.region, transfer=transfer)
     mirrors = []
+    env = os.environ if environ is None else environ
+    mounted = env.get(CREDENTIALS_DIR_ENV)
     for i, m in enumerate(spec.mirrors):
-        creds = credentials_from_env(MIRROR_ENV_PREFIX.format(index=i), environ) if m.credentials_secret else None
+        creds = None
+        if m.credentials_secret:
+            if mounted:
+                creds = credentials_from_folder(Path(mounted) / credentials_folder(i),
+                                                f"spec.checkpoint.mirrors[{i}].credentialsSecret")
+            creds = creds or credentials_from_env(MIRROR_ENV_PREFIX.format(index=i), env)
         if m.credentials_secret and creds is None:
-            log.warning("mirror %s: credentialsSecret %s is not exposed as %sAWS_* in the environment; using the "
-                        "default credentials", m.location, m.credentials_secret, MIRROR_ENV_PREFIX.format(index=i))
+            log.warning("mirror %s: credentialsSecret %s is neither mounted nor given as %sAWS_* in the "
+                        "environment; using the default credentials", m.location, m.credentials_secret,
+                        MIRROR_ENV_PREFIX.format(index=i))
         mirrors.append(location_for(
             m.location, where=f"spec.checkpoint.mirrors[{i}].location",
             endpoint_url=m.endpoint_url or (spec.endpoint_url if m.location.startswith("s3://") else None),
