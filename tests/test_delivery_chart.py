@@ -547,6 +547,11 @@ def test_monitoring_objects_render_with_the_rules_file_and_the_dashboard() -> No
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     monitor = one(docs, "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    limits = {k: monitor["spec"][k] for k in ("sampleLimit", "labelLimit", "labelNameLengthLimit",
+                                              "labelValueLengthLimit")}
+    assert limits == {"sampleLimit": 2000, "labelLimit": 30, "labelNameLengthLimit": 200, "labelValueLengthLimit": 2048}
+    tighter = one(helm_template("--set", "podMonitor.enabled=true,podMonitor.sampleLimit=500"), "PodMonitor")
+    assert tighter["spec"]["sampleLimit"] == 500
     assert monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["targetLabel"] == "rljob_job"
     assert one(docs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "http-metrics"
     dashboard = one(docs, "ConfigMap", "rljob-dashboard")

@@ -11,12 +11,14 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from rljob_trainer.launch import free_port
 from rljob_trainer.worker import NOT_PRELOADED
 
 from tests.trainer_helpers import (
     QUICKSTART,
+    REPO,
     assert_same_curve,
     deep_update,
     kill_group,
@@ -114,6 +116,12 @@ def test_quickstart_two_process_reward_rises_and_reports_agree(tmp_path: Path) -
     assert len(samples) >= 3, "too few scrapes during the run"
     assert set(samples[-1]) >= NAMED_SERIES, NAMED_SERIES - set(samples[-1])
     assert (("reward", "repeat_char"),) in samples[-1]["rljob_trainer_reward_mean"]
+    # The chart's PodMonitor drops a scrape over podMonitor.sampleLimit (a reward function registering
+    # metrics without bound): a trainer's own series stay far below it.
+    limit = yaml.safe_load((REPO / "charts" / "rljob" / "values.yaml").read_text())["podMonitor"]["sampleLimit"]
+    served = max(sum(len(series) for series in scraped.values()) for scraped in samples)
+    print(f"trainer metrics: {served} samples (PodMonitor sampleLimit {limit})")
+    assert served * 4 <= limit
     # ...and what it served agrees with summary.json, step by step.
     history = dict((int(s), r) for s, r in summary["reward_history"])
     assert len(history) == 120
