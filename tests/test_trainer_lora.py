@@ -7,9 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.test_trainer_run import tensorboard_scalars
 from tests.trainer_helpers import (
+    REPO,
     assert_same_curve,
     deep_update,
     logged_curve,
@@ -20,28 +22,19 @@ from tests.trainer_helpers import (
 
 pytestmark = pytest.mark.trainer
 
-# On the 2-layer built-in model, adapters on the linear layers alone stayed at chance for 120 steps in
-# trial runs; training the output head in full (modulesToSave) lets it learn the task.
-LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "modulesToSave": ["lm_head"]}
-# The learning rate at which this LoRA learns the quickstart task on any seed. At 0.03 the fully trained
-# head collapses the policy onto one character within ~15 steps (entropy → 0, every group's rewards
-# equal, so GRPO has no signal left) and whether a run escapes first depends on float rounding: the
-# same seed reached 0.3-0.45 on one CPU and stayed at 0.14 on another. Measured for 120 steps
-# (mean reward of the last 20 steps, seeds 0/1/2/3): lr 0.03 → 0.14 (seed 0, the failing CPU);
-# 0.02 → 0.41/0.20; 0.01 → 0.45/0.31/0.09; 0.01 with beta 0.04 → 0.67/0.34/0.25/0.29; 0.005 → 0.98/0.82/0.98/1.00.
-LEARNS = 0.005
+#: The quickstart with LoRA, as users run it: why these settings, measured, is in the file's comment.
+LORA_EXAMPLE = REPO / "examples" / "lora.yaml"
 
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def test_lora_learns_resumes_from_its_adapter_and_exports_a_merged_model(tmp_path: Path) -> None:
+def test_lora_example_learns_resumes_exactly_from_its_adapter_and_exports_a_merged_model(tmp_path: Path) -> None:
     first, total = 60, 120
-    doc = deep_update(quickstart_doc(), {"spec": {
-        "training": {"maxSteps": first, "learningRate": LEARNS, "lora": LORA},
-        "checkpoint": {"everySteps": 30, "keepLast": 2},
-    }})
+    example = yaml.safe_load(LORA_EXAMPLE.read_text())
+    assert example["spec"]["training"]["maxSteps"] == total
+    doc = deep_update(example, {"spec": {"training": {"maxSteps": first}}})
     out = tmp_path / "out"
     ran = run_rljob("train", str(write_manifest(tmp_path / "job.yaml", doc)), "--output", str(out), timeout=900)
     assert ran.returncode == 0, ran.stderr[-3000:]
@@ -64,7 +57,7 @@ def test_lora_learns_resumes_from_its_adapter_and_exports_a_merged_model(tmp_pat
     assert again.returncode == 0, again.stderr[-3000:]
     # Exactly where an uninterrupted run of `total` steps would be (issue #31): the adapter, the trained
     # head, the optimizer, the schedule and every RNG came back; each value of steps 61-120 is equal.
-    reference = run_rljob("train", str(tmp_path / "job.yaml"), "--output", str(tmp_path / "reference"), timeout=900)
+    reference = run_rljob("train", str(LORA_EXAMPLE), "--output", str(tmp_path / "reference"), timeout=900)
     assert reference.returncode == 0, reference.stderr[-3000:]
     resumed = logged_curve(out / "metrics.jsonl", from_line=logged_before)
     assert sorted(resumed) == list(range(first + 1, total + 1))
@@ -74,9 +67,10 @@ def test_lora_learns_resumes_from_its_adapter_and_exports_a_merged_model(tmp_pat
     assert re.search(rf"resuming from \S*checkpoint-{first}\b", again.stderr + again.stdout)
     rewards = [r for _, r in tensorboard_scalars(out / "tensorboard", "train/reward")]
     assert len(rewards) == total
-    # Chance is about 0.03; see LEARNS for the mean of the last 20 steps over seeds (0.82-1.00), so a rise
-    # of 0.3 is learning with room for a seed, or a CPU, that learns more slowly.
-    assert mean(rewards[:10]) <= 0.2 and mean(rewards[-20:]) >= mean(rewards[:10]) + 0.3, rewards
+    # The example learns the task: from chance (about 0.03) to a last reward of at least 0.9, as the
+    # uninterrupted run of it reports in its summary (the resumed run logged the same values).
+    learned = json.loads((tmp_path / "reference" / "summary.json").read_text())
+    assert mean(rewards[:10]) <= 0.2 and learned["reward_last"] >= 0.9, (learned["reward_last"], rewards)
 
     merged = tmp_path / "merged"
     exported = run_rljob("checkpoints", "export", str(out / "checkpoints"), str(merged), "--merged")
@@ -127,7 +121,8 @@ def test_lora_with_beta_uses_the_base_model_as_reference(tmp_path: Path) -> None
     steps = 12
     doc = deep_update(quickstart_doc(), {"spec": {
         "workers": {"procsPerWorker": 1},
-        "training": {"maxSteps": steps, "learningRate": 0.03, "beta": 0.04, "lora": LORA},
+        "training": {"maxSteps": steps, "learningRate": 0.03, "beta": 0.04,
+                     "lora": yaml.safe_load(LORA_EXAMPLE.read_text())["spec"]["training"]["lora"]},
         "checkpoint": {"everySteps": 1000},
     }})
     out = tmp_path / "out"
