@@ -24,6 +24,7 @@ from tests.test_delivery_chart import MANIFESTS, REPO, helm_template, run
 
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
 POLICY = "rljob-job-references"
+QUEUES = "rljob-queues"
 VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
@@ -88,7 +89,7 @@ def _kubectl_admin(control_plane: Any, *args: str, stdin: str | None = None) -> 
 def _delete_policy(kube: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
-    for path in (f"{BINDING_PATH}/{POLICY}", f"{VAP_PATH}/{POLICY}"):
+    for path in (f"{BINDING_PATH}/{POLICY}", f"{VAP_PATH}/{POLICY}", f"{BINDING_PATH}/{QUEUES}", f"{VAP_PATH}/{QUEUES}"):
         try:
             kube.request("DELETE", path)
         except ApiException as e:
@@ -279,6 +280,93 @@ def _client_configuration(kubeconfig: Path) -> Any:
     return configuration
 
 
+# ------------------------------------------------------------------------ queues
+
+QUEUE_LABEL, PRIORITY_LABEL = "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class"
+
+
+def _queued(name: str, queue: str, priority: str) -> dict[str, Any]:
+    doc = _quickstart(name)
+    doc["metadata"]["labels"] = {QUEUE_LABEL: queue, PRIORITY_LABEL: priority}
+    return doc
+
+
+def _set_phase(kube: Any, namespace: str, name: str, phase: str) -> None:
+    """What the operator's status writes say (it does not run here)."""
+    kube.request("PATCH", kube.job_path(namespace, name, "status"), {"status": {"phase": phase}},
+                 content_type="application/merge-patch+json")
+
+
+def _kubectl_as(control_plane: Any, kubeconfig: Path, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+                *args], check=False)
+
+
+@pytest.mark.cluster
+def test_a_queued_or_running_job_keeps_its_queue_and_an_admitted_one_its_priority(
+        control_plane: Any, kube: Any, namespace: str, ordinary_user: Path, policy: None) -> None:
+    """Issue #30, point 6: without this, removing the label from an admitted job took its gang out of
+    Kueue's quota (the operator stopped looking at its Workload) and a job that should preempt it waited."""
+    def label(*changes: str) -> subprocess.CompletedProcess[str]:
+        return _kubectl_as(control_plane, ordinary_user, namespace, "label", "--overwrite", "rltrainingjob/q", *changes)
+
+    assert _apply(control_plane, ordinary_user, namespace, _queued("q", "team-a", "low")).returncode == 0
+    _set_phase(kube, namespace, "q", "Queued")
+
+    def removal_refused() -> subprocess.CompletedProcess[str] | None:
+        # A dry run while the API server may still be picking the policy up: a real one would succeed.
+        result = label("--dry-run=server", f"{QUEUE_LABEL}-")
+        return result if result.returncode != 0 and QUEUES in result.stderr else None
+
+    wait_for(removal_refused, 30, message=f"the {QUEUES} policy in force")
+    refused = label(f"{QUEUE_LABEL}-")
+    assert f"metadata.labels[{QUEUE_LABEL}]: the job is in LocalQueue team-a (phase Queued)" in refused.stderr
+    # Not admitted yet: it may move to another queue, at another priority, as Kueue allows for a suspended Job.
+    assert label(f"{QUEUE_LABEL}=team-b", f"{PRIORITY_LABEL}=high").returncode == 0
+
+    _set_phase(kube, namespace, "q", "Running")  # admitted: its gang runs on team-b's quota
+    for change, says in ((f"{QUEUE_LABEL}=team-c", "suspend it (spec.runPolicy.suspend: true) before moving it"),
+                         (f"{PRIORITY_LABEL}=low", f"metadata.labels[{PRIORITY_LABEL}]"),
+                         (f"{QUEUE_LABEL}-", "removing the label would take it out of the queue")):
+        result = label(change)
+        assert result.returncode != 0 and says in result.stderr, (change, result.stderr)
+    # Other edits of a running job are not this policy's business.
+    patched = _kubectl_as(control_plane, ordinary_user, namespace, "patch", "rltrainingjob/q", "--type", "merge",
+                          "-p", '{"spec": {"runPolicy": {"suspend": true}}}')
+    assert patched.returncode == 0, patched.stderr
+    job = kube.request("GET", kube.job_path(namespace, "q"))
+    assert job["metadata"]["labels"] == {QUEUE_LABEL: "team-b", PRIORITY_LABEL: "high"}
+    # Finished: nothing is held any more.
+    _set_phase(kube, namespace, "q", "Succeeded")
+    assert label(f"{QUEUE_LABEL}-").returncode == 0
+    # The base leaves requireQueue off: a job without a queue is still welcome.
+    assert _apply(control_plane, ordinary_user, namespace, _quickstart("free")).returncode == 0
+
+
+@pytest.mark.cluster
+def test_require_queue_refuses_a_new_job_without_one(
+        control_plane: Any, kube: Any, namespace: str, ordinary_user: Path, policy: None) -> None:
+    strict = [d for d in helm_template("--set", "admissionPolicies.requireQueue=true")
+              if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(strict[0]))
+    try:
+        unlabelled = _quickstart("unqueued")
+
+        def unlabelled_refused() -> bool:  # a dry run until the API server has the new policy
+            result = run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(ordinary_user), "--namespace",
+                          namespace, "create", "--dry-run=server", "-f", "-"], check=False,
+                         input=yaml.safe_dump(unlabelled))
+            return result.returncode != 0 and QUEUES in result.stderr
+
+        wait_for(unlabelled_refused, 30, message="requireQueue in force")
+        result = _apply(control_plane, ordinary_user, namespace, unlabelled)
+        assert result.returncode != 0
+        assert f"metadata.labels[{QUEUE_LABEL}]: every job on this cluster runs through a Kueue" in result.stderr
+        assert _apply(control_plane, ordinary_user, namespace, _queued("queued-ok", "team-a", "low")).returncode == 0
+    finally:
+        _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))  # the base's again (requireQueue off)
+
+
 # ------------------------------------------------------------------ chart = kustomize
 
 
@@ -286,11 +374,20 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
     """Same policy and binding from both (labels aside); the chart can turn it off or open more accounts."""
     base = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
     chart = [d for d in helm_template() if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert [d["kind"] for d in chart] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     for d in chart:
         assert d["metadata"].pop("labels")["app.kubernetes.io/component"] == "admission"
-    assert chart == base
-    assert chart[1]["spec"]["validationActions"] == ["Deny"]
+
+    def by_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+    assert sorted(by_name(chart)) == [("ValidatingAdmissionPolicy", POLICY), ("ValidatingAdmissionPolicy", QUEUES),
+                                      ("ValidatingAdmissionPolicyBinding", POLICY),
+                                      ("ValidatingAdmissionPolicyBinding", QUEUES)]
+    assert by_name(chart) == by_name(base)
+    assert [d["spec"]["validationActions"] for d in chart if d["kind"].endswith("Binding")] == [["Deny"]] * 2
+    required = [d for d in helm_template("--set", "admissionPolicies.requireQueue=true")
+                if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
+    assert {v["name"]: v["expression"] for v in required[0]["spec"]["variables"]}["requireQueue"] == "true"
 
     assert not [d for d in helm_template("--set", "admissionPolicies.enabled=false")
                 if d["kind"].startswith("ValidatingAdmissionPolicy")]
