@@ -227,7 +227,7 @@ def checkpoint_callback(publisher: Any) -> Any:
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             ckpt_dir = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if dist.is_available() and dist.is_initialized():
-                gather_rank_files(ckpt_dir, args.process_index, dist)  # also the barrier: every rank saved
+                gather_rank_files(ckpt_dir, args.process_index, dist)  # a collective: every rank has saved
             if not state.is_world_process_zero or publisher is None:
                 return
             recent = [h for h in state.log_history if "reward" in h]
@@ -254,7 +254,6 @@ def gather_rank_files(ckpt_dir: Path, rank: int, dist: Any) -> None:
             tmp = ckpt_dir / f".{item[0]}.tmp"
             tmp.write_bytes(item[1])
             tmp.replace(ckpt_dir / item[0])
-    dist.barrier()
     # On a pod of its own, a rank's folder holds only what it sent: nothing would ever delete it. (In a
     # folder the ranks share it holds the whole checkpoint, which rank 0's retention looks after.)
     if rank != 0 and sent is not None and [p.name for p in ckpt_dir.iterdir()] == [name]:

@@ -75,9 +75,8 @@ def claim_volumes(checkpoint: CheckpointSpec) -> tuple[list[dict[str, Any]], lis
 def credential_volumes(checkpoint: CheckpointSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, trainer volumeMounts) of the Secrets ``credentialsSecret`` fields name, each mounted
     read-only at ``CREDENTIALS_DIR/<checkpoint|mirror-i>`` (readable by the pod's group, fsGroup)."""
-    named = [(contract.credentials_folder(), getattr(checkpoint, "credentials_secret", None))]
-    named += [(contract.credentials_folder(i), getattr(m, "credentials_secret", None))
-              for i, m in enumerate(checkpoint.mirrors)]
+    named = [(contract.credentials_folder(), checkpoint.credentials_secret)]
+    named += [(contract.credentials_folder(i), m.credentials_secret) for i, m in enumerate(checkpoint.mirrors)]
     volumes, mounts = [], []
     for folder, secret in named:
         if secret:

@@ -22,9 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from rljob_trainer.checkpoints.manifest import MANIFEST, BaseModelIdentity
+from rljob_trainer.checkpoints.manifest import MANIFEST, BaseModelIdentity, load_manifest
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -68,11 +66,11 @@ def trusted_base(checkpoint: Path) -> str:
     """The base model to merge ``checkpoint``'s adapter into, when no ``--base`` is given: the one the
     adapter names, if it is the one the manifest recorded, and (for a folder) has the recorded config."""
     named = adapter_base(checkpoint)
-    try:
-        recorded = json.loads((checkpoint / MANIFEST).read_text(encoding="utf-8")).get("base_model")
-        identity = BaseModelIdentity.model_validate(recorded) if recorded is not None else None
-    except (OSError, ValueError, ValidationError) as e:
+    try:  # bounded, no links, validated (base_model included) as every manifest read back from storage
+        recorded = load_manifest(checkpoint)[0].get("base_model")
+    except (OSError, ValueError) as e:
         raise ExportError(f"{checkpoint / MANIFEST}: no readable base_model: {e}; give the base with --base") from e
+    identity = BaseModelIdentity.model_validate(recorded) if recorded is not None else None
     if identity is None:
         raise ExportError(f"{checkpoint / MANIFEST}: records no base model (a checkpoint written before "
                           f"rljob recorded it); the adapter names {named!r}: give the base with --base")

@@ -12,7 +12,8 @@ from typing import Any
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.s3 import MiB, S3Location, TransferSettings
 from rljob_trainer.config import PVC_SCHEME
-from rljob_trainer.contract import CREDENTIALS_DIR_ENV, MIRROR_ENV_PREFIX, credentials_folder
+from rljob_trainer.contract import CREDENTIALS_DIR_ENV, credentials_folder, mirror_env_prefix
+from rljob_trainer.contract import MIRROR_ENV_PREFIX as MIRROR_ENV_PREFIX  # re-exported
 from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage import credentials_from_env, credentials_from_folder
 
@@ -103,14 +104,13 @@ def storage_plan(cfg: Any, environ: Mapping[str, str] | None = None) -> StorageP
     for i, m in enumerate(spec.mirrors):
         creds = None
         if m.credentials_secret:
-            if mounted:
-                creds = credentials_from_folder(Path(mounted) / credentials_folder(i),
-                                                f"spec.checkpoint.mirrors[{i}].credentialsSecret")
-            creds = creds or credentials_from_env(MIRROR_ENV_PREFIX.format(index=i), env)
-        if m.credentials_secret and creds is None:
-            log.warning("mirror %s: credentialsSecret %s is neither mounted nor given as %sAWS_* in the "
-                        "environment; using the default credentials", m.location, m.credentials_secret,
-                        MIRROR_ENV_PREFIX.format(index=i))
+            field = f"spec.checkpoint.mirrors[{i}].credentialsSecret"
+            creds = (credentials_from_folder(Path(mounted) / credentials_folder(i), field) if mounted else None) \
+                or credentials_from_env(mirror_env_prefix(i), env)
+            if creds is None:
+                log.warning("mirror %s: credentialsSecret %s is neither mounted nor given as %sAWS_* in the "
+                            "environment; using the default credentials", m.location, m.credentials_secret,
+                            mirror_env_prefix(i))
         mirrors.append(location_for(
             m.location, where=f"spec.checkpoint.mirrors[{i}].location",
             endpoint_url=m.endpoint_url or (spec.endpoint_url if m.location.startswith("s3://") else None),
