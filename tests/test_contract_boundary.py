@@ -142,6 +142,25 @@ def test_the_pod_environment_is_what_the_launcher_and_heartbeat_read(monkeypatch
     hb = Heartbeat.from_env()
     assert hb is not None and hb.pod == "train-worker-2" and hb.ca_file == "/etc/rljob/status-ca.crt"
     assert hb.url == ENDPOINT.base_url + contract.heartbeat_path("team-a", "train")
+    assert node.in_place_restarts == 0  # a fixed-size gang: any failure ends the node, the gang restarts
+
+
+def test_an_elastic_job_s_workers_may_restart_their_ranks_as_often_as_its_backoff_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob_trainer.launch import NodeSettings, build_launch_config
+    from torch.distributed.launcher.api import LaunchConfig
+
+    job = _job(workers={"minReplicas": 2, "maxReplicas": 3}, runPolicy={"backoffLimit": 4})
+    env = {e["name"]: e for e in desired_worker_pod(job, 1, 0, ENDPOINT)["spec"]["containers"][0]["env"]}
+    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.ELASTIC_ENV
+    monkeypatch.setenv(contract.IN_PLACE_RESTARTS_ENV, env[contract.IN_PLACE_RESTARTS_ENV]["value"])
+    node = NodeSettings.from_env(default_nproc=1)
+    assert node.in_place_restarts == 4
+    config, _ = build_launch_config(LaunchConfig, node, 30)
+    assert config.max_restarts == 4 and config.min_nodes == config.max_nodes  # the size changes by a resize only
+    never = _job(workers={"minReplicas": 2, "maxReplicas": 3}, runPolicy={"restartPolicy": "Never"})
+    env = {e["name"] for e in desired_worker_pod(never, 1, 0, ENDPOINT)["spec"]["containers"][0]["env"]}
+    assert contract.IN_PLACE_RESTARTS_ENV not in env
 
 
 def test_the_configmap_yaml_loads_back_into_the_same_trainer_config(tmp_path: Path) -> None:

@@ -171,3 +171,82 @@ def test_a_running_job_is_looked_at_again_when_its_heartbeat_deadline_falls_due(
     # Not every checkIntervalSeconds: an idle job costs no API requests between its deadlines.
     job = make_job(spec={"runPolicy": {**policy, "checkIntervalSeconds": 7}}, status=RUNNING)
     assert plan_after(job, pod_json(job, 0), pod_json(job, 1)).requeue_after == 61
+
+
+# ------------------------------------------------------------ in-place replacement (elastic jobs)
+#: An elastic job of 3 workers whose checkpoints outlive its pods.
+ELASTIC = {"workers": {"minReplicas": 2, "maxReplicas": 3}, "checkpoint": {"storage": "s3://ckpt/train"},
+           "runPolicy": {"backoffBaseSeconds": 5}}
+
+
+def test_an_elastic_job_replaces_only_its_failed_worker_and_counts_a_restart() -> None:
+    job = make_job(3, spec=ELASTIC, status=RUNNING)
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 1), pod_json(job, 2))
+    s = plan.status
+    assert (s["phase"], s["reason"], s["gangGeneration"], s["restarts"]) == ("Restarting", "WorkerFailed", 0, 1)
+    assert plan.delete_pods == ["train-worker-1"] and plan.gang_restart is None
+    assert plan.replaced_workers == "WorkerFailed"
+    assert s["lastFailure"]["replacedPods"] == ["pod-1-0"] and s["nextRestartTime"] is None
+    assert "replacing train-worker-1 in place" in s["message"] and "restart 1 of backoffLimit" in s["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "WorkerFailed")]
+
+    # The next reconcile, before the watch shows the deletion: the replaced pod is stale, not a new
+    # failure; its name is taken until it is gone. Then the same generation's worker 1 is created.
+    replacing = make_job(3, spec=ELASTIC, status=s)
+    waiting = plan_after(replacing, pod_json(job, 0), failed_worker(job, 1), pod_json(job, 2), later=1)
+    assert waiting.status["restarts"] == 1
+    assert [(e.reason, e.message.split(":")[0]) for e in waiting.events] == [("WaitingForOldPods", "Restarting → Pending")]
+    assert waiting.delete_pods == ["train-worker-1"] and waiting.create_pods == []
+    assert waiting.status["phase"] == "Pending" and waiting.status["lastFailure"]["replacedPods"] == ["pod-1-0"]
+    again = plan_after(replacing, pod_json(job, 0), pod_json(job, 2), later=2)
+    assert [p["metadata"]["name"] for p in again.create_pods] == ["train-worker-1"]
+    assert [p["metadata"]["labels"]["rljob.dev/gang-generation"] for p in again.create_pods] == ["0"]
+    assert again.delete_pods == [] and again.status["restarts"] == 1 and again.status["gangGeneration"] == 0
+    # Back to Running once the replacement is ready; the survivors were never touched.
+    running = plan_after(make_job(3, spec=ELASTIC, status=again.status), pod_json(job, 0),
+                         {**pod_json(job, 1), "metadata": {**pod_json(job, 1)["metadata"], "uid": "pod-1-new"}},
+                         pod_json(job, 2), later=30)
+    assert running.status["phase"] == "Running" and running.delete_pods == [] and running.create_pods == []
+
+
+def test_a_lost_worker_of_an_elastic_job_is_replaced_in_place_as_a_disruption() -> None:
+    job = make_job(3, spec=ELASTIC, status=RUNNING)
+    plan = plan_after(job, pod_json(job, 0), pod_json(job, 1))  # worker 2 is gone (its node went away)
+    s = plan.status
+    assert (s["phase"], s["reason"], s["disruptions"], s["restarts"]) == ("Restarting", "WorkerLost", 1, 0)
+    assert plan.delete_pods == [] and s["gangGeneration"] == 0 and plan.replaced_workers == "WorkerLost"
+    again = plan_after(make_job(3, spec=ELASTIC, status=s), pod_json(job, 0), pod_json(job, 1), later=1)
+    assert [p["metadata"]["name"] for p in again.create_pods] == ["train-worker-2"]
+
+
+def test_what_still_restarts_the_whole_gang_of_an_elastic_job() -> None:
+    def gang_restarted(spec: dict[str, Any], *pods_of: Any) -> bool:
+        job = make_job(3, spec=spec, status=RUNNING)
+        plan = plan_after(job, *[p(job) for p in pods_of])
+        return plan.status["gangGeneration"] == 1 and plan.gang_restart is not None
+
+    healthy = [lambda j: pod_json(j, 0), lambda j: pod_json(j, 2)]
+    worker_1 = [lambda j: failed_worker(j, 1, index=1)]
+    assert not gang_restarted(ELASTIC, *healthy, *worker_1)
+    # Worker 0 hosts the rendezvous store: its failure ends every agent's rendezvous.
+    assert gang_restarted(ELASTIC, lambda j: failed_worker(j, 1, index=0), lambda j: pod_json(j, 1),
+                          lambda j: pod_json(j, 2))
+    # Checkpoints that die with a pod: the replacement could not resume where the survivors do.
+    assert gang_restarted({**ELASTIC, "checkpoint": {"everySteps": 10}}, *healthy, *worker_1)
+    # A fixed-size job keeps today's behaviour.
+    assert gang_restarted({"checkpoint": {"storage": "s3://ckpt/train"}}, *healthy, *worker_1)
+    # Out of memory with OOM recovery: every worker's batch changes.
+    assert gang_restarted(ELASTIC, *healthy, lambda j: failed_worker(j, 137, "OOMKilled", index=1))
+
+
+def test_a_survivor_that_only_lost_its_peer_is_not_the_failure() -> None:
+    from rljob_trainer.contract import EXIT_PEER_LOST
+
+    job = make_job(3, spec={**ELASTIC, "runPolicy": {"restartPolicy": "ExitCode"}}, status=RUNNING)
+    # Worker 2's agent gave up waiting (EXIT_PEER_LOST) after worker 1 crashed: worker 1 is the culprit,
+    # and the peer-lost code is not read as a permanent 1-127 exit.
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 137, index=1), failed_worker(job, EXIT_PEER_LOST, index=2))
+    assert plan.status["lastFailure"]["worker"] == "train-worker-1" and plan.status["phase"] == "Restarting"
+    assert sorted(plan.delete_pods) == ["train-worker-1", "train-worker-2"]
+    alone = plan_after(job, pod_json(job, 0), pod_json(job, 1), failed_worker(job, EXIT_PEER_LOST, index=2))
+    assert alone.status["phase"] == "Restarting" and alone.status["lastFailure"]["exitCode"] == EXIT_PEER_LOST

@@ -13,12 +13,14 @@ from rljob_operator.api import API_VERSION, KIND, ManifestError, parse_job
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.builtin import rewards as builtin
 from rljob_trainer.config import RewardSpec
-from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, is_cuda_oom
+from rljob_trainer.contract import EXIT_PEER_LOST
+from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, is_cuda_oom, is_peer_loss
 from rljob_trainer.launch import (
     NodeSettings,
     bounded_worker_shutdown,
     build_launch_config,
     exit_code_for,
+    peers_lost,
     rank_start_method,
     recorded_exit_codes,
 )
@@ -144,6 +146,37 @@ def test_exit_code_prefers_permanent_then_oom_then_first_failure() -> None:
     assert exit_code_for({0: _failure(1, 1)}, {1: EXIT_CUDA_OOM}) == (EXIT_CUDA_OOM, 1)
     assert exit_code_for({0: _failure(1, 1)}, {0: 1, 1: 3}) == (1, 0)
     assert exit_code_for({1: _failure(EXIT_CUDA_OOM, 1)}, {0: EXIT_PERMANENT}) == (EXIT_PERMANENT, 0)
+
+
+def test_a_rank_that_only_lost_a_peer_neither_explains_a_failure_nor_ends_an_in_place_node() -> None:
+    # The node's own failure wins over its ranks that merely lost the failed one.
+    assert exit_code_for({0: _failure(EXIT_PEER_LOST, 1), 1: _failure(1, 2)}) == (1, 1)
+    assert exit_code_for({0: _failure(EXIT_PEER_LOST, 1)}) == (EXIT_PEER_LOST, 0)
+    # The in-place agent restarts its ranks only when every failed one lost a peer (the records win).
+    assert peers_lost({0: _failure(EXIT_PEER_LOST, 1), 1: _failure(EXIT_PEER_LOST, 1)}, {})
+    assert not peers_lost({0: _failure(EXIT_PEER_LOST, 1), 1: _failure(-9, 1)}, {})
+    assert not peers_lost({0: _failure(EXIT_PEER_LOST, 1)}, {1: EXIT_CUDA_OOM})
+    assert not peers_lost({0: _failure(1, 1)}, {0: 1})
+    assert not peers_lost({}, {})
+
+
+def test_peer_loss_is_told_from_a_rank_s_own_failure() -> None:
+    # What gloo raised here when the process at the other end of an all_reduce was SIGKILLed.
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed "
+                        "by peer [127.0.0.1]:11944. This is typically caused by a remote worker crashing.")
+    assert is_peer_loss(gloo)
+    try:  # wrapped on the way out of TRL or accelerate
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ValueError("gather failed") from e
+    except ValueError as wrapped:
+        assert is_peer_loss(wrapped)
+    import torch.distributed as dist
+
+    assert is_peer_loss(dist.DistNetworkError("Failed to recv, got 0 bytes"))
+    assert not is_peer_loss(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_peer_loss(KeyError("reward"))
 
 
 def test_ranks_exit_codes_are_read_back_from_the_error_folder(tmp_path: Path) -> None:

@@ -389,6 +389,11 @@ class LastFailure(StatusModel):
     message: str = Field("", description="What happened (the first line of the trainer's error).")
     time: str | None = Field(None, description="When the operator saw it (RFC 3339).")
     disruption: bool = Field(False, description="Caused by the cluster (node lost, eviction, preemption).")
+    replaced_pods: list[str] = Field(
+        default_factory=list, max_length=1024,
+        description="UIDs of the worker pods replaced in place for this failure (an elastic job whose "
+                    "surviving workers kept running); empty when the whole gang was restarted.",
+    )
 
 
 class OomRecovery(StatusModel):

@@ -52,6 +52,12 @@ GANG_RESTARTS = Counter(
 for _reason in ("Resumed", "SpecChanged", "WorkerFailed", "WorkerLost", "OOMKilled", "CudaOutOfMemory",
                 "HeartbeatTimeout", "StartupTimeout", "Disrupted", "Resized"):
     GANG_RESTARTS.labels(reason=_reason)
+WORKERS_REPLACED = Counter(
+    "rljob_operator_workers_replaced_total",
+    "Failed workers of elastic jobs replaced in place (the rest of the gang kept running), by reason.", ["reason"]
+)
+for _reason in ("WorkerFailed", "WorkerLost", "OOMKilled", "CudaOutOfMemory", "Disrupted"):
+    WORKERS_REPLACED.labels(reason=_reason)
 HEARTBEATS = Counter("rljob_operator_heartbeats_total", "Status API heartbeats by result.", ["result"])
 STATUS_API_REFUSED = Counter(
     "rljob_operator_status_api_refused_total",

@@ -48,6 +48,10 @@ RUN_ID_ENV = "RLJOB_RUN_ID"
 #: ``LaunchConfig.shutdown_timeout``; torch <= 2.11 has no such field and the launcher applies the bound
 #: to the agent's ``PContext.close`` instead, see ``rljob_trainer.launch.bounded_worker_shutdown``).
 SHUTDOWN_TIMEOUT_ENV = "RLJOB_SHUTDOWN_TIMEOUT"
+#: Restarts this node's elastic agent may make of its ranks when a peer worker is lost, so that the
+#: survivors re-rendezvous with the pod the operator creates in its place (elastic jobs with durable
+#: checkpoints, see ``rljob_operator.decisions.failures``). Unset or 0: any rank failure ends the node.
+IN_PLACE_RESTARTS_ENV = "RLJOB_IN_PLACE_RESTARTS"
 #: Where logs, TensorBoard events and the summary go (overrides the config's ``outputDir``).
 OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
 #: Port of rank 0's ``/metrics``, ``/healthz`` and ``/readyz`` (the pod's probes use it).
@@ -76,6 +80,8 @@ OPERATOR_ENV = frozenset({
     OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
     CREDENTIALS_DIR_ENV,
 })
+#: Set besides those on an elastic job's workers (``minReplicas``/``maxReplicas``).
+ELASTIC_ENV = frozenset({IN_PLACE_RESTARTS_ENV})
 
 # Set inside the pod by the launcher for its ranks (the operator never sets these).
 
@@ -279,6 +285,10 @@ EXIT_RETRYABLE = 1
 #: sysexits' EX_CONFIG: bad config, missing data, a reward function that cannot be imported, raises
 #: or returns the wrong shape. Retrying cannot help: the operator fails the job.
 EXIT_PERMANENT = 78
+#: sysexits' EX_TEMPFAIL, only with in-place restarts on: the rank lost a peer (a collective or the
+#: store failed because another worker died). Its agent restarts it to meet the replacement; a node
+#: whose ranks failed for any other reason ends, and its pod is the one the operator replaces.
+EXIT_PEER_LOST = 75
 #: A CUDA out-of-memory error: the operator may retry with a smaller per-device batch.
 EXIT_CUDA_OOM = 200
 #: A process stopped by signal N exits with 128 + N.

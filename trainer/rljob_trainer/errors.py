@@ -30,18 +30,33 @@ class PermanentError(LocatedError):
     """A failure no retry can fix. ``where`` names the field path, file or function."""
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, each once."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not s for s in seen):
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
 def is_cuda_oom(exc: BaseException) -> bool:
     """Whether ``exc``, or an exception it was raised from or while handling, is a CUDA out-of-memory
     error (``torch.cuda.OutOfMemoryError``, or an error that says "CUDA out of memory"). Torch-free: by
     the exception's name and message, so the wrappers of reward functions and TRL cannot hide it."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if type(current).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(current):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(type(e).__name__ == "OutOfMemoryError" or "CUDA out of memory" in str(e) for e in _chain(exc))
+
+
+#: torch.distributed's errors of the process group and its store (``torch.distributed.DistError`` and kin).
+_DIST_ERRORS = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+#: What gloo says when the process at the other end of a collective died (``transport/tcp/pair.cc``).
+_GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "/gloo/transport/")
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) says another rank is gone: a collective or the store failed (a
+    ``torch.distributed`` error, or gloo's closed connection), not this rank's own fault. Torch-free."""
+    return any(type(e).__name__ in _DIST_ERRORS or any(m in str(e) for m in _GLOO_PEER_GONE) for e in _chain(exc))
 
 
 def first_line(text: str) -> str:

@@ -45,6 +45,8 @@ class NodeSettings:
     rdzv_endpoint: str = "127.0.0.1:29500"
     run_id: str = "rljob"
     rdzv_timeout: int = 900
+    in_place_restarts: int = 0
+    """Restarts of this node's ranks to meet a replaced peer (``contract.IN_PLACE_RESTARTS_ENV``)."""
 
     @classmethod
     def from_env(cls, default_nproc: int) -> NodeSettings:
@@ -56,6 +58,7 @@ class NodeSettings:
             rdzv_endpoint=env.get(contract.RDZV_ENDPOINT_ENV, "127.0.0.1:29500"),
             run_id=env.get(contract.RUN_ID_ENV, "rljob"),
             rdzv_timeout=int(env.get(contract.RDZV_TIMEOUT_ENV, "900")),
+            in_place_restarts=max(int(env.get(contract.IN_PLACE_RESTARTS_ENV, "0") or 0), 0),
         )
 
     @classmethod
@@ -130,7 +133,8 @@ def exit_code_for(failures: dict[int, Any], recorded: dict[int, int] | None = No
                 return code, rank
     if not failures:
         return 1, None
-    first = min(failures, key=lambda r: (failures[r].timestamp, r))
+    # A rank that only lost a peer explains nothing while another of this node failed on its own.
+    first = min(failures, key=lambda r: (codes[r] == contract.EXIT_PEER_LOST, failures[r].timestamp, r))
     return (codes[first] or 1), first
 
 
@@ -160,7 +164,9 @@ def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_tim
         "rdzv_backend": "c10d",
         "rdzv_endpoint": node.rdzv_endpoint,
         "rdzv_configs": {"timeout": node.rdzv_timeout, "is_host": node.node_rank == 0},
-        "max_restarts": 0,  # the operator owns restarts (a whole gang at a time)
+        # The operator owns restarts: a failed node ends (its pod fails). With in-place restarts on, the
+        # survivors of a lost peer restart their ranks to meet its replacement (``in_place_agent``).
+        "max_restarts": node.in_place_restarts,
         "monitor_interval": 0.2,
         "start_method": start_method,
     }
@@ -194,6 +200,52 @@ def bounded_worker_shutdown(timeout: int, pcontext_cls: Any = None) -> Iterator[
         yield True
     finally:
         pcontext_cls.close = original
+
+
+def peers_lost(failures: dict[int, Any], recorded: dict[int, int]) -> bool:
+    """Whether every rank of this node that failed did so because a peer was lost (``EXIT_PEER_LOST``).
+
+    ``failures``: torchrun's per-rank failures; ``recorded``: the codes the ranks wrote themselves,
+    which win (a forked gang's failures name only the first rank the agent saw)."""
+    codes = {rank: f.exitcode for rank, f in failures.items()}
+    codes.update(recorded)
+    return bool(codes) and all(code == contract.EXIT_PEER_LOST for code in codes.values())
+
+
+@contextlib.contextmanager
+def in_place_agent(error_dir: str, refresh: Any, launcher_api: Any = None) -> Iterator[None]:
+    """While active, torchrun's agent restarts its ranks only when they lost a peer.
+
+    A node whose ranks all exited with ``EXIT_PEER_LOST`` (another worker died under a collective)
+    restarts them, within ``max_restarts``: they rendezvous again with the pod the operator creates
+    in the dead one's place, and resume from the newest checkpoint (``refresh`` fetches it and
+    returns the ranks' new environment). Any other failure (this node's own crash, out of memory, a
+    permanent error) disables the restarts, as torch's own agent does for a wedged worker: the node
+    ends, its pod fails, and the operator replaces that pod. ``launcher_api`` (tests): the module
+    whose ``LocalElasticAgent`` ``elastic_launch`` builds; patched only in this process, restored on exit.
+    """
+    if launcher_api is None:
+        import torch.distributed.launcher.api as launcher_api
+    base = launcher_api.LocalElasticAgent
+
+    class InPlaceAgent(base):  # type: ignore[misc, valid-type]
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed() and not peers_lost(result.failures, recorded_exit_codes(error_dir)):
+                self._remaining_restarts = 0
+            return result
+
+        def _restart_workers(self, worker_group: Any) -> None:
+            for f in Path(error_dir).glob("*"):  # the last round's codes and errors are not this one's
+                f.unlink(missing_ok=True)
+            refresh()
+            super()._restart_workers(worker_group)
+
+    launcher_api.LocalElasticAgent = InPlaceAgent
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = base
 
 
 #: Device files whose presence means "this node has a GPU" (NVIDIA, AMD ROCm).
@@ -306,8 +358,22 @@ def _launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str], s
     # On SIGTERM the ranks save a checkpoint and stop (worker.StopOnSignal); wait that long for them.
     shutdown_timeout = int(os.environ.get(contract.SHUTDOWN_TIMEOUT_ENV, "110"))
     launch_config, bound_by_patch = build_launch_config(LaunchConfig, node, shutdown_timeout, start_method)
+
+    def refresh() -> None:  # a restart after a lost peer resumes from the newest checkpoint
+        from rljob_trainer.checkpoints.resume import prepare_checkpoint_storage
+
+        fresh = prepare_checkpoint_storage(cfg)  # fetched and verified as by the pre-flight
+        env.update(fresh)
+        os.environ.update(fresh)
+
+    if node.in_place_restarts:
+        # The ranks' store is then hosted by rank 0 and made anew by each round, not shared with the
+        # rendezvous: torch's shared store kept the dead round's keys, and a restarted gang hung in
+        # init_process_group (measured: until killed) instead of meeting the replacement.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
-        with bounded_worker_shutdown(shutdown_timeout) if bound_by_patch else contextlib.nullcontext():
+        with bounded_worker_shutdown(shutdown_timeout) if bound_by_patch else contextlib.nullcontext(), \
+                in_place_agent(error_dir, refresh) if node.in_place_restarts else contextlib.nullcontext():
             if start_method == "forkserver":
                 from rljob_trainer.worker import forked_main
 

@@ -22,7 +22,9 @@ from rljob_trainer.contract import (
     ERROR_DIR_ENV,
     ERROR_FILE_ENV,
     EXIT_CUDA_OOM,
+    EXIT_PEER_LOST,
     EXIT_PERMANENT,
+    IN_PLACE_RESTARTS_ENV,
     METRICS_LOG,
     METRICS_PORT_ENV,
     MODEL_PATH_ENV,
@@ -30,7 +32,7 @@ from rljob_trainer.contract import (
     PROGRESS_ENV,
     exit_code_for_signal,
 )
-from rljob_trainer.errors import PermanentError, is_cuda_oom, report_fatal
+from rljob_trainer.errors import PermanentError, is_cuda_oom, is_peer_loss, report_fatal
 from rljob_trainer.known_warnings import silence_known_warnings
 
 log = logging.getLogger("rljob.worker")
@@ -468,6 +470,9 @@ def _main(argv: list[str]) -> int:
         if is_cuda_oom(e):
             report_fatal(f"CUDA out of memory: {e}")
             return EXIT_CUDA_OOM
+        if os.environ.get(IN_PLACE_RESTARTS_ENV, "0") not in ("", "0") and is_peer_loss(e):
+            report_fatal(f"lost a peer worker: {e}")  # the agent restarts this rank to meet its replacement
+            return EXIT_PEER_LOST
         report_fatal(f"{type(e).__name__}: {e}")
         return 1
 

@@ -193,7 +193,7 @@ class Reconciler:
         plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                               self.force_delete_after, capacity, self.profile, self.network, queue)
         if cached is not None and raw.get("status") and (
-                plan.gang_restart or (plan.queue and plan.queue.status)
+                plan.gang_restart or plan.replaced_workers or (plan.queue and plan.queue.status)
                 or self._unseen_creates(namespace, name, cached, plan)):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
             # created, one gone) is looked up before a gang is restarted or a Workload's quota is given
@@ -421,6 +421,8 @@ class Reconciler:
         meta = raw["metadata"]
         if plan.gang_restart:
             metrics.GANG_RESTARTS.labels(reason=plan.gang_restart).inc()
+        if plan.replaced_workers:
+            metrics.WORKERS_REPLACED.labels(reason=plan.replaced_workers).inc()
         for event in plan.events:  # in order: they share a timestamp, so their order is what kubectl shows
             self._event(raw, event, now)
         if plan.delete_job:

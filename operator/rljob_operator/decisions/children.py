@@ -25,6 +25,7 @@ from rljob_trainer import contract
 
 from rljob_operator.api import RLTrainingJob
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
+from rljob_operator.decisions.restarts import in_place_restarts
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,
@@ -187,6 +188,9 @@ def worker_env(
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
         {"name": contract.CREDENTIALS_DIR_ENV, "value": contract.CREDENTIALS_DIR},
     ]
+    restarts = in_place_restarts(job)
+    if restarts:
+        env.append({"name": contract.IN_PLACE_RESTARTS_ENV, "value": str(restarts)})
     if endpoint is not None:
         env.append({"name": contract.STATUS_URL_ENV, "value": endpoint.heartbeat_url(namespace, name)})
         env.append({"name": contract.TOKEN_FILE_ENV, "value": f"{TOKEN_DIR}/{TOKEN_FILE}"})

@@ -18,6 +18,7 @@ from rljob_operator.decisions.restarts import (
     Verdict,
     backoff_seconds,
     halved_batch,
+    in_place_restarts,
     is_oom,
     judge_failure,
     judge_stall,
@@ -48,13 +49,7 @@ def find_fault(ctx: Situation) -> Fault | None:
     if culprit is not None:
         return Fault(failure_reason(culprit), failure_message(culprit), culprit.name, culprit.exit_code,
                      judge_failure(job, culprit))
-    # A worker of a running gang that is gone or being deleted (not by us: ours are stale) was
-    # taken by the cluster: its node went away, it was evicted or preempted.
-    lost = [] if ctx.restarted or phase != Phase.running.value else [
-        worker_name(job.metadata.name, i) for i in range(ctx.replicas)
-        if i not in ctx.by_index or ctx.by_index[i].deleting or ctx.by_index[i].node_lost
-        or (ctx.capacity is not None and not ctx.capacity.node_ok(ctx.by_index[i].node))
-    ]
+    lost = [worker_name(job.metadata.name, i) for i in lost_indices(ctx)]
     if lost:
         return Fault("WorkerLost", f"{', '.join(lost)} disappeared while the job was running", lost[0], None,
                      judge_failure(job, None))
@@ -64,6 +59,16 @@ def find_fault(ctx: Situation) -> Fault | None:
         return None
     reason, message = stalled
     return Fault(reason, message, worker_name(job.metadata.name, 0), None, judge_stall(job), stalled=True)
+
+
+def lost_indices(ctx: Situation) -> list[int]:
+    """Workers of a running gang that are gone or being deleted (not by us: ours are stale): taken by
+    the cluster (their node went away, they were evicted or preempted)."""
+    if ctx.restarted or ctx.prev.phase != Phase.running.value:
+        return []
+    return [i for i in range(ctx.replicas)
+            if i not in ctx.by_index or ctx.by_index[i].deleting or ctx.by_index[i].node_lost
+            or (ctx.capacity is not None and not ctx.capacity.node_ok(ctx.by_index[i].node))]
 
 
 def plan_failure(ctx: Situation) -> Plan | None:
@@ -86,7 +91,63 @@ def plan_failure(ctx: Situation) -> Plan | None:
         d.message = (f"the gang failed {prev.restarts + 1} times, more than backoffLimit "
                      f"({policy.backoff_limit}); last failure: {fault.message}")
         return settled(ctx, d, active, events)
+    replace = in_place(ctx, fault)
+    if replace is not None:
+        return _replace_in_place(ctx, d, fault, events, replace)
     return _restart_gang(ctx, d, fault, events)
+
+
+def in_place(ctx: Situation, fault: Fault) -> list[int] | None:
+    """The workers to replace in place (their indices), or None: the whole gang restarts.
+
+    Only for an elastic job (``restarts.in_place_restarts``: its agents restart their ranks to meet
+    a replaced peer) whose checkpoints outlive a pod (the replacement resumes from the same
+    checkpoint as the survivors), for a worker failure or loss that spares worker 0 (it hosts the
+    rendezvous store; its loss ends every agent's rendezvous). Not for a stall (which worker hangs is
+    unknown) nor an out-of-memory failure that OOM recovery answers (every worker's batch changes).
+    """
+    job = ctx.job
+    if fault.stalled or not in_place_restarts(job) or not ctx.checkpoints.durable:
+        return None
+    if job.spec.run_policy.oom_recovery and is_oom(fault.reason) and halved_batch(job) is not None:
+        return None
+    failed = [p.index for p in ctx.current if p.phase == "Failed" and p.index is not None]
+    faulty = sorted(set(failed) | set(lost_indices(ctx)))
+    return faulty if faulty and 0 not in faulty else None
+
+
+def _replace_in_place(ctx: Situation, d: StatusDraft, fault: Fault, events: list[Event], faulty: list[int]) -> Plan:
+    """Delete only the failed workers; ``progress`` creates them again in the same gang generation.
+
+    Counted as a gang restart is (``restarts`` or ``disruptions``, ``lastFailure``, the Warning),
+    without the backoff: the surviving workers wait for the replacement in the rendezvous. The
+    replaced pods' UIDs go to ``lastFailure.replacedPods`` first, so a later reconcile that still
+    sees a replaced pod (the watch lags, the operator restarted) takes it for stale, not a new failure.
+    """
+    policy, prev, name = ctx.job.spec.run_policy, ctx.prev, ctx.job.metadata.name
+    if fault.verdict.disruption:
+        d.disruptions = prev.disruptions + 1
+        counted = "a disruption, not counted against backoffLimit"
+    else:
+        d.restarts = prev.restarts + 1
+        counted = f"restart {d.restarts} of backoffLimit {policy.backoff_limit}"
+    pods = [ctx.by_index[i] for i in faulty if i in ctx.by_index]
+    assert d.last_failure is not None
+    d.last_failure["replacedPods"] = [p.uid for p in pods if p.uid]
+    workers = ", ".join(worker_name(name, i) for i in faulty)
+    d.next_restart_time = None
+    d.phase, d.reason, d.reconciling = Phase.restarting.value, fault.reason, True
+    d.message = (f"{fault.message}; replacing {workers} in place: the other workers keep their pods and "
+                 f"resume with the replacement from the newest checkpoint ({counted})")
+    restart_event = [] if prev.phase == d.phase else [Event("Warning", fault.reason, d.message)]
+    return Plan(
+        status=ctx.status(d),
+        delete_pods=ctx.stale_deletions + [p.name for p in pods if not p.deleting],
+        force_delete_pods=ctx.force_delete,
+        events=events + restart_event,
+        requeue_after=0.01,
+        replaced_workers=fault.reason,
+    )
 
 
 def _restart_gang(ctx: Situation, d: StatusDraft, fault: Fault, events: list[Event]) -> Plan:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_trainer.contract import EXIT_CUDA_OOM, EXIT_PERMANENT
+from rljob_trainer.contract import EXIT_CUDA_OOM, EXIT_PEER_LOST, EXIT_PERMANENT
 
 from rljob_operator.names import (
     ANNOTATION_JOB_GENERATION,
@@ -59,6 +59,7 @@ class ObservedPod:
     """spec.nodeName: the node it is bound to."""
     node_lost: bool = False
     """Its node was deleted: no kubelet will run it or confirm its deletion (force-deleted at once)."""
+    uid: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -93,6 +94,7 @@ class ObservedPod:
                 waiting = f"{wait['reason']}: {wait.get('message') or ''}".strip().rstrip(":")
         return cls(
             name=meta.get("name", ""),
+            uid=meta.get("uid"),
             index=_int_or_none(labels.get(LABEL_WORKER_INDEX)),
             generation=_int_or_none(labels.get(LABEL_GANG_GENERATION)),
             spec_hash=annotations.get(ANNOTATION_SPEC_HASH),
@@ -155,10 +157,11 @@ def failure_message(pod: ObservedPod) -> str:
 
 
 def first_failure(failed: list[ObservedPod]) -> ObservedPod:
-    """The failure that explains the gang's: permanent beats OOM beats the earliest, lowest index."""
+    """The failure that explains the gang's: permanent beats OOM beats the earliest, lowest index; a
+    worker that only lost a peer (``EXIT_PEER_LOST``) explains nothing while another failed."""
 
     def rank(p: ObservedPod) -> tuple[int, str, int]:
-        severity = {EXIT_PERMANENT: 0, EXIT_CUDA_OOM: 1}.get(p.exit_code or -1, 2)
+        severity = {EXIT_PERMANENT: 0, EXIT_CUDA_OOM: 1, EXIT_PEER_LOST: 3}.get(p.exit_code or -1, 2)
         return severity, p.finished_at or "~", p.index if p.index is not None else 1 << 30
 
     return min(failed, key=rank)

@@ -108,6 +108,8 @@ class Plan:
     requeue_after: float | None = None
     gang_restart: str | None = None
     """Why this reconcile starts a new gang generation (Resumed, SpecChanged, a failure reason)."""
+    replaced_workers: str | None = None
+    """Why this reconcile replaces failed workers in place, keeping the gang (a failure reason)."""
     queue: QueueWrites | None = None
     """Kueue Workload writes, applied right after the status (None: the job is not queued)."""
 

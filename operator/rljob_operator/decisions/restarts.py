@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from rljob_trainer.contract import EXIT_PERMANENT
+from rljob_trainer.contract import EXIT_PEER_LOST, EXIT_PERMANENT
 
 from rljob_operator.api import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
 from rljob_operator.decisions.observed import ObservedPod
@@ -51,9 +51,23 @@ def judge_failure(job: RLTrainingJob, pod: ObservedPod | None) -> Verdict:
     if code == EXIT_PERMANENT:
         return Verdict(False, False, f"exit code {EXIT_PERMANENT} is the trainer's permanent error; "
                                      "fix the cause and resubmit")
-    if policy == RestartPolicy.exit_code and code is not None and 1 <= code <= 127:
+    # A rank that lost its peer says so (in-place restarts); its own code is not the fault's.
+    if policy == RestartPolicy.exit_code and code is not None and 1 <= code <= 127 and code != EXIT_PEER_LOST:
         return Verdict(False, False, f"restartPolicy ExitCode treats exit code {code} (1-127) as permanent")
     return Verdict(True, False, "")
+
+
+def in_place_restarts(job: RLTrainingJob) -> int:
+    """How often a worker of this job may restart its ranks to meet a replaced peer (0: never).
+
+    Elastic jobs (``minReplicas``/``maxReplicas``) replace a failed worker other than worker 0 in
+    place (``failures.in_place``) and the survivors' agents re-rendezvous with it; each
+    replacement counts against ``backoffLimit``, which therefore also bounds the agents' restarts.
+    """
+    policy = job.spec.run_policy
+    if not job.spec.workers.elastic or policy.restart_policy == RestartPolicy.never:
+        return 0
+    return policy.backoff_limit
 
 
 def judge_stall(job: RLTrainingJob) -> Verdict:

@@ -191,8 +191,11 @@ class Situation:
 
     @derived
     def _same_generation(self) -> list[ObservedPod]:
+        # A pod replaced in place (``failures.in_place``) is stale though of this generation.
+        replaced = set(self.prev.last_failure.replaced_pods) if self.prev.last_failure is not None else set()
         return [p for p in self.owned
-                if p.generation == self.base_generation and p.index is not None and p.index < self.replicas]
+                if p.generation == self.base_generation and p.index is not None and p.index < self.replicas
+                and (p.uid is None or p.uid not in replaced)]
 
     @derived
     def spec_changed(self) -> bool:
