@@ -60,6 +60,7 @@ from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.curve import curve_point, merge_curve
 from rljob_operator.names import LABEL_JOB, TOKEN_AUDIENCE
+from rljob_operator.server.events import EventRecorder
 from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
 from rljob_operator.times import rfc3339
 
@@ -239,6 +240,8 @@ class StatusAPI:
         self._rejected = _TTLCache(self.limits.negative_cache_seconds)
         self._pods = _TTLCache(CACHE_SECONDS)
         self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
+        self._job_limiter = RateLimiter(self.limits.rate_per_job, self.limits.burst_per_job)
+        self.events = EventRecorder(kube)
         self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
         self._fault_review_delay = float(os.environ.get(FAULT_REVIEW_DELAY_ENV, "0") or 0)
 
@@ -288,8 +291,10 @@ class StatusAPI:
         except InvalidName as e:
             metrics.STATUS_API_REFUSED.labels(reason="invalid_name").inc()
             return _error(400, str(e))
-        # The peer address, not a forwarded header a client could make up.
-        wait = self._limiter.take(request.remote or "unknown")
+        # The peer address, not a forwarded header a client could make up. A token already reviewed
+        # and accepted costs no review: its job's own bucket limits it (``heartbeat``), so jobs whose
+        # pods share an address (a node, a proxy) do not share this bucket.
+        wait = 0.0 if self._known_token(request) else self._limiter.take(request.remote or "unknown")
         if wait:
             metrics.STATUS_API_REFUSED.labels(reason="rate_limited").inc()
             return _error(429, f"rate limit of the status API: {self.limits.rate_per_client:g} requests per "
@@ -300,6 +305,14 @@ class StatusAPI:
                                "retry later", 1.0)
         async with self._in_flight:
             return await handler(request, namespace, name)
+
+    def _known_token(self, request: web.Request) -> bool:
+        """The request's bearer token was reviewed and accepted (cached), for either audience."""
+        try:
+            digest = hashlib.sha256(self._bearer(request).encode()).hexdigest()
+        except Denied:
+            return False
+        return any(self._reviews.get((digest, audience)) is not None for audience in (self.audience, None))
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the status API's threads."""
@@ -432,6 +445,9 @@ class StatusAPI:
         except Denied as e:
             metrics.HEARTBEATS.labels(result="unauthorized" if e.status == 401 else "forbidden").inc()
             return _error(e.status, e.message)
+        wait = self._job_limiter.take(f"{namespace}/{name}")
+        if wait:
+            return await self._throttled(namespace, name, wait)
         try:
             body = HeartbeatBody.model_validate(await request.json())
         except (ValueError, ValidationError) as e:
@@ -456,18 +472,39 @@ class StatusAPI:
         metrics.HEARTBEATS.labels(result="accepted").inc()
         return web.json_response({"accepted": True}, status=202)
 
-    def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
-        """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people."""
+    async def _throttled(self, namespace: str, name: str, wait: float) -> web.Response:
+        """429 for a job over its share; its worker is alive, so the stall clock hears of it (``lastThrottled``).
+
+        The token was checked first: only a worker of this job moves its stall clock. The write is
+        coalesced with the job's other progress (``ProgressWriter``): no more writes than heartbeats make.
+        """
+        metrics.HEARTBEATS.labels(result="throttled").inc()
         try:
-            job = self._read_job(namespace, name)
-        except Denied:
-            return
-        if job is None:
-            return
-        now = rfc3339(datetime.now(UTC))
+            await self.writer.submit(namespace, name, {"lastThrottled": rfc3339(datetime.now(UTC))}, False)
+        except ApiException as e:
+            if e.status == 404:
+                return _error(404, f"{KIND} {namespace}/{name} not found")
+            raise
+        return _error(429, f"heartbeat rate limit of job {namespace}/{name}: {self.limits.rate_per_job:g} per "
+                           f"second (burst {self.limits.burst_per_job}); retry later", wait)
+
+    def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
+        """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people.
+
+        Through the job's ``EventRecorder``: repeats are counted on one Event, and a job's pods cannot
+        cause more Events than its rate (``server.events``), whatever they send.
+        """
+        now, clock = rfc3339(datetime.now(UTC)), time.monotonic()
+
+        def job() -> dict[str, Any] | None:
+            try:
+                return self._read_job(namespace, name)
+            except Denied:
+                return None
+
         for message in warnings:
             try:
-                self.kube.post_event(job, "Warning", "CheckpointFallback", message, now)
+                self.events.record(namespace, name, job, "Warning", "CheckpointFallback", message, now, clock)
             except ApiException as e:  # an Event is worth a log line, not a refused heartbeat
                 log.warning("cannot post CheckpointFallback event for %s/%s: %s", namespace, name, e)
 
