@@ -144,3 +144,29 @@ def test_a_flooding_job_gets_429_and_bounded_events_while_its_neighbours_heartbe
     assert len(flood_events) - len(combined) <= EventLimits().max_similar and len(combined) <= 1
     assert dropped >= warnings_sent - bound
     assert max(latencies) < 6.0  # never near the victim's stall timeout
+
+
+def test_a_job_the_status_api_throttles_is_not_taken_for_stalled(kube, namespace, operator, tmp_path: Path) -> None:
+    """One heartbeat accepted per 20 s, stall timeout 6 s: the refused ones (429) keep the job's stall clock
+    running from ``lastThrottled``, so a busy status API never restarts a live job."""
+    op = operator(env={"RLJOB_OPERATOR_STATUS_RATE_PER_JOB": "0.05", "RLJOB_OPERATOR_STATUS_BURST_PER_JOB": "1"})
+    create_job(kube, namespace, job_manifest("busy", replicas=1, spec={
+        "runPolicy": {"stallTimeoutSeconds": 6, "startupTimeoutSeconds": 60}}))
+    wait_phase(kube, namespace, "busy", "Running")
+    ca = tmp_path / "status-ca.crt"
+    ca.write_text(kube.request("GET", kube.core_path(namespace, "configmaps", "busy-config"))["data"]["status-ca.crt"])
+    token = _worker_token(kube, namespace, "busy")
+    url = op.status_url + heartbeat_path(namespace, "busy")
+    codes = []
+    with requests.Session() as session:
+        until = time.monotonic() + 15.0  # 2.5 stall timeouts
+        while time.monotonic() < until:
+            r = session.post(url, json={"step": 1}, headers={"Authorization": f"Bearer {token}"}, verify=str(ca),
+                             timeout=10)
+            codes.append(r.status_code)
+            time.sleep(1.0)
+    assert codes[0] == 202 and codes.count(202) <= 2 and codes.count(429) >= 12, codes
+    status = get_job(kube, namespace, "busy")["status"]
+    assert status["phase"] == "Running" and not status.get("restarts"), status
+    assert status["progress"]["lastThrottled"] > status["progress"]["lastHeartbeat"]
+    assert not [e for e in events_for(kube, namespace, "busy") if e["reason"] == "HeartbeatTimeout"]
