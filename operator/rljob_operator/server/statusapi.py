@@ -29,6 +29,16 @@ namespace and name asked for before it is used. They run on the status API's own
 (``review_threads``), never on the default executor that reconciles use nor on the Lease's
 thread: a flood of requests whose reviews are slow cannot delay a reconcile or a renewal.
 
+A job's pods cannot flood (issue #30 point 4): a heartbeat with a valid token is still hostile input.
+A request whose token is already reviewed (cached) skips the per-address bucket and, once the token
+is checked, spends a token of its job's own bucket (``rate_per_job``, ``burst_per_job``): every job
+gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
+trainer honours), and ``status.progress.lastThrottled`` records that a worker of the job was alive,
+so the stall clock (``decisions.restarts``) does not take a throttled job for a hung one. A
+heartbeat's ``warnings`` become Events through ``server.events.EventRecorder``: repeats counted on
+one Event, at most ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest
+dropped and counted.
+
 ``RLJOB_FAULT_REVIEW_DELAY_SECONDS=S`` makes every TokenReview take S seconds longer (tests use it
 to stand for a slow API server or token webhook while they flood the API with junk tokens).
 """
