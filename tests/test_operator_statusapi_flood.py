@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import requests
-from rljob_operator.server.events import COMBINED_PREFIX, EventLimits
+from rljob_operator.cluster.events import COMBINED_PREFIX, EventLimits
 from rljob_trainer.contract import heartbeat_path
 from rljob_trainer.heartbeat import Heartbeat
 

@@ -10,7 +10,7 @@ throttled over the job's share, unauthorized, forbidden, invalid),
 ``status_api_refused_total{reason}`` (status API requests answered before any token review:
 invalid_name 400, rate_limited and busy 429, token_rejected_before 401 from the rejected-token
 cache), ``events_dropped_total{reason}`` (Events a job's pods caused beyond its Event rate,
-``server.events``), ``leader`` (1 on the replica that reconciles).
+``cluster.events``), ``leader`` (1 on the replica that reconciles).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ STATUS_API_REFUSED = Counter(
 )
 EVENTS_DROPPED = Counter(
     "rljob_operator_events_dropped_total",
-    "Events not written because the job they were for exceeded its Event rate (server.events), by reason.",
+    "Events not written because the job they were for exceeded its Event rate (cluster.events), by reason.",
     ["reason"],
 )
 LEADER = Gauge("rljob_operator_leader", "1 while this replica holds the lease and reconciles.")

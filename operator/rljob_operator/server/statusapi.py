@@ -35,7 +35,7 @@ is checked, spends a token of its job's own bucket (``rate_per_job``, ``burst_pe
 gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
 trainer honours), and ``status.progress.lastThrottled`` records that a worker of the job was alive,
 so the stall clock (``decisions.restarts``) does not take a throttled job for a hung one. A
-heartbeat's ``warnings`` become Events through ``server.events.EventRecorder``: repeats counted on
+heartbeat's ``warnings`` become Events through ``cluster.events.EventRecorder``: repeats counted on
 one Event, at most ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest
 dropped and counted.
 
@@ -67,10 +67,10 @@ from rljob_trainer.contract import HeartbeatBody, heartbeat_path
 
 from rljob_operator import metrics
 from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.curve import curve_point, merge_curve
 from rljob_operator.names import LABEL_JOB, TOKEN_AUDIENCE
-from rljob_operator.server.events import EventRecorder
 from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
 from rljob_operator.times import rfc3339
 
@@ -249,6 +249,7 @@ class StatusAPI:
         self._reviews = _TTLCache(CACHE_SECONDS)
         self._rejected = _TTLCache(self.limits.negative_cache_seconds)
         self._pods = _TTLCache(CACHE_SECONDS)
+        self._jobs = _TTLCache(CACHE_SECONDS)  # the jobs heartbeat warnings are Events on (their uid)
         self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
         self._job_limiter = RateLimiter(self.limits.rate_per_job, self.limits.burst_per_job)
         self.events = EventRecorder(kube)
@@ -501,20 +502,24 @@ class StatusAPI:
     def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
         """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people.
 
-        Through the job's ``EventRecorder``: repeats are counted on one Event, and a job's pods cannot
-        cause more Events than its rate (``server.events``), whatever they send.
+        Through the ``EventRecorder``: repeats are counted on one Event, and a job's pods cannot cause
+        more Events than its rate (``cluster.events``), whatever they send. The job (for its uid) is
+        read at most once per ``CACHE_SECONDS``, however many heartbeats carry warnings.
         """
-        now, clock = rfc3339(datetime.now(UTC)), time.monotonic()
-
-        def job() -> dict[str, Any] | None:
+        key = (namespace, name)
+        job = self._jobs.get(key)
+        if job is None:
             try:
-                return self._read_job(namespace, name)
+                job = self._read_job(namespace, name)
             except Denied:
-                return None
-
+                return
+            if job is None:
+                return
+            self._jobs.put(key, job)
+        now, clock = rfc3339(datetime.now(UTC)), time.monotonic()
         for message in warnings:
             try:
-                self.events.record(namespace, name, job, "Warning", "CheckpointFallback", message, now, clock)
+                self.events.record(job, "Warning", "CheckpointFallback", message, now, clock)
             except ApiException as e:  # an Event is worth a log line, not a refused heartbeat
                 log.warning("cannot post CheckpointFallback event for %s/%s: %s", namespace, name, e)
 

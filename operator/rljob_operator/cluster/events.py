@@ -1,7 +1,8 @@
 """Events a job's pods cause, merged and rate-limited as client-go's EventRecorder does (issue #30 point 4).
 
 A heartbeat's ``warnings`` come from the job's own pods, so they are hostile input even with a
-valid token: one Event per warning would let a job write Events without bound. The
+valid token: one Event per warning would let a job write Events without bound. The reconciler's
+Events (whose messages may quote a worker's termination message) go through a recorder too. The
 ``EventCorrelator`` (pure, the clock a parameter) decides for each warning what client-go's
 ``EventCorrelator`` (k8s.io/client-go/tools/record/events_cache.go) would:
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ class EventCorrelator:
         self._seen: OrderedDict[tuple[str, ...], tuple[str | None, int]] = OrderedDict()
 
     def decide(self, job: str, type_: str, reason: str, message: str, now: float) -> Decision:
-        """The write for ``message`` (job ``job``, e.g. ``namespace/name``), its token spent, or ``drop``."""
+        """The write for ``message`` on job ``job`` (its key: ``namespace/name/uid``), its token spent, or ``drop``."""
         if self._spam.take(job, now):
             return Decision("drop")
         message = self._aggregated((job, type_, reason), message, now)
@@ -117,40 +117,59 @@ class EventCorrelator:
 
 
 class EventRecorder:
-    """Writes a job's Events as its ``EventCorrelator`` decides: create, patch the count, or drop.
+    """Writes Events on jobs as its ``EventCorrelator`` decides: create, patch the count, or drop.
 
-    One lock around decide-and-write: the writes are few (the spam filter bounds them) and a
-    repeat must find the name of the Event its predecessor created.
+    The correlator's state has one lock; each job's writes another, so a repeat finds the name of
+    the Event its predecessor created while other jobs' writes go on.
     """
 
-    def __init__(self, kube: Kube, limits: EventLimits | None = None, component: str = "rljob-operator") -> None:
+    def __init__(self, kube: Kube, limits: EventLimits | None = None, component: str = "rljob-operator",
+                 instance: str = "") -> None:
         self.kube = kube
         self.correlator = EventCorrelator(limits)
         self.component = component
+        self.instance = instance
         self._lock = threading.Lock()
+        self._job_locks: dict[str, threading.Lock] = {}
 
-    def record(self, namespace: str, name: str, job: Callable[[], dict[str, Any] | None], type_: str, reason: str,
-               message: str, now: str, clock: float) -> str:
-        """Create, count or drop an Event on job ``namespace/name``; the action taken (``create``, ``patch``,
-        ``drop``, or ``gone`` when the job no longer exists). ``job()`` reads the job, only to create an Event.
-        """
+    def _job_lock(self, key: str) -> threading.Lock:
         with self._lock:
-            decision = self.correlator.decide(f"{namespace}/{name}", type_, reason, message, clock)
+            if key not in self._job_locks and len(self._job_locks) >= self.correlator.limits.max_events:
+                self._job_locks.clear()  # bounded; at worst two writes of one job race (a second Event)
+            return self._job_locks.setdefault(key, threading.Lock())
+
+    def record(self, job: dict[str, Any], type_: str, reason: str, message: str, now: str, clock: float) -> str:
+        """Create, count or drop an Event on ``job``; the action taken (``create``, ``patch`` or ``drop``).
+
+        ``clock``: monotonic seconds (the correlator's time); ``now``: the Event's RFC 3339 timestamp.
+        """
+        meta = job["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}/{meta.get('uid', '')}"  # a job made again is another job
+        with self._job_lock(key):
+            with self._lock:
+                decision = self.correlator.decide(key, type_, reason, message, clock)
             if decision.action == "drop":
                 metrics.EVENTS_DROPPED.labels(reason=reason).inc()
                 return "drop"
-            if decision.action == "patch" and decision.name:
-                try:
-                    self.kube.patch_event(namespace, decision.name, decision.count, decision.message, now)
-                    return "patch"
-                except ApiException as e:
-                    if e.status != 404:
-                        raise
-                    self.correlator.forget(decision.key)  # expired (the API server's event TTL): create again
-            involved = job()
-            if involved is None:
-                return "gone"
-            created = self.kube.post_event(involved, type_, reason, decision.message, now, component=self.component,
-                                           count=decision.count)
-            self.correlator.written(decision.key, str(created["metadata"]["name"]), decision.count)
+            if decision.action == "patch" and decision.name and self._patched(meta["namespace"], decision, now):
+                return "patch"
+            created = self.kube.post_event(job, type_, reason, decision.message, now, component=self.component,
+                                           instance=self.instance, count=decision.count)
+            name = ((created or {}).get("metadata") or {}).get("name")
+            if name:
+                with self._lock:
+                    self.correlator.written(decision.key, str(name), decision.count)
             return "create"
+
+    def _patched(self, namespace: str, decision: Decision, now: str) -> bool:
+        """Patch the Event ``decision`` repeats; False when it has expired (the API server's Event TTL)."""
+        assert decision.name is not None
+        try:
+            self.kube.patch_event(namespace, decision.name, decision.count, decision.message, now)
+            return True
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        with self._lock:
+            self.correlator.forget(decision.key)
+        return False

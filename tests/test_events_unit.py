@@ -1,4 +1,4 @@
-"""Event aggregation for what a job's pods report (``server.events``), pure, the clock injected.
+"""Event aggregation for what a job's pods report (``cluster.events``), pure, the clock injected.
 
 The same on the control plane, next to a victim job: ``tests/test_operator_statusapi_flood.py``.
 """
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from rljob_operator.server.events import COMBINED_PREFIX, EventCorrelator, EventLimits, EventRecorder
+from rljob_operator.cluster.events import COMBINED_PREFIX, EventCorrelator, EventLimits, EventRecorder
 
 
 def _decide(correlator: EventCorrelator, message: str, now: float, job: str = "ns/flood") -> tuple[str, int]:
@@ -88,14 +88,15 @@ JOB = {"metadata": {"namespace": "ns", "name": "flood", "uid": "u"}, "apiVersion
 def test_recorder_patches_the_event_it_created_and_recreates_an_expired_one() -> None:
     api = _FakeEventsAPI()
     recorder = EventRecorder(api)  # type: ignore[arg-type]
-    read = lambda: JOB  # noqa: E731
-    assert [recorder.record("ns", "flood", read, "Warning", "R", "m", "t", float(i)) for i in range(3)] == [
-        "create", "patch", "patch"]
+    assert [recorder.record(JOB, "Warning", "R", "m", "t", float(i)) for i in range(3)] == ["create", "patch", "patch"]
     assert api.writes == [("create", ("m", 1)), ("patch", ("ev1", 2)), ("patch", ("ev1", 3))]
     api.expired = True
-    assert recorder.record("ns", "flood", read, "Warning", "R", "m", "t", 4.0) == "create"
+    assert recorder.record(JOB, "Warning", "R", "m", "t", 4.0) == "create"
     assert api.writes[-1] == ("create", ("m", 4))  # the count goes on
-    assert recorder.record("ns", "gone", lambda: None, "Warning", "R", "m", "t", 5.0) == "gone"
+    # The same name made again is another job (another uid): its own Event.
+    again = {**JOB, "metadata": {**JOB["metadata"], "uid": "u2"}}
+    api.expired = False
+    assert recorder.record(again, "Warning", "R", "m", "t", 5.0) == "create"
 
 
 @pytest.mark.parametrize("seconds,bound", [(0, 25), (299, 25), (300, 26), (3600, 37)])
