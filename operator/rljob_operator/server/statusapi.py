@@ -278,7 +278,9 @@ class StatusAPI:
         app = web.Application(client_max_size=64 * 1024)
         base = "/api/v1/namespaces/{namespace}/" + PLURAL + "/{name}"
         # The trainer's contract owns the heartbeat path; its placeholders are aiohttp's route variables.
-        app.router.add_post(heartbeat_path("{namespace}", "{name}"), functools.partial(self._guarded, self.heartbeat))
+        # A heartbeat is charged to its job once its token is checked; a status read to its address.
+        app.router.add_post(heartbeat_path("{namespace}", "{name}"),
+                            functools.partial(self._guarded, self.heartbeat, per_job=True))
         app.router.add_get(base + "/status", functools.partial(self._guarded, self.get_status))
         app.router.add_get("/healthz", self.healthz)
         app.on_cleanup.append(self._on_cleanup)
@@ -295,17 +297,18 @@ class StatusAPI:
         return web.Response(text="ok\n")
 
     # ---------------------------------------------------------------- guard
-    async def _guarded(self, handler: Handler, request: web.Request) -> web.Response:
+    async def _guarded(self, handler: Handler, request: web.Request, per_job: bool = False) -> web.Response:
         """Names, then the client's rate, then the in-flight bound; only then ``handler`` (see ``guard``)."""
         try:
             namespace, name = checked_names(request.match_info["namespace"], request.match_info["name"])
         except InvalidName as e:
             metrics.STATUS_API_REFUSED.labels(reason="invalid_name").inc()
             return _error(400, str(e))
-        # The peer address, not a forwarded header a client could make up. A token already reviewed
-        # and accepted costs no review: its job's own bucket limits it (``heartbeat``), so jobs whose
-        # pods share an address (a node, a proxy) do not share this bucket.
-        wait = 0.0 if self._known_token(request) else self._limiter.take(request.remote or "unknown")
+        # The peer address, not a forwarded header a client could make up. A heartbeat whose token was
+        # already reviewed and accepted costs no review: its job's own bucket limits it (``heartbeat``),
+        # so jobs whose pods share an address (a node, a proxy) do not share this bucket.
+        known = per_job and self._known_token(request)
+        wait = 0.0 if known else self._limiter.take(request.remote or "unknown")
         if wait:
             metrics.STATUS_API_REFUSED.labels(reason="rate_limited").inc()
             return _error(429, f"rate limit of the status API: {self.limits.rate_per_client:g} requests per "
@@ -318,12 +321,12 @@ class StatusAPI:
             return await handler(request, namespace, name)
 
     def _known_token(self, request: web.Request) -> bool:
-        """The request's bearer token was reviewed and accepted (cached), for either audience."""
+        """The request's bearer token was reviewed and accepted (cached) for the heartbeats' audience."""
         try:
             digest = hashlib.sha256(self._bearer(request).encode()).hexdigest()
         except Denied:
             return False
-        return any(self._reviews.get((digest, audience)) is not None for audience in (self.audience, None))
+        return self._reviews.get((digest, self.audience)) is not None
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the status API's threads."""
