@@ -170,3 +170,18 @@ def test_a_job_the_status_api_throttles_is_not_taken_for_stalled(kube, namespace
     assert status["phase"] == "Running" and not status.get("restarts"), status
     assert status["progress"]["lastThrottled"] > status["progress"]["lastHeartbeat"]
     assert not [e for e in events_for(kube, namespace, "busy") if e["reason"] == "HeartbeatTimeout"]
+
+
+def test_status_reads_with_a_valid_token_still_pay_per_address(kube, namespace, operator, tmp_path: Path) -> None:
+    """Only heartbeats are charged to their job once their token is known; a read (a SubjectAccessReview and a
+    GET each) with a valid reader token keeps the per-address bucket."""
+    from tests.test_operator_statusapi_hostile import _ca_file, _get_raw, _reader
+
+    op = operator(env={"RLJOB_OPERATOR_STATUS_RATE_PER_CLIENT": "1", "RLJOB_OPERATOR_STATUS_BURST_PER_CLIENT": "5"})
+    create_job(kube, namespace, job_manifest("st", replicas=1))
+    ca, reader = _ca_file(op, tmp_path), _reader(kube, namespace)
+    path = f"/api/v1/namespaces/{namespace}/rltrainingjobs/st/status"
+    wait_for(lambda: _get_raw(op, ca, path, reader).status_code == 200, 20, message="a first read")
+    time.sleep(5.0)  # the bucket full again
+    codes = [_get_raw(op, ca, path, reader).status_code for _ in range(12)]
+    assert codes.count(200) <= 5 + 2 and codes.count(429) >= 5, codes
