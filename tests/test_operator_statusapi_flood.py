@@ -165,7 +165,7 @@ def test_a_job_the_status_api_throttles_is_not_taken_for_stalled(kube, namespace
                              timeout=10)
             codes.append(r.status_code)
             time.sleep(1.0)
-    assert codes[0] == 202 and codes.count(202) <= 2 and codes.count(429) >= 12, codes
+    assert codes[0] == 202 and codes.count(202) <= 2 and codes.count(429) >= len(codes) - 2 >= 9, codes
     status = get_job(kube, namespace, "busy")["status"]
     assert status["phase"] == "Running" and not status.get("restarts"), status
     assert status["progress"]["lastThrottled"] > status["progress"]["lastHeartbeat"]

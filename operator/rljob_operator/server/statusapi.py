@@ -84,12 +84,25 @@ FAULT_REVIEW_DELAY_ENV = "RLJOB_FAULT_REVIEW_DELAY_SECONDS"
 CURVE_WRITE_ATTEMPTS = 4
 
 
+#: Set on a heartbeat request the guard already charged to its job's bucket.
+CHARGED = "rljob.charged_to_job"
+
+
 @dataclass(frozen=True)
 class Identity:
     username: str
     uid: str
     groups: list[str]
     extra: dict[str, list[str]]
+
+
+def _pod_of(identity: Identity) -> tuple[str, str, str] | None:
+    """(namespace, pod name, pod uid) a service-account token is bound to; None if it is not bound to a pod."""
+    pod_name = (identity.extra.get(POD_NAME_EXTRA) or [""])[0]
+    if not identity.username.startswith(SA_PREFIX) or not pod_name:
+        return None
+    namespace = identity.username[len(SA_PREFIX):].split(":", 1)[0]
+    return namespace, pod_name, (identity.extra.get(POD_UID_EXTRA) or [""])[0]
 
 
 class Denied(Exception):
@@ -304,12 +317,17 @@ class StatusAPI:
         except InvalidName as e:
             metrics.STATUS_API_REFUSED.labels(reason="invalid_name").inc()
             return _error(400, str(e))
-        # The peer address, not a forwarded header a client could make up. A heartbeat whose token was
-        # already reviewed and accepted costs no review: its job's own bucket limits it (``heartbeat``),
-        # so jobs whose pods share an address (a node, a proxy) do not share this bucket.
-        known = per_job and self._known_token(request)
-        wait = 0.0 if known else self._limiter.take(request.remote or "unknown")
-        if wait:
+        # A heartbeat whose token is known (reviewed, its pod's job cached) costs no review: it is charged
+        # to the job its token speaks for, here, before it takes a slot in flight, so a job over its share
+        # holds neither a slot nor a review thread, and jobs whose pods share an address (a node, a proxy)
+        # do not share a bucket. Anything else pays per peer address (not a forwarded header).
+        token_job = self._token_job(request) if per_job else None
+        if token_job is not None:
+            wait = self._job_limiter.take("/".join(token_job))
+            if wait:
+                return await self._throttled(*token_job, wait)
+            request[CHARGED] = True
+        elif wait := self._limiter.take(request.remote or "unknown"):
             metrics.STATUS_API_REFUSED.labels(reason="rate_limited").inc()
             return _error(429, f"rate limit of the status API: {self.limits.rate_per_client:g} requests per "
                                f"second per client (burst {self.limits.burst_per_client}); retry later", wait)
@@ -320,13 +338,16 @@ class StatusAPI:
         async with self._in_flight:
             return await handler(request, namespace, name)
 
-    def _known_token(self, request: web.Request) -> bool:
-        """The request's bearer token was reviewed and accepted (cached) for the heartbeats' audience."""
+    def _token_job(self, request: web.Request) -> tuple[str, str] | None:
+        """(namespace, job) a heartbeat's token speaks for, from the caches alone; None when not known yet."""
         try:
             digest = hashlib.sha256(self._bearer(request).encode()).hexdigest()
         except Denied:
-            return False
-        return self._reviews.get((digest, self.audience)) is not None
+            return None
+        identity = self._reviews.get((digest, self.audience))
+        pod = _pod_of(identity) if identity is not None else None
+        job = self._pods.get(pod) if pod is not None else None
+        return (pod[0], str(job)) if pod is not None and job else None
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the status API's threads."""
@@ -414,11 +435,10 @@ class StatusAPI:
         """The token's pod must be a worker of ``namespace/name``."""
         if not identity.username.startswith(SA_PREFIX):
             raise Denied(403, "heartbeats need a service-account token")
-        sa_namespace = identity.username[len(SA_PREFIX):].split(":", 1)[0]
-        pod_name = (identity.extra.get(POD_NAME_EXTRA) or [""])[0]
-        pod_uid = (identity.extra.get(POD_UID_EXTRA) or [""])[0]
-        if not pod_name:
+        pod = _pod_of(identity)
+        if pod is None:
             raise Denied(403, "the token is not bound to a pod (use a projected service-account token)")
+        sa_namespace, pod_name, pod_uid = pod
         if sa_namespace != namespace:
             raise Denied(403, f"pod {sa_namespace}/{pod_name} is not a worker of {namespace}/{name}")
         if self._worker_job(namespace, pod_name, pod_uid) != name:
@@ -459,8 +479,8 @@ class StatusAPI:
         except Denied as e:
             metrics.HEARTBEATS.labels(result="unauthorized" if e.status == 401 else "forbidden").inc()
             return _error(e.status, e.message)
-        wait = self._job_limiter.take(f"{namespace}/{name}")
-        if wait:
+        # Charged here when the guard could not yet tell the token's job (its first heartbeat, say).
+        if not request.get(CHARGED) and (wait := self._job_limiter.take(f"{namespace}/{name}")):
             return await self._throttled(namespace, name, wait)
         try:
             body = HeartbeatBody.model_validate(await request.json())
@@ -489,7 +509,7 @@ class StatusAPI:
     async def _throttled(self, namespace: str, name: str, wait: float) -> web.Response:
         """429 for a job over its share; its worker is alive, so the stall clock hears of it (``lastThrottled``).
 
-        The token was checked first: only a worker of this job moves its stall clock. The write is
+        The token was checked first (or is known): only a worker of this job moves its stall clock. The write is
         coalesced with the job's other progress (``ProgressWriter``): no more writes than heartbeats make.
         """
         metrics.HEARTBEATS.labels(result="throttled").inc()
