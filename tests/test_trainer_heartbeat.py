@@ -192,3 +192,19 @@ def test_retry_delay_backs_off_exponentially_with_jitter_capped_and_never_before
     assert retry_delay(1, 3600.0, rng) == 60.0  # a Retry-After is honoured up to a minute
     assert parse_retry_after("2") == 2.0 and parse_retry_after(None) is None and parse_retry_after("soon") is None
     assert parse_retry_after("Thu, 01 Jan 1970 00:00:10 GMT", now=4.0) == 6.0
+
+
+def test_while_the_status_api_refuses_the_queue_keeps_the_newest_heartbeats() -> None:
+    """A long refusal fills the queue (64): the oldest are dropped, never the newest; the newest goes out."""
+    busy = _BusyServer([(429, "2")])
+    try:
+        hb = Heartbeat(busy.url, None, None, "job-worker-0")
+        hb.send(step=0, reward=None, loss=None)
+        wait_until(lambda: len(busy.received) >= 1, timeout=10, what="the first attempt")
+        for step in range(1, 201):
+            hb.send(step=step, reward=None, loss=None)
+        assert hb._queue.qsize() == 64 and hb._queue.queue[-1]["step"] == 200
+        wait_until(lambda: hb.accepted >= 1, timeout=15, what="the retry")
+        assert busy.received[1][1]["step"] == 200
+    finally:
+        busy.server.shutdown()
