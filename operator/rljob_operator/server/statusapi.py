@@ -30,9 +30,10 @@ namespace and name asked for before it is used. They run on the status API's own
 thread: a flood of requests whose reviews are slow cannot delay a reconcile or a renewal.
 
 A job's pods cannot flood (issue #30 point 4): a heartbeat with a valid token is still hostile input.
-A request whose token is already reviewed (cached) skips the per-address bucket and, once the token
-is checked, spends a token of its job's own bucket (``rate_per_job``, ``burst_per_job``): every job
-gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
+A heartbeat whose token is already known (reviewed, its pod's job cached) skips the per-address
+bucket and spends a token of the bucket of the job it speaks for (``rate_per_job``,
+``burst_per_job``) before it takes a slot in flight; one not known yet pays per address and is
+charged to its job once checked. Every job gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
 trainer honours), and ``status.progress.lastThrottled`` records that a worker of the job was alive,
 so the stall clock (``decisions.restarts``) does not take a throttled job for a hung one. A
 heartbeat's ``warnings`` become Events through ``cluster.events.EventRecorder``: repeats counted on
