@@ -64,8 +64,9 @@ class OperatorSettings:
     """Heartbeats per second one job's workers may send on average (a token bucket per job, after
     the token is checked; fair between jobs whatever their addresses); beyond it 429 with
     Retry-After, which the trainer honours. A trainer sends about one heartbeat per logged step."""
-    status_burst_per_job: int = 50
-    """Heartbeats one job's workers may send at once before the per-job rate applies."""
+    status_burst_per_job: int = 20
+    """Heartbeats one job's workers may send at once before the per-job rate applies (a trainer sends
+    one at a time; kept well under ``status_max_in_flight``, so a job's burst leaves most slots to others)."""
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None

@@ -72,7 +72,7 @@ class StatusLimits:
     review_threads: int = 4
     negative_cache_seconds: float = 10.0
     rate_per_job: float = 5.0
-    burst_per_job: int = 50
+    burst_per_job: int = 20
 
     def __post_init__(self) -> None:
         for field in ("max_in_flight", "rate_per_client", "burst_per_client", "review_threads", "rate_per_job",
