@@ -427,14 +427,18 @@ def test_status_api_limits_reach_the_operator_and_bad_ones_are_refused() -> None
     settings = OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
     assert settings.status_rate_per_client == 2.5
     assert (settings.status_max_in_flight, settings.status_burst_per_client, settings.status_review_threads,
-            settings.status_negative_cache_seconds) == (defaults["maxInFlight"], defaults["burstPerClient"],
-                                                        defaults["reviewThreads"], defaults["negativeCacheSeconds"])
+            settings.status_negative_cache_seconds, settings.status_rate_per_job, settings.status_burst_per_job) == (
+        defaults["maxInFlight"], defaults["burstPerClient"], defaults["reviewThreads"],
+        defaults["negativeCacheSeconds"], defaults["ratePerJob"], defaults["burstPerJob"])
     # The chart's defaults are the operator's own.
     assert StatusLimits() == StatusLimits(defaults["maxInFlight"], defaults["ratePerClient"],
                                           defaults["burstPerClient"], defaults["reviewThreads"],
-                                          defaults["negativeCacheSeconds"])
+                                          defaults["negativeCacheSeconds"], defaults["ratePerJob"],
+                                          defaults["burstPerJob"])
     for bad, where in (("maxInFlight=0", "/statusAPI/limits/maxInFlight"),
                        ("ratePerClient=0", "/statusAPI/limits/ratePerClient"),
+                       ("ratePerJob=0", "/statusAPI/limits/ratePerJob"),
+                       ("burstPerJob=0", "/statusAPI/limits/burstPerJob"),
                        ("negativeCacheSeconds=-1", "/statusAPI/limits/negativeCacheSeconds")):
         result = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION,
                       "--set", f"statusAPI.limits.{bad}", check=False)
@@ -454,7 +458,7 @@ JOB_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]},
 ]

@@ -154,6 +154,19 @@ def test_silent_heartbeats_set_stalled_and_restart_the_gang() -> None:
     assert ("Warning", "HeartbeatTimeout") in [(e.type, e.reason) for e in plan.events]
 
 
+def test_a_heartbeat_refused_for_the_jobs_rate_is_a_sign_of_life_not_a_stall() -> None:
+    """Issue #30 point 4: a job the status API throttles (429) is alive; its stall clock runs from the refusal."""
+    status = {**RUNNING, "progress": {"step": 3, "lastHeartbeat": rfc3339(NOW + timedelta(seconds=10)),
+                                      "lastThrottled": rfc3339(NOW + timedelta(seconds=35))}}
+    job = make_job(spec={"runPolicy": {"stallTimeoutSeconds": 30}}, status=status)
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=64).status["phase"] == "Running"
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=65).status["reason"] == "HeartbeatTimeout"
+    # Refused heartbeats alone (none accepted yet) end the startup clock too.
+    started = {**RUNNING, "progress": {"lastThrottled": rfc3339(NOW + timedelta(seconds=50))}}
+    job = make_job(spec={"runPolicy": {"startupTimeoutSeconds": 60, "stallTimeoutSeconds": 30}}, status=started)
+    assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=70).status["phase"] == "Running"
+
+
 def test_no_first_heartbeat_within_the_startup_timeout_restarts_the_gang() -> None:
     job = make_job(spec={"runPolicy": {"startupTimeoutSeconds": 60, "stallTimeoutSeconds": 5}}, status=RUNNING)
     assert plan_after(job, pod_json(job, 0), pod_json(job, 1), later=59).status["phase"] == "Running"

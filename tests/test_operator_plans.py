@@ -239,8 +239,13 @@ class RecordingKube:
         return True
 
     def post_event(self, raw: dict[str, Any], type_: str, reason: str, message: str, now: str,
-                   instance: str = "") -> None:
+                   **kw: Any) -> dict[str, Any]:
         self.calls.append(("event", reason))
+        return {"metadata": {"name": f"event-{len(self.calls)}"}}
+
+    def patch_event(self, namespace: str, name: str, count: int, message: str, now: str) -> dict[str, Any]:
+        self.calls.append(("event", f"count {count}"))
+        return {}
 
 
 def _reconciler(kube: RecordingKube, network: JobNetwork | None = None,

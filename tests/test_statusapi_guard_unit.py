@@ -51,9 +51,20 @@ def test_rate_limiter_memory_is_bounded() -> None:
     assert len(limiter._buckets) <= 100
 
 
-@pytest.mark.parametrize("field", ["max_in_flight", "rate_per_client", "burst_per_client", "review_threads"])
+@pytest.mark.parametrize("field", ["max_in_flight", "rate_per_client", "burst_per_client", "review_threads",
+                                   "rate_per_job", "burst_per_job"])
 def test_limits_must_be_positive_and_say_which_setting(field: str) -> None:
     with pytest.raises(ValueError, match=f"RLJOB_OPERATOR_STATUS_{field.upper()}"):
         StatusLimits(**{field: 0})
     with pytest.raises(ValueError, match="NEGATIVE_CACHE_SECONDS"):
         StatusLimits(negative_cache_seconds=-1)
+
+
+def test_each_job_has_its_own_share_whatever_another_job_sends() -> None:
+    """The per-job bucket (keyed by the job a worker's token speaks for): a flooding job empties its own only."""
+    limits = StatusLimits(rate_per_job=2.0, burst_per_job=4)
+    jobs = RateLimiter(limits.rate_per_job, limits.burst_per_job)
+    flooded = [jobs.take("ns/flood", now=t / 100) for t in range(100)]  # 100 heartbeats in 1 s
+    assert flooded.count(0.0) == 5 <= 4 + 2 * 0.99  # the burst, then the rate
+    victim = [jobs.take("ns/victim", now=t / 2) for t in range(2)]  # its usual 2 in that second
+    assert victim == [0.0, 0.0]

@@ -373,7 +373,10 @@ class Progress(StatusModel):
     checkpoint: str | None = Field(None, description="Newest complete checkpoint.")
     best_checkpoint: str | None = Field(None, description="Best kept checkpoint by spec.checkpoint.bestMetric.")
     best_metric: float | None = Field(None, description="That checkpoint's value of bestMetric.")
-    last_heartbeat: str | None = Field(None, description="When the last heartbeat arrived (RFC 3339).")
+    last_heartbeat: str | None = Field(None, description="When the last heartbeat was accepted (RFC 3339).")
+    last_throttled: str | None = Field(
+        None, description="When the status API last refused a heartbeat of one of the job's workers for the "
+                          "job's heartbeat rate (RFC 3339): the worker was alive, so the stall clock counts it.")
     curve: list[CurvePoint] = Field(
         default_factory=list, max_length=MAX_CURVE_POINTS,
         description=f"The logged steps so far, at most {MAX_CURVE_POINTS}: steps increase; when full, every second "

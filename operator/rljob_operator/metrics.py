@@ -5,10 +5,12 @@ phase), ``job_phase{namespace,job,phase}`` (1 for each job's current phase), ``r
 ``api_requests_total{verb,resource}`` (requests the reconciler sent),
 ``api_errors_total{verb,resource,code}`` (failed Kubernetes API calls; 404 and 409, the normal
 answers of get and create-or-adopt, are not counted), ``gang_restarts_total{reason}``
-(worker gangs started again: spec changes, resumes, failures, stalls), ``heartbeats_total{result}`` (status API),
+(worker gangs started again: spec changes, resumes, failures, stalls), ``heartbeats_total{result}`` (status API: accepted,
+throttled over the job's share, unauthorized, forbidden, invalid),
 ``status_api_refused_total{reason}`` (status API requests answered before any token review:
 invalid_name 400, rate_limited and busy 429, token_rejected_before 401 from the rejected-token
-cache), ``leader`` (1 on the replica that reconciles).
+cache), ``events_dropped_total{reason}`` (Events a job's pods caused beyond its Event rate,
+``cluster.events``), ``leader`` (1 on the replica that reconciles).
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ STATUS_API_REFUSED = Counter(
     "rljob_operator_status_api_refused_total",
     "Status API requests refused before a token review, by reason (invalid_name, rate_limited, busy, "
     "token_rejected_before).",
+    ["reason"],
+)
+EVENTS_DROPPED = Counter(
+    "rljob_operator_events_dropped_total",
+    "Events not written because the job they were for exceeded its Event rate (cluster.events), by reason.",
     ["reason"],
 )
 LEADER = Gauge("rljob_operator_leader", "1 while this replica holds the lease and reconciles.")

@@ -60,6 +60,13 @@ class OperatorSettings:
     status_negative_cache_seconds: float = 10.0
     """A token the API server rejected is answered 401 from memory this long (0: never), so
     repeating a junk token costs no TokenReview."""
+    status_rate_per_job: float = 5.0
+    """Heartbeats per second one job's workers may send on average (a token bucket per job, after
+    the token is checked; fair between jobs whatever their addresses); beyond it 429 with
+    Retry-After, which the trainer honours. A trainer sends about one heartbeat per logged step."""
+    status_burst_per_job: int = 20
+    """Heartbeats one job's workers may send at once before the per-job rate applies (a trainer sends
+    one at a time; kept well under ``status_max_in_flight``, so a job's burst leaves most slots to others)."""
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_ca_file: str | None = None

@@ -136,10 +136,10 @@ app.kubernetes.io/component: operator
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
 {{- end }}
-# Phase transitions are reported as Events on the job.
+# Phase transitions are reported as Events on the job; a repeated one bumps its count (patch).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 {{- if .Values.kueue.enabled }}
 # Kueue: each queued job's Workload (its whole gang): watched, created, deleted when the job is
 # suspended or resized; its status is patched to give the quota back (evicted gang stopped,

@@ -405,7 +405,8 @@ class Kube:
 
     # ------------------------------------------------------------------ events
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str, now: str,
-                   component: str = "rljob-operator", instance: str = "") -> None:
+                   component: str = "rljob-operator", instance: str = "", count: int = 1) -> Any:
+        """Create an Event on ``job``; the Event the API server created (its name generated)."""
         meta = job["metadata"]
         event = {
             "apiVersion": "v1",
@@ -427,6 +428,12 @@ class Kube:
             "reportingInstance": instance or component,
             "firstTimestamp": now,
             "lastTimestamp": now,
-            "count": 1,
+            "count": count,
         }
-        self.request("POST", self.core_path(meta["namespace"], "events"), event)
+        return self.request("POST", self.core_path(meta["namespace"], "events"), event)
+
+    def patch_event(self, namespace: str, name: str, count: int, message: str, now: str) -> Any:
+        """A repeat of Event ``namespace/name``: its count, message and lastTimestamp (what a kubelet patches)."""
+        return self.request("PATCH", self.core_path(namespace, "events", name),
+                            {"count": count, "message": message[:1024], "lastTimestamp": now},
+                            content_type="application/merge-patch+json")

@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_operator import metrics
 from rljob_operator.api import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
+from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube
 from rljob_operator.decisions.children import JobNetwork
@@ -128,6 +129,8 @@ class Reconciler:
         self.endpoint = endpoint
         self.clock = clock
         self.instance = instance
+        self.events = EventRecorder(kube, instance=instance)
+        """Its own budget per job, apart from the status API's: pods flooding warnings cannot crowd these out."""
         self.force_delete_after = force_delete_after
         self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
         self._pool = ThreadPoolExecutor(max_workers=request_threads, thread_name_prefix="rljob-create")
@@ -433,9 +436,9 @@ class Reconciler:
         return plan.requeue_after
 
     def _event(self, raw: dict[str, Any], event: Event, now: datetime) -> None:
+        """Through the recorder: a repeat counts on its Event; a job's Events are bounded (``cluster.events``)."""
         try:
-            self.kube.post_event(raw, event.type, event.reason, event.message, rfc3339(now),
-                                 instance=self.instance)
+            self.events.record(raw, event.type, event.reason, event.message, rfc3339(now), time.monotonic())
         except ApiException as e:  # an Event is worth a log line, not a failed reconcile
             if not namespace_terminating(e.status, e.body):
                 log.warning("cannot post event %s: %s", event.reason, e.reason)

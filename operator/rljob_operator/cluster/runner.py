@@ -114,7 +114,8 @@ async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpo
     cert, ca_pem = await asyncio.to_thread(serving_cert, s, kube)
     endpoint = StatusEndpoint(s.effective_status_url, ca_pem, s.token_audience)
     limits = StatusLimits(s.status_max_in_flight, s.status_rate_per_client, s.status_burst_per_client,
-                          s.status_review_threads, s.status_negative_cache_seconds)
+                          s.status_review_threads, s.status_negative_cache_seconds, s.status_rate_per_job,
+                          s.status_burst_per_job)
     status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds, limits)
     runners = [
         await _serve(status_api.app(), s.status_host, s.status_port, cert.ssl_context()),

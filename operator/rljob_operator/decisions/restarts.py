@@ -112,17 +112,28 @@ def _stall_clock(job: RLTrainingJob) -> tuple[bool, datetime, int] | None:
     """(heartbeat seen, since when, timeout) of the clock that judges the gang, or None (no gang yet).
 
     Before the gang's first heartbeat the clock is ``startupTimeoutSeconds`` from the gang's
-    start; after it, ``stallTimeoutSeconds`` from the last heartbeat.
+    start; after it, ``stallTimeoutSeconds`` from the last heartbeat. A heartbeat the status API
+    refused for the job's rate (``lastThrottled``) counts as one: an authenticated worker of the job
+    sent it, so a job a busy status API turns away is not taken for a hung one.
     """
     status = job.status or RLTrainingJobStatus()
     policy = job.spec.run_policy
     started = parse_time(status.gang_start_time)
     if started is None:
         return None
-    beat = parse_time(status.progress.last_heartbeat if status.progress else None)
+    beat = _last_sign_of_life(status)
     if beat is None or beat < started:
         return False, started, policy.startup_timeout_seconds
     return True, beat, policy.stall_timeout_seconds
+
+
+def _last_sign_of_life(status: RLTrainingJobStatus) -> datetime | None:
+    """The later of the last accepted heartbeat and the last one refused for the job's rate."""
+    progress = status.progress
+    if progress is None:
+        return None
+    times = [t for t in (parse_time(progress.last_heartbeat), parse_time(progress.last_throttled)) if t is not None]
+    return max(times, default=None)
 
 
 def stall(job: RLTrainingJob, now: datetime) -> tuple[str, str] | None:

@@ -8,9 +8,15 @@ Every request to the status API is hostile until checked. In order, before any t
    never reach a path the operator requests with its own rights (→ 400);
 2. each client address has a token bucket (``RateLimiter``: ``rate`` per second, ``burst`` at
    once; → 429 with Retry-After), so one client cannot make the operator send TokenReviews
-   without bound;
+   without bound. A heartbeat whose token the status API already reviewed and accepted, its pod's
+   job cached, costs no review and skips this bucket: it is charged to its job's instead (4.), here,
+   before it takes a slot in flight; a status read always pays here;
 3. at most ``max_in_flight`` requests are handled at once (→ 429, Retry-After: 1), which also
-   bounds the queue in front of the review threads.
+   bounds the queue in front of the review threads;
+4. after authentication, each job has a token bucket of its own (``rate_per_job``,
+   ``burst_per_job``, keyed by the job the worker's token speaks for; → 429 with Retry-After):
+   every job gets the same share, so one job's pods flooding valid heartbeats (issue #30 point 4)
+   cannot take another job's, whether or not they share a client address (a node, a proxy).
 """
 
 from __future__ import annotations
@@ -65,9 +71,12 @@ class StatusLimits:
     burst_per_client: int = 40
     review_threads: int = 4
     negative_cache_seconds: float = 10.0
+    rate_per_job: float = 5.0
+    burst_per_job: int = 20
 
     def __post_init__(self) -> None:
-        for field in ("max_in_flight", "rate_per_client", "burst_per_client", "review_threads"):
+        for field in ("max_in_flight", "rate_per_client", "burst_per_client", "review_threads", "rate_per_job",
+                      "burst_per_job"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"status API setting status_{field} must be above 0 "
                                  f"(RLJOB_OPERATOR_STATUS_{field.upper()}), not {getattr(self, field)!r}")

@@ -29,6 +29,17 @@ namespace and name asked for before it is used. They run on the status API's own
 (``review_threads``), never on the default executor that reconciles use nor on the Lease's
 thread: a flood of requests whose reviews are slow cannot delay a reconcile or a renewal.
 
+A job's pods cannot flood (issue #30 point 4): a heartbeat with a valid token is still hostile input.
+A heartbeat whose token is already known (reviewed, its pod's job cached) skips the per-address
+bucket and spends a token of the bucket of the job it speaks for (``rate_per_job``,
+``burst_per_job``) before it takes a slot in flight; one not known yet pays per address and is
+charged to its job once checked. Every job gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
+trainer honours), and ``status.progress.lastThrottled`` records that a worker of the job was alive,
+so the stall clock (``decisions.restarts``) does not take a throttled job for a hung one. A
+heartbeat's ``warnings`` become Events through ``cluster.events.EventRecorder``: repeats counted on
+one Event, at most ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest
+dropped and counted.
+
 ``RLJOB_FAULT_REVIEW_DELAY_SECONDS=S`` makes every TokenReview take S seconds longer (tests use it
 to stand for a slow API server or token webhook while they flood the API with junk tokens).
 """
@@ -57,6 +68,7 @@ from rljob_trainer.contract import HeartbeatBody, heartbeat_path
 
 from rljob_operator import metrics
 from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.curve import curve_point, merge_curve
 from rljob_operator.names import LABEL_JOB, TOKEN_AUDIENCE
@@ -73,12 +85,25 @@ FAULT_REVIEW_DELAY_ENV = "RLJOB_FAULT_REVIEW_DELAY_SECONDS"
 CURVE_WRITE_ATTEMPTS = 4
 
 
+#: Set on a heartbeat request the guard already charged to its job's bucket.
+CHARGED = "rljob.charged_to_job"
+
+
 @dataclass(frozen=True)
 class Identity:
     username: str
     uid: str
     groups: list[str]
     extra: dict[str, list[str]]
+
+
+def _pod_of(identity: Identity) -> tuple[str, str, str] | None:
+    """(namespace, pod name, pod uid) a service-account token is bound to; None if it is not bound to a pod."""
+    pod_name = (identity.extra.get(POD_NAME_EXTRA) or [""])[0]
+    if not identity.username.startswith(SA_PREFIX) or not pod_name:
+        return None
+    namespace = identity.username[len(SA_PREFIX):].split(":", 1)[0]
+    return namespace, pod_name, (identity.extra.get(POD_UID_EXTRA) or [""])[0]
 
 
 class Denied(Exception):
@@ -238,7 +263,10 @@ class StatusAPI:
         self._reviews = _TTLCache(CACHE_SECONDS)
         self._rejected = _TTLCache(self.limits.negative_cache_seconds)
         self._pods = _TTLCache(CACHE_SECONDS)
+        self._jobs = _TTLCache(CACHE_SECONDS)  # the jobs heartbeat warnings are Events on (their uid)
         self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
+        self._job_limiter = RateLimiter(self.limits.rate_per_job, self.limits.burst_per_job)
+        self.events = EventRecorder(kube)
         self._in_flight = asyncio.Semaphore(self.limits.max_in_flight)
         self._fault_review_delay = float(os.environ.get(FAULT_REVIEW_DELAY_ENV, "0") or 0)
 
@@ -264,7 +292,9 @@ class StatusAPI:
         app = web.Application(client_max_size=64 * 1024)
         base = "/api/v1/namespaces/{namespace}/" + PLURAL + "/{name}"
         # The trainer's contract owns the heartbeat path; its placeholders are aiohttp's route variables.
-        app.router.add_post(heartbeat_path("{namespace}", "{name}"), functools.partial(self._guarded, self.heartbeat))
+        # A heartbeat is charged to its job once its token is checked; a status read to its address.
+        app.router.add_post(heartbeat_path("{namespace}", "{name}"),
+                            functools.partial(self._guarded, self.heartbeat, per_job=True))
         app.router.add_get(base + "/status", functools.partial(self._guarded, self.get_status))
         app.router.add_get("/healthz", self.healthz)
         app.on_cleanup.append(self._on_cleanup)
@@ -281,16 +311,24 @@ class StatusAPI:
         return web.Response(text="ok\n")
 
     # ---------------------------------------------------------------- guard
-    async def _guarded(self, handler: Handler, request: web.Request) -> web.Response:
+    async def _guarded(self, handler: Handler, request: web.Request, per_job: bool = False) -> web.Response:
         """Names, then the client's rate, then the in-flight bound; only then ``handler`` (see ``guard``)."""
         try:
             namespace, name = checked_names(request.match_info["namespace"], request.match_info["name"])
         except InvalidName as e:
             metrics.STATUS_API_REFUSED.labels(reason="invalid_name").inc()
             return _error(400, str(e))
-        # The peer address, not a forwarded header a client could make up.
-        wait = self._limiter.take(request.remote or "unknown")
-        if wait:
+        # A heartbeat whose token is known (reviewed, its pod's job cached) costs no review: it is charged
+        # to the job its token speaks for, here, before it takes a slot in flight, so a job over its share
+        # holds neither a slot nor a review thread, and jobs whose pods share an address (a node, a proxy)
+        # do not share a bucket. Anything else pays per peer address (not a forwarded header).
+        token_job = self._token_job(request) if per_job else None
+        if token_job is not None:
+            wait = self._job_limiter.take("/".join(token_job))
+            if wait:
+                return await self._throttled(*token_job, wait)
+            request[CHARGED] = True
+        elif wait := self._limiter.take(request.remote or "unknown"):
             metrics.STATUS_API_REFUSED.labels(reason="rate_limited").inc()
             return _error(429, f"rate limit of the status API: {self.limits.rate_per_client:g} requests per "
                                f"second per client (burst {self.limits.burst_per_client}); retry later", wait)
@@ -300,6 +338,17 @@ class StatusAPI:
                                "retry later", 1.0)
         async with self._in_flight:
             return await handler(request, namespace, name)
+
+    def _token_job(self, request: web.Request) -> tuple[str, str] | None:
+        """(namespace, job) a heartbeat's token speaks for, from the caches alone; None when not known yet."""
+        try:
+            digest = hashlib.sha256(self._bearer(request).encode()).hexdigest()
+        except Denied:
+            return None
+        identity = self._reviews.get((digest, self.audience))
+        pod = _pod_of(identity) if identity is not None else None
+        job = self._pods.get(pod) if pod is not None else None
+        return (pod[0], str(job)) if pod is not None and job else None
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the status API's threads."""
@@ -387,11 +436,10 @@ class StatusAPI:
         """The token's pod must be a worker of ``namespace/name``."""
         if not identity.username.startswith(SA_PREFIX):
             raise Denied(403, "heartbeats need a service-account token")
-        sa_namespace = identity.username[len(SA_PREFIX):].split(":", 1)[0]
-        pod_name = (identity.extra.get(POD_NAME_EXTRA) or [""])[0]
-        pod_uid = (identity.extra.get(POD_UID_EXTRA) or [""])[0]
-        if not pod_name:
+        pod = _pod_of(identity)
+        if pod is None:
             raise Denied(403, "the token is not bound to a pod (use a projected service-account token)")
+        sa_namespace, pod_name, pod_uid = pod
         if sa_namespace != namespace:
             raise Denied(403, f"pod {sa_namespace}/{pod_name} is not a worker of {namespace}/{name}")
         if self._worker_job(namespace, pod_name, pod_uid) != name:
@@ -432,6 +480,9 @@ class StatusAPI:
         except Denied as e:
             metrics.HEARTBEATS.labels(result="unauthorized" if e.status == 401 else "forbidden").inc()
             return _error(e.status, e.message)
+        # Charged here when the guard could not yet tell the token's job (its first heartbeat, say).
+        if not request.get(CHARGED) and (wait := self._job_limiter.take(f"{namespace}/{name}")):
+            return await self._throttled(namespace, name, wait)
         try:
             body = HeartbeatBody.model_validate(await request.json())
         except (ValueError, ValidationError) as e:
@@ -456,18 +507,43 @@ class StatusAPI:
         metrics.HEARTBEATS.labels(result="accepted").inc()
         return web.json_response({"accepted": True}, status=202)
 
-    def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
-        """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people."""
+    async def _throttled(self, namespace: str, name: str, wait: float) -> web.Response:
+        """429 for a job over its share; its worker is alive, so the stall clock hears of it (``lastThrottled``).
+
+        The token was checked first (or is known): only a worker of this job moves its stall clock. The write is
+        coalesced with the job's other progress (``ProgressWriter``): no more writes than heartbeats make.
+        """
+        metrics.HEARTBEATS.labels(result="throttled").inc()
         try:
-            job = self._read_job(namespace, name)
-        except Denied:
-            return
+            await self.writer.submit(namespace, name, {"lastThrottled": rfc3339(datetime.now(UTC))}, False)
+        except ApiException as e:
+            if e.status == 404:
+                return _error(404, f"{KIND} {namespace}/{name} not found")
+            raise
+        return _error(429, f"heartbeat rate limit of job {namespace}/{name}: {self.limits.rate_per_job:g} per "
+                           f"second (burst {self.limits.burst_per_job}); retry later", wait)
+
+    def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
+        """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people.
+
+        Through the ``EventRecorder``: repeats are counted on one Event, and a job's pods cannot cause
+        more Events than its rate (``cluster.events``), whatever they send. The job (for its uid) is
+        read at most once per ``CACHE_SECONDS``, however many heartbeats carry warnings.
+        """
+        key = (namespace, name)
+        job = self._jobs.get(key)
         if job is None:
-            return
-        now = rfc3339(datetime.now(UTC))
+            try:
+                job = self._read_job(namespace, name)
+            except Denied:
+                return
+            if job is None:
+                return
+            self._jobs.put(key, job)
+        now, clock = rfc3339(datetime.now(UTC)), time.monotonic()
         for message in warnings:
             try:
-                self.kube.post_event(job, "Warning", "CheckpointFallback", message, now)
+                self.events.record(job, "Warning", "CheckpointFallback", message, now, clock)
             except ApiException as e:  # an Event is worth a log line, not a refused heartbeat
                 log.warning("cannot post CheckpointFallback event for %s/%s: %s", namespace, name, e)
 
