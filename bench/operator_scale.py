@@ -630,7 +630,7 @@ def inject_failures(kube: Kube, namespace: str, recorder: Recorder, names: list[
     side = side or RLJobSide(Path())
     rng = random.Random(seed)
     victims = rng.sample(names, min(count, len(names)))
-    indexes = [rng.randrange(WORKERS) for _ in victims]
+    indexes = [rng.choice(getattr(side, "victim_indexes", range(WORKERS))) for _ in victims]
 
     def fail(target: tuple[str, int]) -> None:
         fail_pod(kube, namespace, side.victim_pod(*target), side.failure_exit_code)

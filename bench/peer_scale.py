@@ -259,6 +259,7 @@ class KubeflowSide:
     user = PEER_USER
     failure_exit_code = FAILURE_EXIT_CODE
     replacement_pods = 1  # the failed pod, recreated under its name
+    victim_indexes = range(scale.WORKERS)  # 0 is the master
 
     def __init__(self, kube: Any, binary: Path, kubeconfig: Path, threads: int) -> None:
         self.kube, self.binary, self.kubeconfig, self.threads = kube, binary, kubeconfig, threads
@@ -285,13 +286,53 @@ class RLJobPeerSide(scale.RLJobSide):
     failure_exit_code = FAILURE_EXIT_CODE
 
 
+class ReplacementRecorder(scale.Recorder):
+    """rljob's Recorder where a pod that replaces one of the same job and worker index in place (same gang
+    generation) counts as generation 1, as the peer's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[tuple[str, int], int] = {}
+
+    def identify(self, meta: dict[str, Any]) -> tuple[str, int, int] | None:
+        identity = super().identify(meta)
+        if identity is None:
+            return None
+        job, _, index = identity
+        gen = self.seen.get((job, index), 0)
+        self.seen[(job, index)] = gen + 1
+        return job, gen, index
+
+
+class RLJobElasticSide(RLJobPeerSide):
+    """rljob's elastic jobs (``minReplicas: 2``, ``maxReplicas: 4``, checkpoints on object storage): a failed
+    worker other than worker 0 is replaced alone, as the peer replaces its pods (issue #31). Its failures
+    hit workers 1-3 only, and so do the peer's in this comparison (``victim_indexes``): worker 0 hosts
+    the rendezvous store, and its loss still restarts the gang."""
+
+    replacement_pods = 1
+    victim_indexes = range(1, scale.WORKERS)
+
+    def __init__(self, kubeconfig: Path) -> None:
+        super().__init__(kubeconfig, name="rljob-elastic")
+
+    def recorder(self) -> scale.Recorder:
+        return ReplacementRecorder()
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        doc = super().manifest(name)
+        doc["spec"]["workers"].update({"minReplicas": 2, "maxReplicas": scale.WORKERS})
+        doc["spec"]["checkpoint"]["storage"] = f"s3://bench-checkpoints/{name}"
+        return doc
+
+
 # ----------------------------------------------------------------------------------- runs
 
 
 def run_pair(plane: scale.BenchControlPlane, kube: Any, sides: list[Any], audits: dict[str, scale.AuditLog],
              meter: scale.Meter, n: int, rep: int, args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
     """Both sides at one burst size, one after the other (the first alternates), each with failures after."""
-    order = sides if (rep + args.jobs.index(n)) % 2 == 0 else sides[::-1]
+    order = sides if (rep + args.jobs.index(n)) % 2 == 0 else sides[::-1]  # alternating which side goes first
     burst_args = argparse.Namespace(**{**vars(args), "failures": min(args.failures, n)})
     runs = []
     for side in order:
@@ -340,21 +381,23 @@ def summary_rows(runs: list[dict[str, Any]], load: float) -> list[dict[str, Any]
     """Per burst size and figure: the medians over repetitions of each side and the ratio peer ÷ rljob;
     ``load`` (the load average before the run) marks how busy the machine was."""
     rows: list[dict[str, Any]] = []
+    ours_sides = [s for s in dict.fromkeys(r["side"] for r in runs) if s != "kubeflow"]
     for n in sorted({r["jobs"] for r in runs}):
-        per_side = {side: [_figures(r) for r in runs if r["jobs"] == n and r["side"] == side]
-                    for side in ("rljob", "kubeflow")}
-        keys = list(dict.fromkeys(k for figures in per_side.values() for f in figures for k in f))
-        reps = len(per_side["rljob"])
-        for key in keys:
-            ours = _median([f.get(key, 0.0) for f in per_side["rljob"]])
-            peer = _median([f.get(key, 0.0) for f in per_side["kubeflow"]])
-            ratio = round(peer / ours, 2) if ours and peer is not None else None
-            row: dict[str, Any] = {"metric": f"N={n} ({reps} rep., load {load:.1f} on {os.cpu_count()} cores): {key} — rljob / "
-                             "Kubeflow (ratio Kubeflow ÷ rljob)",
-                   "value": f"{ours} / {peer} ({ratio if ratio is not None else '—'}×)", "unit": ""}
-            if not key.startswith("API ") or key.startswith("API requests"):  # the verbs are the breakdown
-                row.update(target="ratio ≥ 1", met=None if ratio is None else ratio >= 1.0)
-            rows.append(row)
+        peer_figures = [_figures(r) for r in runs if r["jobs"] == n and r["side"] == "kubeflow"]
+        for side in ours_sides:
+            figures = [_figures(r) for r in runs if r["jobs"] == n and r["side"] == side]
+            keys = list(dict.fromkeys(k for f in figures + peer_figures for k in f))
+            for key in keys:
+                ours = _median([f.get(key, 0.0) for f in figures])
+                peer = _median([f.get(key, 0.0) for f in peer_figures])
+                ratio = round(peer / ours, 2) if ours and peer is not None else None
+                row: dict[str, Any] = {
+                    "metric": f"N={n} ({len(figures)} rep., load {load:.1f} on {os.cpu_count()} cores): {key} — "
+                              f"{side} / Kubeflow (ratio Kubeflow ÷ {side})",
+                    "value": f"{ours} / {peer} ({ratio if ratio is not None else '—'}×)", "unit": ""}
+                if not key.startswith("API ") or key.startswith("API requests"):  # the verbs are the breakdown
+                    row.update(target="ratio ≥ 1", met=None if ratio is None else ratio >= 1.0)
+                rows.append(row)
     return rows
 
 
@@ -379,6 +422,10 @@ def main() -> None:
     p.add_argument("--kwok-parallelism", type=int, default=4,
                    help="pod stages KWOK plays at once (its default 4; operator_scale's A/Bs use 32)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sides", nargs="+", default=["rljob", "kubeflow"], choices=["rljob", "rljob-elastic", "kubeflow"],
+                   help="what runs at each burst, alternating: rljob (fixed-size jobs: a failure restarts the gang), "
+                        "rljob-elastic (elastic jobs: a failed worker 1-3 is replaced alone; the peer's failures "
+                        "then also hit its workers only), kubeflow")
     p.add_argument("--result", default="peer_scale", type=_result_name,
                    help="write bench/results/RESULT.json (a long burst kept beside the default run's file)")
     a = p.parse_args()
@@ -399,8 +446,13 @@ def main() -> None:
             api_client = plane.api_client()
             kube = scale.Kube(api_client)
             scale.install_crd(kube)
-            sides: list[Any] = [RLJobPeerSide(scale.operator_kubeconfig(plane, kube)),
-                     KubeflowSide(kube, binary, install_peer(plane, kube, module), a.peer_threads)]
+            ours = scale.operator_kubeconfig(plane, kube)
+            peer = KubeflowSide(kube, binary, install_peer(plane, kube, module), a.peer_threads)
+            if "rljob-elastic" in a.sides:  # a like-for-like fault: the peer's master is not failed either
+                peer.victim_indexes = range(1, scale.WORKERS)
+            made = {"rljob": lambda: RLJobPeerSide(ours), "rljob-elastic": lambda: RLJobElasticSide(ours),
+                    "kubeflow": lambda: peer}
+            sides: list[Any] = [made[s]() for s in dict.fromkeys(a.sides)]
             audits = {s.name: scale.AuditLog(plane.audit_log, s.user) for s in sides}
             meter = scale.Meter(plane)
             for n in a.jobs:
