@@ -24,8 +24,9 @@ Worker × 3 (the non-elastic shape its docs use; its workers get an init contain
 master's DNS name, which KWOK completes at once), ``restartPolicy: ExitCode`` on both replica types.
 A failure is a pod whose containers exit 137 (KWOK's ``rljob.dev/fake-exit-code``): retryable for
 both (ExitCode retries 128 and above). The peer replaces the one failed pod; rljob replaces the gang
-(a non-elastic torchrun world cannot take a new rank in, so a lone new pod would wait on a dead
-rendezvous). ``restartPolicy: OnFailure`` restarts the container in place, which KWOK does not model,
+of a fixed-size job (a non-elastic torchrun world cannot take a new rank in, so a lone new pod would
+wait on a dead rendezvous), and only the failed worker of an elastic one (``--sides rljob-elastic``,
+whose failures, and then the peer's too, hit workers 1-3 only). ``restartPolicy: OnFailure`` restarts the container in place, which KWOK does not model,
 so it is not measured.
 
 For each burst size (default 10, 100, 1000) and repetition, both sides run, in alternating order,
