@@ -1,0 +1,182 @@
+"""Evaluation on held-out data (#33), the pure parts: the field, the held-out split, the metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import datasets
+import pytest
+from rljob_operator.api import ManifestError, parse_job
+from rljob_trainer.builtin.tasks import builtin_rows
+from rljob_trainer.config import EvaluationSpec, RewardSpec
+from rljob_trainer.data import split_held_out, training_and_eval_prompts
+from rljob_trainer.errors import PermanentError
+from rljob_trainer.evaluation import EvalSet, Scorer, eval_summary, pass_at_k
+
+from tests.trainer_helpers import deep_update, quickstart_doc
+
+
+def job_with(evaluation: dict[str, Any]) -> dict[str, Any]:
+    return deep_update(quickstart_doc(), {"spec": {"training": {"evaluation": evaluation}}})
+
+
+def problems(evaluation: dict[str, Any]) -> str:
+    with pytest.raises(ManifestError) as e:
+        parse_job(job_with(evaluation), "job.yaml")
+    return str(e.value)
+
+
+@pytest.mark.parametrize(("evaluation", "expected"), [
+    ({"everySteps": 0, "heldOutFraction": 0.2}, "spec.training.evaluation.everySteps: Input should be greater"),
+    ({}, "spec.training.evaluation.heldOutFraction: set dataset or heldOutFraction (exactly one)"),
+    ({"heldOutFraction": 0.2, "dataset": {"name": "x.jsonl"}},
+     "spec.training.evaluation.heldOutFraction: set dataset or heldOutFraction"),
+    ({"heldOutFraction": 1.0}, "spec.training.evaluation.heldOutFraction: Input should be less than 1"),
+    ({"heldOutFraction": 0.2, "numGenerations": 4},
+     "spec.training.evaluation.numGenerations: greedy decoding makes one completion per prompt"),
+    ({"heldOutFraction": 0.2, "decoding": "sampled", "numGenerations": 4, "passAtK": [8]},
+     "spec.training.evaluation.passAtK: k=8 is more than numGenerations (4)"),
+    ({"heldOutFraction": 0.2, "passAtK": [1]}, "spec.training.evaluation.passAtK: pass@k needs decoding: sampled"),
+    ({"heldOutFraction": 0.2, "decoding": "beam"}, "spec.training.evaluation.decoding: Input should be 'greedy'"),
+    ({"heldOutFraction": 0.2, "metrics": [{"name": "blue"}]},
+     "spec.training.evaluation.metrics[0].name: unknown built-in reward or metric 'blue'"),
+    ({"heldOutFraction": 0.2, "metrics": [{"name": "bleu", "kwargs": {"n": 2}}]},
+     "spec.training.evaluation.metrics[0].kwargs: the text metric bleu takes no kwargs"),
+    ({"heldOutFraction": 0.2, "metrics": [{"name": "exact_match", "kwargs": {"prefx": True}}]},
+     "spec.training.evaluation.metrics[0].kwargs.prefx: not an option of the built-in reward exact_match"),
+    ({"heldOutFraction": 0.2, "metrics": [{"name": "bleu"}, {"name": "bleu"}]},
+     "spec.training.evaluation.metrics: two metrics have the same name"),
+    ({"heldOutFraction": 0.2, "maxPrompt": 3}, "spec.training.evaluation.maxPrompt: unknown field"),
+    ({"dataset": {"name": "builtin:nope"}}, "spec.training.evaluation.dataset.name: unknown built-in dataset"),
+])
+def test_bad_evaluation_specs_are_refused_naming_the_field(evaluation: dict[str, Any], expected: str) -> None:
+    assert expected in problems(evaluation)
+
+
+def test_good_evaluation_specs_are_accepted_with_greedy_defaults() -> None:
+    job = parse_job(job_with({"heldOutFraction": 0.25, "everySteps": 10,
+                              "metrics": [{"name": "exact_match", "kwargs": {"prefix": True}}, {"name": "rougeL"},
+                                          {"name": "tests.test_evaluation_unit:first_char"}]}), "job.yaml")
+    evaluation = job.spec.training.evaluation
+    assert evaluation is not None and evaluation.decoding == "greedy" and evaluation.num_generations == 1
+    assert [m.label() for m in evaluation.metrics] == ["exact_match", "rougeL", "first_char"]
+    sampled = parse_job(job_with({"dataset": {"name": "data/test.jsonl"}, "decoding": "sampled",
+                                  "numGenerations": 4, "passAtK": [1, 4]}), "job.yaml")
+    assert sampled.spec.training.evaluation is not None
+    # Without the section nothing is evaluated (the quickstart's default run is unchanged).
+    assert parse_job(quickstart_doc(), "job.yaml").spec.training.evaluation is None
+
+
+def test_metrics_default_to_the_training_rewards() -> None:
+    spec = EvaluationSpec(held_out_fraction=0.2)
+    rewards = [RewardSpec(name="repeat_char", kwargs={"length": 6}), RewardSpec(name="length_penalty")]
+    assert [(m.name, m.kwargs) for m in spec.metric_specs(rewards)] == [
+        ("repeat_char", {"length": 6}), ("length_penalty", {})]
+
+
+def rows_dataset(rows: list[dict[str, str]]) -> datasets.Dataset:
+    return datasets.Dataset.from_list(rows)
+
+
+def test_held_out_split_never_shares_a_prompt_and_is_deterministic() -> None:
+    ds = rows_dataset(builtin_rows("builtin:add-digits", 2000, seed=3))
+    train, held = split_held_out(ds, 0.2, seed=7)
+    train_prompts, held_prompts = set(train["prompt"]), set(held["prompt"])
+    assert not train_prompts & held_prompts
+    assert len(train) + len(held) == len(ds)
+    distinct = len(set(ds["prompt"]))
+    assert len(held_prompts) == round(0.2 * distinct)
+    # The same prompts again, whatever the row order; another seed holds out others.
+    again_train, again_held = split_held_out(ds.shuffle(seed=1), 0.2, seed=7)
+    assert set(again_held["prompt"]) == held_prompts and set(again_train["prompt"]) == train_prompts
+    assert set(split_held_out(ds, 0.2, seed=8)[1]["prompt"]) != held_prompts
+
+
+def test_held_out_split_keeps_at_least_one_prompt_each_side_and_refuses_one_prompt() -> None:
+    ds = rows_dataset(builtin_rows("builtin:repeat-char", 300, seed=0))  # 6 distinct prompts
+    train, held = split_held_out(ds, 0.01, seed=0)
+    assert len(set(held["prompt"])) == 1 and len(set(train["prompt"])) == 5
+    train, held = split_held_out(ds, 0.99, seed=0)
+    assert len(set(train["prompt"])) == 1 and len(set(held["prompt"])) == 5
+    with pytest.raises(PermanentError, match="spec.training.evaluation.heldOutFraction: .*1 distinct"):
+        split_held_out(rows_dataset([{"prompt": "aaaaaa"}] * 4), 0.5, seed=0)
+
+
+def test_training_never_sees_a_held_out_prompt_and_max_prompts_caps_the_eval_set(tmp_path: Any) -> None:
+    job = parse_job(deep_update(job_with({"heldOutFraction": 0.3, "maxPrompts": 50}),
+                                {"spec": {"training": {"dataset": {"name": "builtin:add-digits", "size": 1000}}}}),
+                    "job.yaml")
+    train, held = training_and_eval_prompts(job.spec.training, str(tmp_path))
+    assert len(held) == 50
+    assert not set(train["prompt"]) & set(held["prompt"])
+    assert set(train.column_names) == {"prompt", "answer"} == set(held.column_names)
+
+
+def first_char(prompts: Any, completions: Any, **_: Any) -> list[float]:
+    """A custom metric resolved by module, as a custom training reward is."""
+    return [1.0 if c[:1] == p[:1] else 0.0 for p, c in zip(prompts, completions, strict=True)]
+
+
+def test_exact_match_is_accuracy_and_a_custom_function_resolves_by_module() -> None:
+    spec = EvaluationSpec.model_validate({"heldOutFraction": 0.2, "metrics": [
+        {"name": "exact_match"}, {"name": "tests.test_evaluation_unit:first_char"}]})
+    data = EvalSet(prompts=["1+1=", "2+2=", "3+3=", "4+4="], columns={"answer": ["2", "4", "6", "8"]})
+    values = Scorer(spec, []).score(data, [["2"], ["4"], ["5"], [" 8 "]])
+    assert values == {"eval/exact_match": 0.75, "eval/first_char": 0.0}
+
+
+def test_bleu_and_rouge_are_the_libraries_values() -> None:
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    hyps = ["the cat sat on the mat", "a dog barked loudly at night"]
+    refs = ["the cat sat on a mat", "the dog barked at night"]
+    spec = EvaluationSpec.model_validate({"heldOutFraction": 0.2, "metrics": [
+        {"name": "bleu"}, {"name": "rouge1"}, {"name": "rougeL"}]})
+    values = Scorer(spec, []).score(EvalSet(prompts=["p1", "p2"], columns={"answer": refs}), [[h] for h in hyps])
+    assert values["eval/bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert 10 < values["eval/bleu"] < 100  # a partial match: neither nothing nor everything
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    want = sum(scorer.score(r, h)["rougeL"].fmeasure for h, r in zip(hyps, refs, strict=True)) / 2
+    assert values["eval/rougeL"] == pytest.approx(want)
+    assert values["eval/rouge1"] > values["eval/rougeL"] * 0.99 and values["eval/rouge1"] < 1.0
+    perfect = Scorer(spec, []).score(EvalSet(prompts=["p1", "p2"], columns={"answer": refs}), [[r] for r in refs])
+    assert perfect == {"eval/bleu": pytest.approx(100.0), "eval/rouge1": 1.0, "eval/rougeL": 1.0}
+
+
+def test_a_text_metric_without_its_reference_column_names_reference_field() -> None:
+    spec = EvaluationSpec.model_validate({"heldOutFraction": 0.2, "referenceField": "target",
+                                          "metrics": [{"name": "bleu"}]})
+    with pytest.raises(PermanentError, match=r"spec.training.evaluation.referenceField: column 'target'"):
+        Scorer(spec, []).score(EvalSet(prompts=["p"], columns={"answer": ["a"]}), [["a"]])
+
+
+def test_an_unimportable_metric_names_its_field() -> None:
+    spec = EvaluationSpec.model_validate({"heldOutFraction": 0.2, "metrics": [
+        {"name": "bleu"}, {"name": "no_such_module:fn"}]})
+    with pytest.raises(PermanentError, match=r"spec.training.evaluation.metrics\[1\].name: cannot import"):
+        Scorer(spec, [])
+
+
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(4, 2))  # 0.5
+    spec = EvaluationSpec.model_validate({"heldOutFraction": 0.2, "decoding": "sampled", "numGenerations": 4,
+                                          "passAtK": [1, 2], "metrics": [{"name": "exact_match"}]})
+    data = EvalSet(prompts=["a", "b"], columns={"answer": ["x", "y"]})
+    values = Scorer(spec, []).score(data, [["x", "z", "z", "z"], ["q", "q", "q", "q"]])
+    assert values == {"eval/exact_match": 0.125, "eval/exact_match/pass_at_1": pytest.approx(0.125),
+                      "eval/exact_match/pass_at_2": pytest.approx(0.25)}
+
+
+def test_summary_keeps_latest_and_best_with_its_step() -> None:
+    history = [{"step": 1, "reward": 0.1, "loss": 0.0}, {"step": 0, "eval/acc": 0.0},
+               {"step": 10, "eval/acc": 0.8}, {"step": 20, "eval/acc": 0.8}, {"step": 30, "eval/acc": 0.5}]
+    summary = eval_summary(history, "eval/acc")
+    assert summary is not None
+    assert summary["latest"] == {"step": 30, "eval/acc": 0.5}
+    assert summary["best"] == {"step": 10, "eval/acc": 0.8}  # the earliest of equals
+    assert [h["step"] for h in summary["history"]] == [0, 10, 20, 30]
+    assert eval_summary([{"step": 1, "reward": 0.1}], "eval/acc") is None
