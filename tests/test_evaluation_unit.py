@@ -180,3 +180,44 @@ def test_summary_keeps_latest_and_best_with_its_step() -> None:
     assert summary["best"] == {"step": 10, "eval/acc": 0.8}  # the earliest of equals
     assert [h["step"] for h in summary["history"]] == [0, 10, 20, 30]
     assert eval_summary([{"step": 1, "reward": 0.1}], "eval/acc") is None
+
+
+class RecordingHeartbeat:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, **body: Any) -> None:
+        self.sent.append(body)
+
+
+def test_an_evaluation_is_reported_to_every_sink_and_the_heartbeat_validates(tmp_path: Any) -> None:
+    from rljob_trainer.contract import HeartbeatBody
+    from rljob_trainer.evaluation import EvalReporter
+    from rljob_trainer.telemetry import TrainerMetrics
+
+    metrics, heartbeat, history = TrainerMetrics(), RecordingHeartbeat(), [{"step": 3, "reward": 0.5}]
+    reporter = EvalReporter(metrics, heartbeat, tmp_path / "metrics.jsonl", str(tmp_path / "tb"))
+    reporter.report(4, {"eval/exact_match": 0.75, "eval/exact_match/pass_at_2": 0.9, "eval/rougeL": math.nan},
+                    history)
+    assert history[-1] == {"step": 4, "eval/exact_match": 0.75, "eval/exact_match/pass_at_2": 0.9,
+                           "eval/rougeL": history[-1]["eval/rougeL"]}
+    assert '"eval/exact_match": 0.75' in (tmp_path / "metrics.jsonl").read_text()
+    assert metrics.eval.labels(metric="exact_match/pass_at_2")._value.get() == 0.9
+    assert metrics.eval_step._value.get() == 4
+    (body,) = heartbeat.sent
+    assert body["step"] == 4 and body["metrics"] == {"eval/exact_match": 0.75, "eval/exact_match/pass_at_2": 0.9}
+    HeartbeatBody(**body)  # what the status API accepts (names of letters, digits and _ . : / -)
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_a_long_evaluation_keeps_sending_heartbeats() -> None:
+    from rljob_trainer.evaluation import HeartbeatTicker
+
+    heartbeat = RecordingHeartbeat()
+    tick = HeartbeatTicker(heartbeat, step=40, interval=0.0)
+    tick()
+    tick()
+    assert [b["step"] for b in heartbeat.sent] == [40, 40]
+    quiet = HeartbeatTicker(heartbeat, step=41, interval=3600.0)
+    quiet()
+    assert len(heartbeat.sent) == 2  # at most one per interval

@@ -1,0 +1,108 @@
+"""Evaluation on held-out data (#33) for real: torchrun with 2 CPU processes learns builtin:first-char, whose
+held-out prompts need the rule, not the prompts; `rljob evaluate` gives the value the training logged."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from rljob_trainer.launch import free_port
+
+from tests.test_trainer_run import scrape, tensorboard_scalars
+from tests.trainer_helpers import deep_update, quickstart_doc, run_rljob, start_rljob, write_manifest
+
+pytestmark = pytest.mark.trainer
+
+EVERY = 40
+STEPS = 200
+
+
+def held_out_doc() -> dict:
+    return deep_update(quickstart_doc(), {"spec": {
+        "training": {
+            "dataset": {"name": "builtin:first-char", "size": 2048},
+            "maxSteps": STEPS,
+            "evaluation": {"heldOutFraction": 0.2, "everySteps": EVERY, "maxPrompts": 64,
+                           "metrics": [{"name": "exact_match", "kwargs": {"prefix": True}}, {"name": "rougeL"}]},
+        },
+        "checkpoint": {"everySteps": EVERY, "keepLast": 10},
+    }})
+
+
+def eval_records(metrics: Path) -> dict[int, dict[str, float]]:
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return {r["step"]: r for r in records if "eval/exact_match" in r}
+
+
+def test_held_out_accuracy_rises_from_chance_is_reported_everywhere_and_rljob_evaluate_agrees(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "job.yaml", held_out_doc())
+    out = tmp_path / "out"
+    port = free_port()
+    proc = start_rljob("train", str(manifest), "--output", str(out), "--metrics-port", str(port),
+                       log=tmp_path / "log.txt")
+    served: dict[str, float] = {}
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            scraped = scrape(port)
+            served = {dict(k).get("metric", ""): v for k, v in scraped.get("rljob_trainer_eval", {}).items()} or served
+            served["step"] = scraped.get("rljob_trainer_eval_step", {}).get((), served.get("step", -1))
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    assert proc.wait(timeout=60) == 0, (tmp_path / "log.txt").read_text()[-3000:]
+
+    # Logged before the first step, every everySteps, and for the final model.
+    evals = eval_records(out / "metrics.jsonl")
+    assert sorted(evals) == list(range(0, STEPS + 1, EVERY))
+    accuracy = [evals[s]["eval/exact_match"] for s in sorted(evals)]
+    print(f"held-out accuracy by step {sorted(evals)}: {accuracy}")
+    assert accuracy[0] <= 0.35, accuracy  # chance: the untrained model repeats the last character (1 in 6)
+    assert accuracy[-1] >= 0.9, accuracy
+    assert max(accuracy[:2]) < min(accuracy[-2:]), accuracy  # it rose
+    assert all(0.0 <= evals[s]["eval/rougeL"] <= 1.0 for s in evals)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval"]["metric"] == "eval/exact_match"
+    assert summary["eval"]["latest"] == evals[STEPS]
+    best = summary["eval"]["best"]
+    assert best["eval/exact_match"] == max(accuracy) and evals[best["step"]] == best
+    assert [h["step"] for h in summary["eval"]["history"]] == sorted(evals)
+
+    # TensorBoard and Prometheus carried the same values.
+    assert tensorboard_scalars(out / "tensorboard", "eval/exact_match") == [
+        (s, pytest.approx(evals[s]["eval/exact_match"])) for s in sorted(evals)]
+    assert served.get("exact_match") is not None, served
+    assert served["exact_match"] == pytest.approx(evals[int(served["step"])]["eval/exact_match"])
+
+    # `rljob evaluate` on a checkpoint gives exactly the value the training logged at that step (greedy, same
+    # prompts), for a middle step and the last.
+    for step in (EVERY * 2, STEPS):
+        result = run_rljob("evaluate", str(out / "checkpoints" / f"checkpoint-{step}"), "--config", str(manifest),
+                           "--json", str(tmp_path / f"eval-{step}.json"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        got = json.loads((tmp_path / f"eval-{step}.json").read_text())
+        assert got["step"] == step and got["prompts"] == 64
+        assert got["metrics"] == {k: v for k, v in evals[step].items() if k.startswith("eval/")}, (step, got)
+        assert "eval/exact_match" in result.stdout
+
+
+def test_rljob_evaluate_refuses_a_tampered_checkpoint_and_a_manifest_without_evaluation(tmp_path: Path) -> None:
+    doc = deep_update(held_out_doc(), {"spec": {"training": {"maxSteps": 4, "evaluation": {"maxPrompts": 4}},
+                                                "checkpoint": {"everySteps": 4}}})
+    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    out = tmp_path / "out"
+    trained = run_rljob("train", str(manifest), "--output", str(out))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    checkpoint = out / "checkpoints" / "checkpoint-4"
+    no_eval = write_manifest(tmp_path / "plain.yaml", quickstart_doc())
+    refused = run_rljob("evaluate", str(checkpoint), "--config", str(no_eval))
+    assert refused.returncode == 78 and "spec.training.evaluation: the manifest has no evaluation section" in refused.stderr
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    tampered = run_rljob("evaluate", str(checkpoint), "--config", str(manifest))
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+    assert "model.safetensors" in tampered.stderr and "eval/" not in tampered.stdout
