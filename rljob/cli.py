@@ -279,6 +279,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """A checkpoint (verified) on the manifest's evaluation prompts: a table, and JSON with --json."""
     from rljob_trainer.checkpoints.evaluate import evaluate_checkpoint, with_dataset
     from rljob_trainer.errors import PermanentError
+    from rljob_trainer.known_warnings import silence_known_warnings
+
+    silence_known_warnings()
 
     try:
         job = load_job(args.config)

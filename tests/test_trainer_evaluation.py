@@ -106,3 +106,34 @@ def test_rljob_evaluate_refuses_a_tampered_checkpoint_and_a_manifest_without_eva
     tampered = run_rljob("evaluate", str(checkpoint), "--config", str(manifest))
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
     assert "model.safetensors" in tampered.stderr and "eval/" not in tampered.stdout
+
+
+def test_rljob_evaluate_of_a_lora_checkpoint_gives_the_logged_value(tmp_path: Path) -> None:
+    """A LoRA run's checkpoints hold the adapter only: `rljob evaluate` applies it to the base model its
+    manifest records, and gets the value the training logged (not a trivial 0 or 1)."""
+    import yaml
+
+    from tests.trainer_helpers import REPO
+
+    doc = deep_update(yaml.safe_load((REPO / "examples" / "lora.yaml").read_text()), {"spec": {
+        "training": {"dataset": {"name": "builtin:first-char", "size": 2048}, "maxSteps": 20,
+                     "evaluation": {"heldOutFraction": 0.2, "everySteps": 20, "maxPrompts": 64,
+                                    "metrics": [{"name": "repeat_char"}]}},
+        "checkpoint": {"everySteps": 20, "keepLast": 2}}})
+    manifest = write_manifest(tmp_path / "lora.yaml", doc)
+    out = tmp_path / "out"
+    trained = run_rljob("train", str(manifest), "--output", str(out))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    checkpoint = out / "checkpoints" / "checkpoint-20"
+    assert (checkpoint / "adapter_config.json").is_file() and not (checkpoint / "model.safetensors").exists()
+    logged = eval_records_by(out / "metrics.jsonl", "eval/repeat_char")[20]
+    assert 0.0 < logged < 1.0
+    result = run_rljob("evaluate", str(checkpoint), "--config", str(manifest), "--json", str(tmp_path / "e.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "e.json").read_text())["metrics"] == {"eval/repeat_char": logged}
+    assert "FutureWarning" not in result.stderr, result.stderr[-2000:]  # known noise is filtered, as in training
+
+
+def eval_records_by(metrics: Path, name: str) -> dict[int, float]:
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return {r["step"]: r[name] for r in records if name in r}
