@@ -185,6 +185,7 @@ def test_summary_keeps_latest_and_best_with_its_step() -> None:
 class RecordingHeartbeat:
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
+        self.evaluation: dict[str, Any] | None = None
 
     def send(self, **body: Any) -> None:
         self.sent.append(body)
@@ -196,7 +197,7 @@ def test_an_evaluation_is_reported_to_every_sink_and_the_heartbeat_validates(tmp
     from rljob_trainer.telemetry import TrainerMetrics
 
     metrics, heartbeat, history = TrainerMetrics(), RecordingHeartbeat(), [{"step": 3, "reward": 0.5}]
-    reporter = EvalReporter(metrics, heartbeat, tmp_path / "metrics.jsonl", str(tmp_path / "tb"))
+    reporter = EvalReporter(metrics, heartbeat, tmp_path / "metrics.jsonl", str(tmp_path / "tb"), "eval/exact_match")
     reporter.report(4, {"eval/exact_match": 0.75, "eval/exact_match/pass_at_2": 0.9, "eval/rougeL": math.nan},
                     history)
     assert history[-1] == {"step": 4, "eval/exact_match": 0.75, "eval/exact_match/pass_at_2": 0.9,
@@ -207,6 +208,11 @@ def test_an_evaluation_is_reported_to_every_sink_and_the_heartbeat_validates(tmp
     (body,) = heartbeat.sent
     assert body["step"] == 4 and body["metrics"] == {"eval/exact_match": 0.75, "eval/exact_match/pass_at_2": 0.9}
     HeartbeatBody(**body)  # what the status API accepts (names of letters, digits and _ . : / -)
+    # The heartbeats from now on carry the latest evaluation and the best so far (the job's status shows them).
+    reporter.report(8, {"eval/exact_match": 0.5, "eval/rougeL": 0.25}, history)
+    report = HeartbeatBody(step=8, evaluation=heartbeat.evaluation).wire()["evaluation"]
+    assert report == {"metric": "eval/exact_match", "step": 8, "values": {"eval/exact_match": 0.5, "eval/rougeL": 0.25},
+                      "best_step": 4, "best_value": 0.75}
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
 
 

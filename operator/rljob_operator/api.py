@@ -364,6 +364,18 @@ class CurvePoint(StatusModel):
         description="Other logged metrics of the step by their TRL names (kl, rewards/<name>/mean, ...).")
 
 
+class EvaluationProgress(StatusModel):
+    """The latest evaluation on held-out data (spec.training.evaluation) and the best so far."""
+
+    metric: str = Field(..., description="The headline metric (eval/<name>: the first of evaluation.metrics).")
+    step: int = Field(..., description="Step of the latest evaluation.")
+    value: float | None = Field(None, description="The latest value of the headline metric.")
+    values: dict[str, float] = Field(default_factory=dict, max_length=MAX_HEARTBEAT_METRICS,
+                                     description="Every metric of the latest evaluation (eval/<name>).")
+    best_step: int | None = Field(None, description="Step of the best evaluation by the headline metric.")
+    best_value: float | None = Field(None, description="Its value of the headline metric.")
+
+
 class Progress(StatusModel):
     """Training progress reported by rank 0's heartbeats (the status API)."""
 
@@ -374,6 +386,7 @@ class Progress(StatusModel):
     best_checkpoint: str | None = Field(None, description="Best kept checkpoint by spec.checkpoint.bestMetric.")
     best_metric: float | None = Field(None, description="That checkpoint's value of bestMetric.")
     last_heartbeat: str | None = Field(None, description="When the last heartbeat arrived (RFC 3339).")
+    evaluation: EvaluationProgress | None = Field(None, description="Held-out evaluation: latest and best.")
     curve: list[CurvePoint] = Field(
         default_factory=list, max_length=MAX_CURVE_POINTS,
         description=f"The logged steps so far, at most {MAX_CURVE_POINTS}: steps increase; when full, every second "

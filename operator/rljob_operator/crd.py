@@ -550,6 +550,11 @@ def crd_manifest() -> dict[str, Any]:
                         },
                         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
                         {"name": "Reward", "type": "number", "jsonPath": ".status.progress.reward"},
+                        # The headline metric of spec.training.evaluation (held-out data), latest and best.
+                        {"name": "Eval", "type": "number", "jsonPath": ".status.progress.evaluation.value",
+                         "description": "latest value of the headline evaluation metric"},
+                        {"name": "Best-Eval", "type": "number", "jsonPath": ".status.progress.evaluation.bestValue",
+                         "priority": 1},
                         # Durable or Ephemeral: a job that restarts from step 0 after a gang restart shows it.
                         {"name": "Checkpoints", "type": "string",
                          "jsonPath": '.status.conditions[?(@.type=="CheckpointsDurable")].reason'},

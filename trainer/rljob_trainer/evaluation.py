@@ -237,12 +237,25 @@ def eval_summary(log_history: list[dict[str, Any]], headline: str | None) -> dic
     return {"metric": headline, "latest": history[-1], "best": best, "history": history}
 
 
+def eval_report(log_history: list[dict[str, Any]], headline: str) -> dict[str, Any] | None:
+    """The heartbeat's ``evaluation`` (contract.EvalReport): the latest values and the best by ``headline``."""
+    summary = eval_summary(log_history, headline)
+    if summary is None:
+        return None
+    latest, best = summary["latest"], summary["best"]
+    return {"metric": headline, "step": latest["step"],
+            "values": {k: v for k, v in latest.items() if k.startswith(PREFIX)},
+            "best_step": best["step"] if best else None, "best_value": best[headline] if best else None}
+
+
 class EvalReporter:
     """Rank 0's reports of one evaluation: metrics.jsonl, TensorBoard, Prometheus, a heartbeat, and the
     Trainer's log history (which checkpoints keep, so a resumed run's summary has the earlier ones)."""
 
-    def __init__(self, metrics: Any, heartbeat: Any, log_path: Any, tensorboard_dir: str | None) -> None:
+    def __init__(self, metrics: Any, heartbeat: Any, log_path: Any, tensorboard_dir: str | None,
+                 headline: str) -> None:
         self.metrics, self.heartbeat, self.log_path = metrics, heartbeat, log_path
+        self.headline = headline
         self.tensorboard_dir = tensorboard_dir
         self._writer: Any = None
 
@@ -257,6 +270,7 @@ class EvalReporter:
         if self.metrics is not None:
             self.metrics.observe_eval(step, values)
         if self.heartbeat is not None:
+            self.heartbeat.evaluation = eval_report(log_history or [{"step": step, **values}], self.headline)
             self.heartbeat.send(step=step, reward=None, loss=None, metrics=finite_metrics(values))
         self._tensorboard(step, values)
 
@@ -287,6 +301,8 @@ def evaluation_callback(evaluation: EvaluationSpec, data: EvalSet, scorer: Score
 
     class Evaluate(TrainerCallback):  # type: ignore[misc]
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+            if reporter is not None and reporter.heartbeat is not None:  # resumed: the evaluations so far
+                reporter.heartbeat.evaluation = eval_report(state.log_history, reporter.headline)
             if evaluation.at_start and state.global_step == 0:
                 run(state, model)
 

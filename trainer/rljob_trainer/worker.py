@@ -258,7 +258,8 @@ def evaluation_callbacks(cfg: TrainerConfig, inputs: Inputs, metrics: Any, heart
     scorer = Scorer(evaluation, cfg.training.rewards)
     reporter = None
     if metrics_log is not None:  # rank 0
-        reporter = EvalReporter(metrics, heartbeat, metrics_log, os.environ.get("TENSORBOARD_LOGGING_DIR"))
+        reporter = EvalReporter(metrics, heartbeat, metrics_log, os.environ.get("TENSORBOARD_LOGGING_DIR"),
+                                scorer.headline)
     callback = evaluation_callback(evaluation, EvalSet.from_dataset(inputs.eval_dataset), scorer, inputs.tokenizer,
                                    cfg.training.max_completion_length, cfg.training.seed, reporter)
     return [callback], scorer.headline
