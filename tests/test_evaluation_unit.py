@@ -177,7 +177,7 @@ def test_summary_keeps_latest_and_best_with_its_step() -> None:
     summary = eval_summary(history, "eval/acc")
     assert summary is not None
     assert summary["latest"] == {"step": 30, "eval/acc": 0.5}
-    assert summary["best"] == {"step": 10, "eval/acc": 0.8}  # the earliest of equals
+    assert summary["best"] == {"step": 20, "eval/acc": 0.8}  # the newer of equals, as keepBest picks
     assert [h["step"] for h in summary["history"]] == [0, 10, 20, 30]
     assert eval_summary([{"step": 1, "reward": 0.1}], "eval/acc") is None
 
@@ -227,3 +227,72 @@ def test_a_long_evaluation_keeps_sending_heartbeats() -> None:
     quiet = HeartbeatTicker(heartbeat, step=41, interval=3600.0)
     quiet()
     assert len(heartbeat.sent) == 2  # at most one per interval
+
+
+EVAL_SECTION = {"heldOutFraction": 0.2, "everySteps": 10, "metrics": [{"name": "exact_match"}, {"name": "rougeL"}]}
+
+
+@pytest.mark.parametrize(("checkpoint", "evaluation", "expected"), [
+    ({"bestMetric": "eval/exact_match", "keepBest": 1}, None,
+     "spec.checkpoint.bestMetric: 'eval/exact_match' is an evaluation metric, but spec.training.evaluation is not set"),
+    ({"bestMetric": "eval/bleu", "keepBest": 1}, EVAL_SECTION,
+     "spec.checkpoint.bestMetric: 'eval/bleu' is not logged by spec.training.evaluation; it logs eval/exact_match, "
+     "eval/rougeL"),
+    ({"bestMetric": "eval/rougeL", "keepBest": 1}, EVAL_SECTION, None),
+    ({"bestMetric": "reward", "keepBest": 1}, None, None),
+])
+def test_keep_best_may_rank_by_an_evaluation_metric_that_is_logged(checkpoint: dict[str, Any],
+                                                                    evaluation: dict[str, Any] | None,
+                                                                    expected: str | None) -> None:
+    doc = deep_update(quickstart_doc(), {"spec": {"checkpoint": checkpoint}})
+    if evaluation is not None:
+        doc = deep_update(doc, {"spec": {"training": {"evaluation": evaluation}}})
+    if expected is None:
+        parse_job(doc, "job.yaml")
+    else:
+        with pytest.raises(ManifestError, match=expected.replace("(", r"\(")):
+            parse_job(doc, "job.yaml")
+
+
+def experiment_doc(metric: str, evaluation: dict[str, Any] | None) -> dict[str, Any]:
+    import yaml
+
+    from tests.trainer_helpers import REPO
+
+    doc = yaml.safe_load((REPO / "examples" / "experiments" / "ab-learning-rate.yaml").read_text())
+    doc["spec"]["objective"] = {"metric": metric, "reduce": "lastMean", "k": 1}
+    if evaluation is not None:
+        doc["spec"]["template"]["training"]["evaluation"] = evaluation
+    return doc
+
+
+def test_an_experiment_objective_may_be_an_evaluation_metric_of_its_template() -> None:
+    from rljob_operator.experiments.api import parse_experiment
+
+    parse_experiment(experiment_doc("eval/exact_match", EVAL_SECTION), "x.yaml")
+    with pytest.raises(ManifestError, match=r"spec.objective.metric: 'eval/exact_match' is an evaluation metric"):
+        parse_experiment(experiment_doc("eval/exact_match", None), "x.yaml")
+
+
+def test_an_eval_objective_reads_the_eval_lines_of_metrics_jsonl_and_the_eval_points_of_the_status_curve() -> None:
+    from rljob_operator.decisions.curve import curve_point, merge_curve, series
+    from rljob_operator.experiments.api import ObjectiveSpec
+    from rljob_operator.experiments.objective import curve_from_logs, objective_value
+
+    # metrics.jsonl as rank 0 writes it: training lines every step, an evaluation line every 10 (#33).
+    records = [{"step": s, "reward": s / 30, "loss": 0.1} for s in range(1, 31)]
+    records += [{"step": s, "eval/exact_match": s / 40} for s in (0, 10, 20, 30)]
+    objective = ObjectiveSpec(metric="eval/exact_match", reduce="lastMean", k=2)
+    curve = curve_from_logs(sorted(records, key=lambda r: r["step"]), "eval/exact_match")
+    assert curve == [(0, 0.0), (10, 0.25), (20, 0.5), (30, 0.75)]
+    assert objective_value(curve, objective) == pytest.approx(0.625)
+    # The status curve: each evaluation's heartbeat precedes the training heartbeat of its step; they merge.
+    points = []
+    for s in range(0, 31):
+        if s % 10 == 0:
+            points.append(curve_point(s, metrics={"eval/exact_match": s / 40}))
+        if s:
+            points.append(curve_point(s, reward=s / 30, loss=0.1))
+    status_curve = merge_curve([], [p for p in points if p is not None])
+    assert series(status_curve, "eval/exact_match") == curve
+    assert series(status_curve, "reward")[-1] == (30, 1.0)

@@ -127,13 +127,17 @@ def test_the_api_server_refuses_bad_evaluation_specs_naming_the_field(kube, crd_
         ({"dataset": {"name": "builtin:nope"}}, "spec.training.evaluation.dataset.name: unknown built-in dataset"),
     ]
     problems = []
+    best = deep_update(quickstart_doc(), {"metadata": {"name": "eval-best"},
+                                          "spec": {"checkpoint": {"keepBest": 1, "bestMetric": "eval/exact_match"}}})
+    problems.append(refusal_problem(kube, namespace, "bestMetric", best,
+                                    "spec.checkpoint.bestMetric: an evaluation metric (eval/...) needs"))
     for i, (evaluation, expected) in enumerate(cases):
         doc = deep_update(quickstart_doc(), {"metadata": {"name": f"eval-{i}"},
                                              "spec": {"training": {"evaluation": evaluation}}})
         problem = refusal_problem(kube, namespace, str(evaluation), doc, expected)
         if problem:
             problems.append(problem)
-    assert not problems, "\n".join(problems)
+    assert not [p for p in problems if p], "\n".join(p for p in problems if p)
     good = deep_update(quickstart_doc(), {"metadata": {"name": "eval-good"}, "spec": {"training": {"evaluation": {
         "heldOutFraction": 0.2, "everySteps": 40, "decoding": "sampled", "numGenerations": 4, "passAtK": [1, 4],
         "metrics": [{"name": "exact_match", "kwargs": {"prefix": True}}, {"name": "rougeL"}, {"name": "m.n:f"}]}}}})

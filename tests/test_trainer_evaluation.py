@@ -28,7 +28,7 @@ def held_out_doc() -> dict:
             "evaluation": {"heldOutFraction": 0.2, "everySteps": EVERY, "maxPrompts": 64,
                            "metrics": [{"name": "exact_match", "kwargs": {"prefix": True}}, {"name": "rougeL"}]},
         },
-        "checkpoint": {"everySteps": EVERY, "keepLast": 10},
+        "checkpoint": {"everySteps": EVERY, "keepLast": 10, "keepBest": 1, "bestMetric": "eval/exact_match"},
     }})
 
 
@@ -77,6 +77,12 @@ def test_held_out_accuracy_rises_from_chance_is_reported_everywhere_and_rljob_ev
         (s, pytest.approx(evals[s]["eval/exact_match"])) for s in sorted(evals)]
     assert served.get("exact_match") is not None, served
     assert served["exact_match"] == pytest.approx(evals[int(served["step"])]["eval/exact_match"])
+
+    # Each checkpoint's manifest records the evaluation of its step (keepBest ranks by it).
+    for step in range(EVERY, STEPS + 1, EVERY):
+        sealed = json.loads((out / "checkpoints" / f"checkpoint-{step}" / "rljob-manifest.json").read_text())
+        assert sealed["metrics"]["eval/exact_match"] == evals[step]["eval/exact_match"], step
+    assert summary["best_checkpoint"]["name"] == f"checkpoint-{best['step']}", summary["best_checkpoint"]
 
     # `rljob evaluate` on a checkpoint gives exactly the value the training logged at that step (greedy, same
     # prompts), for a middle step and the last.

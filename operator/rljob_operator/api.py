@@ -29,6 +29,7 @@ from rljob_trainer.config import (
     WorkersSpec,
     accumulation_for,
     check_elastic_generation,
+    check_eval_metric,
     check_generation_batch,
 )
 from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, format_validation_error
@@ -288,6 +289,10 @@ class RLTrainingJobSpec(Model):
             # The trainer checks this when it starts; the cluster should refuse it at once.
             raise ValueError(f"@training.model: unknown built-in model {model!r}; choose one of "
                              f"{', '.join(BUILTIN_MODELS)}")
+        try:
+            check_eval_metric(self.checkpoint.best_metric, self.training)
+        except ValueError as e:
+            raise ValueError(f"@checkpoint.bestMetric: {e}") from None
         if self.autoscaling.policy == ScalingPolicy.capacity and not (
             self.workers.min_replicas and self.workers.max_replicas
         ):

@@ -123,6 +123,9 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             ".training.numGenerations",
         ),
         *GENERATION_RULES,
+        _rule("!self.checkpoint.bestMetric.startsWith('eval/') || has(self.training.evaluation)",
+              "spec.checkpoint.bestMetric: an evaluation metric (eval/...) needs spec.training.evaluation",
+              ".checkpoint.bestMetric"),
         _rule(
             "!has(self.autoscaling) || !has(self.autoscaling.policy) || self.autoscaling.policy != 'Capacity' || "
             "(has(self.workers.minReplicas) && has(self.workers.maxReplicas))",

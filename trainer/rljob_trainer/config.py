@@ -300,6 +300,19 @@ class EvaluationSpec(Model):
         return list(seen.values())
 
 
+def check_eval_metric(name: str, training: TrainingSpec) -> None:
+    """A metric named ``eval/<name>`` must be one ``spec.training.evaluation`` logs (ValueError naming them)."""
+    if not name.startswith("eval/"):
+        return
+    evaluation = training.evaluation
+    if evaluation is None:
+        raise ValueError(f"{name!r} is an evaluation metric, but spec.training.evaluation is not set")
+    labels = [f"eval/{m.label()}" for m in evaluation.metric_specs(training.rewards)]
+    logged = labels + [f"{label}/pass_at_{k}" for label in labels for k in evaluation.pass_at_k]
+    if name not in logged:
+        raise ValueError(f"{name!r} is not logged by spec.training.evaluation; it logs {', '.join(logged)}")
+
+
 class TrainingSpec(Model):
     """What to train and how: the policy-optimisation run itself."""
 

@@ -227,13 +227,13 @@ def eval_history(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def eval_summary(log_history: list[dict[str, Any]], headline: str | None) -> dict[str, Any] | None:
     """summary.json's ``eval``: the headline metric, the latest and the best record by it (with its step,
-    the earliest of equals), and every record. None when nothing was evaluated."""
+    the newer of equals, as keepBest picks), and every record. None when nothing was evaluated."""
     history = eval_history(log_history)
     if not history:
         return None
     headline = headline or next(k for k in history[-1] if k.startswith(PREFIX))
     scored = [h for h in history if isinstance(h.get(headline), int | float) and math.isfinite(h[headline])]
-    best = max(scored, key=lambda h: (h[headline], -h["step"])) if scored else None
+    best = max(scored, key=lambda h: (h[headline], h["step"])) if scored else None  # as keepBest's best_of
     return {"metric": headline, "latest": history[-1], "best": best, "history": history}
 
 
