@@ -96,13 +96,19 @@ def test_held_out_accuracy_rises_from_chance_is_reported_everywhere_and_rljob_ev
         assert "eval/exact_match" in result.stdout
 
 
-def test_rljob_evaluate_refuses_a_tampered_checkpoint_and_a_manifest_without_evaluation(tmp_path: Path) -> None:
-    doc = deep_update(held_out_doc(), {"spec": {"training": {"maxSteps": 4, "evaluation": {"maxPrompts": 4}},
+def test_sampled_evaluation_logs_pass_at_k_and_rljob_evaluate_refuses_a_tampered_checkpoint(tmp_path: Path) -> None:
+    sampled = {"maxPrompts": 6, "everySteps": 2, "decoding": "sampled", "numGenerations": 4, "passAtK": [1, 4]}
+    doc = deep_update(held_out_doc(), {"spec": {"training": {"maxSteps": 4, "evaluation": sampled},
                                                 "checkpoint": {"everySteps": 4}}})
     manifest = write_manifest(tmp_path / "job.yaml", doc)
     out = tmp_path / "out"
     trained = run_rljob("train", str(manifest), "--output", str(out))
     assert trained.returncode == 0, trained.stderr[-3000:]
+    evals = eval_records(out / "metrics.jsonl")
+    assert sorted(evals) == [0, 2, 4]
+    for record in evals.values():  # pass@1 is the mean accuracy (unbiased), pass@4 at least as high
+        assert record["eval/exact_match/pass_at_1"] == pytest.approx(record["eval/exact_match"])
+        assert record["eval/exact_match/pass_at_4"] >= record["eval/exact_match/pass_at_1"]
     checkpoint = out / "checkpoints" / "checkpoint-4"
     no_eval = write_manifest(tmp_path / "plain.yaml", quickstart_doc())
     refused = run_rljob("evaluate", str(checkpoint), "--config", str(no_eval))
@@ -143,3 +149,22 @@ def test_rljob_evaluate_of_a_lora_checkpoint_gives_the_logged_value(tmp_path: Pa
 def eval_records_by(metrics: Path, name: str) -> dict[int, float]:
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     return {r["step"]: r[name] for r in records if name in r}
+
+
+def test_evaluating_never_changes_the_training(tmp_path: Path) -> None:
+    """Evaluation samples under a forked RNG and its own seed: a run that evaluates (sampled, every 10 steps)
+    trains bit for bit as the same run without evaluation, so adding it costs no exact resume and no
+    comparability between runs."""
+    from tests.trainer_helpers import assert_same_curve, logged_curve
+
+    plain = deep_update(quickstart_doc(), {"spec": {"training": {"maxSteps": 30}}})
+    evaluated = deep_update(plain, {"spec": {"training": {"evaluation": {
+        "dataset": {"name": "builtin:first-char", "size": 64}, "everySteps": 10, "maxPrompts": 8,
+        "decoding": "sampled", "numGenerations": 4}}}})
+    for name, doc in (("plain", plain), ("evaluated", evaluated)):
+        result = run_rljob("train", str(write_manifest(tmp_path / f"{name}.yaml", doc)), "--output", str(tmp_path / name))
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(eval_records_by(tmp_path / "evaluated" / "metrics.jsonl", "eval/repeat_char")) == [0, 10, 20, 30]
+    want = logged_curve(tmp_path / "plain" / "metrics.jsonl")
+    assert sorted(want) == list(range(1, 31))
+    assert_same_curve(logged_curve(tmp_path / "evaluated" / "metrics.jsonl"), want)
