@@ -296,3 +296,21 @@ def test_an_eval_objective_reads_the_eval_lines_of_metrics_jsonl_and_the_eval_po
     status_curve = merge_curve([], [p for p in points if p is not None])
     assert series(status_curve, "eval/exact_match") == curve
     assert series(status_curve, "reward")[-1] == (30, 1.0)
+
+
+def test_rljob_evaluate_dataset_replaces_the_manifests_prompts_and_keeps_its_metrics() -> None:
+    from rljob_trainer.checkpoints.evaluate import with_dataset
+
+    job = parse_job(job_with({"heldOutFraction": 0.2, "maxPrompts": 7, "metrics": [{"name": "rougeL"}]}), "job.yaml")
+    cfg = with_dataset(job.trainer_config(output_dir="."), "data/test.jsonl", None)
+    evaluation = cfg.training.evaluation
+    assert evaluation is not None and evaluation.held_out_fraction is None
+    assert evaluation.dataset is not None and evaluation.dataset.name == "data/test.jsonl"
+    assert evaluation.max_prompts == 7 and [m.name for m in evaluation.metrics] == ["rougeL"]
+    # A manifest without evaluation: --dataset alone is enough (the training rewards are the metrics) ...
+    plain = parse_job(quickstart_doc(), "job.yaml").trainer_config(output_dir=".")
+    alone = with_dataset(plain, "squad", "validation").training.evaluation
+    assert alone is not None and alone.dataset is not None and alone.dataset.split == "validation"
+    # ... and without either there is nothing to evaluate on.
+    with pytest.raises(PermanentError, match="spec.training.evaluation: the manifest has no evaluation section"):
+        with_dataset(plain, None, None)

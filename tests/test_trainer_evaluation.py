@@ -110,6 +110,16 @@ def test_sampled_evaluation_logs_pass_at_k_and_rljob_evaluate_refuses_a_tampered
         assert record["eval/exact_match/pass_at_1"] == pytest.approx(record["eval/exact_match"])
         assert record["eval/exact_match/pass_at_4"] >= record["eval/exact_match/pass_at_1"]
     checkpoint = out / "checkpoints" / "checkpoint-4"
+    # --dataset: another file of prompts, with the manifest's metrics and decoding.
+    rows = tmp_path / "other.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": p, "answer": p[0] * 6, "target": p[0]}) + "\n"
+                            for p in ("abcdef", "bbbbbb", "fedcba")))
+    other = run_rljob("evaluate", str(checkpoint), "--config", str(manifest), "--dataset", str(rows),
+                      "--json", str(tmp_path / "other.json"))
+    assert other.returncode == 0, other.stderr[-3000:]
+    got = json.loads((tmp_path / "other.json").read_text())
+    assert got["prompts"] == 3 and set(got["metrics"]) == {"eval/exact_match", "eval/exact_match/pass_at_1",
+                                                           "eval/exact_match/pass_at_4", "eval/rougeL"}
     no_eval = write_manifest(tmp_path / "plain.yaml", quickstart_doc())
     refused = run_rljob("evaluate", str(checkpoint), "--config", str(no_eval))
     assert refused.returncode == 78 and "spec.training.evaluation: the manifest has no evaluation section" in refused.stderr

@@ -108,7 +108,10 @@ class Scorer:
 
     def _reward(self, metric: EvalMetricSpec, data: EvalSet, completions: list[list[str]]) -> dict[str, float]:
         n = [len(group) for group in completions]
-        repeat = lambda values: [v for v, k in zip(values, n, strict=True) for _ in range(k)]  # noqa: E731
+
+        def repeat(values: list[Any]) -> list[Any]:  # one per completion
+            return [v for v, k in zip(values, n, strict=True) for _ in range(k)]
+
         conversational = bool(data.prompts) and not isinstance(data.prompts[0], str)
         flat: list[Any] = [({"role": "assistant", "content": c} if conversational else c)
                            for group in completions for c in group]
@@ -185,7 +188,7 @@ def evaluate_model(model: Any, tokenizer: Any, data: EvalSet, scorer: Scorer, ma
     mine = list(range(rank, len(data.prompts), world))
     was_training = model.training
     model.eval()
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []  # manual_seed seeds all
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             torch.manual_seed(seed + rank)

@@ -69,6 +69,8 @@ def load_policy(checkpoint: Path, base: str | None) -> tuple[Any, Any]:
 def evaluate_checkpoint(uri: str, cfg: TrainerConfig, *, base: str | None = None, endpoint_url: str | None = None,
                         region: str | None = None) -> CheckpointEval:
     """Fetch (verified) and evaluate the checkpoint at ``uri`` (a checkpoint, or a location's latest)."""
+    import torch
+
     from rljob_trainer.checkpoints.compare import split_checkpoint_uri
     from rljob_trainer.checkpoints.manifest import step_of
     from rljob_trainer.checkpoints.plan import location_for
@@ -88,6 +90,8 @@ def evaluate_checkpoint(uri: str, cfg: TrainerConfig, *, base: str | None = None
     with tempfile.TemporaryDirectory(prefix="rljob-evaluate-") as tmp:
         local = loc.fetch(info, listing, Path(tmp))  # every file verified against the manifest
         model, tokenizer = load_policy(local, base)
+        if torch.cuda.is_available():  # as the training evaluated it
+            model.to("cuda")
         _, eval_dataset = training_and_eval_prompts(cfg.training, str(Path(tmp) / ".cache"))
         data = EvalSet.from_dataset(eval_dataset)
         values = evaluate_model(model, tokenizer, data, scorer, cfg.training.max_completion_length, cfg.training.seed)
