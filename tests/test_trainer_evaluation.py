@@ -178,3 +178,24 @@ def test_evaluating_never_changes_the_training(tmp_path: Path) -> None:
     want = logged_curve(tmp_path / "plain" / "metrics.jsonl")
     assert sorted(want) == list(range(1, 31))
     assert_same_curve(logged_curve(tmp_path / "evaluated" / "metrics.jsonl"), want)
+
+
+def test_a_resumed_run_keeps_its_earlier_evaluations_and_does_not_redo_the_baseline(tmp_path: Path) -> None:
+    """The evaluations live in the Trainer's log history, which each checkpoint keeps: a run resumed from
+    checkpoint-20 (here: the same job with more steps) reports them with its own, and skips atStart."""
+    first = deep_update(held_out_doc(), {"spec": {
+        "training": {"maxSteps": 20, "dataset": {"size": 512}, "evaluation": {"everySteps": 10, "maxPrompts": 8}},
+        "checkpoint": {"everySteps": 10, "keepLast": 3}}})
+    out = tmp_path / "out"
+    ran = run_rljob("train", str(write_manifest(tmp_path / "first.yaml", first)), "--output", str(out))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    before = json.loads((out / "summary.json").read_text())["eval"]["history"]
+    assert [h["step"] for h in before] == [0, 10, 20]
+    longer = deep_update(first, {"spec": {"training": {"maxSteps": 30}}})
+    resumed = run_rljob("train", str(write_manifest(tmp_path / "longer.yaml", longer)), "--output", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] == "checkpoint-20"
+    assert summary["eval"]["history"][:3] == before and [h["step"] for h in summary["eval"]["history"]] == [0, 10, 20, 30]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "eval/exact_match" in r] == [0, 10, 20, 30]  # no second baseline
