@@ -314,3 +314,16 @@ def test_rljob_evaluate_dataset_replaces_the_manifests_prompts_and_keeps_its_met
     # ... and without either there is nothing to evaluate on.
     with pytest.raises(PermanentError, match="spec.training.evaluation: the manifest has no evaluation section"):
         with_dataset(plain, None, None)
+
+
+def test_conversational_prompts_give_reward_metrics_message_completions_as_training_does() -> None:
+    seen: list[Any] = []
+
+    spec = EvaluationSpec.model_validate({"heldOutFraction": 0.2, "metrics": [{"name": "exact_match"}]})
+    scorer = Scorer(spec, [])
+    fn = scorer.rewards["exact_match"]
+    scorer.rewards["exact_match"] = lambda **kw: seen.append(kw["completions"]) or fn(**kw)
+    prompts = [[{"role": "user", "content": "1+1="}], [{"role": "user", "content": "2+2="}]]
+    values = scorer.score(EvalSet(prompts=prompts, columns={"answer": ["2", "4"]}), [["2"], ["5"]])
+    assert values == {"eval/exact_match": 0.5}
+    assert seen == [[[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "5"}]]]

@@ -123,20 +123,26 @@ class Scorer:
         name = PREFIX + metric.label()
         out = {name: sum(valid) / len(valid) if valid else math.nan}
         for k in self.spec.pass_at_k:
-            per_prompt, start = [], 0
-            for count in n:
-                group = values[start:start + count]
-                start += count
-                passed = sum(1 for v in group if v is not None and v >= self.spec.pass_threshold)
-                per_prompt.append(pass_at_k(count, passed, k))
-            out[f"{name}/pass_at_{k}"] = sum(per_prompt) / len(per_prompt)
+            out[f"{name}/pass_at_{k}"] = mean_pass_at_k(values, n, k, self.spec.pass_threshold)
         return out
+
+
+def mean_pass_at_k(values: list[float | None], group_sizes: list[int], k: int, threshold: float) -> float:
+    """pass@k averaged over prompts; ``values`` holds each prompt's ``group_sizes[i]`` values in turn, and a
+    value passes when it reaches ``threshold`` (None never does)."""
+    per_prompt, start = [], 0
+    for count in group_sizes:
+        group = values[start:start + count]
+        start += count
+        per_prompt.append(pass_at_k(count, sum(1 for v in group if v is not None and v >= threshold), k))
+    return sum(per_prompt) / len(per_prompt) if per_prompt else math.nan
 
 
 def prompt_ids(tokenizer: Any, prompts: Sequence[Any]) -> list[list[int]]:
     """Token ids of each prompt, as TRL's trainers tokenize them (a chat template for conversations)."""
     if prompts and not isinstance(prompts[0], str):
-        return [list(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)) for p in prompts]
+        return [list(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True)["input_ids"]) for p in prompts]
     return [list(ids) for ids in tokenizer(text=list(prompts))["input_ids"]]
 
 
