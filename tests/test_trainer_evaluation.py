@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from rljob_trainer.launch import free_port
 
 from tests.test_trainer_run import scrape, tensorboard_scalars
-from tests.trainer_helpers import deep_update, quickstart_doc, run_rljob, start_rljob, write_manifest
+from tests.trainer_helpers import REPO, deep_update, quickstart_doc, run_rljob, start_rljob, write_manifest
 
 pytestmark = pytest.mark.trainer
 
@@ -21,15 +22,11 @@ STEPS = 200
 
 
 def held_out_doc() -> dict:
-    return deep_update(quickstart_doc(), {"spec": {
-        "training": {
-            "dataset": {"name": "builtin:first-char", "size": 2048},
-            "maxSteps": STEPS,
-            "evaluation": {"heldOutFraction": 0.2, "everySteps": EVERY, "maxPrompts": 64,
-                           "metrics": [{"name": "exact_match", "kwargs": {"prefix": True}}, {"name": "rougeL"}]},
-        },
-        "checkpoint": {"everySteps": EVERY, "keepLast": 10, "keepBest": 1, "bestMetric": "eval/exact_match"},
-    }})
+    """examples/held-out.yaml: the quickstart on builtin:first-char, evaluated on held-out prompts."""
+    doc = yaml.safe_load((REPO / "examples" / "held-out.yaml").read_text())
+    training = doc["spec"]["training"]
+    assert (training["maxSteps"], training["evaluation"]["everySteps"]) == (STEPS, EVERY)
+    return doc
 
 
 def eval_records(metrics: Path) -> dict[int, dict[str, float]]:
@@ -133,10 +130,6 @@ def test_sampled_evaluation_logs_pass_at_k_and_rljob_evaluate_refuses_a_tampered
 def test_rljob_evaluate_of_a_lora_checkpoint_gives_the_logged_value(tmp_path: Path) -> None:
     """A LoRA run's checkpoints hold the adapter only: `rljob evaluate` applies it to the base model its
     manifest records, and gets the value the training logged (not a trivial 0 or 1)."""
-    import yaml
-
-    from tests.trainer_helpers import REPO
-
     doc = deep_update(yaml.safe_load((REPO / "examples" / "lora.yaml").read_text()), {"spec": {
         "training": {"dataset": {"name": "builtin:first-char", "size": 2048}, "maxSteps": 20,
                      "evaluation": {"heldOutFraction": 0.2, "everySteps": 20, "maxPrompts": 64,
