@@ -327,3 +327,16 @@ def test_conversational_prompts_give_reward_metrics_message_completions_as_train
     values = scorer.score(EvalSet(prompts=prompts, columns={"answer": ["2", "4"]}), [["2"], ["5"]])
     assert values == {"eval/exact_match": 0.5}
     assert seen == [[[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "5"}]]]
+
+
+def test_the_evaluation_section_survives_the_configmap_round_trip(tmp_path: Any) -> None:
+    from rljob_operator.api import load_job
+    from rljob_trainer.contract import dump_config, load_config
+
+    from tests.trainer_helpers import REPO
+
+    cfg = load_job(REPO / "examples" / "held-out.yaml").trainer_config(output_dir="/workspace/output")
+    (tmp_path / "trainer.yaml").write_text(dump_config(cfg))
+    again = load_config(tmp_path / "trainer.yaml")
+    assert again == cfg and again.training.evaluation is not None
+    assert again.training.evaluation.metrics[0].kwargs == {"prefix": True}
