@@ -168,15 +168,15 @@ def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
 
 def _storage_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A checkpoints command whose storage errors (access denied, no bucket, unreachable, a pvc:// location
-    outside the cluster) exit 1 with one line."""
+    outside the cluster) and corrupt checkpoints (files that differ from the manifest) exit 1 with one line."""
 
     def run(args: argparse.Namespace) -> int:
-        from rljob_trainer.checkpoints.locations import StorageError
+        from rljob_trainer.checkpoints.locations import CorruptCheckpoint, StorageError
         from rljob_trainer.errors import PermanentError
 
         try:
             return command(args)
-        except (StorageError, PermanentError) as e:
+        except (StorageError, PermanentError, CorruptCheckpoint) as e:
             print(f"rljob: error: {e}", file=sys.stderr)
             return 1
 

@@ -125,6 +125,7 @@ def test_sampled_evaluation_logs_pass_at_k_and_rljob_evaluate_refuses_a_tampered
     tampered = run_rljob("evaluate", str(checkpoint), "--config", str(manifest))
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
     assert "model.safetensors" in tampered.stderr and "eval/" not in tampered.stdout
+    assert "Traceback" not in tampered.stderr  # one line naming the file
 
 
 def test_rljob_evaluate_of_a_lora_checkpoint_gives_the_logged_value(tmp_path: Path) -> None:
