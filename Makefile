@@ -33,7 +33,8 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 lint: venv ## ruff and mypy
 	.venv/bin/ruff check rljob operator trainer tests bench charts/rljob/hack
 	.venv/bin/mypy rljob operator/rljob_operator trainer/rljob_trainer/contract.py trainer/rljob_trainer/config.py trainer/rljob_trainer/checkpoints \
-		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py
+		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py \
+		trainer/rljob_trainer/evaluation.py
 
 clean: ## Remove run outputs and caches in the checkout
 	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

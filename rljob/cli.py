@@ -7,6 +7,7 @@
 * ``rljob operator`` — run the operator (kopf watches, reconcile, status API, metrics).
 * ``rljob checkpoints list|verify|prune URI`` — inspect, verify (local vs remote checksums) and prune
   checkpoints on object storage (``s3://bucket/prefix``) or in a folder.
+* ``rljob evaluate CHECKPOINT --config MANIFEST`` — a checkpoint on the manifest's evaluation prompts.
 """
 
 from __future__ import annotations
@@ -167,15 +168,15 @@ def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
 
 def _storage_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A checkpoints command whose storage errors (access denied, no bucket, unreachable, a pvc:// location
-    outside the cluster) exit 1 with one line."""
+    outside the cluster) and corrupt checkpoints (files that differ from the manifest) exit 1 with one line."""
 
     def run(args: argparse.Namespace) -> int:
-        from rljob_trainer.checkpoints.locations import StorageError
+        from rljob_trainer.checkpoints.locations import CorruptCheckpoint, StorageError
         from rljob_trainer.errors import PermanentError
 
         try:
             return command(args)
-        except (StorageError, PermanentError) as e:
+        except (StorageError, PermanentError, CorruptCheckpoint) as e:
             print(f"rljob: error: {e}", file=sys.stderr)
             return 1
 
@@ -274,6 +275,50 @@ def cmd_checkpoints_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """A checkpoint (verified) on the manifest's evaluation prompts: a table, and JSON with --json."""
+    from rljob_trainer.checkpoints.evaluate import evaluate_checkpoint, with_dataset
+    from rljob_trainer.errors import PermanentError
+    from rljob_trainer.known_warnings import silence_known_warnings
+
+    silence_known_warnings()
+
+    try:
+        job = load_job(args.config)
+    except ManifestError as e:
+        print(f"rljob: error: {e}", file=sys.stderr)
+        return EXIT_PERMANENT
+    try:
+        cfg = with_dataset(job.trainer_config(output_dir="."), args.dataset, args.split)
+        result = evaluate_checkpoint(args.checkpoint, cfg, base=args.base, endpoint_url=args.endpoint_url,
+                                     region=args.region)
+    except PermanentError as e:
+        print(f"rljob: error: {e}", file=sys.stderr)
+        return EXIT_PERMANENT
+    print(result.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps({"checkpoint": result.checkpoint, "step": result.step,
+                                               "prompts": result.prompts, "metrics": result.metrics}, indent=2))
+    return 0
+
+
+def add_evaluate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "evaluate", help="evaluate a checkpoint on a manifest's evaluation prompts (spec.training.evaluation)",
+        description="CHECKPOINT: a checkpoint folder or s3://bucket/prefix/checkpoint-N (or a location, for its "
+        "latest), verified against its manifest. With greedy decoding the values equal the training's at that step.",
+    )
+    p.add_argument("checkpoint", help="…/checkpoint-N (a folder or s3://), or a location for its latest checkpoint")
+    p.add_argument("--config", required=True, help="the job's manifest (its spec.training.evaluation)")
+    p.add_argument("--dataset", help="evaluate on this dataset instead (a file, s3:// object or datasets name)")
+    p.add_argument("--split", help="split of a datasets-library --dataset (default test)")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--base", help="base model of a LoRA checkpoint (default: the one its manifest records)")
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL)")
+    p.add_argument("--region", help="S3 region (default: AWS_REGION)")
+    p.set_defaults(func=_storage_errors(cmd_evaluate))
+
+
 def add_checkpoints_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "checkpoints", help="list, verify or prune checkpoints on object storage or in a folder",
@@ -358,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_operator)
 
     add_checkpoints_parser(sub)
+    add_evaluate_parser(sub)
 
     p = sub.add_parser("experiment", help="run an RLExperiment's trials (A/B test or search) on this machine")
     p.add_argument("manifest")

@@ -634,3 +634,37 @@ def test_endpoint_killed_mid_upload_never_exposes_a_partial_checkpoint_and_resum
     assert summary["checkpoint_upload_failures"] >= 2
     assert [c.name for c in mirror.listing().complete] == ["checkpoint-35", "checkpoint-40"]
     assert primary.listing().latest == "checkpoint-30"  # untouched while down
+
+
+@s3
+def test_rljob_evaluate_fetches_a_checkpoint_from_s3_verified_and_refuses_a_changed_object(
+    s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rljob evaluate s3://…/checkpoint-N` (#33): the same values as the same checkpoint in a folder; an object
+    changed after sealing is refused before any model is loaded."""
+    from rljob_trainer.builtin.tiny_model import materialize_builtin_model
+
+    model = materialize_builtin_model(tmp_path / "cache", {}, seed=0)
+    staged = tmp_path / "staging" / "checkpoint-5"
+    shutil.copytree(model, staged)
+    ck.seal_checkpoint(staged, 5, {})
+    s3_location(s3_server, bucket).publish(staged, json.loads((staged / ck.MANIFEST).read_text()))
+    doc = deep_update(quickstart_doc(), {"spec": {"training": {
+        "dataset": {"name": "builtin:first-char", "size": 256},
+        "evaluation": {"heldOutFraction": 0.2, "maxPrompts": 16, "metrics": [{"name": "repeat_char"}]}}}})
+    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    ep = ["--endpoint-url", s3_server.endpoint]
+
+    assert cli.main(["evaluate", str(staged), "--config", str(manifest), "--json", str(tmp_path / "local.json")]) == 0
+    assert cli.main(["evaluate", f"s3://{bucket}/run", "--config", str(manifest),  # its latest: checkpoint-5
+                     "--json", str(tmp_path / "remote.json"), *ep]) == 0
+    local, remote = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("local", "remote"))
+    assert remote["checkpoint"] == f"s3://{bucket}/run/checkpoint-5" and remote["step"] == 5
+    assert remote["metrics"] == local["metrics"] and remote["prompts"] == 16
+    capsys.readouterr()
+
+    s3_server.client().put_object(Bucket=bucket, Key="run/checkpoint-5/config.json", Body=b"{}")
+    assert cli.main(["evaluate", f"s3://{bucket}/run/checkpoint-5", "--config", str(manifest), *ep]) == 1
+    captured = capsys.readouterr()
+    assert "rljob: error: s3://" in captured.err and "config.json: size" in captured.err
+    assert "eval/" not in captured.out

@@ -108,3 +108,39 @@ def test_the_api_server_applies_the_trl_and_kwargs_rules(kube, crd_installed, na
         stored = get_job(kube, namespace, f"fine-{i}")["spec"]["training"]
         assert stored.get("trl", {}) == training.get("trl", {})  # nothing pruned, no TRL defaults added
         assert parse_job(doc).spec.training.trl == training.get("trl", {})
+
+
+def test_the_api_server_refuses_bad_evaluation_specs_naming_the_field(kube, crd_installed, namespace) -> None:
+    """spec.training.evaluation (#33): the cross-field rules are CEL too, so `kubectl apply` names the field."""
+    from tests.trainer_helpers import deep_update
+
+    cases = [
+        ({"everySteps": 0, "heldOutFraction": 0.2}, "spec.training.evaluation.everySteps"),
+        ({"everySteps": 10}, "spec.training.evaluation.heldOutFraction: set dataset or heldOutFraction"),
+        ({"heldOutFraction": 0.2, "dataset": {"name": "t.jsonl"}}, "spec.training.evaluation.heldOutFraction: set"),
+        ({"heldOutFraction": 1.0}, "spec.training.evaluation.heldOutFraction"),
+        ({"heldOutFraction": 0.2, "numGenerations": 4}, "spec.training.evaluation.numGenerations: greedy decoding"),
+        ({"heldOutFraction": 0.2, "passAtK": [1]}, "spec.training.evaluation.passAtK: pass@k needs decoding: sampled"),
+        ({"heldOutFraction": 0.2, "decoding": "sampled", "numGenerations": 2, "passAtK": [4]},
+         "spec.training.evaluation.passAtK: each k must be at most numGenerations"),
+        ({"heldOutFraction": 0.2, "metrics": [{"name": "blue"}]}, "spec.training.evaluation.metrics[].name must be"),
+        ({"dataset": {"name": "builtin:nope"}}, "spec.training.evaluation.dataset.name: unknown built-in dataset"),
+    ]
+    problems = []
+    best = deep_update(quickstart_doc(), {"metadata": {"name": "eval-best"},
+                                          "spec": {"checkpoint": {"keepBest": 1, "bestMetric": "eval/exact_match"}}})
+    problems.append(refusal_problem(kube, namespace, "bestMetric", best,
+                                    "spec.checkpoint.bestMetric: an evaluation metric (eval/...) needs"))
+    for i, (evaluation, expected) in enumerate(cases):
+        doc = deep_update(quickstart_doc(), {"metadata": {"name": f"eval-{i}"},
+                                             "spec": {"training": {"evaluation": evaluation}}})
+        problem = refusal_problem(kube, namespace, str(evaluation), doc, expected)
+        if problem:
+            problems.append(problem)
+    assert not [p for p in problems if p], "\n".join(p for p in problems if p)
+    good = deep_update(quickstart_doc(), {"metadata": {"name": "eval-good"}, "spec": {"training": {"evaluation": {
+        "heldOutFraction": 0.2, "everySteps": 40, "decoding": "sampled", "numGenerations": 4, "passAtK": [1, 4],
+        "metrics": [{"name": "exact_match", "kwargs": {"prefix": True}}, {"name": "rougeL"}, {"name": "m.n:f"}]}}}})
+    create_job(kube, namespace, good)
+    stored = get_job(kube, namespace, "eval-good")["spec"]["training"]["evaluation"]
+    assert stored["maxPrompts"] == 256 and stored["referenceField"] == "answer"  # the models' defaults

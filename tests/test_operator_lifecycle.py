@@ -96,8 +96,12 @@ def test_two_gpu_workers_run_on_fake_gpu_nodes(kube, namespace, operator, contro
     kubectl = [str(control_plane.bin / "kubectl"), "--kubeconfig", str(control_plane.admin_kubeconfig)]
     out = subprocess.run([*kubectl, "get", "rltj", "-n", namespace], capture_output=True, text=True, check=True)
     header, row = out.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "WORKERS", "STEP", "REWARD", "CHECKPOINTS", "AGE"]
-    assert row.split()[:6] == ["gang", "Running", "2/2", "7", "0.625", "Ephemeral"]  # no spec.checkpoint.storage
+    assert header.split() == ["NAME", "PHASE", "WORKERS", "STEP", "REWARD", "EVAL", "CHECKPOINTS", "AGE"]
+    # Cells by the header's column offsets (kubectl leaves a missing number's cell blank).
+    starts = [header.index(name) for name in header.split()]
+    cells = [row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    # No spec.training.evaluation: no Eval; no spec.checkpoint.storage: Ephemeral.
+    assert cells[:7] == ["gang", "Running", "2/2", "7", "0.625", "", "Ephemeral"]
 
 
 def test_worker_zero_completing_means_succeeded(kube, namespace, operator) -> None:

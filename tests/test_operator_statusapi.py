@@ -168,3 +168,26 @@ def test_heartbeats_build_a_bounded_finite_progress_curve(kube, namespace, runni
         response = _post(running, "st", token, {"step": 9, "reward": 9.0, "metrics": metrics})
         assert response.status_code == 400 and "metrics" in response.json()["error"], metrics
     assert (get_job(kube, namespace, "st")["status"]["progress"])["step"] == 5
+
+
+def test_a_heartbeats_evaluation_shows_in_status_with_its_best_and_a_printer_column(kube, namespace, running) -> None:
+    """Held-out evaluation (#33): the latest values, the best with its step, `kubectl get`'s Eval column."""
+    token = token_for(kube, namespace, "default", "rljob-status", pod=running["pods"]["st-worker-0"])
+    evaluation = {"metric": "eval/exact_match", "step": 40, "values": {"eval/exact_match": 0.5, "eval/rougeL": 0.7},
+                  "best_step": 20, "best_value": 0.75}
+    body = {"step": 40, "metrics": {"eval/exact_match": 0.5}, "evaluation": evaluation, "final": True}
+    assert _post(running, "st", token, body).status_code == 202
+
+    def shown() -> dict[str, Any] | None:
+        return (get_job(kube, namespace, "st")["status"].get("progress") or {}).get("evaluation")
+
+    got = wait_for(shown, 20, message="status.progress.evaluation")
+    assert got == {"metric": "eval/exact_match", "step": 40, "value": 0.5,
+                   "values": {"eval/exact_match": 0.5, "eval/rougeL": 0.7}, "bestStep": 20, "bestValue": 0.75}
+    crd = kube.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rltrainingjobs.rljob.dev")
+    columns = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Eval"] == ".status.progress.evaluation.value"
+    # A hostile evaluation (a metric name the status cannot hold) is refused whole.
+    bad = {**evaluation, "values": {"a b": 1.0}}
+    response = _post(running, "st", token, {"step": 41, "evaluation": bad})
+    assert response.status_code == 400 and "evaluation" in response.json()["error"]

@@ -182,7 +182,7 @@ def test_crd_names_subresources_and_columns() -> None:
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.workers.replicas"
     assert version["subresources"]["status"] == {}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Workers", "Step", "Reward", "Checkpoints", "Age"]
+    assert columns == ["Phase", "Workers", "Step", "Reward", "Eval", "Checkpoints", "Age"]
     conditions = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
 

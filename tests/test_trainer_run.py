@@ -111,6 +111,8 @@ def test_quickstart_two_process_reward_rises_and_reports_agree(tmp_path: Path) -
     assert summary["resumed_from"] is None
     assert summary["checkpoints"] == ["checkpoint-80", "checkpoint-120"]  # everySteps 40, keepLast 2
     assert (out / "reward_curve.png").stat().st_size > 1000
+    # No evaluation section, no evaluation (#33): nothing generated beyond training's own.
+    assert "eval" not in summary and "eval/" not in (out / "metrics.jsonl").read_text()
 
     # The metrics endpoint served the named series while training ran...
     assert len(samples) >= 3, "too few scrapes during the run"

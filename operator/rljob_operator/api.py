@@ -29,6 +29,7 @@ from rljob_trainer.config import (
     WorkersSpec,
     accumulation_for,
     check_elastic_generation,
+    check_eval_metric,
     check_generation_batch,
 )
 from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, format_validation_error
@@ -288,6 +289,10 @@ class RLTrainingJobSpec(Model):
             # The trainer checks this when it starts; the cluster should refuse it at once.
             raise ValueError(f"@training.model: unknown built-in model {model!r}; choose one of "
                              f"{', '.join(BUILTIN_MODELS)}")
+        try:
+            check_eval_metric(self.checkpoint.best_metric, self.training)
+        except ValueError as e:
+            raise ValueError(f"@checkpoint.bestMetric: {e}") from None
         if self.autoscaling.policy == ScalingPolicy.capacity and not (
             self.workers.min_replicas and self.workers.max_replicas
         ):
@@ -364,6 +369,18 @@ class CurvePoint(StatusModel):
         description="Other logged metrics of the step by their TRL names (kl, rewards/<name>/mean, ...).")
 
 
+class EvaluationProgress(StatusModel):
+    """The latest evaluation on held-out data (spec.training.evaluation) and the best so far."""
+
+    metric: str = Field(..., description="The headline metric (eval/<name>: the first of evaluation.metrics).")
+    step: int = Field(..., description="Step of the latest evaluation.")
+    value: float | None = Field(None, description="The latest value of the headline metric.")
+    values: dict[str, float] = Field(default_factory=dict, max_length=MAX_HEARTBEAT_METRICS,
+                                     description="Every metric of the latest evaluation (eval/<name>).")
+    best_step: int | None = Field(None, description="Step of the best evaluation by the headline metric.")
+    best_value: float | None = Field(None, description="Its value of the headline metric.")
+
+
 class Progress(StatusModel):
     """Training progress reported by rank 0's heartbeats (the status API)."""
 
@@ -377,6 +394,7 @@ class Progress(StatusModel):
     last_throttled: str | None = Field(
         None, description="When the status API last refused a heartbeat of one of the job's workers for the "
                           "job's heartbeat rate (RFC 3339): the worker was alive, so the stall clock counts it.")
+    evaluation: EvaluationProgress | None = Field(None, description="Held-out evaluation: latest and best.")
     curve: list[CurvePoint] = Field(
         default_factory=list, max_length=MAX_CURVE_POINTS,
         description=f"The logged steps so far, at most {MAX_CURVE_POINTS}: steps increase; when full, every second "

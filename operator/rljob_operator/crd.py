@@ -39,6 +39,7 @@ from rljob_trainer.config import (
     CUSTOM_REWARD_RE,
     MANAGED_TRL_FIELDS,
     PVC_LOCATION_RE,
+    TEXT_METRICS,
     describe_type,
     managed_message,
 )
@@ -122,6 +123,9 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             ".training.numGenerations",
         ),
         *GENERATION_RULES,
+        _rule("!self.checkpoint.bestMetric.startsWith('eval/') || has(self.training.evaluation)",
+              "spec.checkpoint.bestMetric: an evaluation metric (eval/...) needs spec.training.evaluation",
+              ".checkpoint.bestMetric"),
         _rule(
             "!has(self.autoscaling) || !has(self.autoscaling.policy) || self.autoscaling.policy != 'Capacity' || "
             "(has(self.workers.minReplicas) && has(self.workers.maxReplicas))",
@@ -157,6 +161,36 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         _rule("!has(self.generationBatchSize) || !has(self.stepsPerGeneration)",
               "spec.training.generationBatchSize: set generationBatchSize or stepsPerGeneration, not both",
               ".generationBatchSize"),
+    ],
+    "spec.training.evaluation": [
+        _rule("has(self.dataset) != has(self.heldOutFraction)",
+              "spec.training.evaluation.heldOutFraction: set dataset or heldOutFraction (exactly one)",
+              ".heldOutFraction"),
+        _rule("self.decoding == 'sampled' || self.numGenerations == 1",
+              "spec.training.evaluation.numGenerations: greedy decoding makes one completion per prompt; "
+              "set decoding: sampled for more", ".numGenerations"),
+        _rule("!has(self.passAtK) || size(self.passAtK) == 0 || self.decoding == 'sampled'",
+              "spec.training.evaluation.passAtK: pass@k needs decoding: sampled", ".passAtK"),
+        _rule("!has(self.passAtK) || self.passAtK.all(k, k <= self.numGenerations)",
+              "spec.training.evaluation.passAtK: each k must be at most numGenerations", ".passAtK"),
+    ],
+    "spec.training.evaluation.dataset": [
+        _rule(
+            f"!self.name.startsWith('builtin:') || self.name in {_cel_list(BUILTIN_DATASETS)}",
+            "spec.training.evaluation.dataset.name: unknown built-in dataset; choose one of "
+            f"{', '.join(BUILTIN_DATASETS)}",
+            ".name",
+        ),
+    ],
+    "spec.training.evaluation.metrics[]": [
+        _rule(
+            f"self.name in {_cel_list((*BUILTIN_REWARDS, *TEXT_METRICS))} || "
+            f"self.name.matches(r'{CUSTOM_REWARD_RE.pattern}')",
+            "spec.training.evaluation.metrics[].name must be a built-in reward "
+            f"({', '.join(sorted(BUILTIN_REWARDS))}), a text metric ({', '.join(TEXT_METRICS)}) or "
+            "package.module:function",
+            ".name",
+        ),
     ],
     "spec.training.dataset": [
         _rule(
@@ -354,6 +388,7 @@ CEL_BOUNDS: dict[str, dict[str, int]] = {
     "spec.training.rewards[].name": {"maxLength": 256},
     "spec.training.model": {"maxLength": 2048},
     "spec.training.dataset.name": {"maxLength": 2048},
+    "spec.training.evaluation.dataset.name": {"maxLength": 2048},
     "spec.checkpoint.storage": {"maxLength": 2048},
     "spec.checkpoint.mirrors[].location": {"maxLength": 2048},
     "spec.workers.gpuResource": {"maxLength": 253},
@@ -518,6 +553,11 @@ def crd_manifest() -> dict[str, Any]:
                         },
                         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
                         {"name": "Reward", "type": "number", "jsonPath": ".status.progress.reward"},
+                        # The headline metric of spec.training.evaluation (held-out data), latest and best.
+                        {"name": "Eval", "type": "number", "jsonPath": ".status.progress.evaluation.value",
+                         "description": "latest value of the headline evaluation metric"},
+                        {"name": "Best-Eval", "type": "number", "jsonPath": ".status.progress.evaluation.bestValue",
+                         "priority": 1},
                         # Durable or Ephemeral: a job that restarts from step 0 after a gang restart shows it.
                         {"name": "Checkpoints", "type": "string",
                          "jsonPath": '.status.conditions[?(@.type=="CheckpointsDurable")].reason'},

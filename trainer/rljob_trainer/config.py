@@ -33,7 +33,7 @@ from rljob_trainer.trl_fields import CONFIG_CLASSES, TRL_FIELDS, TRL_VERSION
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny",)
-BUILTIN_DATASETS = ("builtin:repeat-char", "builtin:add-digits")
+BUILTIN_DATASETS = ("builtin:repeat-char", "builtin:add-digits", "builtin:first-char")
 #: ``package.module:function`` — a custom reward importable inside the trainer image.
 CUSTOM_REWARD_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 
@@ -107,36 +107,45 @@ class RewardSpec(Model):
     @field_validator("name")
     @classmethod
     def _name_form(cls, v: str) -> str:
-        from rljob_trainer.builtin.rewards import BUILTIN_REWARDS
-
-        if ":" in v:
-            if not CUSTOM_REWARD_RE.match(v):
-                raise ValueError(f"{v!r} is not of the form package.module:function")
-        elif v not in BUILTIN_REWARDS:
-            raise ValueError(
-                f"unknown built-in reward {v!r}; choose one of {', '.join(sorted(BUILTIN_REWARDS))} "
-                "or give package.module:function"
-            )
-        return v
+        return check_reward_name(v)
 
     @field_validator("kwargs")
     @classmethod
     def _builtin_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
+        return check_reward_kwargs(info.data.get("name"), v)
 
-        name = info.data.get("name")
-        if name not in BUILTIN_REWARD_OPTIONS:
-            return v  # a custom function's kwargs are its own business
-        options = BUILTIN_REWARD_OPTIONS[name]
-        takes = ", ".join(options) or "no options"
-        check_options(v, options, "kwargs", unknown=f"not an option of the built-in reward {name} (it takes {takes})",
-                      adapter_owner=name)
-        if name == "regex_match" and isinstance(v.get("pattern"), str):
-            try:
-                re.compile(v["pattern"])
-            except re.error as e:
-                raise ValueError(f"@pattern: not a regular expression: {e}") from None
+
+def check_reward_name(v: str, also: tuple[str, ...] = ()) -> str:
+    """A built-in reward's name (or one of ``also``) or ``package.module:function``."""
+    from rljob_trainer.builtin.rewards import BUILTIN_REWARDS
+
+    if ":" in v:
+        if not CUSTOM_REWARD_RE.match(v):
+            raise ValueError(f"{v!r} is not of the form package.module:function")
+    elif v not in BUILTIN_REWARDS and v not in also:
+        raise ValueError(
+            f"unknown built-in {'reward or metric' if also else 'reward'} {v!r}; choose one of {', '.join(sorted((*BUILTIN_REWARDS, *also)))} "
+            "or give package.module:function"
+        )
+    return v
+
+
+def check_reward_kwargs(name: str | None, v: dict[str, Any]) -> dict[str, Any]:
+    """A built-in reward takes only its own options; a custom function's kwargs are its own business."""
+    from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
+
+    if name not in BUILTIN_REWARD_OPTIONS:
         return v
+    options = BUILTIN_REWARD_OPTIONS[name]
+    takes = ", ".join(options) or "no options"
+    check_options(v, options, "kwargs", unknown=f"not an option of the built-in reward {name} (it takes {takes})",
+                  adapter_owner=name)
+    if name == "regex_match" and isinstance(v.get("pattern"), str):
+        try:
+            re.compile(v["pattern"])
+        except re.error as e:
+            raise ValueError(f"@pattern: not a regular expression: {e}") from None
+    return v
 
 
 class LoraSpec(Model):
@@ -172,6 +181,136 @@ class LoraSpec(Model):
         targets: str | list[str] = "all-linear" if self.target_modules == ["all-linear"] else list(self.target_modules)
         return {"r": self.r, "lora_alpha": self.alpha, "lora_dropout": self.dropout, "target_modules": targets,
                 "modules_to_save": list(self.modules_to_save) or None, "task_type": "CAUSAL_LM"}
+
+
+#: Text metrics computed against a reference column (sacrebleu's corpus BLEU; rouge-score's F-measures).
+TEXT_METRICS = ("bleu", "rouge1", "rouge2", "rougeL")
+
+
+class Decoding(StrEnum):
+    greedy = "greedy"
+    sampled = "sampled"
+
+
+class EvalMetricSpec(Model):
+    """One evaluation metric: a reward function (resolved as training rewards are) or a text metric."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=256,
+        description=(
+            "A built-in reward (exact_match gives accuracy), package.module:function (as training rewards), or a "
+            "text metric against the reference column: bleu (sacrebleu's corpus BLEU, 0-100), rouge1, rouge2, "
+            "rougeL (rouge-score's mean F-measure, 0-1). Logged as eval/<name> (eval/<function> for a custom one)."
+        ),
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of a reward function (as spec.training.rewards[].kwargs).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_form(cls, v: str) -> str:
+        return check_reward_name(v, also=TEXT_METRICS)
+
+    @field_validator("kwargs")
+    @classmethod
+    def _options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if info.data.get("name") in TEXT_METRICS and v:
+            raise ValueError(f"the text metric {info.data['name']} takes no kwargs")
+        return check_reward_kwargs(info.data.get("name"), v)
+
+    def label(self) -> str:
+        """The metric's name in logs, without the ``eval/`` prefix."""
+        return self.name.split(":", 1)[1] if ":" in self.name else self.name
+
+
+class EvaluationSpec(Model):
+    """Evaluation on held-out prompts: during training, at the end, and by ``rljob evaluate``."""
+
+    dataset: DatasetSpec | None = Field(
+        None,
+        description=(
+            "Evaluation prompts, in the forms of spec.training.dataset (built-in task, file, s3:// object, "
+            "datasets-library name with its split, for example test). Set this or heldOutFraction."
+        ),
+    )
+    held_out_fraction: float | None = Field(
+        None, gt=0, lt=1,
+        description=(
+            "Hold out this fraction of the training data's distinct prompts for evaluation (a prompt is held out "
+            "with every row that has it): training never sees them. Set this or dataset."
+        ),
+    )
+    held_out_seed: int = Field(0, ge=0, description="Seed of the held-out split (fixed, so trials compare).")
+    every_steps: int | None = Field(
+        None, ge=1, description="Evaluate every N optimizer steps; the final model is always evaluated.",
+    )
+    at_start: bool = Field(True, description="Also evaluate the model before the first step (a baseline).")
+    max_prompts: int = Field(256, ge=1, le=100_000, description="Evaluate on at most this many prompts (the first).")
+    reference_field: str = Field(
+        "answer", min_length=1, description="Column holding the reference text of the text metrics.",
+    )
+    decoding: Decoding = Field(
+        Decoding.greedy,
+        description="greedy (one deterministic completion per prompt) or sampled (numGenerations at temperature).",
+    )
+    num_generations: int = Field(1, ge=1, le=256, description="Completions per prompt when sampled.")
+    temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature when sampled.")
+    pass_at_k: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list, max_length=16,
+        description=(
+            "When sampled: also log eval/<metric>/pass_at_<k>, the unbiased estimate that at least one of k "
+            "completions passes (value >= passThreshold), for every reward metric. Each k <= numGenerations."
+        ),
+    )
+    pass_threshold: float = Field(1.0, description="A completion passes when its reward metric reaches this.")
+    metrics: list[EvalMetricSpec] = Field(
+        default_factory=list, max_length=32,
+        description=(
+            "What to compute; the first is the headline metric (status, printer column). Default: each "
+            "training reward."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EvaluationSpec:
+        if (self.dataset is None) == (self.held_out_fraction is None):
+            raise ValueError("@heldOutFraction: set dataset or heldOutFraction (exactly one)")
+        if self.decoding == Decoding.greedy and self.num_generations != 1:
+            raise ValueError("@numGenerations: greedy decoding makes one completion per prompt; "
+                             "set decoding: sampled for more")
+        if self.pass_at_k and self.decoding == Decoding.greedy:
+            raise ValueError("@passAtK: pass@k needs decoding: sampled")
+        too_big = [k for k in self.pass_at_k if k > self.num_generations]
+        if too_big:
+            raise ValueError(f"@passAtK: k={too_big[0]} is more than numGenerations ({self.num_generations})")
+        labels = [m.label() for m in self.metrics]
+        if len(set(labels)) != len(labels):
+            raise ValueError("@metrics: two metrics have the same name")
+        return self
+
+    def metric_specs(self, rewards: list[RewardSpec]) -> list[EvalMetricSpec]:
+        """The metrics to compute: the configured ones, else each training reward (first of a name)."""
+        if self.metrics:
+            return list(self.metrics)
+        seen: dict[str, EvalMetricSpec] = {}
+        for r in rewards:
+            metric = EvalMetricSpec(name=r.name, kwargs=r.kwargs)
+            seen.setdefault(metric.label(), metric)
+        return list(seen.values())
+
+
+def check_eval_metric(name: str, training: TrainingSpec) -> None:
+    """A metric named ``eval/<name>`` must be one ``spec.training.evaluation`` logs (ValueError naming them)."""
+    if not name.startswith("eval/"):
+        return
+    evaluation = training.evaluation
+    if evaluation is None:
+        raise ValueError(f"{name!r} is an evaluation metric, but spec.training.evaluation is not set")
+    labels = [f"eval/{m.label()}" for m in evaluation.metric_specs(training.rewards)]
+    logged = labels + [f"{label}/pass_at_{k}" for label in labels for k in evaluation.pass_at_k]
+    if name not in logged:
+        raise ValueError(f"{name!r} is not logged by spec.training.evaluation; it logs {', '.join(logged)}")
 
 
 class TrainingSpec(Model):
@@ -235,6 +374,13 @@ class TrainingSpec(Model):
             "`rljob checkpoints export --merged` writes base + adapter as one model. LoRA usually wants about "
             "10x the full fine-tuning learningRate. With beta > 0 the reference model is the base model "
             "(adapters disabled), so no second copy is loaded."
+        ),
+    )
+    evaluation: EvaluationSpec | None = Field(
+        None,
+        description=(
+            "Evaluate on held-out prompts every everySteps and at the end (eval/<metric> in metrics.jsonl, "
+            "TensorBoard, Prometheus, heartbeats and summary.json). Off when absent."
         ),
     )
     trl: dict[str, Any] = Field(

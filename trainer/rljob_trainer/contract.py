@@ -212,6 +212,43 @@ def heartbeat_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/rltrainingjobs/{name}/heartbeat"
 
 
+def check_metric_names(value: dict[str, float | None] | None) -> dict[str, float | None] | None:
+    """Every name 1-64 characters of letters, digits and ``_ . : / -`` (what the status keeps)."""
+    for name in value or {}:
+        if len(name) > MAX_METRIC_NAME_LENGTH or not _METRIC_NAME_RE.match(name):
+            shown = name[:MAX_METRIC_NAME_LENGTH] + ("…" if len(name) > MAX_METRIC_NAME_LENGTH else "")
+            raise ValueError(f"metric name {shown!r} must be 1-{MAX_METRIC_NAME_LENGTH} characters of "
+                             "letters, digits and _ . : / -")
+    return value
+
+
+class EvalReport(BaseModel):
+    """The latest evaluation (spec.training.evaluation) and the best so far by its headline metric."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    metric: str = Field(..., min_length=1, max_length=MAX_METRIC_NAME_LENGTH, pattern=METRIC_NAME_PATTERN,
+                        description="The headline metric (eval/<name>).")
+    step: int = Field(..., ge=0, description="Step of the latest evaluation.")
+    values: dict[str, float | None] = Field(default_factory=dict, max_length=MAX_HEARTBEAT_METRICS,
+                                            description="Its values by metric name (eval/<name>).")
+    best_step: int | None = Field(None, ge=0, description="Step of the best evaluation by the headline metric.")
+    best_value: float | None = Field(None, description="Its value of the headline metric.")
+
+    @field_validator("values")
+    @classmethod
+    def _metric_names(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        check_metric_names(value)
+        return value
+
+    def wire(self) -> dict[str, Any]:
+        body = self.model_dump()
+        body["values"] = {k: v for k, v in self.values.items() if v is not None and math.isfinite(v)}
+        if body["best_value"] is not None and not math.isfinite(body["best_value"]):
+            body["best_value"] = None
+        return body
+
+
 class HeartbeatBody(BaseModel):
     """The JSON body rank 0 posts (``rljob_trainer.heartbeat``) and the status API validates.
 
@@ -234,16 +271,12 @@ class HeartbeatBody(BaseModel):
     metrics: dict[str, float | None] | None = Field(
         None, max_length=MAX_HEARTBEAT_METRICS,
         description="Other metrics of the logged step by their TRL names (kl, rewards/<name>/mean, ...).")
+    evaluation: EvalReport | None = Field(None, description="The latest evaluation and the best so far.")
 
     @field_validator("metrics")
     @classmethod
     def _metric_names(cls, value: dict[str, float | None] | None) -> dict[str, float | None] | None:
-        for name in value or {}:
-            if len(name) > MAX_METRIC_NAME_LENGTH or not _METRIC_NAME_RE.match(name):
-                shown = name[:MAX_METRIC_NAME_LENGTH] + ("…" if len(name) > MAX_METRIC_NAME_LENGTH else "")
-                raise ValueError(f"metric name {shown!r} must be 1-{MAX_METRIC_NAME_LENGTH} characters of "
-                                 "letters, digits and _ . : / -")
-        return value
+        return check_metric_names(value)
 
     def wire(self) -> dict[str, Any]:
         """The JSON object to send (``warnings``/``metrics`` only when there are any, as older operators expect).
@@ -252,13 +285,15 @@ class HeartbeatBody(BaseModel):
         would cost the whole heartbeat).
         """
         exclude = set() if self.warnings else {"warnings"}
-        body = self.model_dump(exclude=exclude | {"metrics"})
+        body = self.model_dump(exclude=exclude | {"metrics", "evaluation"})
         for key in ("reward", "loss", "best_metric"):
             if body[key] is not None and not math.isfinite(body[key]):
                 body[key] = None
         finite = {k: v for k, v in (self.metrics or {}).items() if v is not None and math.isfinite(v)}
         if finite:
             body["metrics"] = finite
+        if self.evaluation is not None:
+            body["evaluation"] = self.evaluation.wire()
         return body
 
 

@@ -93,6 +93,7 @@ class Heartbeat:
         self.warnings: list[str] = _warnings_from_env()
         self.best_checkpoint: str | None = None  # best kept checkpoint by spec.checkpoint.bestMetric
         self.best_metric: float | None = None  # its value of that metric
+        self.evaluation: dict[str, Any] | None = None  # the latest evaluation's EvalReport, sent with every heartbeat
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=64)
         self._rng = random.Random()
         self._delivering = threading.Event()  # set while a heartbeat is being sent or retried
@@ -111,14 +112,14 @@ class Heartbeat:
                    os.environ.get(POD_NAME_ENV))
 
     def send(self, *, step: int, reward: float | None, loss: float | None, final: bool = False,
-             metrics: dict[str, float] | None = None) -> None:
+             metrics: dict[str, float] | None = None, evaluation: dict[str, Any] | None = None) -> None:
         """Queue a heartbeat (the contract's ``HeartbeatBody``); one the status API would refuse is logged."""
         try:
             body = HeartbeatBody(
                 step=step, reward=reward, loss=loss, checkpoint=self.checkpoint,
                 best_checkpoint=self.best_checkpoint, best_metric=self.best_metric, pod=self.pod,
                 final=final, time=time.time(), warnings=self.warnings[:MAX_HEARTBEAT_WARNINGS],
-                metrics=metrics or None,
+                metrics=metrics or None, evaluation=evaluation or self.evaluation,
             ).wire()
         except ValidationError as e:  # a heartbeat never stops training
             log.warning("heartbeat: not sent, invalid: %s", e)

@@ -85,6 +85,13 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
 
     resolve_rewards(cfg.training.rewards)
     check_dataset_source(cfg.training.dataset)
+    evaluation = cfg.training.evaluation
+    if evaluation is not None:  # its reward metrics import, its dataset file exists
+        from rljob_trainer.evaluation import Scorer
+
+        Scorer(evaluation, cfg.training.rewards)
+        if evaluation.dataset is not None:
+            check_dataset_source(evaluation.dataset, "spec.training.evaluation.dataset")
     # spec.training.trl was checked against TRL's config fields when the config was loaded
     # (trl_fields.TRL_FIELDS, generated from the installed TRL); each rank checks it against the
     # class itself again. Importing TRL here would cost every node ~15 s of start-up (trl pulls

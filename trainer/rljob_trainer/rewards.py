@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rljob_trainer.builtin.rewards import BUILTIN_REWARDS
-from rljob_trainer.config import RewardSpec
+from rljob_trainer.config import EvalMetricSpec, RewardSpec
 from rljob_trainer.errors import PermanentError, is_cuda_oom
 
 
@@ -18,9 +18,10 @@ class RewardFunctionError(PermanentError):
     """A reward function raised, or returned something other than one number per completion."""
 
 
-def import_reward(spec: RewardSpec, index: int) -> Callable[..., Any]:
-    """The callable behind ``spec.name``; a PermanentError naming the field when it cannot be had."""
-    where = f"spec.training.rewards[{index}].name"
+def import_reward(spec: RewardSpec | EvalMetricSpec, index: int, where: str | None = None) -> Callable[..., Any]:
+    """The callable behind ``spec.name``; a PermanentError naming the field (``where``, by default the
+    training reward's) when it cannot be had."""
+    where = where or f"spec.training.rewards[{index}].name"
     if ":" not in spec.name:
         return BUILTIN_REWARDS[spec.name]
     module_name, func_name = spec.name.split(":", 1)

@@ -4,7 +4,8 @@ Series (all prefixed ``rljob_trainer_``): ``step``, ``reward`` (mean total rewar
 ``reward_std``, ``reward_mean{reward=...}`` / ``reward_std_by_function{reward=...}`` per reward
 function, ``loss``, ``step_seconds``, ``tokens_per_second``, ``kl`` (when beta > 0),
 ``gpu_utilization_ratio`` and ``gpu_memory_bytes`` (when a GPU is present), ``last_checkpoint_step``,
-``checkpoint_upload_failures_total`` and ``last_checkpoint_upload_timestamp_seconds`` (object storage).
+``checkpoint_upload_failures_total`` and ``last_checkpoint_upload_timestamp_seconds`` (object storage),
+``eval{metric=...}`` and ``eval_step`` (spec.training.evaluation).
 ``/healthz`` answers 200 while the process lives; ``/readyz`` once the first step is logged.
 """
 
@@ -67,6 +68,9 @@ class TrainerMetrics:
             "rljob_trainer_last_checkpoint_upload_timestamp_seconds",
             "Unix time the newest checkpoint became complete on the primary object storage.", registry=r
         )
+        self.eval = Gauge("rljob_trainer_eval", "Latest evaluation value per metric (spec.training.evaluation).",
+                          ["metric"], registry=r)
+        self.eval_step = Gauge("rljob_trainer_eval_step", "Step of the latest evaluation.", registry=r)
         self.ready = threading.Event()
         self._server: WSGIServer | None = None
         self.port: int | None = None
@@ -116,6 +120,12 @@ class TrainerMetrics:
             self.tokens_per_second.set(tokens_per_second)
         self._observe_gpus()
         self.ready.set()
+
+    def observe_eval(self, step: int, values: dict[str, float]) -> None:
+        """An evaluation's values, labelled by metric name without the ``eval/`` prefix."""
+        self.eval_step.set(step)
+        for name, value in values.items():
+            self.eval.labels(metric=name.removeprefix("eval/")).set(float(value))
 
     def _observe_gpus(self) -> None:
         import torch

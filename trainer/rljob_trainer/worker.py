@@ -171,20 +171,21 @@ class Inputs:
     model_path: str
     tokenizer: Any
     peft_config: Any = None
+    eval_dataset: Any = None  # spec.training.evaluation's prompts (None: no evaluation)
 
 
 def prepare_inputs(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use_cpu: bool) -> Inputs:
     """Build the TRL config, the rewards, the prompt dataset and the tokenizer (errors name the spec field)."""
     from transformers import AutoTokenizer
 
-    from rljob_trainer.data import load_prompts
+    from rljob_trainer.data import training_and_eval_prompts
     from rljob_trainer.rewards import resolve_rewards
 
     # transformers 5 reads the TensorBoard folder from the environment only.
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
     args = build_trl_config(cfg, config_cls, checkpoint_dir, use_cpu)
     reward_funcs, _ = resolve_rewards(cfg.training.rewards)
-    dataset = load_prompts(cfg.training.dataset, cfg.training.seed, os.path.join(cfg.output_dir, ".cache"))
+    dataset, eval_dataset = training_and_eval_prompts(cfg.training, os.path.join(cfg.output_dir, ".cache"))
     model_path = resolve_model(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -192,7 +193,7 @@ def prepare_inputs(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use
         raise PermanentError("spec.training.model", f"cannot load tokenizer from {model_path!r}: {e}") from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Inputs(args, reward_funcs, dataset, model_path, tokenizer, peft_config(cfg))
+    return Inputs(args, reward_funcs, dataset, model_path, tokenizer, peft_config(cfg), eval_dataset)
 
 
 def peft_config(cfg: TrainerConfig) -> Any:
@@ -234,9 +235,36 @@ def checkpoint_callback(publisher: Any) -> Any:
                 return
             recent = [h for h in state.log_history if "reward" in h]
             metrics_now = {"reward": float(recent[-1]["reward"])} if recent else {}
+            metrics_now.update(latest_eval(state.log_history))  # eval/<metric>: keepBest may rank by one
             publisher.save(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step, metrics_now)
 
     return PublishCheckpoint()
+
+
+def latest_eval(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """The latest evaluation's values (``eval/<metric>``), empty when none ran."""
+    from rljob_trainer.evaluation import eval_history
+
+    history = eval_history(log_history)
+    return {k: float(v) for k, v in history[-1].items() if k.startswith("eval/")} if history else {}
+
+
+def evaluation_callbacks(cfg: TrainerConfig, inputs: Inputs, metrics: Any, heartbeat: Any,
+                         metrics_log: Path | None) -> tuple[list[Any], str | None]:
+    """([the evaluation callback], its headline metric), or ([], None) without spec.training.evaluation."""
+    evaluation = cfg.training.evaluation
+    if evaluation is None or inputs.eval_dataset is None:
+        return [], None
+    from rljob_trainer.evaluation import EvalReporter, EvalSet, Scorer, evaluation_callback
+
+    scorer = Scorer(evaluation, cfg.training.rewards)
+    reporter = None
+    if metrics_log is not None:  # rank 0
+        reporter = EvalReporter(metrics, heartbeat, metrics_log, os.environ.get("TENSORBOARD_LOGGING_DIR"),
+                                scorer.headline)
+    callback = evaluation_callback(evaluation, EvalSet.from_dataset(inputs.eval_dataset), scorer, inputs.tokenizer,
+                                   cfg.training.max_completion_length, cfg.training.seed, reporter)
+    return [callback], scorer.headline
 
 
 def gather_rank_files(ckpt_dir: Path, rank: int, dist: Any) -> None:
@@ -290,7 +318,8 @@ def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callback
 
 
 def write_run_summary(
-    cfg: TrainerConfig, trainer: Any, publisher: Any, resume: Path | None, started: float, heartbeat: Any
+    cfg: TrainerConfig, trainer: Any, publisher: Any, resume: Path | None, started: float, heartbeat: Any,
+    eval_metric: str | None = None,
 ) -> dict[str, Any]:
     """Rank 0's end of run: wait (bounded) for the last uploads, write summary.json, send the final heartbeat."""
     from rljob_trainer.checkpoints.manifest import atomic_write_text
@@ -307,6 +336,10 @@ def write_run_summary(
         wall_seconds=time.time() - started,
     )
     summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
+    if eval_metric is not None:
+        from rljob_trainer.evaluation import eval_summary
+
+        summary["eval"] = eval_summary(trainer.state.log_history, eval_metric)
     summary["peak_memory_bytes"] = peak_memory_bytes()
     atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
     if heartbeat is not None:
@@ -358,7 +391,8 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
                                                  metrics=metrics, heartbeat=heartbeat,
                                                  base_model=base_identity(inputs.model_path) if inputs.peft_config else None)
     metrics_log = Path(cfg.output_dir) / METRICS_LOG if rank == 0 else None
-    callbacks = [TelemetryCallback(metrics, heartbeat, metrics_log), checkpoint_callback(publisher),
+    evaluate, eval_metric = evaluation_callbacks(cfg, inputs, metrics, heartbeat, metrics_log)
+    callbacks = [TelemetryCallback(metrics, heartbeat, metrics_log), *evaluate, checkpoint_callback(publisher),
                  stop_on_signal_callback(STOP)]
     trainer = build_trainer(cfg, trainer_cls, inputs, callbacks)
     if resume is not None and rank == 0:
@@ -366,7 +400,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     summary = None
     if trainer.is_world_process_zero() and publisher is not None:
-        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat)
+        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric)
     if metrics is not None:
         metrics.shutdown()
     finish_together()

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from rljob_trainer.config import Model, TrainingSpec
+from rljob_trainer.config import Model, TrainingSpec, check_eval_metric
 from rljob_trainer.contract import format_validation_error
 
 from rljob_operator.api import (
@@ -360,6 +360,14 @@ class RLExperimentSpec(Model):
         if problems:
             raise ValidationError.from_exception_data("search", problems)
         return search
+
+    @model_validator(mode="after")
+    def _eval_objective_logged(self) -> RLExperimentSpec:
+        try:
+            check_eval_metric(self.objective.metric, self.template.training)
+        except ValueError as e:
+            raise ValueError(f"@objective.metric: {e} (in template)") from None
+        return self
 
     @model_validator(mode="after")
     def _arms_or_search(self) -> RLExperimentSpec:

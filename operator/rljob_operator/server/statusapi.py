@@ -64,7 +64,7 @@ from aiohttp import web
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
-from rljob_trainer.contract import HeartbeatBody, heartbeat_path
+from rljob_trainer.contract import EvalReport, HeartbeatBody, heartbeat_path
 
 from rljob_operator import metrics
 from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -153,6 +153,16 @@ class _TTLCache:
         if len(self._items) >= self.size:
             self._items.clear()
         self._items[key] = (time.monotonic() + self.seconds, value)
+
+
+def evaluation_progress(report: EvalReport) -> dict[str, Any]:
+    """``status.progress.evaluation`` from a heartbeat's evaluation: finite numbers only (JSON has no NaN; a
+    ``None`` removes the field in the merge patch)."""
+    values = report.wire()["values"]
+    latest = values.get(report.metric)
+    best = report.best_value if report.best_value is not None and math.isfinite(report.best_value) else None
+    return {"metric": report.metric, "step": report.step, "value": latest, "values": values,
+            "bestStep": report.best_step, "bestValue": best}
 
 
 class ProgressWriter:
@@ -495,6 +505,8 @@ class StatusAPI:
             # JSON has no NaN or infinity: such a value would make the API server refuse the whole patch.
             if value is not None and (not isinstance(value, float) or math.isfinite(value)):
                 progress[key] = value
+        if body.evaluation is not None:
+            progress["evaluation"] = evaluation_progress(body.evaluation)
         point = curve_point(body.step, body.reward, body.loss, body.metrics)
         try:
             await self.writer.submit(namespace, name, progress, body.final, point)

@@ -5,6 +5,10 @@
   ``target``. Reward it with ``repeat_char`` (or ``exact_match`` with ``prefix: true``).
   A randomly initialised tiny model scores about 0.03; a trained one close to 1.0.
 * ``builtin:add-digits`` — ``"3+4="`` → ``"7"``. Columns: ``prompt``, ``answer``.
+* ``builtin:first-char`` — the prompt is six random characters (``"cafbed"``); the best completion
+  repeats its first (``"cccccc"``). Columns as repeat-char's. 6^6 distinct prompts, so a held-out
+  split (``spec.training.evaluation.heldOutFraction``) tests a rule learnt, not prompts remembered; an
+  untrained model's greedy completion repeats the last character, right by chance (1 in 6).
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ def repeat_char_rows(size: int, seed: int) -> list[dict[str, str]]:
     return rows
 
 
+def first_char_rows(size: int, seed: int) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(size):
+        prompt = "".join(rng.choice(REPEAT_CHARS) for _ in range(REPEAT_PROMPT_LEN))
+        rows.append({"prompt": prompt, "answer": prompt[0] * REPEAT_PROMPT_LEN, "target": prompt[0]})
+    return rows
+
+
 def add_digits_rows(size: int, seed: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
     rows = []
@@ -36,6 +49,7 @@ def add_digits_rows(size: int, seed: int) -> list[dict[str, str]]:
 BUILTIN_TASKS = {
     "builtin:repeat-char": repeat_char_rows,
     "builtin:add-digits": add_digits_rows,
+    "builtin:first-char": first_char_rows,
 }
 
 
