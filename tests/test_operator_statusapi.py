@@ -79,6 +79,33 @@ def test_heartbeats_need_a_token_bound_to_a_worker_of_that_job(kube, namespace, 
     assert 'rljob_operator_heartbeats_total{result="forbidden"} 2.0' in metrics
 
 
+def test_a_heartbeat_speaks_only_for_a_pod_its_job_controls_by_uid(kube, namespace, running) -> None:
+    """A label anyone may set is not identity (issue #30, point 5): the token's pod must be controlled by the
+    job, by its UID."""
+    worker = running["pods"]["st-worker-0"]
+    job_uid = get_job(kube, namespace, "st")["metadata"]["uid"]
+
+    def tenant_pod(name: str, owner_uid: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "labels": dict(worker["metadata"]["labels"])}  # every worker label
+        if owner_uid is not None:
+            meta["ownerReferences"] = [{"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st",
+                                        "uid": owner_uid, "controller": True}]
+        return kube.request("POST", kube.core_path(namespace, "pods"), {"metadata": meta, "spec": {
+            "containers": [{"name": "trainer", "image": "registry.invalid/tenant:1"}],
+            "nodeSelector": {"rljob.test/no-such-node": "x"}}})  # never runs: only its identity matters
+
+    labelled = tenant_pod("st-lookalike", None)
+    # Names job st but carries another job's uid (a live one, so the garbage collector leaves the pod be).
+    stale = tenant_pod("st-other-owner", get_job(kube, namespace, "other")["metadata"]["uid"])
+    for pod in (labelled, stale):
+        token = token_for(kube, namespace, "default", "rljob-status", pod=pod)
+        response = _post(running, "st", token)
+        assert response.status_code == 403 and "not a worker of" in response.json()["error"], response.text
+    # The same request from the operator's own worker (controlled by the job's uid) is accepted.
+    assert worker["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    assert _post(running, "st", token_for(kube, namespace, "default", "rljob-status", pod=worker)).status_code == 202
+
+
 def test_reading_status_needs_permission_to_get_that_job(kube, namespace, running) -> None:
     assert _get(running, "st", None).status_code == 401
     assert _get(running, "st", "not-a-token").status_code == 401

@@ -6,8 +6,8 @@
     ``Authorization: Bearer <projected service-account token>``. TokenReview must accept the
     token for the audience ``rljob-status``; the token must be bound to a pod (the
     ``authentication.kubernetes.io/pod-name``/``pod-uid`` extras a kubelet-projected token
-    carries), and that pod must exist with that uid in ``ns`` with label
-    ``rljob.dev/job=name``. Accepted heartbeats become the job's ``status.progress``
+    carries), and that pod must exist with that uid in ``ns``, controlled (ownerReference, by uid) by
+    the RLTrainingJob ``ns/name`` that exists now; its labels prove nothing. Accepted heartbeats become the job's ``status.progress``
     (step, reward, loss, checkpoint, bestCheckpoint, bestMetric, lastHeartbeat), written at most every
     ``flush_seconds`` per job (a ``final`` heartbeat at once); the reward, loss and ``metrics`` of
     each heartbeat become a point of ``status.progress.curve`` (bounded, finite, steps increasing;
@@ -71,7 +71,7 @@ from rljob_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.curve import curve_point, merge_curve
-from rljob_operator.names import LABEL_JOB, TOKEN_AUDIENCE
+from rljob_operator.names import TOKEN_AUDIENCE
 from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
 from rljob_operator.times import rfc3339
 
@@ -357,8 +357,8 @@ class StatusAPI:
             return None
         identity = self._reviews.get((digest, self.audience))
         pod = _pod_of(identity) if identity is not None else None
-        job = self._pods.get(pod) if pod is not None else None
-        return (pod[0], str(job)) if pod is not None and job else None
+        owner = self._pods.get(pod) if pod is not None else None
+        return (pod[0], str(owner[0])) if pod is not None and owner and owner[0] else None
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the status API's threads."""
@@ -423,12 +423,14 @@ class StatusAPI:
         self._reviews.put(key, identity)
         return identity
 
-    def _worker_job(self, namespace: str, pod_name: str, pod_uid: str) -> str:
-        """The ``rljob.dev/job`` label of pod ``namespace/pod_name`` (with uid ``pod_uid``), cached."""
+    def _worker_job(self, namespace: str, pod_name: str, pod_uid: str) -> tuple[str, str]:
+        """(name, uid) of the RLTrainingJob that controls pod ``namespace/pod_name`` (with uid ``pod_uid``),
+        from its controller ownerReference (("", "") for none), cached. Not its ``rljob.dev/job`` label: anyone
+        who may create a pod may set that."""
         key = (namespace, pod_name, pod_uid)
-        job = self._pods.get(key)
-        if job is not None:
-            return str(job)
+        owner = self._pods.get(key)
+        if owner is not None:
+            return owner  # type: ignore[no-any-return]
         try:
             pod = self._call("GET", "pods", self._core.read_namespaced_pod, pod_name, namespace)
         except ApiException as e:
@@ -438,12 +440,15 @@ class StatusAPI:
         _expect(pod, "v1", "Pod", namespace, pod_name)
         if pod_uid and pod["metadata"].get("uid") != pod_uid:
             raise Denied(403, f"the token's pod {namespace}/{pod_name} no longer exists")
-        job = str((pod["metadata"].get("labels") or {}).get(LABEL_JOB, ""))
-        self._pods.put(key, job)
-        return job
+        ref: dict[str, Any] = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), {})
+        owned = ref.get("kind") == KIND and str(ref.get("apiVersion", "")).split("/")[0] == GROUP
+        owner = (str(ref.get("name", "")), str(ref.get("uid", ""))) if owned else ("", "")
+        self._pods.put(key, owner)
+        return owner
 
     def _check_worker(self, identity: Identity, namespace: str, name: str) -> None:
-        """The token's pod must be a worker of ``namespace/name``."""
+        """The token's pod must be a worker of ``namespace/name``: controlled by that job, by its UID (a job
+        deleted and made again under the name is another job; a pod that only carries the label is no worker)."""
         if not identity.username.startswith(SA_PREFIX):
             raise Denied(403, "heartbeats need a service-account token")
         pod = _pod_of(identity)
@@ -452,8 +457,26 @@ class StatusAPI:
         sa_namespace, pod_name, pod_uid = pod
         if sa_namespace != namespace:
             raise Denied(403, f"pod {sa_namespace}/{pod_name} is not a worker of {namespace}/{name}")
-        if self._worker_job(namespace, pod_name, pod_uid) != name:
+        owner, owner_uid = self._worker_job(namespace, pod_name, pod_uid)
+        if owner != name:
             raise Denied(403, f"pod {namespace}/{pod_name} is not a worker of {namespace}/{name}")
+        job = self._cached_job(namespace, name)
+        if job is None:
+            raise Denied(404, f"{KIND} {namespace}/{name} not found")
+        if job["metadata"].get("uid") != owner_uid:
+            raise Denied(403, f"pod {namespace}/{pod_name} is not a worker of {namespace}/{name} (it belongs "
+                              "to another job of that name)")
+
+    def _cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job, read at most once per ``CACHE_SECONDS`` (its uid: whose pods may speak for it, and on
+        which its Events are)."""
+        key = (namespace, name)
+        job = self._jobs.get(key)
+        if job is None:
+            job = self._read_job(namespace, name)
+            if job is not None:
+                self._jobs.put(key, job)
+        return job  # type: ignore[no-any-return]
 
     def _check_may_get(self, identity: Identity, namespace: str, name: str) -> None:
         body = k8s.V1SubjectAccessReview(
@@ -542,16 +565,12 @@ class StatusAPI:
         more Events than its rate (``cluster.events``), whatever they send. The job (for its uid) is
         read at most once per ``CACHE_SECONDS``, however many heartbeats carry warnings.
         """
-        key = (namespace, name)
-        job = self._jobs.get(key)
+        try:
+            job = self._cached_job(namespace, name)
+        except Denied:
+            return
         if job is None:
-            try:
-                job = self._read_job(namespace, name)
-            except Denied:
-                return
-            if job is None:
-                return
-            self._jobs.put(key, job)
+            return
         now, clock = rfc3339(datetime.now(UTC)), time.monotonic()
         for message in warnings:
             try:
