@@ -97,8 +97,17 @@ def test_a_heartbeat_speaks_only_for_a_pod_its_job_controls_by_uid(kube, namespa
     labelled = tenant_pod("st-lookalike", None)
     # Names job st but carries another job's uid (a live one, so the garbage collector leaves the pod be).
     stale = tenant_pod("st-other-owner", get_job(kube, namespace, "other")["metadata"]["uid"])
+    def authenticated(token: str) -> bool:
+        """The API server authenticates a token bound to a pod once its own caches hold the pod (a moment
+        after the create, longer on a busy machine); asked first, the status API would remember a 401."""
+        review = kube.request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": ["rljob-status"]}})
+        return bool((review.get("status") or {}).get("authenticated"))
+
     for pod in (labelled, stale):
         token = token_for(kube, namespace, "default", "rljob-status", pod=pod)
+        wait_for(lambda token=token: authenticated(token), 30, message="the tenant pod's token authenticated")
         response = _post(running, "st", token)
         assert response.status_code == 403 and "not a worker of" in response.json()["error"], response.text
     # The same request from the operator's own worker (controlled by the job's uid) is accepted.
