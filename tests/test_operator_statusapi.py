@@ -85,11 +85,17 @@ def test_a_heartbeat_speaks_only_for_a_pod_its_job_controls_by_uid(kube, namespa
     worker = running["pods"]["st-worker-0"]
     job_uid = get_job(kube, namespace, "st")["metadata"]["uid"]
 
+    # The tenant's pods are controlled by something (else the operator deletes them as orphans carrying the
+    # job's label, which would end the attack early but is not what refuses it).
+    mine = kube.request("POST", kube.core_path(namespace, "configmaps"), {"metadata": {"name": "tenant-owner"}})
+
     def tenant_pod(name: str, owner_uid: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name, "labels": dict(worker["metadata"]["labels"])}  # every worker label
-        if owner_uid is not None:
-            meta["ownerReferences"] = [{"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st",
-                                        "uid": owner_uid, "controller": True}]
+        meta["ownerReferences"] = [
+            {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st", "uid": owner_uid,
+             "controller": True} if owner_uid is not None else
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "tenant-owner", "uid": mine["metadata"]["uid"],
+             "controller": True}]
         return kube.request("POST", kube.core_path(namespace, "pods"), {"metadata": meta, "spec": {
             "containers": [{"name": "trainer", "image": "registry.invalid/tenant:1"}],
             "nodeSelector": {"rljob.test/no-such-node": "x"}}})  # never runs: only its identity matters
