@@ -124,13 +124,8 @@ def _replace_in_place(ctx: Situation, d: StatusDraft, fault: Fault, events: list
     replaced pods' UIDs go to ``lastFailure.replacedPods`` first, so a later reconcile that still
     sees a replaced pod (the watch lags, the operator restarted) takes it for stale, not a new failure.
     """
-    policy, prev, name = ctx.job.spec.run_policy, ctx.prev, ctx.job.metadata.name
-    if fault.verdict.disruption:
-        d.disruptions = prev.disruptions + 1
-        counted = "a disruption, not counted against backoffLimit"
-    else:
-        d.restarts = prev.restarts + 1
-        counted = f"restart {d.restarts} of backoffLimit {policy.backoff_limit}"
+    prev, name = ctx.prev, ctx.job.metadata.name
+    counted = _count(ctx, d, fault)
     pods = [ctx.by_index[i] for i in faulty if i in ctx.by_index]
     assert d.last_failure is not None
     d.last_failure["replacedPods"] = [p.uid for p in pods if p.uid]
@@ -154,14 +149,8 @@ def _restart_gang(ctx: Situation, d: StatusDraft, fault: Fault, events: list[Eve
     """Delete the whole gang and start it again as the next generation, after the backoff."""
     policy, prev, now = ctx.job.spec.run_policy, ctx.prev, ctx.now
     gen = d.generation + 1
-    if fault.verdict.disruption:
-        d.disruptions = prev.disruptions + 1
-        delay = 0.0
-        counted = "a disruption, not counted against backoffLimit"
-    else:
-        d.restarts = prev.restarts + 1
-        delay = backoff_seconds(ctx.job, d.restarts)
-        counted = f"restart {d.restarts} of backoffLimit {policy.backoff_limit}"
+    counted = _count(ctx, d, fault)
+    delay = 0.0 if fault.verdict.disruption else backoff_seconds(ctx.job, d.restarts)
     if policy.oom_recovery and is_oom(fault.reason):
         events = events + [_oom_recovery(ctx, d, fault.worker)]
     d.generation, d.gang_start_time = gen, None
@@ -178,6 +167,15 @@ def _restart_gang(ctx: Situation, d: StatusDraft, fault: Fault, events: list[Eve
         requeue_after=max(min(delay, WAIT_REQUEUE_SECONDS), 0.01),
         gang_restart=fault.reason,
     )
+
+
+def _count(ctx: Situation, d: StatusDraft, fault: Fault) -> str:
+    """Count a restart of the gang or of some of its workers in ``d``; says how it was counted."""
+    if fault.verdict.disruption:
+        d.disruptions = ctx.prev.disruptions + 1
+        return "a disruption, not counted against backoffLimit"
+    d.restarts = ctx.prev.restarts + 1
+    return f"restart {d.restarts} of backoffLimit {ctx.job.spec.run_policy.backoff_limit}"
 
 
 def _oom_recovery(ctx: Situation, d: StatusDraft, worker: str) -> Event:
