@@ -423,6 +423,7 @@ class AuditLog:
                 "t": received,
                 # Server side, from authentication to the response (API Priority and Fairness queueing included).
                 "latency": datetime.fromisoformat(event["stageTimestamp"]).timestamp() - received if done else None,
+                "name": ref.get("name"), "namespace": ref.get("namespace"),
                 "verb": event["verb"], "resource": resource,
                 "code": (event.get("responseStatus") or {}).get("code"),
                 "client": "kopf" if "kopf" in (event.get("userAgent") or "") else "reconciler",

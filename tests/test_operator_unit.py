@@ -1065,6 +1065,30 @@ def test_the_watch_queues_a_job_for_every_event_but_the_operators_own_status_wri
     assert queued == [("ns", "j")] * 3 and watch.jobs.get(("ns", "j")) is None and ("ns", "j") not in watch.known
 
 
+def test_a_new_job_is_queued_as_urgent_a_job_with_a_status_as_an_event() -> None:
+    """Creating a gang is a gang decision: in a burst, new jobs are not served after the Running
+    writes (urgent) of the gangs created before them (bench/burst_floor.py)."""
+    from kubernetes.client import Configuration
+    from rljob_operator.cluster.handlers import JobWatch
+
+    queued: list[dict[str, Any]] = []
+    watch = JobWatch(Configuration(), lambda key, **kw: queued.append({"key": key, **kw}), lambda key: None)
+    handler = next(h for h in watch.registry._watching.get_all_handlers() if h.id == "rltrainingjob_event")
+    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1", "generation": 1}, "spec": {}}
+
+    def event(type: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        asyncio.run(handler.fn(type=type, name="j", namespace="ns", event={"type": type, "object": body},
+                               worker_pods={}))
+        return queued[-1]
+
+    assert event("ADDED", job) == {"key": ("ns", "j"), "urgent": True}
+    assert event("MODIFIED", {**job, "status": None}) == {"key": ("ns", "j"), "urgent": True}  # null: none yet
+    edited = {**job, "metadata": {**job["metadata"], "resourceVersion": "3", "generation": 2},
+              "status": {"phase": "Running"}}
+    assert event("MODIFIED", edited) == {"key": ("ns", "j"), "urgent": False}
+    assert event("DELETED", edited) == {"key": ("ns", "j"), "urgent": False}
+
+
 def test_a_pod_event_that_only_changes_the_status_is_queued_a_moment_later_a_decisive_one_at_once() -> None:
     from kubernetes.client import Configuration
     from rljob_operator.cluster.handlers import STATUS_NEWS_SECONDS, JobWatch

@@ -148,7 +148,7 @@ class JobWatch:
             self.pod_index = kw[POD_INDEX]
             key, deleted = (namespace or "", name), type == "DELETED"
             quiet = self.jobs.seen(key, None if deleted else dict(event["object"]))
-            self.job_changed(key, deleted=deleted, quiet=quiet)
+            self.job_changed(key, deleted=deleted, quiet=quiet, new=not deleted and not event["object"].get("status"))
 
         @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry,
                        id="worker_pod_event")
@@ -208,16 +208,18 @@ class JobWatch:
             if any((pod.get("spec") or {}).get("nodeName") == name for pod in list(pods)):
                 self.enqueue(key, urgent=True)
 
-    def job_changed(self, key: Key, deleted: bool, quiet: bool = False) -> None:
+    def job_changed(self, key: Key, deleted: bool, quiet: bool = False, new: bool = False) -> None:
         """``quiet``: the event queues nothing now (``JobCache.seen``: this operator's own status write, or
-        held for the end of the job's running reconcile)."""
+        held for the end of the job's running reconcile). ``new``: a job no reconcile has written a
+        status for yet: creating its gang is a gang decision, queued as urgent, so that in a burst new
+        jobs are not served after the Running writes of the gangs created before them."""
         if deleted:
             self.known.discard(key)
             self.forget(key)
         else:
             self.known.add(key)
         if not quiet:
-            self.enqueue(key)  # a deleted job is reconciled once more: it clears its metrics
+            self.enqueue(key, urgent=new)  # a deleted job is reconciled once more: it clears its metrics
 
     async def resync(self, every: float) -> None:
         """Queue every known job every ``every`` seconds, behind the jobs that events brought."""
