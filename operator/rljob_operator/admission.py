@@ -52,6 +52,13 @@ def _item(obj: str, keys: list[str], label: str, ref: Reference) -> tuple[str, s
     return cond, "{" + ", ".join(fields) + "}"
 
 
+def _item_label(label: str, keys: list[str], var: str) -> str:
+    """CEL: the field of list item ``var`` at ``keys`` (``….volumes[name=creds]``, ``….envFrom[]``)."""
+    key = _LABELS.get(keys[-1], "name")
+    where = f"{label} + '.{'.'.join(keys)}["
+    return where + (f"{key}=' + (has({var}.{key}) ? string({var}.{key}) : '') + ']'" if key else "]'")
+
+
 def _list(obj: str, parts: list[str], label: str, ref: Reference, depth: int) -> str:
     """CEL: the references at ``obj.parts`` as a list of maps (``parts`` has at most one list)."""
     at = next((i for i, p in enumerate(parts) if p.endswith("[]")), None)
@@ -60,10 +67,7 @@ def _list(obj: str, parts: list[str], label: str, ref: Reference, depth: int) ->
         return f"({cond} ? [{item}] : [])"
     keys = [*parts[:at], parts[at][:-2]]
     var = f"x{depth}"
-    key = _LABELS.get(keys[-1], "name")
-    where = f"{label} + '.{'.'.join(keys)}["
-    where += f"{key}=' + (has({var}.{key}) ? string({var}.{key}) : '') + ']'" if key else "]'"
-    cond, item = _item(var, parts[at + 1:], where, ref)
+    cond, item = _item(var, parts[at + 1:], _item_label(label, keys, var), ref)
     return f"({_has(obj, keys)} ? {obj}.{'.'.join(keys)}.filter({var}, {cond}).map({var}, {item}) : [])"
 
 
@@ -75,10 +79,7 @@ def groups(ref: Reference) -> str:
     if len(lists) < 2:
         return f"[{_list(root, parts, label, ref, 0)}]"
     outer = [*parts[: lists[0]], parts[lists[0]][:-2]]
-    key = _LABELS.get(outer[-1], "name")
-    where = f"{label} + '.{'.'.join(outer)}["
-    where += f"{key}=' + (has(y.{key}) ? string(y.{key}) : '') + ']'" if key else "]'"
-    inner = _list("y", parts[lists[0] + 1:], where, ref, 1)
+    inner = _list("y", parts[lists[0] + 1:], _item_label(label, outer, "y"), ref, 1)
     return f"({_has(root, outer)} ? {root}.{'.'.join(outer)}.map(y, {inner}) : [])"
 
 

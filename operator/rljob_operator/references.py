@@ -1,4 +1,4 @@
-"""The one table of references: which fields of a job name a Secret, ConfigMap, ServiceAccount or claim.
+"""The one table of references: which fields of a job name a Secret, ConfigMap, ServiceAccount, claim, ….
 
 A job grants nothing beyond its creator's rights, so every field through which it names another
 object of the namespace is listed here, once. From this table come:
@@ -30,6 +30,7 @@ SERVICE_ACCOUNT = "ServiceAccount"
 CLAIM = "PersistentVolumeClaim"
 RESOURCE_CLAIM = "ResourceClaim"
 RESOURCE_CLAIM_TEMPLATE = "ResourceClaimTemplate"
+POD_GROUP = "PodGroup"
 #: A TypedLocalObjectReference (a claim's dataSource): the kind and apiGroup are the object's own.
 TYPED = "Typed"
 
@@ -42,6 +43,7 @@ RIGHTS: dict[str, tuple[tuple[str, str, str], ...]] = {
     CLAIM: (("", "persistentvolumeclaims", "get"),),
     RESOURCE_CLAIM: (("resource.k8s.io", "resourceclaims", "get"),),
     RESOURCE_CLAIM_TEMPLATE: (("resource.k8s.io", "resourceclaimtemplates", "get"),),
+    POD_GROUP: (("scheduling.k8s.io", "podgroups", "get"),),
 }
 
 #: Volume sources whose ``secretRef`` names a Secret (the in-tree drivers that take one).
@@ -66,7 +68,8 @@ def _pod_references() -> tuple[Reference, ...]:
     refs = [Reference("serviceAccountName", SERVICE_ACCOUNT), Reference("serviceAccount", SERVICE_ACCOUNT),
             Reference("imagePullSecrets[].name", SECRET),
             Reference("resourceClaims[].resourceClaimName", RESOURCE_CLAIM),
-            Reference("resourceClaims[].resourceClaimTemplateName", RESOURCE_CLAIM_TEMPLATE)]
+            Reference("resourceClaims[].resourceClaimTemplateName", RESOURCE_CLAIM_TEMPLATE),
+            Reference("schedulingGroup.podGroupName", POD_GROUP)]
     for containers in _CONTAINERS:
         refs += [Reference(f"{containers}[].env[].valueFrom.secretKeyRef.name", SECRET),
                  Reference(f"{containers}[].env[].valueFrom.configMapKeyRef.name", CONFIG_MAP),

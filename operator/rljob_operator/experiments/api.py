@@ -360,8 +360,8 @@ class RLExperimentSpec(Model):
             if arm.name in seen:
                 problems.append(_problem(f"arm {arm.name!r} is given twice", arm.name, i, "name"))
             seen.add(arm.name)
-            problems += [_problem(f"an arm may not set {path} (it names an object, checked against the experiment's "
-                                  "creator in spec.template): set it there", arm.overrides, i, "overrides", path)
+            problems += [_problem(f"an arm may not set {path} (it can name a Secret, ConfigMap, ServiceAccount or claim, "
+                                  "checked against the experiment's creator in spec.template): set it there", arm.overrides, i, "overrides", path)
                          for path in reference_overrides(arm.overrides)]
             problems += _spec_problems(deep_merge(base, arm.overrides), i, "overrides")
         if problems:
