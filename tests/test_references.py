@@ -40,10 +40,6 @@ OTHER = "other-team"
 _ITEMS = {"mirrors": {"location": "s3://bucket/mirror"}, "envFrom": {}, "sources": {}}
 
 
-def _snake(key: str) -> str:
-    return to_snake(key)
-
-
 def reference_spec(ref: refs.Reference, name: str = OTHER) -> tuple[dict[str, Any], str]:
     """(a job spec patch naming ``name`` at ``ref``'s field, the field as the admission policy labels it)."""
     parts = ref.path.split(".")
@@ -106,16 +102,19 @@ def test_each_reference_of_the_table_is_found_where_a_job_names_it(ref: refs.Ref
     assert [(f.kind, f.name) for f in found] == [(ref.kind, OTHER)], found
 
 
-@pytest.mark.parametrize("ref", [c for c in CASES if c.values[0].kind in (refs.SECRET, refs.SERVICE_ACCOUNT)])
+@pytest.mark.parametrize("ref", [pytest.param(r, id=r.path) for r in refs.JOB_REFERENCES
+                                 if r.kind in (refs.SECRET, refs.SERVICE_ACCOUNT)])
 def test_the_pod_profile_checks_every_secret_and_service_account_of_the_table(ref: refs.Reference) -> None:
+    """A ServiceAccount the profile does not allow, and (with allowSecretReferences false) any Secret, is refused
+    wherever the table says a job can name it, naming that field."""
     spec, _ = reference_spec(ref)
     job = parse_job(job_manifest("refs", spec=spec))
-    assert [p for p in violations(job, PROFILE) if OTHER in p] == ([] if ref.kind == refs.SECRET else [
-        p for p in violations(job, PROFILE) if "ServiceAccount 'other-team'" in p])
-    strict = PodProfile(allowed_images=PROFILE.allowed_images, allow_secret_references=False)
-    named = [p for p in violations(job, strict) if f"'{OTHER}'" in p]
-    assert len(named) == 1, violations(job, strict)
-    assert named[0].split(": ")[0].replace("[0]", "") == "spec." + ref.path.replace("[]", ""), named
+    no_secrets = PodProfile(allowed_images=PROFILE.allowed_images, allow_secret_references=False)
+    allowed = PodProfile(allowed_images=PROFILE.allowed_images, allowed_service_accounts=(OTHER,))
+    refused, permitted = (no_secrets, PROFILE) if ref.kind == refs.SECRET else (PROFILE, allowed)
+    named = [p.split(": ")[0] for p in violations(job, refused) if f"'{OTHER}'" in p]
+    assert [n.replace("[0]", "") for n in named] == ["spec." + ref.path.replace("[]", "")], named
+    assert [p for p in violations(job, permitted) if f"'{OTHER}'" in p] == []
 
 
 # ----------------------------------------------------------------------------- one spelling
@@ -128,8 +127,8 @@ SNAKE_FIELDS = [("workers", "serviceAccountName"), ("workers", "podTemplate"), (
 def test_the_python_spelling_of_a_field_is_refused_naming_the_api_spelling(
         section: str, field: str, tmp_path: Path) -> None:
     value: Any = {"spec": {}} if field == "podTemplate" else OTHER
-    doc = job_manifest("snake", spec=deep_update({"checkpoint": {"storage": "s3://b/c"}}, {section: {_snake(field): value}}))
-    expected = f"spec.{section}.{_snake(field)}: unknown field (field names are camelCase: write {field!r})"
+    doc = job_manifest("snake", spec=deep_update({"checkpoint": {"storage": "s3://b/c"}}, {section: {to_snake(field): value}}))
+    expected = f"spec.{section}.{to_snake(field)}: unknown field (field names are camelCase: write {field!r})"
     with pytest.raises(ManifestError) as err:
         parse_job(doc)
     assert expected in err.value.problems
@@ -150,22 +149,22 @@ def test_the_trainer_config_file_takes_the_api_spelling_only(tmp_path: Path) -> 
 
 #: The pod-level references of the table, each spelled the Python way inside podTemplate or volumes.
 SNAKE_POD = [pytest.param(ref, id=ref.path) for ref in refs.JOB_REFERENCES
-             if ref.path.startswith("workers.") and any(_snake(p) != p for p in ref.path.split(".")[2:])]
+             if ref.path.startswith("workers.") and any(to_snake(p) != p for p in ref.path.split(".")[2:])]
 
 
 @pytest.mark.parametrize("ref", SNAKE_POD)
 def test_a_python_spelling_inside_the_free_form_pod_fields_is_refused(ref: refs.Reference) -> None:
     """podTemplate, volumes and env's valueFrom are free-form in the CRD: Kubernetes' own schema checks them."""
     parts = ref.path.split(".")
-    at = next(i for i, p in enumerate(parts) if i >= 2 and _snake(p.removesuffix("[]")) != p.removesuffix("[]"))
-    spelled = refs.Reference(".".join([*parts[:at], _snake(parts[at]), *parts[at + 1:]]), ref.kind)
+    at = next(i for i, p in enumerate(parts) if i >= 2 and to_snake(p.removesuffix("[]")) != p.removesuffix("[]"))
+    spelled = refs.Reference(".".join([*parts[:at], to_snake(parts[at]), *parts[at + 1:]]), ref.kind)
     spec, _ = reference_spec(spelled)
     try:
         problems = violations(parse_job(job_manifest("snake", spec=spec)), PROFILE)
     except ManifestError as e:  # a typed field on the way (env[].valueFrom): refused when parsed
         problems = e.problems
     camel = parts[at].removesuffix("[]")
-    assert any(f".{_snake(camel)}: unknown field (field names are camelCase: write {camel!r})" in p
+    assert any(f".{to_snake(camel)}: unknown field (field names are camelCase: write {camel!r})" in p
                for p in problems), problems
 
 
@@ -179,7 +178,7 @@ def _experiment(overrides: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("spelling", ["camel", "snake", "null"])
 def test_an_arm_may_not_override_a_field_holding_references_in_any_spelling(root: str, spelling: str) -> None:
     section, field = root.split(".")
-    key = _snake(field) if spelling == "snake" else field
+    key = to_snake(field) if spelling == "snake" else field
     value = None if spelling == "null" else {"spec": {"serviceAccountName": OTHER}} if field == "podTemplate" \
         else [] if field in ("env", "volumes", "mirrors") else OTHER
     with pytest.raises(ManifestError) as err:
