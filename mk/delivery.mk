@@ -1,6 +1,6 @@
 # Delivery: the Helm chart (charts/rljob), kustomize (manifests/), alerts and dashboards.
 # The CRD copies in the chart and in manifests/base are generated from `rljob crd`.
-.PHONY: chart-crds check-chart-crds helm-lint promtool-test test-delivery
+.PHONY: chart-crds check-chart-crds admission-policies check-admission-policies helm-lint promtool-test test-delivery
 
 DELIVERY_BIN = $$(tools/build-binaries.sh --check)
 
@@ -11,6 +11,12 @@ chart-crds: $(PY) ## Regenerate the chart's and kustomize's CRD copies from the 
 check-chart-crds: $(PY) ## Fail when the chart's or kustomize's CRD drifted from `rljob crd`
 	$(PY) -m rljob crd | $(PY) charts/rljob/hack/gen_crds.py --check
 	$(PY) -m rljob crd --kind RLExperiment | $(PY) charts/rljob/hack/gen_crds.py --check
+
+admission-policies: $(PY) ## Regenerate the admission policies' reference checks from operator/rljob_operator/references.py
+	$(PY) charts/rljob/hack/gen_admission.py
+
+check-admission-policies: $(PY) ## Fail when the admission policies' reference checks drifted from the table
+	$(PY) charts/rljob/hack/gen_admission.py --check
 
 helm-lint: ## helm lint --strict the chart with its default and ci/ values
 	$(DELIVERY_BIN)/helm lint --strict charts/rljob

@@ -2,7 +2,7 @@
 # spec.training.trl without importing torch or TRL (trainer/rljob_trainer/trl_fields.py, committed).
 .PHONY: generate trl-fields check-trl-fields
 
-generate: trl-fields crd chart-crds ## Regenerate every generated file (TRL fields, then the CRD and its copies)
+generate: trl-fields crd chart-crds admission-policies ## Regenerate every generated file (TRL fields, the CRD and its copies, the admission policies' reference checks)
 
 trl-fields: $(PY) ## Regenerate trainer/rljob_trainer/trl_fields.py from the installed TRL
 	$(PY) trainer/hack/gen_trl_fields.py

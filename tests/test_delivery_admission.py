@@ -10,6 +10,7 @@ refused, naming the field, until the user is granted the right to use that objec
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic.alias_generators import to_snake
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, deep_update
@@ -62,7 +64,7 @@ REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
         {"name": "csi", "csi": {"driver": "x.example.com", "nodePublishSecretRef": {"name": "db"}}}]}}}},
      "spec.workers.podTemplate.spec.volumes[name=csi].csi.nodePublishSecretRef.name", "Secret", "db"),
     ("image-pull-secret", {"workers": {"podTemplate": {"spec": {"imagePullSecrets": [{"name": "registry"}]}}}},
-     "spec.workers.podTemplate.spec.imagePullSecrets[name=registry]", "Secret", "registry"),
+     "spec.workers.podTemplate.spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
 ]
 
 # ----------------------------------------------------------------------------- plumbing
@@ -210,16 +212,19 @@ def test_impersonating_a_service_account_is_a_right_to_use_it(
 
 
 @pytest.mark.cluster
-def test_a_refusal_lists_every_reference_of_its_kind(
+def test_a_refusal_lists_every_reference_of_its_field(
         policy: None, ordinary_user: Path, control_plane: Any, namespace: str) -> None:
-    """The API server reports the first refused kind; its message lists each such field (nested ones too)."""
-    secret = {"secretKeyRef": {"name": "b", "key": "k"}}
+    """The API server reports the first refused field (one validation per field of the table of references);
+    its message lists each reference that field holds, nested ones too."""
+    def secret(name: str) -> dict[str, Any]:
+        return {"secretKeyRef": {"name": name, "key": "k"}}
+
     doc = _quickstart("many", {
         "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "a"},
-        "workers": {"env": [{"name": "B", "valueFrom": secret}, {"name": "PLAIN", "value": "1"}],
+        "workers": {"env": [{"name": "B", "valueFrom": secret("b")}, {"name": "PLAIN", "value": "1"},
+                            {"name": "D", "valueFrom": secret("d")}],
                     "podTemplate": {"spec": {"containers": [
-                        {"name": "trainer", "env": [{"name": "C", "valueFrom": {"secretKeyRef": {
-                            "name": "c", "key": "k"}}}]}]}}}})
+                        {"name": "trainer", "env": [{"name": "C", "valueFrom": secret("c")}]}]}}}})
     result = _apply(control_plane, ordinary_user, namespace, doc)
     assert result.returncode != 0
     assert 'spec.checkpoint.credentialsSecret names Secret "a"' in result.stderr, result.stderr
@@ -230,8 +235,15 @@ def test_a_refusal_lists_every_reference_of_its_kind(
     result = _apply(control_plane, ordinary_user, namespace, doc)
     assert result.returncode != 0
     assert ('spec.workers.env[name=B].valueFrom.secretKeyRef.name names Secret "b"; '
-            'spec.workers.podTemplate.spec.containers[name=trainer].env[name=C].valueFrom.secretKeyRef.name '
-            'names Secret "c": a job may name only Secrets its creator could read') in result.stderr, result.stderr
+            'spec.workers.env[name=D].valueFrom.secretKeyRef.name names Secret "d": a job may name only objects '
+            'its creator could use') in result.stderr, result.stderr
+    for name in ("b", "d"):
+        _grant(control_plane, namespace, "Secret", name)
+    wait_for(lambda: "workers.env[" not in _apply(control_plane, ordinary_user, namespace, doc).stderr, 30,
+             message="the env Secrets allowed")
+    result = _apply(control_plane, ordinary_user, namespace, doc)
+    assert ('spec.workers.podTemplate.spec.containers[name=trainer].env[name=C].valueFrom.secretKeyRef.name '
+            'names Secret "c"') in result.stderr, result.stderr
 
 
 @pytest.mark.cluster
@@ -365,6 +377,93 @@ def test_require_queue_refuses_a_new_job_without_one(
         assert _apply(control_plane, ordinary_user, namespace, _queued("queued-ok", "team-a", "low")).returncode == 0
     finally:
         _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))  # the base's again (requireQueue off)
+
+
+# --------------------------------------------------- every field of the table of references (#30)
+
+TENANT = "mallory"  # may create jobs and experiments, and use nothing a spec could name
+#: The rights to use every kind of the table (what the edit role gives, and more).
+ALL_RIGHTS = [{"apiGroups": [""], "resources": ["secrets", "configmaps", "persistentvolumeclaims"], "verbs": ["get"]},
+              {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+              {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
+               "verbs": ["get"]},
+              {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups"], "verbs": ["get"]}]
+
+
+def _role(control_plane: Any, namespace: str, name: str, rules: list[dict[str, Any]], subject: str) -> None:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace}, "rules": rules}
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
+    _kubectl_admin(control_plane, "create", "rolebinding", name, "--namespace", namespace, "--role", name,
+                   f"--serviceaccount={namespace}:{subject}")
+
+
+@pytest.fixture
+def tenant(control_plane: Any, namespace: str, service_account_kubeconfig: Any, experiment_crd: Any) -> Iterator[Any]:
+    """The operator's REST layer acting as a user who may create jobs and experiments in ``namespace``, only."""
+    from kubernetes import client
+    from rljob_operator.cluster.kube import Kube
+
+    kubeconfig = service_account_kubeconfig(TENANT)
+    _role(control_plane, namespace, "create-jobs", [{"apiGroups": ["rljob.dev"], "verbs": ["create"],
+                                                      "resources": ["rltrainingjobs", "rlexperiments"]}], TENANT)
+    user = client.ApiClient(_client_configuration(kubeconfig))
+    try:
+        yield Kube(user)
+    finally:
+        user.close()
+
+
+def _refusal(kube: Any, namespace: str, doc: dict[str, Any]) -> str | None:
+    """What the API server says to a dry-run create of ``doc``; None when it would be admitted."""
+    from kubernetes.client.exceptions import ApiException
+
+    plural = "rlexperiments" if doc["kind"] == "RLExperiment" else "rltrainingjobs"
+    try:
+        kube.request("POST", f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/{plural}", doc,
+                     query={"dryRun": "All", "fieldValidation": "Strict"})
+    except ApiException as e:
+        return str(json.loads(e.body)["message"])
+    return None
+
+
+def _experiment_of(job: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "metadata": job["metadata"],
+            "spec": {"template": job["spec"], "arms": [{"name": "a", "overrides": overrides or {}}]}}
+
+
+@pytest.mark.cluster
+def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names(
+        policy: None, tenant: Any, control_plane: Any, namespace: str) -> None:
+    """Each field of the table (rljob_operator.references), in a job and in an experiment's template, naming an
+    object of another team: refused for a user without the right, naming the field; admitted with it. An arm
+    may not set a field holding references in either spelling."""
+    from rljob_operator import references
+
+    from tests.test_references import OTHER, reference_spec
+
+    user = f"system:serviceaccount:{namespace}:{TENANT}"
+    cases = []
+    for i, ref in enumerate(references.JOB_REFERENCES):
+        spec, field = reference_spec(ref)
+        job = _quickstart(f"ref-{i}", spec)
+        kind = "the data source" if ref.kind == references.TYPED else ref.kind
+        cases += [(job, f'{field} names {kind} "{OTHER}"'),
+                  (_experiment_of(job), f'spec.template.{field.removeprefix("spec.")} names {kind} "{OTHER}"')]
+    for doc, named in cases:
+        refusal = _refusal(tenant, namespace, doc)
+        assert refusal is not None and named in refusal and user in refusal, (named, refusal)
+
+    for root in references.override_roots():
+        section, field = root.split(".")
+        for key in {field, to_snake(field)}:
+            arm = _experiment_of(_quickstart(f"arm-{key.lower().replace('_', '-')}"), {section: {key: {}}})
+            assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), (root, key)
+
+    _role(control_plane, namespace, "use-everything", ALL_RIGHTS, TENANT)
+    wait_for(lambda: _refusal(tenant, namespace, cases[0][0]) is None, 30, message="the rights granted in force")
+    admitted_now = {doc["metadata"]["name"] + doc["kind"]: _refusal(tenant, namespace, doc) for doc, _ in cases}
+    assert {k: v for k, v in admitted_now.items() if v is not None} == {}
 
 
 # ------------------------------------------------------------------ chart = kustomize

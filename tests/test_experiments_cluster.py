@@ -325,13 +325,9 @@ def experiment_policy(control_plane: Any, kube: Any, crd_installed: Any, experim
 
 
 def _role(control_plane: Any, namespace: str, name: str, rules: list[dict[str, Any]], subject: str) -> None:
-    from tests.test_delivery_admission import _kubectl_admin
+    from tests.test_delivery_admission import _role as role
 
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": name, "namespace": namespace}, "rules": rules}
-    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
-    _kubectl_admin(control_plane, "create", "rolebinding", name, "--namespace", namespace, "--role", name,
-                   f"--serviceaccount={namespace}:{subject}")
+    role(control_plane, namespace, name, rules, subject)
 
 
 def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(

@@ -102,13 +102,13 @@ ESCALATIONS: list[tuple[str, dict[str, Any], str]] = [
 #: (case, spec patch, field): Secret references, refused when allowSecretReferences is false.
 SECRET_REFERENCES: list[tuple[str, dict[str, Any], str]] = [
     ("secret-env", {"workers": {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "hf", "key": "token"}}}]}}, "spec.workers.env[0].valueFrom.secretKeyRef"),
+        "name": "hf", "key": "token"}}}]}}, "spec.workers.env[0].valueFrom.secretKeyRef.name"),
     ("secret-credentials", {"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-keys"}},
      "spec.checkpoint.credentialsSecret"),
     ("secret-volume", {"workers": {"volumes": [{"name": "keys", "secret": {"secretName": "keys"}}]}},
      "spec.workers.volumes[0].secret.secretName"),
     ("secret-env-from", _template({"containers": [{"name": "trainer", "envFrom": [{"secretRef": {"name": "k"}}]}]}),
-     f"{TEMPLATE}.containers[0].envFrom[0].secretRef"),
+     f"{TEMPLATE}.containers[0].envFrom[0].secretRef.name"),
 ]
 
 

@@ -32,7 +32,7 @@ from rljob_trainer.config import (
     check_eval_metric,
     check_generation_batch,
 )
-from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, format_validation_error
+from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
 
 from rljob_operator.decisions.curve import MAX_CURVE_POINTS
 
@@ -557,7 +557,7 @@ def parse_job(document: Any, source: str = "<manifest>") -> RLTrainingJob:
     if not isinstance(document, dict):
         raise ManifestError(source, ["(root): expected a mapping with apiVersion, kind, metadata and spec"])
     try:
-        return RLTrainingJob.model_validate(document)
+        return validate_document(RLTrainingJob, document)
     except ValidationError as e:
         raise ManifestError(source, format_validation_error(e)) from None
 

@@ -24,10 +24,11 @@ import math
 import re
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
 
 from rljob_trainer.config import TrainerConfig
 
@@ -165,9 +166,22 @@ def load_config(path: str | Path) -> TrainerConfig:
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(str(path), f"cannot read trainer config: {e}") from e
     try:
-        return TrainerConfig.model_validate(data)
+        return validate_document(TrainerConfig, data)
     except ValidationError as e:
         raise ConfigError(str(path), "; ".join(format_validation_error(e))) from e
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def validate_document(model: type[ModelT], document: Any) -> ModelT:
+    """``document`` (a manifest, a trainer config, a merged arm) as ``model``, by the API's spelling only.
+
+    The one normalisation of everything read from outside: field names are camelCase, as the CRD
+    has them; the Python spelling (``pod_template``) is an unknown field (``format_validation_error``
+    says which spelling to write), so no check, merge or pod ever sees a second way of saying a thing.
+    """
+    return model.model_validate(document, by_alias=True, by_name=False)
 
 
 def format_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
@@ -182,7 +196,7 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> list[st
                 parts.append(str(loc))
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = _unknown_field(item["loc"][-1] if item["loc"] else "")
         msg = msg.removeprefix("Value error, ")
         if msg.startswith("@") and ": " in msg:
             # A model validator that names a nested field: "@training.numGenerations: ...".
@@ -191,6 +205,14 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> list[st
         path = ".".join(parts) or "(root)"
         problems.append(f"{path}: {msg}")
     return problems
+
+
+def _unknown_field(key: Any) -> str:
+    """The message of an unknown field; a snake_case spelling of a field is told its camelCase one."""
+    camel = to_camel(str(key))
+    if "_" in str(key) and str(key).islower() and camel != key:
+        return f"unknown field (field names are camelCase: write {camel!r})"
+    return "unknown field"
 
 
 # -------------------------------------------------------------------------- heartbeat

@@ -31,6 +31,7 @@ from rljob_trainer.contract import (
     PARENT_PID_ENV,
     PROGRESS_ENV,
     exit_code_for_signal,
+    validate_document,
 )
 from rljob_trainer.errors import PermanentError, is_cuda_oom, is_peer_loss, report_fatal
 from rljob_trainer.known_warnings import silence_known_warnings
@@ -489,7 +490,7 @@ def _main(argv: list[str]) -> int:
         print("usage: python -m rljob_trainer.worker CONFIG.json", file=sys.stderr)
         return 2
     try:
-        cfg = TrainerConfig.model_validate(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+        cfg = validate_document(TrainerConfig, json.loads(Path(argv[0]).read_text(encoding="utf-8")))
         STOP.install()
         run(cfg)
         if STOP.signum:  # stopped early with a checkpoint: not done, so not 0

@@ -396,19 +396,29 @@ def desired_worker_pods(
 
 # ------------------------------------------------------------------- pod template merge
 
-#: Lists merged item by item on this key; every other list is replaced.
+#: Lists merged item by item on this key (None: items appended, never removed); every other list is replaced.
 _MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
-               "volumeMounts": "mountPath", "ports": "containerPort", "tolerations": None}
+               "volumeMounts": "mountPath", "ports": "containerPort", "tolerations": None, "drop": None}
+
+
+def _empty(value: Any) -> bool:
+    """null, {}, [] or "": a value that says nothing, so it never removes one the operator set."""
+    return value is None or (isinstance(value, dict | list | str) and not value)
 
 
 def merge_pod_template(base: Any, override: Any, key: str | None = None) -> Any:
     """``override`` over ``base``: maps merge, named lists merge by name, other lists replace.
 
-    Tolerations are appended (the GPU toleration must stay).
+    What the operator sets can be changed, never removed: an empty value (null, {}, [], "") keeps the
+    operator's, tolerations and dropped capabilities are appended (the GPU toleration and ``drop: [ALL]``
+    stay). Whether a changed value is allowed is the pod profile's question, asked of the merged pod
+    (``decisions.policy``).
     """
     if isinstance(base, dict) and isinstance(override, dict):
         out = dict(base)
         for k, v in override.items():
+            if k in base and _empty(v):
+                continue
             out[k] = merge_pod_template(base[k], v, k) if k in base else copy.deepcopy(v)
         return out
     if isinstance(base, list) and isinstance(override, list) and key in _MERGE_KEYS:

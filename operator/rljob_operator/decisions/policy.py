@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rljob_operator.api import DEFAULT_IMAGE, RLTrainingJob
+from rljob_operator.decisions.children import desired_worker_pod
+from rljob_operator.decisions.podschema import unknown_fields
 from rljob_operator.names import CONTAINER
+from rljob_operator.references import SECRET, SERVICE_ACCOUNT, references
 
 LEVELS = ("restricted", "baseline", "privileged")
 #: The trainer image rljob ships, any tag or digest (the chart's default as well).
@@ -104,19 +107,17 @@ class PodProfile:
 def violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
     """Every field of ``job`` that asks for more than ``profile`` allows, as ``<field path>: why``.
 
-    Empty when the job may run. Checks the spec's own pod fields and the ``workers.podTemplate``
-    merged over them, so nothing the operator builds escapes the profile.
+    Empty when the job may run. Checks each field the job sets, naming it (the references by the one
+    table, ``rljob_operator.references``), then the worker pod as the operator builds it, with
+    ``workers.podTemplate`` merged, so nothing the operator builds escapes the profile.
     """
     spec, workers = job.spec, job.spec.workers
-    sa = workers.service_account_name
     template_spec = (workers.pod_template or {}).get("spec") or {}
-    named_sa = sa or template_spec.get("serviceAccountName") or template_spec.get("serviceAccount")
-    out = _image("spec.image", spec.image, profile)
-    out += _service_account("spec.workers.serviceAccountName", sa, profile)
-    out += _secret_fields(job, profile)
-    for i, env in enumerate(workers.env):
-        ref = (env.value_from or {}).get("secretKeyRef") or {}
-        out += _secret(f"spec.workers.env[{i}].valueFrom.secretKeyRef", ref.get("name") or "?", profile) if ref else []
+    named_sa = (workers.service_account_name or template_spec.get("serviceAccountName")
+                or template_spec.get("serviceAccount"))
+    out = unknown_fields(spec.workers.model_dump(by_alias=True, mode="json"))
+    out += _image("spec.image", spec.image, profile)
+    out += _references(job, profile)
     for i, volume in enumerate(workers.volumes):
         out += _volume(f"spec.workers.volumes[{i}]", volume, profile, named_sa)
     for i, toleration in enumerate(workers.tolerations):
@@ -124,7 +125,7 @@ def violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
     if workers.pod_template:
         out += _template(workers.pod_template, profile, named_sa)
     out += _trust_remote_code(job, profile)
-    return out
+    return out or _built_pod(desired_worker_pod(job, 0, 0)["spec"], profile, named_sa)
 
 
 # ----------------------------------------------------------------------- references
@@ -149,25 +150,14 @@ def _secret(path: str, name: Any, profile: PodProfile) -> list[str]:
     return [profile.refuse(path, f"a reference to Secret {name!r}")]
 
 
-def _secret_fields(job: RLTrainingJob, profile: PodProfile) -> list[str]:
-    """``checkpoint.credentialsSecret`` and each mirror's."""
-    checkpoint = job.spec.checkpoint
-    out = _secret("spec.checkpoint.credentialsSecret", getattr(checkpoint, "credentials_secret", None), profile)
-    for i, mirror in enumerate(checkpoint.mirrors):
-        out += _secret(f"spec.checkpoint.mirrors[{i}].credentialsSecret",
-                       getattr(mirror, "credentials_secret", None), profile)
-    return out
-
-
-def _secret_refs(path: str, container: dict[str, Any], profile: PodProfile) -> list[str]:
-    """Secrets a container's ``env`` (secretKeyRef) and ``envFrom`` (secretRef) name."""
+def _references(job: RLTrainingJob, profile: PodProfile) -> list[str]:
+    """Every Secret and ServiceAccount the spec names (the table of references), against the profile."""
     out: list[str] = []
-    for i, env in enumerate(container.get("env") or []):
-        ref = ((env or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
-        out += _secret(f"{path}.env[{i}].valueFrom.secretKeyRef", ref.get("name") or "?", profile) if ref else []
-    for i, source in enumerate(container.get("envFrom") or []):
-        ref = (source or {}).get("secretRef") or {}
-        out += _secret(f"{path}.envFrom[{i}].secretRef", ref.get("name") or "?", profile) if ref else []
+    for ref in references(job.spec.model_dump(by_alias=True, mode="json")):
+        if ref.kind == SECRET:
+            out += _secret(ref.field, ref.name, profile)
+        elif ref.kind == SERVICE_ACCOUNT:
+            out += _service_account(ref.field, ref.name, profile)
     return out
 
 
@@ -180,13 +170,8 @@ def _volume(path: str, volume: dict[str, Any], profile: PodProfile, named_sa: st
             out.append(profile.refuse(f"{path}.hostPath", "a hostPath volume"))
         elif profile.restricted and kind not in RESTRICTED_VOLUMES:
             out.append(profile.refuse(f"{path}.{kind}", f"a {kind} volume"))
-    if isinstance(volume.get("secret"), dict):
-        out += _secret(f"{path}.secret.secretName", volume["secret"].get("secretName") or "?", profile)
     for i, source in enumerate(((volume.get("projected") or {}).get("sources")) or []):
-        source = source or {}
-        if isinstance(source.get("secret"), dict):
-            out += _secret(f"{path}.projected.sources[{i}].secret", source["secret"].get("name") or "?", profile)
-        if "serviceAccountToken" in source and not _allowed_sa(named_sa, profile):
+        if "serviceAccountToken" in (source or {}) and not _allowed_sa(named_sa, profile):
             out.append(profile.refuse(f"{path}.projected.sources[{i}].serviceAccountToken",
                                       "a ServiceAccount token unless the job names an allowed serviceAccountName"))
     return out
@@ -232,8 +217,6 @@ def _template(template: dict[str, Any], profile: PodProfile, named_sa: str | Non
     spec = template.get("spec") or {}
     path = f"{TEMPLATE}.spec"
     out += _host_fields(path, spec, profile)
-    for field in ("serviceAccountName", "serviceAccount"):
-        out += _service_account(f"{path}.{field}", spec.get(field), profile)
     if spec.get("automountServiceAccountToken") and not _allowed_sa(named_sa, profile):
         out.append(profile.refuse(f"{path}.automountServiceAccountToken",
                                   "mounting a ServiceAccount token unless the job names an allowed serviceAccountName"))
@@ -245,9 +228,44 @@ def _template(template: dict[str, Any], profile: PodProfile, named_sa: str | Non
         out += _volume(f"{path}.volumes[{i}]", volume or {}, profile, named_sa)
     for i, toleration in enumerate(spec.get("tolerations") or []):
         out += _toleration(f"{path}.tolerations[{i}]", toleration or {}, profile)
-    for i, ref in enumerate(spec.get("imagePullSecrets") or []):
-        out += _secret(f"{path}.imagePullSecrets[{i}]", (ref or {}).get("name") or "?", profile)
     return out
+
+
+def _built_pod(spec: dict[str, Any], profile: PodProfile, named_sa: str | None) -> list[str]:
+    """The worker pod as the operator builds it (``podTemplate`` merged): what the profile requires must be
+    there, whatever the template said (null, absent, {}, []); ``violations`` asks this of a job whose own
+    fields passed."""
+    out: list[str] = []
+    if spec.get("automountServiceAccountToken") is not False and not _allowed_sa(named_sa, profile):
+        out.append(profile.refuse(f"{TEMPLATE}.spec.automountServiceAccountToken",
+                                  "a pod that mounts a ServiceAccount token unless the job names an allowed "
+                                  "serviceAccountName"))
+    if not profile.restricted:
+        return out
+    pod_ctx = spec.get("securityContext") or {}
+    for kind in ("containers", "initContainers", "ephemeralContainers"):
+        for container in spec.get(kind) or []:
+            ctx = (container or {}).get("securityContext") or {}
+            path = f"{TEMPLATE}.spec.{kind}[name={(container or {}).get('name')}].securityContext"
+            out += [profile.refuse(f"{path}.{field}", f"a built pod without {what}")
+                    for field, what in _restricted_floor(ctx, pod_ctx)]
+    return out
+
+
+def _restricted_floor(ctx: dict[str, Any], pod_ctx: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(field, what) of each thing Pod Security "restricted" requires that a container (with its pod's
+    context) lacks: non-root, a confined seccomp profile, no privilege escalation, every capability dropped."""
+    def effective(key: str) -> Any:
+        return ctx[key] if ctx.get(key) is not None else pod_ctx.get(key)
+
+    if effective("runAsNonRoot") is not True:
+        yield "runAsNonRoot", "runAsNonRoot: true"
+    if (effective("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        yield "seccompProfile.type", "seccomp profile RuntimeDefault or Localhost"
+    if ctx.get("allowPrivilegeEscalation") is not False:
+        yield "allowPrivilegeEscalation", "allowPrivilegeEscalation: false"
+    if "ALL" not in ((ctx.get("capabilities") or {}).get("drop") or []):
+        yield "capabilities.drop", "capabilities.drop: [ALL]"
 
 
 def _host_fields(path: str, spec: dict[str, Any], profile: PodProfile) -> list[str]:
@@ -273,7 +291,6 @@ def _container(path: str, kind: str, container: dict[str, Any], profile: PodProf
     for i, port in enumerate(container.get("ports") or []):
         if profile.baseline and (port or {}).get("hostPort"):
             out.append(profile.refuse(f"{path}.ports[{i}].hostPort", "a host port"))
-    out += _secret_refs(path, container, profile)
     return out
 
 
@@ -326,9 +343,7 @@ def _restricted_context(path: str, ctx: dict[str, Any], profile: PodProfile, *, 
         return
     if ctx.get("allowPrivilegeEscalation") is True:
         yield profile.refuse(f"{path}.allowPrivilegeEscalation", "allowPrivilegeEscalation: true")
-    drop = (ctx.get("capabilities") or {}).get("drop")
-    if drop is not None and "ALL" not in drop:
-        yield profile.refuse(f"{path}.capabilities.drop", "keeping capabilities (drop must include ALL)")
+    # capabilities.drop: the merge adds to the operator's [ALL]; the built pod is checked (_built_pod).
 
 
 # -------------------------------------------------------------------- trust_remote_code

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from rljob_trainer.config import Model, TrainingSpec, check_eval_metric
-from rljob_trainer.contract import format_validation_error
+from rljob_trainer.contract import format_validation_error, validate_document
 
 from rljob_operator.api import (
     API_VERSION,
@@ -30,6 +30,7 @@ from rljob_operator.api import (
     StatusModel,
     read_documents,
 )
+from rljob_operator.references import override_roots, scheme_overrides
 
 KIND = "RLExperiment"
 PLURAL = "rlexperiments"
@@ -45,9 +46,12 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` over ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    """``overrides`` over ``base``: mappings merge key by key, anything else (lists too) replaces; null
+    says nothing (it never removes a template's value)."""
     merged = copy.deepcopy(base)
     for key, value in overrides.items():
+        if value is None:
+            continue
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
@@ -77,7 +81,7 @@ def _problem(message: str, value: Any, *loc: str | int) -> InitErrorDetails:
 def spec_errors(document: dict[str, Any]) -> list[str]:
     """Problems of ``document`` as an RLTrainingJob spec, as ``field.path: message`` lines (none: valid)."""
     try:
-        RLTrainingJobSpec.model_validate(document)
+        validate_document(RLTrainingJobSpec, document)
     except ValidationError as e:
         return format_validation_error(e)
     return []
@@ -91,6 +95,25 @@ def _spec_problems(document: dict[str, Any], *loc: str | int) -> list[InitErrorD
         where = [p for p in path.split(".") if p != "(root)"]
         problems.append(_problem(message, document, *loc, *where))
     return problems
+
+
+_ABSENT = object()
+
+
+def reference_overrides(overrides: dict[str, Any]) -> list[str]:
+    """The fields of an arm's ``overrides`` that would name a Secret, ConfigMap, ServiceAccount or claim.
+
+    Arms may not: references are checked against the experiment's creator in ``spec.template``
+    (the admission policy; ``rljob_operator.references`` lists them), and trials are created by the operator.
+    """
+    def at(path: str) -> Any:
+        section, field = path.split(".")
+        part = overrides.get(section)
+        return part.get(field, _ABSENT) if isinstance(part, dict) else _ABSENT
+
+    found = [path for path in override_roots() if at(path) is not _ABSENT]
+    found += [path for path, scheme in scheme_overrides() if str(at(path)).startswith(scheme)]
+    return found
 
 
 def resolve_training_path(path: str) -> None:
@@ -337,6 +360,9 @@ class RLExperimentSpec(Model):
             if arm.name in seen:
                 problems.append(_problem(f"arm {arm.name!r} is given twice", arm.name, i, "name"))
             seen.add(arm.name)
+            problems += [_problem(f"an arm may not set {path} (it can name a Secret, ConfigMap, ServiceAccount or claim, "
+                                  "checked against the experiment's creator in spec.template): set it there", arm.overrides, i, "overrides", path)
+                         for path in reference_overrides(arm.overrides)]
             problems += _spec_problems(deep_merge(base, arm.overrides), i, "overrides")
         if problems:
             raise ValidationError.from_exception_data("arms", problems)
@@ -533,7 +559,7 @@ def parse_experiment(document: Any, source: str = "<manifest>") -> RLExperiment:
     if not isinstance(document, dict):
         raise ManifestError(source, ["(root): expected a mapping with apiVersion, kind, metadata and spec"])
     try:
-        return RLExperiment.model_validate(document)
+        return validate_document(RLExperiment, document)
     except ValidationError as e:
         raise ManifestError(source, format_validation_error(e)) from None
 

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rljob_trainer.contract import validate_document
+
 from rljob_operator.api import API_VERSION, KIND, MAX_NAME_LENGTH, RLTrainingJobSpec
 from rljob_operator.experiments.api import (
     Arm,
@@ -60,7 +62,7 @@ class Trial:
 
 def arm_spec(spec: RLExperimentSpec, arm: Arm) -> RLTrainingJobSpec:
     """The template with ``arm.overrides`` deep-merged in (valid: the experiment's validation checked it)."""
-    return RLTrainingJobSpec.model_validate(deep_merge(template_document(spec.template), arm.overrides))
+    return validate_document(RLTrainingJobSpec, deep_merge(template_document(spec.template), arm.overrides))
 
 
 def with_seed(spec: RLTrainingJobSpec, seed: int) -> RLTrainingJobSpec:
@@ -89,7 +91,7 @@ def trial_spec(template: RLTrainingJobSpec, params: dict[str, Any], seed: int) -
     document = template_document(template)
     for path, value in params.items():
         document = set_path(document, path, value)
-    return with_seed(RLTrainingJobSpec.model_validate(document), seed)
+    return with_seed(validate_document(RLTrainingJobSpec, document), seed)
 
 
 def search_trial(experiment: RLExperiment, number: int, params: dict[str, Any]) -> Trial:

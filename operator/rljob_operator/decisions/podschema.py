@@ -1,0 +1,58 @@
+"""Unknown fields of ``workers.podTemplate`` (and volumes, tolerations...): free-form objects checked against
+Kubernetes' own schema.
+
+The CRD keeps ``podTemplate`` as written (``x-kubernetes-preserve-unknown-fields``), so nothing but
+this check stands between a key the API does not know (a typo, or the Python spelling
+``service_account_name`` of ``serviceAccountName``) and the operator's merge and checks. The schema
+is the Kubernetes client's models (``V1Pod`` and what it refers to: ``openapi_types`` gives each
+field's type, ``attribute_map`` its JSON name), the client the operator talks to the API server with.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes import client
+
+_LIST = re.compile(r"^List\[(.+)\]$")
+_DICT = re.compile(r"^Dict\[str, (.+)\]$")
+
+
+#: The job's free-form pod fields: (field of spec.workers, the client's type of its value).
+WORKER_FIELDS = (("podTemplate", "V1Pod"), ("volumes", "List[V1Volume]"), ("volumeMounts", "List[V1VolumeMount]"),
+                 ("tolerations", "List[V1Toleration]"), ("affinity", "V1Affinity"))
+
+
+def unknown_fields(workers: dict[str, Any], path: str = "spec.workers") -> list[str]:
+    """``<path>.<field>: unknown field ...`` for every key of the free-form pod fields of ``workers``
+    (``spec.workers`` as the API spells it) that Kubernetes lacks; env's ``valueFrom`` too."""
+    out = [problem for field, type_name in WORKER_FIELDS
+           for problem in _walk(workers.get(field), type_name, f"{path}.{field}")]
+    for i, env in enumerate(workers.get("env") or []):
+        out += _walk((env or {}).get("valueFrom"), "V1EnvVarSource", f"{path}.env[{i}].valueFrom")
+    return out
+
+
+def _walk(value: Any, type_name: str, path: str) -> Iterator[str]:
+    if (inner := _LIST.match(type_name)) and isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _walk(item, inner.group(1), f"{path}[{i}]")
+        return
+    if (inner := _DICT.match(type_name)) and isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk(item, inner.group(1), f"{path}[{key}]")
+        return
+    model = getattr(client, type_name, None) if type_name.startswith("V1") else None
+    if model is None or not isinstance(value, dict):
+        return  # a scalar, a free-form object, or a wrong type the API server refuses itself
+    fields = {json_name: model.openapi_types[name] for name, json_name in model.attribute_map.items()}
+    by_python_name = {name: json_name for name, json_name in model.attribute_map.items()}
+    for key, item in value.items():
+        if key in fields:
+            yield from _walk(item, fields[key], f"{path}.{key}")
+        elif key in by_python_name:
+            yield f"{path}.{key}: unknown field (field names are camelCase: write {by_python_name[key]!r})"
+        else:
+            yield f"{path}.{key}: unknown field (a {type_name.removeprefix('V1')} has no such field)"

@@ -1,0 +1,172 @@
+"""The one table of references: which fields of a job name a Secret, ConfigMap, ServiceAccount, claim, ….
+
+A job grants nothing beyond its creator's rights, so every field through which it names another
+object of the namespace is listed here, once. From this table come:
+
+* the admission policies' CEL (``charts/rljob/hack/gen_admission.py`` writes the reference
+  variables of ``charts/rljob/templates/admission-policies.yaml`` and of
+  ``manifests/base/admission-policies.yaml``; a test fails on drift);
+* the operator's own checks (``decisions.policy``: Secrets under ``allowSecretReferences``,
+  ServiceAccounts under ``allowedServiceAccounts``) and the fields an experiment's arm may not
+  override (``experiments.api``);
+* ``tests/test_references.py`` walks the PodSpec of the API server's OpenAPI document and fails when
+  Kubernetes has a reference field this table lacks.
+
+Paths are camelCase, as the API (and :func:`rljob_trainer.contract.validate_document`) spells them;
+``[]`` marks a list, whose items are labelled by their ``name`` (``location`` for mirrors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rljob_trainer.config import PVC_SCHEME
+
+SECRET = "Secret"
+CONFIG_MAP = "ConfigMap"
+SERVICE_ACCOUNT = "ServiceAccount"
+CLAIM = "PersistentVolumeClaim"
+RESOURCE_CLAIM = "ResourceClaim"
+RESOURCE_CLAIM_TEMPLATE = "ResourceClaimTemplate"
+POD_GROUP = "PodGroup"
+#: A TypedLocalObjectReference (a claim's dataSource): the kind and apiGroup are the object's own.
+TYPED = "Typed"
+
+#: kind → (API group, resource, verbs any one of which allows using it). A ServiceAccount is used by
+#: acting as it: a token for it, or impersonating it.
+RIGHTS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    SECRET: (("", "secrets", "get"),),
+    CONFIG_MAP: (("", "configmaps", "get"),),
+    SERVICE_ACCOUNT: (("", "serviceaccounts/token", "create"), ("", "serviceaccounts", "impersonate")),
+    CLAIM: (("", "persistentvolumeclaims", "get"),),
+    RESOURCE_CLAIM: (("resource.k8s.io", "resourceclaims", "get"),),
+    RESOURCE_CLAIM_TEMPLATE: (("resource.k8s.io", "resourceclaimtemplates", "get"),),
+    POD_GROUP: (("scheduling.k8s.io", "podgroups", "get"),),
+}
+
+#: Volume sources whose ``secretRef`` names a Secret (the in-tree drivers that take one).
+_SECRET_REF_VOLUMES = ("cephfs", "cinder", "flexVolume", "iscsi", "rbd", "scaleIO", "storageos")
+_CONTAINERS = ("containers", "initContainers", "ephemeralContainers")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A field naming an object of the job's namespace: ``path`` (camelCase, ``[]`` for lists) and ``kind``.
+
+    ``scheme``: the value names the object only when it starts with it (``pvc://claim/prefix``).
+    """
+
+    path: str
+    kind: str
+    scheme: str = ""
+
+
+def _pod_references() -> tuple[Reference, ...]:
+    """Every reference field of a PodSpec."""
+    refs = [Reference("serviceAccountName", SERVICE_ACCOUNT), Reference("serviceAccount", SERVICE_ACCOUNT),
+            Reference("imagePullSecrets[].name", SECRET),
+            Reference("resourceClaims[].resourceClaimName", RESOURCE_CLAIM),
+            Reference("resourceClaims[].resourceClaimTemplateName", RESOURCE_CLAIM_TEMPLATE),
+            Reference("schedulingGroup.podGroupName", POD_GROUP)]
+    for containers in _CONTAINERS:
+        refs += [Reference(f"{containers}[].env[].valueFrom.secretKeyRef.name", SECRET),
+                 Reference(f"{containers}[].env[].valueFrom.configMapKeyRef.name", CONFIG_MAP),
+                 Reference(f"{containers}[].envFrom[].secretRef.name", SECRET),
+                 Reference(f"{containers}[].envFrom[].configMapRef.name", CONFIG_MAP)]
+    refs += [Reference("volumes[].secret.secretName", SECRET),
+             Reference("volumes[].configMap.name", CONFIG_MAP),
+             Reference("volumes[].projected.sources[].secret.name", SECRET),
+             Reference("volumes[].projected.sources[].configMap.name", CONFIG_MAP),
+             Reference("volumes[].azureFile.secretName", SECRET),
+             Reference("volumes[].csi.nodePublishSecretRef.name", SECRET),
+             *(Reference(f"volumes[].{source}.secretRef.name", SECRET) for source in _SECRET_REF_VOLUMES),
+             Reference("volumes[].persistentVolumeClaim.claimName", CLAIM),
+             Reference("volumes[].ephemeral.volumeClaimTemplate.spec.dataSource.name", TYPED),
+             Reference("volumes[].ephemeral.volumeClaimTemplate.spec.dataSourceRef.name", TYPED)]
+    return tuple(refs)
+
+
+#: PodSpec's reference fields.
+POD_REFERENCES = _pod_references()
+#: Where the job spec holds pod fields itself: (PodSpec path prefix, job spec path prefix).
+_JOB_POD_FIELDS = (("serviceAccountName", "workers.serviceAccountName"), ("volumes[]", "workers.volumes[]"),
+                   ("containers[].env[]", "workers.env[]"), ("", "workers.podTemplate.spec."))
+
+
+def _job_references() -> tuple[Reference, ...]:
+    refs = [Reference("checkpoint.credentialsSecret", SECRET),
+            Reference("checkpoint.mirrors[].credentialsSecret", SECRET),
+            Reference("checkpoint.storage", CLAIM, PVC_SCHEME),
+            Reference("checkpoint.mirrors[].location", CLAIM, PVC_SCHEME)]
+    for pod_prefix, job_prefix in _JOB_POD_FIELDS:
+        refs += [Reference(job_prefix + r.path.removeprefix(pod_prefix), r.kind) for r in POD_REFERENCES
+                 if r.path.startswith(pod_prefix) and (pod_prefix == "" or r.path[len(pod_prefix):][:1] in ("", "."))]
+    return tuple(refs)
+
+
+#: Every reference field of an RLTrainingJob's spec (an RLExperiment's spec.template).
+JOB_REFERENCES = _job_references()
+
+
+def override_roots() -> tuple[str, ...]:
+    """The job fields (``section.field``) an experiment's arm may not override: they hold references,
+    which are checked against the experiment's creator in its template only. A field that names an object
+    only through a scheme (``checkpoint.storage``) may be overridden with any other location."""
+    roots = {".".join(r.path.replace("[]", "").split(".")[:2]) for r in JOB_REFERENCES if not r.scheme}
+    return tuple(sorted(roots))
+
+
+def scheme_overrides() -> tuple[tuple[str, str], ...]:
+    """(``section.field``, scheme) an arm may override only with a value not starting with the scheme."""
+    return tuple(sorted({(r.path, r.scheme) for r in JOB_REFERENCES if r.scheme and "[]" not in r.path}))
+
+
+# ------------------------------------------------------------------------- finding them
+
+
+@dataclass(frozen=True)
+class Found:
+    """One reference in a document: its field (``spec.workers.volumes[0].secret.secretName``), kind, name."""
+
+    field: str
+    kind: str
+    name: str
+
+
+def references(spec: dict[str, Any], prefix: str = "spec.") -> list[Found]:
+    """Every reference in a job spec ``spec`` (camelCase, as the API holds it), in table order."""
+    out: list[Found] = []
+    for ref in JOB_REFERENCES:
+        for field, value in _walk(spec, ref.path.split("."), prefix.rstrip(".")):
+            name = _object_name(value, ref.scheme)
+            if name is not None:
+                out.append(Found(field, ref.kind, name))
+    return out
+
+
+def _object_name(value: Any, scheme: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not scheme:
+        return str(value)
+    text = str(value)
+    return text[len(scheme):].split("/", 1)[0] if text.startswith(scheme) else None
+
+
+def _walk(value: Any, parts: list[str], path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) at ``parts`` under ``value``; lists (``key[]``) fan out with their indices."""
+    if not parts:
+        yield path, value
+        return
+    if not isinstance(value, dict):
+        return
+    key = parts[0].removesuffix("[]")
+    child = value.get(key)
+    where = f"{path}.{key}" if path else key
+    if not parts[0].endswith("[]"):
+        yield from _walk(child, parts[1:], where)
+        return
+    for i, item in enumerate(child if isinstance(child, list) else []):
+        yield from _walk(item, parts[1:], f"{where}[{i}]")
