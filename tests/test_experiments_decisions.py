@@ -138,6 +138,11 @@ def test_only_jobs_the_experiment_created_are_trials_the_others_are_conflicts() 
     assert clash["status"] == "True" and "ab-winner" in clash["message"]
     assert [e.reason for e in seen.events] == ["TrialConflict"] and "ab-winner" in seen.events[0].message
     assert plan(step(doc, seen), [*trials, fake]).events == []  # reported once, not at every reconcile
+    many = [forged(first.create[0], f"ab-fake-{i:02d}", [0.9]) for i in range(MAX_CONFLICTS_LISTED + 5)]
+    flooded = plan(step(doc, seen), [*trials, *many])
+    assert len(flooded.events) == MAX_CONFLICTS_LISTED and plan(step(doc, flooded), [*trials, *many]).events == []
+    assert f"{MAX_CONFLICTS_LISTED + 5} RLTrainingJob(s)" in next(
+        c for c in flooded.status["conditions"] if c["type"] == "TrialConflict")["message"]
     # The trials finish; the forgery's better curve never reaches the leaderboard, the best or the winner.
     done = [job(j, "Succeeded", [0.2, 0.3 + 0.01 * i]) for i, j in enumerate(first.create)]
     final = plan(step(doc, seen), [*done, fake])

@@ -289,7 +289,7 @@ def _finish(plan: ExperimentPlan, parsed: RLExperiment, trials: list[TrialStatus
         conflicts=plan.conflicts[:MAX_CONFLICTS_LISTED],
     )
     plan.status = status.model_dump(by_alias=True, mode="json", exclude_none=True)
-    for name in sorted(set(plan.conflicts) - set(previous.get("conflicts") or [])):
+    for name in sorted(set(status.conflicts) - set(previous.get("conflicts") or [])):  # the listed: once each
         plan.events.append(Event("Warning", "TrialConflict", _conflict_message(experiment, name)))
     if ranked.winner is not None and not previous.get("winner"):
         plan.events.append(Event("Normal", "WinnerFound", f"arm {ranked.winner.arm} wins: {ranked.winner.message}"))
