@@ -242,6 +242,11 @@ def test_the_largest_status_is_bounded_whatever_the_trial_jobs_say() -> None:
     long["status"]["progress"]["checkpoint"] = "s3://" + "c" * MAX_TRIAL_CHECKPOINT
     assert "checkpoint" not in plan(step(doc, first), [long]).status["trials"][0]
     assert [curve_points_per_trial(n) for n in (1, 25, 26, 100, MAX_TRIALS)] == [200, 200, 192, 50, MIN_CURVE_POINTS]
+    # A status written before the bounds is read (not refused) and written back within them.
+    old = {**step(doc, first), "status": {**first.status, "trials": [
+        {**first.status["trials"][0], "phase": "Failed", "message": "m" * 5000, "checkpoint": "s3://" + "c" * 5000}]}}
+    again = plan(old, []).status
+    assert len(again["trials"][0]["message"]) == MAX_TRIAL_MESSAGE and "checkpoint" not in again["trials"][0]
 
 
 def test_an_experiment_too_large_for_its_status_is_refused_naming_the_field() -> None:

@@ -32,13 +32,13 @@ from rljob_operator.experiments import api as exp_api
 from rljob_operator.experiments.api import (
     FINISHED_TRIAL_PHASES,
     MAX_CONFLICTS_LISTED,
-    MAX_TRIAL_CHECKPOINT,
-    MAX_TRIAL_MESSAGE,
     CurvePoint,
     ExperimentPhase,
     RLExperiment,
     TrialPhase,
     TrialStatus,
+    bounded_checkpoint,
+    bounded_message,
     curve_points_per_trial,
 )
 from rljob_operator.experiments.leaderboard import standings
@@ -118,17 +118,15 @@ def observe_trial(previous: TrialStatus, job: dict[str, Any] | None, parsed: RLE
     curve = [CurvePoint(step=s, value=v) for s, v in thin(points, kept)] if points else previous.curve
     pairs = points or [(p.step, p.value) for p in curve]  # the objective from the job's whole curve
     phase = _trial_phase(job, previous)
-    checkpoint = progress.get("bestCheckpoint") or progress.get("checkpoint")
+    checkpoint = bounded_checkpoint(progress.get("bestCheckpoint") or progress.get("checkpoint"))
     update: dict[str, Any] = {
         "uid": job["metadata"].get("uid") or previous.uid, "phase": phase, "curve": curve,
         "objective": objective_value(pairs, parsed.spec.objective),
         "steps": pairs[-1][0] if pairs else previous.steps,
-        "checkpoint": checkpoint if isinstance(checkpoint, str) and len(checkpoint) <= MAX_TRIAL_CHECKPOINT
-        else previous.checkpoint,
+        "checkpoint": checkpoint or previous.checkpoint,
     }
     if phase == TrialPhase.failed.value and previous.phase != phase:
-        why = str(status.get("message") or status.get("reason") or "the trial job failed")
-        update["message"] = why if len(why) <= MAX_TRIAL_MESSAGE else why[:MAX_TRIAL_MESSAGE - 1] + "…"
+        update["message"] = bounded_message(status.get("message") or status.get("reason") or "the trial job failed")
     return previous.model_copy(update=update)
 
 

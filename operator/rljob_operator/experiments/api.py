@@ -92,6 +92,19 @@ def curve_points_per_trial(total_trials: int) -> int:
     return max(MIN_CURVE_POINTS, min(MAX_CURVE_POINTS, CURVE_POINT_BUDGET // max(total_trials, 1)))
 
 
+def bounded_message(text: Any) -> str | None:
+    """A trial's message as the status keeps it: at most MAX_TRIAL_MESSAGE characters (cut with an ellipsis)."""
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= MAX_TRIAL_MESSAGE else text[:MAX_TRIAL_MESSAGE - 1] + "…"
+
+
+def bounded_checkpoint(location: Any) -> str | None:
+    """A checkpoint location as the status keeps it: None when longer than MAX_TRIAL_CHECKPOINT (never cut)."""
+    return location if isinstance(location, str) and len(location) <= MAX_TRIAL_CHECKPOINT else None
+
+
 def _problem(message: str, value: Any, *loc: str | int) -> InitErrorDetails:
     error = PydanticCustomError("rljob_experiment", "{message}", {"message": message})
     return InitErrorDetails(type=error, loc=tuple(loc), input=value)
@@ -492,6 +505,17 @@ class TrialStatus(StatusModel):
         f"more than {CURVE_POINT_BUDGET // MAX_CURVE_POINTS} trials: {CURVE_POINT_BUDGET} in all, at least "
         f"{MIN_CURVE_POINTS} each; evenly thinned, the first and the last kept).",
     )
+
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _message_bounded(cls, v: Any) -> str | None:
+        return bounded_message(v)  # a status written before the bound is read, and written back within it
+
+    @field_validator("checkpoint", mode="before")
+    @classmethod
+    def _checkpoint_bounded(cls, v: Any) -> str | None:
+        return bounded_checkpoint(v)
 
 
 class ArmStatus(StatusModel):
