@@ -131,6 +131,11 @@ BAD_EXPERIMENTS: list[tuple[str, dict[str, Any], str]] = [
         {"name": "training.beta", "type": "float", "min": 0, "max": 1}]}}, "spec.arms"),
     ("neither-arms-nor-search", {}, "spec.arms"),
     ("duplicate-arm", {"arms": [ARMS[0], ARMS[0]]}, "spec.arms[1]"),
+    # Bounded, so the status (which records every trial) stays under the object size limit.
+    ("too-many-arm-trials", {"arms": [{"name": f"a{i}", "overrides": {}} for i in range(10)], "seeds": 51},
+     "spec.seeds"),
+    ("too-many-search-trials", {"search": {"maxTrials": 501, "parameters": [
+        {"name": "training.beta", "type": "float", "min": 0, "max": 1}]}}, "spec.search.maxTrials"),
 ]
 
 
