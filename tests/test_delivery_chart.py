@@ -607,6 +607,51 @@ def test_network_policies_are_on_by_default_and_admit_only_trainers_and_promethe
         {"podSelector": {"matchLabels": {"app": "ui"}}}]
 
 
+def _jobs_policy(*helm_args: str) -> dict[str, Any]:
+    """The spec of the NetworkPolicy the chart's operator (its rendered settings) gives a job."""
+    from rljob_operator.api import parse_job
+    from rljob_operator.decisions.children import JobNetwork, desired_network_policy
+    from rljob_operator.settings import OperatorSettings
+
+    from tests.operator_helpers import job_manifest
+
+    env = {k: v for k, v in operator_env(one(helm_template(*helm_args), "Deployment")).items() if isinstance(v, str)}
+    settings = OperatorSettings.from_env(env)
+    network = JobNetwork(tuple(settings.trainer_metrics_from), settings.egress())
+    return desired_network_policy(parse_job(job_manifest("st"), "st"), network)["spec"]  # type: ignore[no-any-return]
+
+
+def test_trainer_egress_is_restricted_by_default_and_never_reaches_the_metadata_endpoints() -> None:
+    from tests.test_egress_unit import allowed
+
+    spec = _jobs_policy()
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert allowed(spec, "52.216.8.10", 443) and allowed(spec, "2600:1f18::1", 443)  # object storage
+    for address in ("169.254.169.254", "fd00:ec2::254"):
+        assert not any(allowed(spec, address, port) for port in (80, 443, 53)), address
+    assert not allowed(spec, "52.216.8.10", 22)
+    # The chart's DNS peers, status API namespace and port.
+    dns, status = spec["egress"][1], spec["egress"][2]
+    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                          "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+    assert status == {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rljob-system"}}}],
+                      "ports": [{"protocol": "TCP", "port": 8443}]}
+    # The platform cuts out its API server and Service range, and opens its own object store's port.
+    tight = _jobs_policy("--set-json", 'networkPolicy.trainerEgress.exceptCIDRs=["10.96.0.0/12","172.20.0.10/32"]',
+                         "--set-json", "networkPolicy.trainerEgress.ports=[443,9000]")
+    assert not allowed(tight, "10.96.0.1", 443) and not allowed(tight, "172.20.0.10", 443)
+    assert allowed(tight, "172.20.0.11", 9000) and not allowed(tight, "169.254.169.254", 9000)
+    assert _jobs_policy("--set", "networkPolicy.trainerEgress.enabled=false")["policyTypes"] == ["Ingress"]
+
+
+def test_an_empty_monitoring_namespace_selector_is_refused() -> None:
+    """It would let any pod that carries Prometheus' labels, in any namespace, reach /metrics."""
+    for empty in ("null", '{"matchLabels": {"kubernetes.io/metadata.name": null}}'):  # {} merges with the default
+        result = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION,
+                      "--set-json", f"networkPolicy.monitoring.namespaceSelector={empty}", check=False)
+        assert result.returncode != 0 and "networkPolicy.monitoring.namespaceSelector must select" in result.stderr
+
+
 def test_network_policies_off_means_no_policy_and_no_rights_on_them() -> None:
     from rljob_operator.settings import OperatorSettings
 

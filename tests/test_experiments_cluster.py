@@ -7,6 +7,7 @@ checks an experiment's template against its creator."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,11 @@ BAD_EXPERIMENTS: list[tuple[str, dict[str, Any], str]] = [
         {"name": "training.beta", "type": "float", "min": 0, "max": 1}]}}, "spec.arms"),
     ("neither-arms-nor-search", {}, "spec.arms"),
     ("duplicate-arm", {"arms": [ARMS[0], ARMS[0]]}, "spec.arms[1]"),
+    # Bounded, so the status (which records every trial) stays under the object size limit.
+    ("too-many-arm-trials", {"arms": [{"name": f"a{i}", "overrides": {}} for i in range(10)], "seeds": 51},
+     "spec.seeds"),
+    ("too-many-search-trials", {"search": {"maxTrials": 501, "parameters": [
+        {"name": "training.beta", "type": "float", "min": 0, "max": 1}]}}, "spec.search.maxTrials"),
 ]
 
 
@@ -215,6 +221,72 @@ def test_trials_run_within_parallelism_and_heartbeats_make_the_better_arm_win(
     assert api_requests(op, "PATCH") == patches
 
 
+def test_a_tenants_forged_trial_is_a_conflict_and_never_ranked(
+        kube: Any, experiment_crd: Any, namespace: str, operator: Any, control_plane: Any,
+        service_account_kubeconfig: Any) -> None:
+    """A tenant who may create jobs (and write their status) makes an RLTrainingJob with the experiment's
+    ownerReference and labels and a perfect Succeeded curve: the experiment names it a conflict (status,
+    condition, Event) and ranks only the trials it created, by the UIDs it recorded."""
+    op = operator()
+    created = create(kube, namespace, experiment("guard", arms=ARMS))
+    trials = wait_for(lambda: trials_when(kube, namespace, "guard", 2), 60, message="two trials")
+    uids = sorted(j["metadata"]["uid"] for j in trials)
+    wait_exp(kube, namespace, "guard", lambda s: sorted(t.get("uid", "") for t in s.get("trials") or []) == uids,
+             "the trials' UIDs recorded")
+    _role(control_plane, namespace, "jobs-editor", [{"apiGroups": ["rljob.dev"], "resources": [
+        "rltrainingjobs", "rltrainingjobs/status"], "verbs": ["get", "list", "create", "patch"]}], "tenant")
+    kubectl = [str(control_plane.bin / "kubectl"), "--kubeconfig", str(service_account_kubeconfig("tenant")),
+               "--namespace", namespace]
+    fake = copy.deepcopy(trials[0])
+    fake["metadata"] = {"name": "guard-winner", "labels": trials[0]["metadata"]["labels"], "ownerReferences": [
+        {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "name": "guard",
+         "uid": created["metadata"]["uid"], "controller": True}]}
+    fake.pop("status", None)
+    subprocess.run([*kubectl, "create", "-f", "-"], input=yaml.safe_dump(fake), check=True, capture_output=True,
+                   text=True, timeout=60)
+    perfect = {"status": {"phase": "Succeeded", "progress": {
+        "step": 40, "checkpoint": "s3://evil/ckpt", "curve": [{"step": 10 * k, "reward": 1.0} for k in range(1, 5)]}}}
+    subprocess.run([*kubectl, "patch", "rltrainingjob", "guard-winner", "--subresource=status", "--type=merge",
+                    "-p", yaml.safe_dump(perfect)], check=True, capture_output=True, text=True, timeout=60)
+
+    seen = wait_exp(kube, namespace, "guard", lambda s: s.get("conflicts") == ["guard-winner"],
+                    "the forged trial reported as a conflict")
+    clash = next(c for c in seen["status"]["conditions"] if c["type"] == "TrialConflict")
+    assert clash["status"] == "True" and "guard-winner" in clash["message"]
+    event = wait_for_events(kube, namespace, "guard", "TrialConflict")
+    assert any("guard-winner" in e["message"] for e in event if e["reason"] == "TrialConflict")
+    for job in trials:
+        heartbeat(kube, op, namespace, job["metadata"]["name"], [(10, 0.2), (20, 0.3)], final=True)
+        wait_for(lambda n=job["metadata"]["name"]: curve_points(kube, namespace, n) == 2, 30, message="its curve")
+        finish(kube, namespace, job["metadata"]["name"])
+    done = wait_exp(kube, namespace, "guard", lambda s: s.get("phase") == "Succeeded", "experiment Succeeded", 120)
+    status = done["status"]
+    assert status["summary"] == "2/2" and [t["name"] for t in status["trials"]] == ["guard-high-s0", "guard-low-s0"]
+    assert "guard-winner" not in yaml.safe_dump(status["leaderboard"]) + yaml.safe_dump(status["arms"])
+    assert status["bestObjective"] < 0.5 and status["best"]["checkpoint"] != "s3://evil/ckpt"
+    assert status["conflicts"] == ["guard-winner"]
+
+
+def test_the_largest_status_an_experiment_can_have_is_accepted_well_under_the_size_limit(
+        kube: Any, experiment_crd: Any, namespace: str) -> None:
+    """The status the operator writes at the maxima (tests/experiment_maxima.py: MAX_TRIALS trials with the
+    longest names, parameters, messages, checkpoints and curves, and conflicts) is accepted by the real API
+    server's status subresource (the CRD's own limits included) and the stored object stays under 1.1 MiB
+    (etcd's limit is 1.5 MiB)."""
+    from tests.experiment_maxima import largest_status
+
+    doc, status = largest_status(template())
+    doc["metadata"] = {"name": "huge"}
+    del doc["status"]
+    create(kube, namespace, doc)
+    kube.request("PATCH", exp_path(namespace, "huge", "status"), {"status": status},
+                 content_type="application/merge-patch+json")
+    stored = get(kube, namespace, "huge")
+    assert len(stored["status"]["trials"]) == len(status["trials"]) and stored["status"]["phase"] == status["phase"]
+    size = len(json.dumps(stored))
+    assert size < 1.1 * 1024 * 1024, size
+
+
 def api_requests(op: Any, verb: str) -> float:
     """The operator's count of ``verb`` requests on rlexperiments (its /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -291,7 +363,11 @@ def test_an_operator_killed_mid_experiment_resumes_it_with_no_duplicate_trial(
     for job, trial in zip(jobs, recorded, strict=True):
         assert job["spec"]["training"]["learningRate"] == pytest.approx(trial["params"]["training.learningRate"])
     uids = {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs}
-    # Restart again while both run: the same two jobs (same uids), no third while no slot is free.
+    # Restart again while both run, once their UIDs are recorded (before that, a restarted operator could not
+    # tell them from a tenant's jobs of those names: test_a_tenants_forged_trial_is_a_conflict_and_never_ranked):
+    # the same two jobs (same uids), no third while no slot is free.
+    wait_exp(kube, namespace, "search", lambda s: {t["name"]: t.get("uid") for t in s.get("trials") or []} == uids,
+             "the trials' UIDs recorded")
     op.kill()
     operator()
     wait_exp(kube, namespace, "search", lambda s: s.get("phase") == "Running", "experiment Running")

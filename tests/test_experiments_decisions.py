@@ -4,11 +4,26 @@ standings, failure, and the pod profile applied to trials."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
-from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment
+import pytest
+from rljob_operator.api import ManifestError
+from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, record_uids
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.experiments.api import parse_experiment
+from rljob_operator.experiments.api import (
+    MAX_CONFLICTS_LISTED,
+    MAX_TRIAL_CHECKPOINT,
+    MAX_TRIAL_MESSAGE,
+    MAX_TRIALS,
+    MIN_CURVE_POINTS,
+    RLExperimentStatus,
+    SearchParameter,
+    curve_points_per_trial,
+    parse_experiment,
+)
+
+from tests.experiment_maxima import largest_status
 
 NOW = "2026-01-01T00:00:00Z"
 TEMPLATE = {"image": "ghcr.io/rljob/trainer:0.1.0",
@@ -31,16 +46,26 @@ def plan(doc: dict[str, Any], jobs: list[dict[str, Any]], profile: PodProfile | 
     return plan_experiment(doc, parse_experiment(doc), jobs, NOW, profile or PodProfile())
 
 
+def uid(manifest: dict[str, Any]) -> str:
+    """The UID the API server gives a trial job (here: one per name)."""
+    return f"uid-{manifest['metadata']['name']}"
+
+
 def job(manifest: dict[str, Any], phase: str, rewards: list[float] | None = None) -> dict[str, Any]:
     out = copy.deepcopy(manifest)
+    out["metadata"]["uid"] = uid(out)
     curve = [{"step": (i + 1) * 10, "reward": r} for i, r in enumerate(rewards or [])]
     out["status"] = {"phase": phase, "progress": {"curve": curve, "checkpoint": f"s3://b/{out['metadata']['name']}/c"}}
     return out
 
 
-def step(doc: dict[str, Any], p: ExperimentPlan) -> dict[str, Any]:
-    """The experiment after ``p``'s status was written."""
-    return {**doc, "status": p.status}
+def step(doc: dict[str, Any], p: ExperimentPlan, created: bool = True) -> dict[str, Any]:
+    """The experiment after ``p``'s status was written and (``created``) its trial jobs' UIDs recorded, as the
+    operator applies a plan."""
+    status = dict(p.status)
+    if created:
+        status["trials"] = record_uids(p.status, {j["metadata"]["name"]: uid(j) for j in p.create})
+    return {**doc, "status": status}
 
 
 def test_trials_start_within_parallelism_owned_labelled_and_recorded_first() -> None:
@@ -57,7 +82,7 @@ def test_trials_start_within_parallelism_owned_labelled_and_recorded_first() -> 
     assert [t["name"] for t in first.status["trials"]] == names and first.status["summary"] == "0/4"
     assert [e.reason for e in first.events] == ["TrialStarted", "TrialStarted"]
     # Crashed after the status, before the creates (no jobs yet): the same two, never others.
-    again = plan(step(doc, first), [])
+    again = plan(step(doc, first, created=False), [])
     assert again.create == first.create and again.status["trials"] == first.status["trials"]
     # A trial seen running whose job is then deleted by someone is failed, not started again.
     seen = plan(step(doc, first), [job(j, "Running", [0.1]) for j in first.create])
@@ -90,6 +115,76 @@ def test_finished_trials_free_slots_then_the_better_arm_wins_with_its_interval()
     again = plan(step(doc, final), jobs)
     assert again.events == [] and again.create == []
     assert again.status == final.status  # nothing to write: a finished experiment causes no status traffic
+
+
+def forged(manifest: dict[str, Any], name: str, rewards: list[float]) -> dict[str, Any]:
+    """A tenant's RLTrainingJob dressed as a trial: the experiment's ownerReference and labels, its own UID,
+    Succeeded with a curve (status a tenant with rights on the status subresource can write)."""
+    out = job(manifest, "Succeeded", rewards)
+    out["metadata"].update(name=name, uid=f"forged-{name}")
+    return out
+
+
+def test_only_jobs_the_experiment_created_are_trials_the_others_are_conflicts() -> None:
+    doc = experiment({**AB, "parallelism": 4})
+    first = plan(doc, [])
+    trials = [job(j, "Running", [0.1]) for j in first.create]
+    fake = forged(first.create[0], "ab-winner", [0.99, 0.99])
+    seen = plan(step(doc, first), [*trials, fake])
+    status = seen.status
+    assert status["conflicts"] == ["ab-winner"] and [t["name"] for t in status["trials"]] == [
+        j["metadata"]["name"] for j in first.create]
+    clash = next(c for c in status["conditions"] if c["type"] == "TrialConflict")
+    assert clash["status"] == "True" and "ab-winner" in clash["message"]
+    assert [e.reason for e in seen.events] == ["TrialConflict"] and "ab-winner" in seen.events[0].message
+    assert plan(step(doc, seen), [*trials, fake]).events == []  # reported once, not at every reconcile
+    many = [forged(first.create[0], f"ab-fake-{i:02d}", [0.9]) for i in range(MAX_CONFLICTS_LISTED + 5)]
+    flooded = plan(step(doc, seen), [*trials, *many])
+    assert len(flooded.events) == MAX_CONFLICTS_LISTED and plan(step(doc, flooded), [*trials, *many]).events == []
+    assert f"{MAX_CONFLICTS_LISTED + 5} RLTrainingJob(s)" in next(
+        c for c in flooded.status["conditions"] if c["type"] == "TrialConflict")["message"]
+    # The trials finish; the forgery's better curve never reaches the leaderboard, the best or the winner.
+    done = [job(j, "Succeeded", [0.2, 0.3 + 0.01 * i]) for i, j in enumerate(first.create)]
+    final = plan(step(doc, seen), [*done, fake])
+    assert final.status["phase"] == "Succeeded" and final.status["summary"] == "4/4"
+    assert "ab-winner" not in str(final.status["leaderboard"]) and final.status["best"]["objective"] < 0.5
+    # Deleted, the conflict is gone from the status and the condition.
+    clean = plan(step(doc, final), done).status
+    assert "conflicts" not in clean or clean["conflicts"] == []
+    assert next(c for c in clean["conditions"] if c["type"] == "TrialConflict")["status"] == "False"
+
+
+def test_a_trials_name_taken_before_it_was_created_or_after_its_job_went_is_no_trial() -> None:
+    doc = experiment(AB)
+    first = plan(doc, [])
+    # A tenant created ab-high-s7 between the status write and the operator's create (its POST got 409):
+    # no UID was recorded, so the job is a conflict and the trial waits, not re-created, never counted.
+    squat = forged(first.create[0], "ab-high-s7", [0.99])
+    waiting = plan(step(doc, first, created=False), [squat])
+    assert waiting.status["conflicts"] == ["ab-high-s7"]
+    assert [j["metadata"]["name"] for j in waiting.create] == ["ab-high-s8"]  # the other recorded trial only
+    assert waiting.status["trials"][0]["phase"] == "Pending" and "objective" not in waiting.status["trials"][0]
+    # Deleted, the trial is created as recorded.
+    assert [j["metadata"]["name"] for j in plan(step(doc, waiting, created=False), []).create] == [
+        "ab-high-s7", "ab-high-s8"]
+    # A finished trial whose job someone deleted and made again with a better curve keeps its own objective.
+    done = [job(j, "Succeeded", [0.2, 0.3]) for j in first.create]
+    finished = plan(step(doc, first), done)
+    objective = finished.status["trials"][0]["objective"]
+    swapped = plan(step(doc, finished), [squat, done[1]])
+    assert swapped.status["trials"][0]["objective"] == objective and swapped.status["conflicts"] == ["ab-high-s7"]
+
+
+def test_a_running_trial_an_older_operator_recorded_without_a_uid_is_adopted_once() -> None:
+    doc = experiment(AB)
+    first = plan(doc, [])
+    running = [job(j, "Running", [0.1]) for j in first.create]
+    seen = plan(step(doc, first), running)
+    legacy = {**doc, "status": {**seen.status, "trials": [
+        {k: v for k, v in t.items() if k != "uid"} for t in seen.status["trials"]]}}
+    adopted = plan(legacy, running)
+    assert [t.get("uid") for t in adopted.status["trials"]] == [uid(j) for j in first.create]
+    assert "conflicts" not in adopted.status or adopted.status["conflicts"] == []
 
 
 def test_a_hopeless_trial_is_pruned_at_a_rung_and_suspended() -> None:
@@ -129,3 +224,42 @@ def test_the_pod_profile_applies_to_trials() -> None:
     p = plan(doc, [])
     assert p.create == [] and p.status["phase"] == "Failed" and p.status["reason"] == "PolicyViolation"
     assert "spec.template.image" in p.status["message"]
+
+
+def test_the_largest_status_is_bounded_whatever_the_trial_jobs_say() -> None:
+    """At the maxima (tests/experiment_maxima.py) each trial keeps MIN_CURVE_POINTS points, a cut message and
+    its checkpoint; the whole status stays under 1 MiB (written to the real API server in
+    test_experiments_cluster.py). A checkpoint longer than the bound is not copied."""
+    status = largest_status(TEMPLATE)[1]
+    assert len(status["trials"]) == MAX_TRIALS and len(json.dumps(status)) < 1024 * 1024
+    failed = status["trials"][1]
+    assert len(failed["curve"]) == MIN_CURVE_POINTS and len(failed["message"]) == MAX_TRIAL_MESSAGE
+    assert len(failed["checkpoint"]) == MAX_TRIAL_CHECKPOINT and len(status["conflicts"]) == MAX_CONFLICTS_LISTED
+    RLExperimentStatus.model_validate(status)  # the model the CRD's limits are generated from
+    doc = experiment(AB)
+    first = plan(doc, [])
+    long = job(first.create[0], "Running", [0.1])
+    long["status"]["progress"]["checkpoint"] = "s3://" + "c" * MAX_TRIAL_CHECKPOINT
+    assert "checkpoint" not in plan(step(doc, first), [long]).status["trials"][0]
+    assert [curve_points_per_trial(n) for n in (1, 25, 26, 100, MAX_TRIALS)] == [200, 200, 192, 50, MIN_CURVE_POINTS]
+    # A status written before the bounds is read (not refused) and written back within them.
+    old = {**step(doc, first), "status": {**first.status, "trials": [
+        {**first.status["trials"][0], "phase": "Failed", "message": "m" * 5000, "checkpoint": "s3://" + "c" * 5000}]}}
+    again = plan(old, []).status
+    assert len(again["trials"][0]["message"]) == MAX_TRIAL_MESSAGE and "checkpoint" not in again["trials"][0]
+
+
+def test_an_experiment_too_large_for_its_status_is_refused_naming_the_field() -> None:
+    arms = [{"name": f"a{i}", "overrides": {}} for i in range(10)]
+    with pytest.raises(ManifestError, match=r"spec.seeds: 10 arms × 51 seeds is 510 trials; an experiment runs at "
+                                            rf"most {MAX_TRIALS}"):
+        parse_experiment(experiment({"arms": arms, "seeds": 51}))
+    values = ["x" * 500, "y"]
+    search = {"maxTrials": MAX_TRIALS, "parameters": [
+        {"name": "training.trl.p", "type": "categorical", "values": values}]}
+    with pytest.raises(ManifestError, match=r"spec.search.maxTrials: the status records every trial's parameters "
+                                            r"\(522 bytes each.*at most 287 trials of this search fit"):
+        parse_experiment(experiment({"search": search}))
+    # The estimate is never below what a trial records.
+    parameter = SearchParameter.model_validate(search["parameters"][0])
+    assert parameter.recorded_bytes() >= len(json.dumps({parameter.name: values[0]}))

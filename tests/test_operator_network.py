@@ -73,8 +73,9 @@ def test_every_job_gets_a_network_policy_admitting_only_its_own_pods(kube: Any, 
                                                                      operator: Any) -> None:
     from rljob_operator.api import parse_job
     from rljob_operator.decisions.children import JobNetwork, desired_network_policy
+    from rljob_operator.decisions.egress import Egress
 
-    operator(env=NETWORK_ENV)
+    op = operator(env=NETWORK_ENV)
     create_job(kube, namespace, job_manifest("net-a", replicas=2))
     create_job(kube, namespace, job_manifest("net-b", replicas=1))
     pods = _pods_of(kube, namespace, {"net-a": 2, "net-b": 1})
@@ -85,7 +86,7 @@ def test_every_job_gets_a_network_policy_admitting_only_its_own_pods(kube: Any, 
         assert (owner["kind"], owner["name"], owner["uid"]) == ("RLTrainingJob", job_name, job["metadata"]["uid"])
         assert policy["metadata"]["annotations"][MARKER] == job["metadata"]["uid"]
         spec = policy["spec"]
-        assert spec["policyTypes"] == ["Ingress"]
+        assert spec["policyTypes"] == ["Ingress", "Egress"]  # egress restricted by default
         own = {p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["rljob.dev/job"] == job_name}
         # The policy isolates exactly this job's pods...
         assert {p["metadata"]["name"] for p in pods if selects(spec["podSelector"], p["metadata"]["labels"])} == own
@@ -99,8 +100,19 @@ def test_every_job_gets_a_network_policy_admitting_only_its_own_pods(kube: Any, 
         assert admitted == own
         # ...and on the metrics port only the platform's Prometheus besides.
         assert metrics == {"from": [PROMETHEUS], "ports": [{"protocol": "TCP", "port": 9400}]}
+        # Egress: the API server accepted the metadata endpoints cut out of the ranges object storage may use
+        # (what a network plugin then enforces: tests/test_egress_unit.py evaluates the rules).
+        blocks = [p["ipBlock"] for r in spec["egress"] for p in r["to"] if "ipBlock" in p]
+        assert blocks == [{"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+                          {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}]
         # Stored as built: bringing it up to date later patches nothing.
-        assert spec == desired_network_policy(parse_job(job, job_name), JobNetwork((PROMETHEUS,)))["spec"]
+        egress = Egress(status_namespace=namespace, status_port=op.status_port)
+        assert spec == desired_network_policy(parse_job(job, job_name), JobNetwork((PROMETHEUS,), egress))["spec"]
+    # Deleted with its job, by the real garbage collector.
+    kube.request("DELETE", kube.job_path(namespace, "net-b"))
+    wait_for(lambda: all(p["metadata"]["name"] != "net-b-workers"
+                         for p in kube.request("GET", policy_path(kube, namespace))["items"]), 60,
+             message="net-b's NetworkPolicy deleted with the job")
 
 
 def test_no_network_policy_when_the_platform_turns_them_off(kube: Any, namespace: str, operator: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -78,3 +79,50 @@ def test_finite_metrics_picks_the_numbers_a_heartbeat_may_carry_from_trainer_log
     # Over the bound, each reward function's metrics are kept before the rest.
     many = {**{f"m{i}": 1.0 for i in range(40)}, "rewards/accuracy/mean": 0.5, "rewards/accuracy/std": 0.1}
     assert list(finite_metrics(many))[:2] == ["rewards/accuracy/mean", "rewards/accuracy/std"]
+
+
+def _names(prefix: str) -> list[str]:
+    """MAX_HEARTBEAT_METRICS metric names of the longest length a heartbeat may carry."""
+    return [f"{prefix}{i:02d}".ljust(64, "x") for i in range(MAX_HEARTBEAT_METRICS)]
+
+
+def _hostile_run() -> list:
+    """A run at the maxima: every point carries 32 metrics of 64-character names; the last step is
+    repeated with 32 other names each time (a trainer logging other keys at one step, or resuming),
+    and steps go back after a resume and forward again."""
+    curve: list = []
+    for step in range(1, 2 * MAX_CURVE_POINTS + 1):
+        curve = merge_curve(curve, [{"step": step, "reward": 1e308, "loss": -1e308,
+                                     "metrics": dict.fromkeys(_names("a"), -1.5e-308)}])
+    for round_ in range(5):
+        for repeat in range(3):
+            names = _names(f"r{round_}{repeat}")
+            curve = merge_curve(curve, [{"step": curve[-1]["step"], "metrics": dict.fromkeys(names, 2.0)}])
+            assert set(curve[-1]["metrics"]) == set(names)  # the newest names win, none added beyond 32
+        curve = merge_curve(curve, [{"step": curve[-1]["step"] - 7, "reward": 0.5,
+                                     "metrics": dict.fromkeys(_names("b"), 1.0)}])
+    return curve
+
+
+def test_a_repeated_step_keeps_at_most_the_metrics_the_crd_allows() -> None:
+    curve = merge_curve([{"step": 1, "metrics": {"kl": 0.1, "old": 1.0}}], [{"step": 1, "metrics": {"kl": 0.2}}])
+    assert curve == [{"step": 1, "metrics": {"kl": 0.2, "old": 1.0}}]  # fewer than 32: the earlier names stay
+    curve = _hostile_run()
+    assert len(curve) <= MAX_CURVE_POINTS
+    assert max(len(p.get("metrics", {})) for p in curve) == MAX_HEARTBEAT_METRICS
+    Progress.model_validate({"curve": curve})  # the model the CRD is generated from: maxProperties, maxItems
+
+
+@pytest.mark.cluster
+def test_the_api_server_accepts_the_curve_at_its_maxima(kube: Any, crd_installed: Any, namespace: str) -> None:
+    """No 422: the largest curve a hostile trainer can cause (above) is written to the real API server's
+    status subresource as the status API writes it, and read back whole."""
+    from tests.operator_helpers import get_job, job_manifest
+
+    kube.request("POST", kube.job_path(namespace), job_manifest("curve", replicas=1))
+    curve = _hostile_run()
+    kube.request("PATCH", kube.job_path(namespace, "curve", "status"), {"status": {"progress": {"curve": curve}}},
+                 content_type="application/merge-patch+json")
+    stored = get_job(kube, namespace, "curve")
+    assert stored["status"]["progress"]["curve"] == curve
+    assert len(json.dumps(stored)) < 1024 * 1024  # and far from the object size limit (1.5 MiB)

@@ -58,6 +58,7 @@ from rljob_operator.api import (
     RLTrainingJobSpec,
     RLTrainingJobStatus,
 )
+from rljob_operator.experiments.api import MAX_TRIALS
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"crds/{GROUP}_{PLURAL}.yaml"
@@ -589,6 +590,8 @@ EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = {
     "spec": [
         _rule("has(self.arms) != has(self.search)",
               "spec: give exactly one of spec.arms (an A/B test) or spec.search (a hyperparameter search)", ".arms"),
+        _rule(f"!has(self.arms) || size(self.arms) * (has(self.seeds) ? self.seeds : 1) <= {MAX_TRIALS}",
+              f"spec.seeds: arms × seeds must be at most {MAX_TRIALS} trials (the status records each)", ".seeds"),
     ],
     "spec.search.parameters[]": [
         _rule("self.name.startsWith('training.')",

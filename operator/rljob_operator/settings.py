@@ -7,6 +7,7 @@ Every field's environment variable is its name in upper case with the prefix, fo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rljob_operator.decisions.egress import KUBE_DNS, Egress, check_cidrs, check_ports
 from rljob_operator.names import TOKEN_AUDIENCE
 
 ENV_PREFIX = "RLJOB_OPERATOR_"
@@ -107,6 +109,22 @@ class OperatorSettings:
     """NetworkPolicyPeers (JSON list) that may reach the trainers' metrics port, for example
     ``[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]``. Empty: none."""
+    trainer_egress: bool = True
+    """With ``network_policy``, restrict where a job's pods may connect to (policyType Egress): DNS
+    (``trainer_dns_to``), the job's own pods, the status API (``status_port`` in the operator's namespace),
+    and ``trainer_egress_cidrs`` and ``trainer_egress_to`` on ``trainer_egress_ports`` (object storage),
+    never the cloud metadata endpoints (``decisions.egress.METADATA_ENDPOINTS``) nor ``trainer_egress_except``."""
+    trainer_dns_to: list[dict[str, Any]] = field(default_factory=lambda: [copy.deepcopy(KUBE_DNS)])
+    """NetworkPolicyPeers (JSON list) of the cluster DNS (UDP and TCP 53); default kube-system's kube-dns pods.
+    With NodeLocal DNSCache add ``{"ipBlock": {"cidr": "169.254.20.10/32"}}``."""
+    trainer_egress_cidrs: list[str] = field(default_factory=lambda: ["0.0.0.0/0", "::/0"])
+    """Address ranges (comma-separated) trainers may reach on ``trainer_egress_ports``: object storage."""
+    trainer_egress_except: list[str] = field(default_factory=list)
+    """Ranges cut out of those besides the metadata endpoints: the API server's address, the Service range."""
+    trainer_egress_ports: list[str] = field(default_factory=lambda: ["443", "80"])
+    """TCP ports (comma-separated) of object storage."""
+    trainer_egress_to: list[dict[str, Any]] = field(default_factory=list)
+    """More NetworkPolicyPeers (JSON list) allowed on those ports, e.g. an in-cluster object store's pods."""
     kueue: bool = True
     """Honour the label ``kueue.x-k8s.io/queue-name``: such a job's gang waits for Kueue to admit its
     Workload (see the README's Kueue section). Needs Kueue's API; where it is not served, labelled
@@ -136,6 +154,26 @@ class OperatorSettings:
     def effective_lease_namespace(self) -> str:
         return self.lease_namespace or self.operator_namespace
 
+    def check_network(self) -> None:
+        """Raise ValueError naming the variable of a NetworkPolicy setting the API server would refuse (checked at
+        start: otherwise only when a job needs its policy)."""
+        for name in ("trainer_metrics_from", "trainer_dns_to", "trainer_egress_to"):
+            check_peers(getattr(self, name), ENV_PREFIX + name.upper())
+        for name in ("trainer_egress_cidrs", "trainer_egress_except"):
+            check_cidrs(getattr(self, name), ENV_PREFIX + name.upper())
+        check_ports(self.trainer_egress_ports, ENV_PREFIX + "TRAINER_EGRESS_PORTS")
+
+    def egress(self) -> Egress | None:
+        """Where every job's pods may connect to (None: anywhere; its NetworkPolicy restricts ingress only)."""
+        if not self.trainer_egress:
+            return None
+        return Egress(
+            status_namespace=self.operator_namespace, status_port=self.status_port, dns_to=tuple(self.trainer_dns_to),
+            cidrs=tuple(self.trainer_egress_cidrs), except_cidrs=tuple(self.trainer_egress_except),
+            ports=tuple(check_ports(self.trainer_egress_ports, ENV_PREFIX + "TRAINER_EGRESS_PORTS")),
+            to=tuple(self.trainer_egress_to),
+        )
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> OperatorSettings:
         """Defaults ← ``RLJOB_OPERATOR_*`` ← ``overrides`` (those not None)."""
@@ -157,7 +195,7 @@ class OperatorSettings:
                 in_cluster or next(iter(values.get("namespaces") or []), None) or "rljob-system"
             )
         settings = cls(**values)
-        check_peers(settings.trainer_metrics_from, ENV_PREFIX + "TRAINER_METRICS_FROM")
+        settings.check_network()
         if settings.tls_secret is None and in_cluster and not settings.tls_cert_file:
             settings.tls_secret = f"{settings.operator_namespace}/{settings.service_name}-tls"
         return settings

@@ -6,10 +6,11 @@ leader write guard as jobs. What wakes an experiment: its own events, and any ev
 job (label ``rljob.dev/experiment``: created, status written by a heartbeat, finished); besides
 those it asks for another look every ``RECHECK_SECONDS`` while it runs.
 
-A reconcile reads the experiment and LISTs its trial jobs (a LIST, not a watch cache: a trial
-created a moment ago must be seen, or a restarted operator could think it missing), keeps only the
-jobs this experiment controls (ownerReference uid), lets ``decisions.experiments.plan_experiment``
-decide, and applies the plan: status, creates (409: already there), suspensions, Events.
+A reconcile reads the experiment and LISTs the jobs that carry its label (a LIST, not a watch cache:
+a trial created a moment ago must be seen, or a restarted operator could think it missing), lets
+``decisions.experiments.plan_experiment`` decide which are its trials (by the UIDs its status
+recorded; the others are conflicts), and applies the plan: status, creates (409: the name is taken,
+and the job is no trial until its UID is recorded), the created jobs' UIDs, suspensions, Events.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_operator.api import GROUP, PLURAL, VERSION, ManifestError
 from rljob_operator.cluster.kube import Kube
-from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, selector
+from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, record_uids, selector
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.experiments import api as exp_api
 from rljob_operator.experiments.trials import LABEL_EXPERIMENT
@@ -87,32 +88,21 @@ class ExperimentReconciler:
         except ManifestError as e:
             self._invalid(raw, e.problems, now)
             return None
-        uid = raw["metadata"]["uid"]
         listed = self.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}",
                                    query={"labelSelector": selector(name)})
-        jobs = [j for j in listed.get("items") or []
-                if any(r.get("uid") == uid and r.get("controller") for r in j["metadata"].get("ownerReferences") or [])]
-        plan = plan_experiment(raw, parsed, jobs, now, self.profile)
+        plan = plan_experiment(raw, parsed, list(listed.get("items") or []), now, self.profile)
         self._apply(raw, plan, now)
         return plan.requeue_after
 
     def _apply(self, raw: dict[str, Any], plan: ExperimentPlan, now: str) -> None:
-        """Status, then creates, then suspensions, then Events (see ``decisions.experiments``)."""
+        """Status, then creates and their UIDs, then suspensions, then Events (see ``decisions.experiments``)."""
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         if any((raw.get("status") or {}).get(k) != v for k, v in plan.status.items()):
             self.kube.request("PATCH", self.path(namespace, name, "status"), {"status": plan.status},
                               content_type="application/merge-patch+json")
-        for job in plan.create:
-            try:
-                self.kube.request("POST", self.kube.job_path(namespace), job)
-                log.info("experiment %s/%s: created trial %s", namespace, name, job["metadata"]["name"])
-            except ApiException as e:
-                if e.status in (400, 403, 422):  # refused (admission, quota, validation): retrying cannot help
-                    self._refused(raw, job["metadata"]["name"], e, now)
-                    return
-                if e.status != 409:  # 409: created by an earlier reconcile (deterministic names)
-                    raise
+        if self._create(raw, plan, now):
+            return
         for trial in plan.suspend:
             try:
                 self.kube.request("PATCH", self.kube.job_path(namespace, trial),
@@ -126,6 +116,29 @@ class ExperimentReconciler:
                 self.kube.post_event(raw, event.type, event.reason, event.message, now, instance=self.instance)
             except ApiException as e:  # an Event is worth a log line, not a failed reconcile
                 log.warning("cannot post %s event for experiment %s/%s: %s", event.reason, namespace, name, e)
+
+    def _create(self, raw: dict[str, Any], plan: ExperimentPlan, now: str) -> bool:
+        """Create the plan's trial jobs, then record the UIDs the API server gave them; True when one was refused."""
+        namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
+        created: dict[str, str] = {}
+        try:
+            for job in plan.create:
+                trial = job["metadata"]["name"]
+                try:
+                    created[trial] = self.kube.request("POST", self.kube.job_path(namespace), job)["metadata"]["uid"]
+                    log.info("experiment %s/%s: created trial %s", namespace, name, trial)
+                except ApiException as e:
+                    if e.status in (400, 403, 422):  # refused (admission, quota, validation): retrying cannot help
+                        self._refused(raw, trial, e, now)
+                        return True
+                    if e.status != 409:  # 409: the name is taken; the job is a conflict until its UID is recorded
+                        raise
+        finally:
+            if created:  # also when a later create failed: these jobs are the trials'
+                self.kube.request("PATCH", self.path(namespace, name, "status"),
+                                  {"status": {"trials": record_uids(plan.status, created)}},
+                                  content_type="application/merge-patch+json")
+        return False
 
     def _refused(self, raw: dict[str, Any], trial: str, error: ApiException, now: str) -> None:
         """The API server refused a trial job: the experiment fails, saying why (TrialRejected)."""

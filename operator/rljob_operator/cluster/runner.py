@@ -162,7 +162,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     is fresh (``LeaderElector.write_guard``).
     """
     watch_ref: list[JobWatch] = []
-    network = JobNetwork(tuple(s.trainer_metrics_from)) if s.network_policy else None
+    network = JobNetwork(tuple(s.trainer_metrics_from), s.egress()) if s.network_policy else None
     if elector is not None:
         kube = kube.guarded(elector.write_guard)
     # Workloads are watched only where Kueue is installed: a watch on an API nobody serves fails for ever.

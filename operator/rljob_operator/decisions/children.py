@@ -1,7 +1,7 @@
 """The children of an RLTrainingJob, as plain dicts built from its spec (pure).
 
 A job owns a ConfigMap and a headless Service, both named after the job, a NetworkPolicy
-``<job>-workers`` (when the platform has them on), and one pod per worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs twice or
+``<job>-workers`` (when the platform has them on: ingress, and egress as ``decisions.egress`` says), and one pod per worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs twice or
 after a crash finds what it made and never makes a second copy; ownerReferences let the
 garbage collector delete everything with the job.
 
@@ -25,6 +25,7 @@ from rljob_trainer import contract
 
 from rljob_operator.api import RLTrainingJob
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
+from rljob_operator.decisions.egress import Egress, egress_rules
 from rljob_operator.decisions.restarts import in_place_restarts
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
@@ -143,27 +144,33 @@ class JobNetwork:
 
     metrics_from: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     """NetworkPolicyPeers (Prometheus) that may reach the trainers' metrics port; empty: none."""
+    egress: Egress | None = None
+    """Where the job's pods may connect to (``decisions.egress``); None: anywhere (ingress only)."""
 
 
 def desired_network_policy(job: RLTrainingJob, network: JobNetwork) -> dict[str, Any]:
-    """Ingress to the job's worker pods: everything from the job's own pods, metrics from ``metrics_from``.
+    """Ingress to the job's worker pods: everything from the job's own pods, metrics from ``metrics_from``;
+    with ``network.egress``, egress only to DNS, the job's own pods, the status API and object storage.
 
     Rendezvous (c10d on 29500) and NCCL/Gloo (ephemeral ports) need every port between the
     workers, so the job's pods (same namespace: a peer without namespaceSelector) may use all.
-    Ingress only: trainers reach DNS, object storage, model hubs and the status API, which a
-    platform restricts with its own egress policies. The spec is written as the API server
-    stores it (policyTypes and protocols explicit), so comparing it with the stored one is exact.
+    The spec is written as the API server stores it (policyTypes and protocols explicit), so
+    comparing it with the stored one is exact.
     """
     own = {"matchLabels": {LABEL_JOB: job.metadata.name}}
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": own}]}]
     if network.metrics_from:
         ingress.append({"from": [copy.deepcopy(p) for p in network.metrics_from],
                         "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
+    spec: dict[str, Any] = {"podSelector": copy.deepcopy(own), "policyTypes": ["Ingress"], "ingress": ingress}
+    if network.egress is not None:
+        spec["policyTypes"] = ["Ingress", "Egress"]
+        spec["egress"] = egress_rules(own, network.egress)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(job, networkpolicy_name(job.metadata.name), "network"),
-        "spec": {"podSelector": copy.deepcopy(own), "policyTypes": ["Ingress"], "ingress": ingress},
+        "spec": spec,
     }
 
 

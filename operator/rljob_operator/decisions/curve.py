@@ -6,7 +6,7 @@ can compute objectives and prune from the status alone (the operator keeps no st
 
 * Only finite numbers are kept (JSON has no NaN; a NaN loss is dropped, the point stays).
 * Steps strictly increase: a point at the last point's step updates it (the final heartbeat
-  repeats the last step); a point at an earlier step means the trainer resumed from an older
+  repeats the last step; its metrics come first, the earlier ones fill up to the 32 the CRD allows); a point at an earlier step means the trainer resumed from an older
   checkpoint, so the points after it are dropped (they belong to the abandoned run).
 * At most ``MAX_CURVE_POINTS``: when full, every second point is dropped (first and last kept),
   so the curve always spans the whole run evenly at half the resolution; from then on a new point
@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from rljob_trainer.contract import MAX_HEARTBEAT_METRICS
 
 #: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit).
 MAX_CURVE_POINTS = 100
@@ -52,6 +54,20 @@ def decimate(points: list[dict[str, Any]], limit: int = MAX_CURVE_POINTS) -> lis
     return points
 
 
+def _merged(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A repeated step: ``new``'s values over ``old``'s; metrics too, ``new``'s first, at most
+    MAX_HEARTBEAT_METRICS (the CRD's maxProperties: a step repeated with other names must not grow it)."""
+    metrics = {**new.get("metrics", {})}
+    for key, value in (old.get("metrics") or {}).items():
+        if len(metrics) >= MAX_HEARTBEAT_METRICS:
+            break
+        metrics.setdefault(key, value)
+    point = {**old, **new, "metrics": metrics}
+    if not metrics:
+        del point["metrics"]
+    return point
+
+
 def _is_tail(out: list[dict[str, Any]]) -> bool:
     """Whether the last point sits closer to the one before it than the curve's spacing (a moving tail)."""
     if len(out) < 3:
@@ -77,10 +93,7 @@ def merge_curve(curve: Iterable[Mapping[str, Any]], points: Iterable[Mapping[str
         if rewound and out and out[-1]["step"] == step:
             out.pop()  # the abandoned run's point at this very step goes too
         elif out and out[-1]["step"] == step:
-            old = out.pop()
-            point = {**old, **point, "metrics": {**old.get("metrics", {}), **point.get("metrics", {})}}
-            if not point["metrics"]:
-                del point["metrics"]
+            point = _merged(out.pop(), point)
         elif _is_tail(out):
             out.pop()
         out.append(point)

@@ -5,12 +5,22 @@ The operator keeps nothing in memory: every decision is rebuilt from the experim
 progress curve). ``plan_experiment`` returns an ``ExperimentPlan``, which ``cluster/experiments.py``
 applies in this order: the status first (a new trial is recorded, with its parameters, before its
 job exists, so a crash in between re-creates the same trial, never a second one), then the trial
-jobs to create (deterministic names: a 409 means it is already there), then the ones to stop (pruned
-trials are suspended: their checkpoints and curves stay), then the Events.
+jobs to create (deterministic names), then the UIDs the API server gave them (``record_uids``, a
+second status write), then the ones to stop (pruned trials are suspended: their checkpoints and
+curves stay), then the Events.
+
+A trial is its job only by UID: an RLTrainingJob that carries the experiment's label (and its
+ownerReference, which anyone who may create jobs can copy) is a *conflict* unless its UID is the
+one recorded for a trial of its name. Conflicts are reported (``status.conflicts``, the condition
+``TrialConflict``, an Event) and never counted. A name squatted before the operator created the
+trial (its create got a 409), or a trial whose UID write was lost (the operator stopped between
+create and record), waits as Pending: the operator cannot tell its own job from a forgery there,
+so it adopts neither and says so; deleting the job lets it create the trial.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +31,15 @@ from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.experiments import api as exp_api
 from rljob_operator.experiments.api import (
     FINISHED_TRIAL_PHASES,
-    MAX_CURVE_POINTS,
+    MAX_CONFLICTS_LISTED,
     CurvePoint,
     ExperimentPhase,
     RLExperiment,
     TrialPhase,
     TrialStatus,
+    bounded_checkpoint,
+    bounded_message,
+    curve_points_per_trial,
 )
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import objective_value, thin
@@ -56,6 +69,7 @@ class ExperimentPlan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     now: str = ""
+    conflicts: list[str] = field(default_factory=list)
 
 
 def owner_reference(experiment: dict[str, Any]) -> dict[str, Any]:
@@ -100,17 +114,51 @@ def observe_trial(previous: TrialStatus, job: dict[str, Any] | None, parsed: RLE
     status = job.get("status") or {}
     progress = status.get("progress") or {}
     points = series(progress.get("curve") or [], parsed.spec.objective.metric)
-    curve = [CurvePoint(step=s, value=v) for s, v in thin(points, MAX_CURVE_POINTS)] if points else previous.curve
-    pairs = [(p.step, p.value) for p in curve]
+    kept = curve_points_per_trial(parsed.spec.total_trials)
+    curve = [CurvePoint(step=s, value=v) for s, v in thin(points, kept)] if points else previous.curve
+    pairs = points or [(p.step, p.value) for p in curve]  # the objective from the job's whole curve
     phase = _trial_phase(job, previous)
+    checkpoint = bounded_checkpoint(progress.get("bestCheckpoint") or progress.get("checkpoint"))
     update: dict[str, Any] = {
-        "phase": phase, "curve": curve, "objective": objective_value(pairs, parsed.spec.objective),
+        "uid": job["metadata"].get("uid") or previous.uid, "phase": phase, "curve": curve,
+        "objective": objective_value(pairs, parsed.spec.objective),
         "steps": pairs[-1][0] if pairs else previous.steps,
-        "checkpoint": progress.get("bestCheckpoint") or progress.get("checkpoint") or previous.checkpoint,
+        "checkpoint": checkpoint or previous.checkpoint,
     }
     if phase == TrialPhase.failed.value and previous.phase != phase:
-        update["message"] = status.get("message") or status.get("reason") or "the trial job failed"
+        update["message"] = bounded_message(status.get("message") or status.get("reason") or "the trial job failed")
     return previous.model_copy(update=update)
+
+
+def _is_trials(trial: TrialStatus, job: dict[str, Any]) -> bool:
+    """Whether ``job`` is ``trial``'s: its UID is the one recorded when the operator created it. A trial an
+    operator of an earlier version recorded without a UID and saw running is its job's (by name, once: its UID
+    is recorded from then on); a Pending or finished one without a UID has no job yet, or needs none."""
+    if trial.uid is not None:
+        return bool(trial.uid == job["metadata"].get("uid"))
+    return trial.phase == TrialPhase.running.value
+
+
+def trial_jobs_and_conflicts(trials: list[TrialStatus], jobs: list[dict[str, Any]]
+                             ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The trials' own jobs by name, and the names of the other ``jobs`` (conflicts), sorted."""
+    recorded = {t.name: t for t in trials}
+    own: dict[str, dict[str, Any]] = {}
+    conflicts = []
+    for job in jobs:
+        name = job["metadata"]["name"]
+        trial = recorded.get(name)
+        if trial is not None and _is_trials(trial, job):
+            own[name] = job
+        else:
+            conflicts.append(name)
+    return own, sorted(conflicts)
+
+
+def record_uids(status: Mapping[str, Any], created: Mapping[str, str]) -> list[dict[str, Any]]:
+    """``status.trials`` with the UIDs of the trial jobs just ``created`` (name → UID) filled in."""
+    return [{**t, "uid": created[t["name"]]} if t.get("name") in created else dict(t)
+            for t in status.get("trials") or []]
 
 
 def _recorded(parsed: RLExperiment, t: TrialStatus) -> Trial:
@@ -179,14 +227,15 @@ def _refused(parsed: RLExperiment, trial: Trial, profile: PodProfile | None) -> 
 
 def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list[dict[str, Any]],
                     now: str, profile: PodProfile | None = None) -> ExperimentPlan:
-    """The experiment's next step from its status and its trial jobs (owned ones only, by name) at ``now``."""
+    """The experiment's next step from its status and the jobs that carry its label at ``now`` (a trial's own
+    job by its recorded UID; any other is a conflict)."""
     previous = exp_api.RLExperimentStatus.model_validate(experiment.get("status") or {})
     if previous.phase == ExperimentPhase.failed and previous.observed_generation == experiment["metadata"].get(
             "generation"):
         # Failed is final for this spec (a refused trial would be refused again); a changed spec tries again.
         return ExperimentPlan(status=dict(experiment.get("status") or {}), now=now)
-    by_name = {j["metadata"]["name"]: j for j in jobs}
-    plan = ExperimentPlan(status={}, now=now)
+    by_name, conflicts = trial_jobs_and_conflicts(previous.trials, jobs)
+    plan = ExperimentPlan(status={}, now=now, conflicts=conflicts)
     trials = []
     for old in previous.trials:
         new = observe_trial(old, by_name.get(old.name), parsed)
@@ -196,7 +245,7 @@ def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list
     trials = _prune(parsed, trials, plan)
     # Recorded before a crash (or a refused create) but never created: created now, as recorded.
     for t in trials:
-        if t.phase == TrialPhase.pending.value and t.name not in by_name:
+        if t.phase == TrialPhase.pending.value and t.name not in by_name and t.name not in conflicts:
             plan.create.append(trial_job(experiment, parsed, _recorded(parsed, t)))
     failed = sum(t.phase == TrialPhase.failed.value for t in trials)
     if failed > _max_failed(parsed):
@@ -234,9 +283,12 @@ def _finish(plan: ExperimentPlan, parsed: RLExperiment, trials: list[TrialStatus
         summary=f"{done}/{total}", trials=trials, arms=ranked.arms, leaderboard=ranked.leaderboard,
         best=ranked.best, best_name=best_name,
         best_objective=ranked.leaderboard[0].objective if ranked.leaderboard else None, winner=ranked.winner,
-        conditions=_conditions(phase, reason, message, previous.get("conditions") or [], plan.now),
+        conditions=_conditions(phase, reason, message, plan.conflicts, previous.get("conditions") or [], plan.now),
+        conflicts=plan.conflicts[:MAX_CONFLICTS_LISTED],
     )
     plan.status = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    for name in sorted(set(status.conflicts) - set(previous.get("conflicts") or [])):  # the listed: once each
+        plan.events.append(Event("Warning", "TrialConflict", _conflict_message(experiment, name)))
     if ranked.winner is not None and not previous.get("winner"):
         plan.events.append(Event("Normal", "WinnerFound", f"arm {ranked.winner.arm} wins: {ranked.winner.message}"))
     if phase != previous.get("phase") and phase in (ExperimentPhase.succeeded, ExperimentPhase.failed):
@@ -246,22 +298,32 @@ def _finish(plan: ExperimentPlan, parsed: RLExperiment, trials: list[TrialStatus
     return plan
 
 
-def _conditions(phase: ExperimentPhase, reason: str, message: str,
+def _conflict_message(experiment: dict[str, Any], name: str) -> str:
+    return (f"RLTrainingJob {name} carries the label of experiment {experiment['metadata']['name']} but the "
+            "experiment did not create it (its UID is no trial's): it is not counted; delete it if it squats a "
+            "trial's name")
+
+
+def _conditions(phase: ExperimentPhase, reason: str, message: str, conflicts: list[str],
                 previous: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
-    """kstatus conditions: Ready (finished well), Reconciling (trials running), Stalled (failed)."""
+    """kstatus conditions: Ready (finished well), Reconciling (trials running), Stalled (failed); TrialConflict
+    (jobs that carry the experiment's label but are no trial of it)."""
     old = {c.get("type"): c for c in previous}
-    wanted = {
-        "Ready": phase == ExperimentPhase.succeeded,
-        "Reconciling": phase in (ExperimentPhase.pending, ExperimentPhase.running),
-        "Stalled": phase == ExperimentPhase.failed,
-    }
+    clash = (f"{len(conflicts)} RLTrainingJob(s) carry the experiment's label but are no trial of it "
+             f"(not counted): {', '.join(conflicts[:MAX_CONFLICTS_LISTED])}") if conflicts else "none"
+    wanted = [
+        ("Ready", phase == ExperimentPhase.succeeded, reason, message),
+        ("Reconciling", phase in (ExperimentPhase.pending, ExperimentPhase.running), reason, message),
+        ("Stalled", phase == ExperimentPhase.failed, reason, message),
+        ("TrialConflict", bool(conflicts), "JobsNotCreatedByExperiment" if conflicts else "NoConflict", clash),
+    ]
     out = []
-    for kind, true in wanted.items():
+    for kind, true, why, what in wanted:
         value = "True" if true else "False"
         keep = old.get(kind) or {}
         changed = keep.get("status") != value
         since = keep.get("lastTransitionTime") if not changed else None
-        out.append({"type": kind, "status": value, "reason": reason, "message": message,
+        out.append({"type": kind, "status": value, "reason": why, "message": what,
                     "lastTransitionTime": since or now})
     return out
 

@@ -12,6 +12,7 @@ validated after it is merged into the template.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from enum import StrEnum
 from typing import Any
@@ -40,6 +41,23 @@ SHORT_NAMES = ["rlexp"]
 MAX_ARM_NAME_LENGTH = 20
 #: Most points of a trial's curve kept in the status (older points are thinned, see objective.thin).
 MAX_CURVE_POINTS = 200
+#: Most trials an experiment runs (search.maxTrials; arms × seeds): its status records each of them.
+MAX_TRIALS = 500
+#: Curve points all trials of an experiment's status keep together (each trial: at most MAX_CURVE_POINTS,
+#: at least MIN_CURVE_POINTS): at MAX_TRIALS a trial keeps 10 points, so the status stays under the API
+#: server's object size limit (1.5 MiB in etcd); experiments of up to 25 trials keep 200 each.
+CURVE_POINT_BUDGET = 5_000
+MIN_CURVE_POINTS = 10
+#: Bytes of parameters (JSON, ``"name": value``) all trials of a search record together.
+PARAMS_BUDGET = 150_000
+#: Longest trial message and checkpoint location the experiment's status keeps (a longer message is cut,
+#: a longer location dropped: the trial job's own status has it).
+MAX_TRIAL_MESSAGE = 256
+MAX_TRIAL_CHECKPOINT = 512
+#: JSON bytes a number parameter's value may take (a float's repr, e.g. -1.2345678901234567e-300).
+_NUMBER_BYTES = 24
+#: Most conflicting jobs an experiment's status names (the condition TrialConflict counts them all).
+MAX_CONFLICTS_LISTED = 20
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 # ------------------------------------------------------------------------------- helpers
@@ -71,6 +89,24 @@ def set_path(document: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     for part in reversed(parts[:-1]):
         override = {part: override}
     return deep_merge(document, override)
+
+
+def curve_points_per_trial(total_trials: int) -> int:
+    """Curve points each trial keeps in the status of an experiment of ``total_trials`` trials."""
+    return max(MIN_CURVE_POINTS, min(MAX_CURVE_POINTS, CURVE_POINT_BUDGET // max(total_trials, 1)))
+
+
+def bounded_message(text: Any) -> str | None:
+    """A trial's message as the status keeps it: at most MAX_TRIAL_MESSAGE characters (cut with an ellipsis)."""
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= MAX_TRIAL_MESSAGE else text[:MAX_TRIAL_MESSAGE - 1] + "…"
+
+
+def bounded_checkpoint(location: Any) -> str | None:
+    """A checkpoint location as the status keeps it: None when longer than MAX_TRIAL_CHECKPOINT (never cut)."""
+    return location if isinstance(location, str) and len(location) <= MAX_TRIAL_CHECKPOINT else None
 
 
 def _problem(message: str, value: Any, *loc: str | int) -> InitErrorDetails:
@@ -212,6 +248,11 @@ class SearchParameter(Model):
             raise ValueError("@step: only int parameters take a step")
         return self
 
+    def recorded_bytes(self) -> int:
+        """Most JSON bytes this parameter takes in a trial's recorded ``params`` (``"name": value, ``)."""
+        values = [len(json.dumps(v)) for v in self.values or []] or [_NUMBER_BYTES]
+        return len(json.dumps(self.name)) + max(values) + 4
+
     def corner_values(self) -> list[Any]:
         """The values to check the template with: min and max, or every choice."""
         if self.type == ParameterType.categorical:
@@ -233,12 +274,22 @@ class SearchSpec(Model):
     algorithm: SearchAlgorithm = Field(
         SearchAlgorithm.tpe, description="random or tpe (Optuna's RandomSampler or TPESampler)."
     )
-    max_trials: int = Field(..., ge=1, le=1000, description="Trials to run in all (pruned and failed ones count).")
+    max_trials: int = Field(..., ge=1, le=MAX_TRIALS,
+                            description="Trials to run in all (pruned and failed ones count).")
     parallelism: int = Field(1, ge=1, le=1000, description="Most trials running at once.")
     max_failed_trials: int = Field(
         3, ge=0, le=1000, description="The experiment fails once more trials than this have failed."
     )
     seed: int = Field(0, ge=0, description="Seed of the sampler: the same seed and history ask the same values.")
+
+    @model_validator(mode="after")
+    def _params_fit_the_status(self) -> SearchSpec:
+        each = sum(p.recorded_bytes() for p in self.parameters)
+        if each * self.max_trials > PARAMS_BUDGET:
+            raise ValueError(
+                f"@maxTrials: the status records every trial's parameters ({each} bytes each with these names and "
+                f"values), so at most {PARAMS_BUDGET // each} trials of this search fit (an object is at most 1.5 MiB)")
+        return self
 
     @field_validator("parameters")
     @classmethod
@@ -396,6 +447,13 @@ class RLExperimentSpec(Model):
         return self
 
     @model_validator(mode="after")
+    def _trials_fit_the_status(self) -> RLExperimentSpec:
+        if self.arms is not None and len(self.arms) * self.seeds > MAX_TRIALS:
+            raise ValueError(f"@seeds: {len(self.arms)} arms × {self.seeds} seeds is {len(self.arms) * self.seeds} "
+                             f"trials; an experiment runs at most {MAX_TRIALS} (its status records each)")
+        return self
+
+    @model_validator(mode="after")
     def _arms_or_search(self) -> RLExperimentSpec:
         if (self.arms is None) == (self.search is None):
             which = "both" if self.arms is not None else "neither"
@@ -449,6 +507,10 @@ class TrialStatus(StatusModel):
     """One trial (an RLTrainingJob owned by the experiment)."""
 
     name: str = Field(..., description="The trial's RLTrainingJob name.")
+    uid: str | None = Field(
+        None, max_length=64,
+        description="UID of the trial's RLTrainingJob, recorded by the operator once it has created it: a job of "
+        "that name with another UID (or none recorded) is a conflict, never this trial.")
     number: int = Field(..., description="The trial's number, 0-based, in creation order.")
     arm: str | None = Field(None, description="arms: the trial's arm.")
     params: dict[str, str | int | float | bool] | None = Field(
@@ -458,14 +520,28 @@ class TrialStatus(StatusModel):
     phase: TrialPhase = Field(TrialPhase.pending, description="Pending, Running, Succeeded, Failed or Pruned.")
     objective: float | None = Field(None, description="The objective of the curve so far (final once finished).")
     steps: int | None = Field(None, description="Steps the trial ran (the last logged step).")
-    checkpoint: str | None = Field(None, description="The trial's best (else newest) complete checkpoint.")
+    checkpoint: str | None = Field(None, max_length=MAX_TRIAL_CHECKPOINT,
+                                   description="The trial's best (else newest) complete checkpoint.")
     pruned: bool = Field(False, description="Stopped by early stopping.")
     pruned_at_step: int | None = Field(None, description="The rung at which it was stopped.")
-    message: str | None = Field(None, description="Why it failed or was pruned.")
+    message: str | None = Field(None, max_length=MAX_TRIAL_MESSAGE, description="Why it failed or was pruned.")
     curve: list[CurvePoint] = Field(
-        default_factory=list,
-        description=f"The objective's metric by step (at most {MAX_CURVE_POINTS} points, older ones thinned).",
+        default_factory=list, max_length=MAX_CURVE_POINTS,
+        description=f"The objective's metric by step (at most {MAX_CURVE_POINTS} points, fewer in an experiment of "
+        f"more than {CURVE_POINT_BUDGET // MAX_CURVE_POINTS} trials: {CURVE_POINT_BUDGET} in all, at least "
+        f"{MIN_CURVE_POINTS} each; evenly thinned, the first and the last kept).",
     )
+
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _message_bounded(cls, v: Any) -> str | None:
+        return bounded_message(v)  # a status written before the bound is read, and written back within it
+
+    @field_validator("checkpoint", mode="before")
+    @classmethod
+    def _checkpoint_bounded(cls, v: Any) -> str | None:
+        return bounded_checkpoint(v)
 
 
 class ArmStatus(StatusModel):
@@ -534,6 +610,10 @@ class RLExperimentStatus(StatusModel):
     best_name: str | None = Field(None, description="Best arm (arms) or trial (search), for kubectl get.")
     best_objective: float | None = Field(None, description="Its objective, for kubectl get.")
     winner: Winner | None = Field(None, description="arms: the winning arm and its significance.")
+    conflicts: list[str] = Field(
+        default_factory=list, max_length=MAX_CONFLICTS_LISTED,
+        description=f"RLTrainingJobs that carry the experiment's label but that it did not create (their UID is "
+        f"not a trial's): never counted as trials (the first {MAX_CONFLICTS_LISTED} names).")
 
 
 class RLExperiment(Model):
