@@ -15,6 +15,7 @@ import pytest
 import requests
 import yaml
 from kubernetes.client.exceptions import ApiException
+from rljob_operator.experiments.api import parse_experiment
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
@@ -43,6 +44,13 @@ def template() -> dict[str, Any]:
 def experiment(name: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "metadata": {"name": name},
             "spec": {"template": template(), **spec}}
+
+
+def evaluated_template(every: int = 10) -> dict[str, Any]:
+    """The template, evaluated on held-out prompts every ``every`` steps (eval/repeat_char)."""
+    spec = template()
+    spec["training"]["evaluation"] = {"heldOutFraction": 0.2, "everySteps": every}
+    return spec
 
 
 ARMS = [{"name": "high", "overrides": {"training": {"learningRate": 0.003}}},
@@ -130,6 +138,12 @@ BAD_EXPERIMENTS: list[tuple[str, dict[str, Any], str]] = [
         {"name": "training.beta", "type": "float", "min": 0, "max": 1}]}}, "spec.arms"),
     ("neither-arms-nor-search", {}, "spec.arms"),
     ("duplicate-arm", {"arms": [ARMS[0], ARMS[0]]}, "spec.arms[1]"),
+    ("eval-objective-without-evaluation", {"arms": ARMS, "objective": {"metric": "eval/repeat_char"}},
+     "spec.objective.metric"),
+    ("eval-objective-rung-between-evaluations", {"arms": ARMS, "template": evaluated_template(), "objective": {
+        "metric": "eval/repeat_char"}, "earlyStopping": {"minSteps": 10, "interval": 5}}, "spec.earlyStopping"),
+    ("eval-objective-rung-before-evaluation", {"arms": ARMS, "template": evaluated_template(), "objective": {
+        "metric": "eval/repeat_char"}, "earlyStopping": {"rungs": [10, 25]}}, "spec.earlyStopping"),
 ]
 
 
@@ -149,6 +163,17 @@ def test_a_bad_template_or_search_space_is_refused_at_kubectl_apply_naming_the_f
     good = subprocess.run(kubectl, input=yaml.safe_dump(experiment("good", arms=ARMS, seeds=2)),
                           capture_output=True, text=True, timeout=60)
     assert good.returncode == 0, good.stderr
+    # Rungs where the template evaluates (10, 20, 30: 40 is maxSteps, never a rung), or a training metric at any.
+    for name, spec in (("eval-rungs", {"template": evaluated_template(), "objective": {"metric": "eval/repeat_char"},
+                                       "earlyStopping": {"minSteps": 10, "interval": 10}}),
+                       ("eval-rung-last", {"template": evaluated_template(20), "objective": {
+                           "metric": "eval/repeat_char"}, "earlyStopping": {"minSteps": 20, "interval": 25}}),  # one rung: 20
+                       ("reward-rungs", {"earlyStopping": {"minSteps": 10, "interval": 5}})):
+        doc = experiment(name, arms=ARMS, **{k: v for k, v in spec.items() if k != "template"})
+        doc["spec"]["template"] = spec.get("template", doc["spec"]["template"])
+        applied = subprocess.run(kubectl, input=yaml.safe_dump(doc), capture_output=True, text=True, timeout=60)
+        assert applied.returncode == 0, (name, applied.stderr)
+        parse_experiment(doc, name)  # and the models agree
     printed = subprocess.run([*kubectl[:5], "get", "rlexp", "good"], capture_output=True, text=True, check=True)
     assert printed.stdout.split()[:6] == ["NAME", "PHASE", "TRIALS", "BEST", "OBJECTIVE", "AGE"], printed.stdout
 
