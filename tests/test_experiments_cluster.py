@@ -76,8 +76,10 @@ def trials_when(kube: Any, namespace: str, name: str, count: int) -> list[dict[s
     return jobs if len(jobs) == count else None
 
 
-def heartbeat(kube: Any, op: Any, namespace: str, job: str, points: list[tuple[int, float]], final: bool) -> None:
-    """Post ``points`` as the trainer's rank 0 would: with its pod's projected, audience-bound token."""
+def heartbeat(kube: Any, op: Any, namespace: str, job: str, points: list[tuple[int, float]], final: bool,
+              evaluations: dict[int, float] | None = None) -> None:
+    """Post ``points`` as the trainer's rank 0 would: with its pod's projected, audience-bound token (and at
+    the steps of ``evaluations``, the held-out metric eval/repeat_char in the step's metrics)."""
     pod = wait_for(lambda: next(iter(job_pods(kube, namespace, job)), None), 60, message=f"{job}'s pod")
     ca = kube.request("GET", kube.core_path(namespace, "configmaps", f"{job}-config"))["data"]["status-ca.crt"]
     ca_file = Path(op.log).with_name(f"{job}-ca.crt")
@@ -85,7 +87,8 @@ def heartbeat(kube: Any, op: Any, namespace: str, job: str, points: list[tuple[i
     token = token_for(kube, namespace, "default", "rljob-status", pod=pod)
     url = f"{op.status_url}/api/v1/namespaces/{namespace}/rltrainingjobs/{job}/heartbeat"
     for i, (step, reward) in enumerate(points):
-        body = {"step": step, "reward": reward, "loss": 1.0, "metrics": {"kl": 0.01},
+        metrics = {"kl": 0.01, **({"eval/repeat_char": evaluations[step]} if step in (evaluations or {}) else {})}
+        body = {"step": step, "reward": reward, "loss": 1.0, "metrics": metrics,
                 "checkpoint": f"s3://ckpt/{job}/checkpoint-{step}", "final": final and i == len(points) - 1}
         response = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"},
                                  verify=str(ca_file), timeout=10)
@@ -272,6 +275,37 @@ def test_a_hopeless_trial_is_pruned_at_a_rung(kube: Any, experiment_crd: Any, na
              message="the pruned trial suspended")
     wait_for(lambda: not job_pods(kube, namespace, "prune-c-s0"), 60, message="the pruned trial's pods gone")
     wait_for_events(kube, namespace, "prune", "TrialPruned")
+
+
+def test_an_eval_objective_prunes_and_ranks_by_the_held_out_metric_not_the_training_reward(
+        kube: Any, experiment_crd: Any, namespace: str, operator: Any) -> None:
+    """Trial c has the best training reward and the worst held-out metric: pruned at the rung on the metric
+    evaluated there; of the two that finish, b (lower reward, better held-out metric) ranks first."""
+    op = operator()
+    arms = [{"name": n, "overrides": {}} for n in ("a", "b", "c")]
+    create(kube, namespace, experiment("evalobj", arms=arms, template=evaluated_template(), objective={
+        "metric": "eval/repeat_char", "k": 1}, earlyStopping={"minSteps": 10, "interval": 10, "minTrials": 2}))
+    jobs = {j["metadata"]["labels"]["rljob.dev/arm"]: j["metadata"]["name"]
+            for j in wait_for(lambda: trials_when(kube, namespace, "evalobj", 3), 60, message="three trials")}
+    # Training reward at steps 5, 10, 15, 20; the held-out metric at the evaluations (0 and every 10).
+    rewards = {"a": [0.5, 0.6, 0.7, 0.8], "b": [0.3, 0.4, 0.5, 0.6], "c": [0.8, 0.9, 0.95, 0.99]}
+    evaluations = {"a": {10: 0.4, 20: 0.5}, "b": {10: 0.5, 20: 0.7}, "c": {10: 0.05, 20: 0.02}}
+    for arm in ("a", "b", "c"):  # the gamed one last, so the others have reached the rung first
+        heartbeat(kube, op, namespace, jobs[arm], [(5 * (k + 1), r) for k, r in enumerate(rewards[arm])],
+                  final=arm != "c", evaluations=evaluations[arm])
+    pruned = wait_exp(kube, namespace, "evalobj",
+                      lambda s: any(t.get("phase") == "Pruned" for t in s.get("trials") or []), "a trial pruned")
+    trial = next(t for t in pruned["status"]["trials"] if t["phase"] == "Pruned")
+    assert trial["name"] == jobs["c"] and trial["prunedAtStep"] == 10, trial
+    assert trial["message"].startswith("objective 0.05 at step 10 is worse than the median 0.45"), trial
+    assert trial["curve"][0] == {"step": 10, "value": 0.05}  # its held-out curve, not its rewards
+    for arm in ("a", "b"):
+        finish(kube, namespace, jobs[arm])
+    done = wait_exp(kube, namespace, "evalobj", lambda s: s.get("phase") == "Succeeded", "experiment Succeeded", 120)
+    status = done["status"]
+    assert [row["name"] for row in status["leaderboard"]] == ["b", "a"]
+    assert {t["arm"]: t["objective"] for t in status["trials"] if t["phase"] == "Succeeded"} == {"a": 0.5, "b": 0.7}
+    assert status["best"]["arm"] == "b" and status["winner"]["arm"] == "b"
 
 
 def test_deleting_the_experiment_deletes_its_trials(kube: Any, experiment_crd: Any, namespace: str,
