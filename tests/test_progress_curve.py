@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 from rljob_operator.api import Progress
-from rljob_operator.decisions.curve import MAX_CURVE_POINTS, curve_point, merge_curve, series
+from rljob_operator.decisions.curve import MAX_CURVE_POINTS, curve_point, decimate, merge_curve, series
 from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, HeartbeatBody, finite_metrics
 
 
@@ -115,3 +115,11 @@ def test_many_evaluations_are_thinned_evenly_with_the_rest() -> None:
     gaps = {b - a for a, b in zip(steps[:-1], steps[1:-1], strict=False)}
     assert len(gaps) == 1, gaps  # evenly spaced but for the moving tail
     assert missing  # thinned like any point
+
+
+def test_thinning_drops_the_other_points_however_the_evaluations_fall() -> None:
+    # An evaluation at every odd index: halving by index alone would keep everything (and never end).
+    points = [{"step": i, "reward": 0.1, **({"metrics": {"eval/accuracy": 1.0}} if i % 2 else {})} for i in range(101)]
+    thinned = decimate(points)
+    assert len(thinned) <= MAX_CURVE_POINTS and thinned[-1]["step"] == 100
+    assert [p["step"] for p in thinned if "metrics" in p] == list(range(1, 100, 2))

@@ -60,13 +60,28 @@ def _kept_evaluations(points: list[dict[str, Any]], limit: int) -> bool:
     return sum(1 for p in points if evaluated(p)) <= limit // 2
 
 
+def _halve(points: list[dict[str, Any]], keep_evaluations: bool) -> list[dict[str, Any]]:
+    """Every second point dropped, the last kept; with ``keep_evaluations``, every second of the others."""
+    if not keep_evaluations:
+        return points[:-1:2] + [points[-1]]
+    out: list[dict[str, Any]] = []
+    others = 0
+    for point in points[:-1]:
+        if evaluated(point):
+            out.append(point)
+            continue
+        if others % 2 == 0:
+            out.append(point)
+        others += 1
+    return out + [points[-1]]
+
+
 def decimate(points: list[dict[str, Any]], limit: int = MAX_CURVE_POINTS) -> list[dict[str, Any]]:
     """Halve ``points`` (keep the even indices and the last, and every evaluation while they are at most half
-    of ``limit``) until at most ``limit`` remain."""
+    of ``limit``: then the other points are halved) until at most ``limit`` remain."""
     keep = _kept_evaluations(points, limit)
     while len(points) > max(limit, 2):
-        last = points[-1]
-        points = [p for i, p in enumerate(points[:-1]) if i % 2 == 0 or (keep and evaluated(p))] + [last]
+        points = _halve(points, keep)
     return points
 
 
