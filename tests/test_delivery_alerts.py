@@ -27,6 +27,8 @@ METRIC_CALL = re.compile(
 )
 #: A metric name in PromQL: an identifier that starts with rljob and is not a label or function.
 PROMQL_NAME = re.compile(r"(?<![\w:\"'])(rljob[a-zA-Z0-9_:]*)(?![\w:\"'])")
+#: Grafana's variables in the dashboard's queries, and values to check them with.
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "6h", "$namespace": ".*", "$job": ".*"}
 #: Recording rules and label names that look like metric names but are not.
 LABELS = {"rljob_job"}
 
@@ -162,6 +164,8 @@ def test_dashboard_parses_and_uses_only_exported_metrics() -> None:
     ("GPU utilisation", r"rljob_trainer_gpu_utilization_ratio\{"),
     ("restarts", r"rljob_operator_gang_restarts_total"),
     ("checkpoint age", r"time\(\) - .*rljob_trainer_last_checkpoint_upload_timestamp_seconds"),
+    ("held-out evaluation, latest", r"^max by \(namespace, rljob_job, metric\) \(rljob_trainer_eval\{"),
+    ("held-out evaluation, best", r"max_over_time\(rljob_trainer_eval\{.*\}\[\$__range\]\)"),
 ])
 def test_dashboard_shows_what_the_issue_asks_for(topic: str, pattern: str) -> None:
     assert any(re.search(pattern, e) for e in dashboard_exprs()), topic
@@ -171,7 +175,9 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     """Each query (Grafana variables filled in) as a recording rule, checked by promtool."""
     rules = []
     for i, expr in enumerate(dashboard_exprs()):
-        promql = expr.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$job", ".*")
+        promql = expr
+        for variable, value in GRAFANA_VARIABLES.items():
+            promql = promql.replace(variable, value)
         rules.append({"record": f"dashboard:query_{i}:check", "expr": promql})
     path = tmp_path / "dashboard_rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))

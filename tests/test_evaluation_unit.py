@@ -340,3 +340,73 @@ def test_the_evaluation_section_survives_the_configmap_round_trip(tmp_path: Any)
     again = load_config(tmp_path / "trainer.yaml")
     assert again == cfg and again.training.evaluation is not None
     assert again.training.evaluation.metrics[0].kwargs == {"prefix": True}
+
+
+def held_out_ab(**spec: Any) -> dict[str, Any]:
+    """examples/experiments/ab-held-out.yaml (evaluation every 20 steps of 80, objective eval/exact_match)."""
+    import yaml
+
+    from tests.trainer_helpers import REPO
+
+    doc = yaml.safe_load((REPO / "examples" / "experiments" / "ab-held-out.yaml").read_text())
+    return deep_update(doc, {"spec": spec})
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ({"earlyStopping": {"minSteps": 20, "interval": 20}}, None),
+    ({"earlyStopping": {"minSteps": 20, "rungs": [20, 60]}}, None),
+    ({"earlyStopping": {"minSteps": 20, "rungs": [20, 30]}},
+     "spec.earlyStopping.rungs: rung 30 is not a step where eval/exact_match is logged (spec.template.training."
+     "evaluation runs at everySteps 20: steps 20, 40, …); with an eval/ objective every rung must be a multiple of "
+     "spec.template.training.evaluation.everySteps (in template)"),
+    ({"earlyStopping": {"minSteps": 20, "interval": 10}}, "spec.earlyStopping.interval: rung 30 is not a step"),
+    ({"earlyStopping": {}}, "spec.earlyStopping.minSteps: rung 10 is not a step"),  # minSteps 10, every 10
+    ({"earlyStopping": {"minSteps": 20, "interval": 20},
+      "template": {"training": {"evaluation": {"everySteps": None}}}},
+     "spec.earlyStopping.interval: rung 20 is not a step where eval/exact_match is logged (spec.template.training."
+     "evaluation runs at no everySteps: only before the first step and at the end)"),
+    ({"earlyStopping": {"minSteps": 20, "interval": 20},
+      "arms": [{"name": "a"}, {"name": "b", "overrides": {"training": {"evaluation": {"everySteps": 15}}}}]},
+     "spec.earlyStopping.interval: rung 20 is not a step where eval/exact_match is logged (spec.template.training."
+     "evaluation runs at everySteps 15: steps 15, 30, …); with an eval/ objective every rung must be a multiple of "
+     "spec.template.training.evaluation.everySteps (in arm b)"),
+    # Rungs anywhere for a training metric (logged every step), or without early stopping.
+    ({"earlyStopping": {"minSteps": 5, "interval": 7}, "objective": {"metric": "reward"}}, None),
+    ({"earlyStopping": None, "template": {"training": {"evaluation": {"everySteps": None}}}}, None),
+])
+def test_pruning_on_an_eval_objective_needs_every_rung_to_be_an_evaluation_step(spec: dict[str, Any],
+                                                                                 expected: str | None) -> None:
+    from rljob_operator.experiments.api import parse_experiment
+
+    doc = held_out_ab(**spec)
+    if expected is None:
+        parse_experiment(doc, "x.yaml")
+        return
+    with pytest.raises(ManifestError) as e:
+        parse_experiment(doc, "x.yaml")
+    assert any(p.startswith(expected) for p in e.value.problems), e.value.problems
+
+
+#: Held-out accuracy (eval/exact_match) of the two arms of examples/experiments/ab-held-out.yaml, as
+#: rljob experiment logged it (seed 0, CPU): the same untrained model, then the gamed arm collapses.
+HONEST = [(0, 0.234375), (20, 0.140625), (40, 0.203125), (60, 0.390625), (80, 0.59375)]
+GAMEABLE = [(0, 0.234375), (20, 0.03125), (40, 0.0), (60, 0.0)]
+
+
+def test_the_median_rule_on_an_eval_objective_judges_the_evaluation_logged_at_the_rung() -> None:
+    from rljob_operator.experiments.api import EarlyStoppingSpec, ObjectiveSpec
+    from rljob_operator.experiments.pruning import should_prune
+
+    objective = ObjectiveSpec(metric="eval/exact_match", reduce="lastMean", k=1)
+    rule = EarlyStoppingSpec(minSteps=20, interval=20, minTrials=1)
+    curves = {"honest": HONEST, "gameable": GAMEABLE}
+    decision = should_prune("gameable", curves, objective, rule, max_steps=80)
+    assert decision is not None and (decision.step, decision.value, decision.median) == (20, 0.03125, 0.140625)
+    assert should_prune("honest", curves, objective, rule, max_steps=80) is None
+    # Only curves that reached the rung count: before its evaluation at 20 the gamed arm is not judged
+    # (its baseline at step 0 is no verdict), however many training steps it has logged meanwhile.
+    assert should_prune("gameable", {**curves, "gameable": GAMEABLE[:1]}, objective, rule, 80) is None
+    # A rung that is not an evaluation step (refused at apply time, see above) would be judged by the
+    # latest evaluation before it, once the curve has passed it: rung 10 by the untrained baseline, a tie.
+    loose = EarlyStoppingSpec(minSteps=10, interval=10, minTrials=1)
+    assert should_prune("gameable", {**curves, "gameable": GAMEABLE[:2]}, objective, loose, 80) == decision

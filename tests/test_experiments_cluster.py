@@ -16,6 +16,7 @@ import pytest
 import requests
 import yaml
 from kubernetes.client.exceptions import ApiException
+from rljob_operator.experiments.api import parse_experiment
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
@@ -46,6 +47,13 @@ def experiment(name: str, **spec: Any) -> dict[str, Any]:
             "spec": {"template": template(), **spec}}
 
 
+def evaluated_template(every: int = 10) -> dict[str, Any]:
+    """The template, evaluated on held-out prompts every ``every`` steps (eval/repeat_char)."""
+    spec = template()
+    spec["training"]["evaluation"] = {"heldOutFraction": 0.2, "everySteps": every}
+    return spec
+
+
 ARMS = [{"name": "high", "overrides": {"training": {"learningRate": 0.003}}},
         {"name": "low", "overrides": {"training": {"learningRate": 1e-5}}}]
 
@@ -69,8 +77,10 @@ def trials_when(kube: Any, namespace: str, name: str, count: int) -> list[dict[s
     return jobs if len(jobs) == count else None
 
 
-def heartbeat(kube: Any, op: Any, namespace: str, job: str, points: list[tuple[int, float]], final: bool) -> None:
-    """Post ``points`` as the trainer's rank 0 would: with its pod's projected, audience-bound token."""
+def heartbeat(kube: Any, op: Any, namespace: str, job: str, points: list[tuple[int, float]], final: bool,
+              evaluations: dict[int, float] | None = None) -> None:
+    """Post ``points`` as the trainer's rank 0 would: with its pod's projected, audience-bound token (and at
+    the steps of ``evaluations``, the held-out metric eval/repeat_char in the step's metrics)."""
     pod = wait_for(lambda: next(iter(job_pods(kube, namespace, job)), None), 60, message=f"{job}'s pod")
     ca = kube.request("GET", kube.core_path(namespace, "configmaps", f"{job}-config"))["data"]["status-ca.crt"]
     ca_file = Path(op.log).with_name(f"{job}-ca.crt")
@@ -78,7 +88,8 @@ def heartbeat(kube: Any, op: Any, namespace: str, job: str, points: list[tuple[i
     token = token_for(kube, namespace, "default", "rljob-status", pod=pod)
     url = f"{op.status_url}/api/v1/namespaces/{namespace}/rltrainingjobs/{job}/heartbeat"
     for i, (step, reward) in enumerate(points):
-        body = {"step": step, "reward": reward, "loss": 1.0, "metrics": {"kl": 0.01},
+        metrics = {"kl": 0.01, **({"eval/repeat_char": evaluations[step]} if step in (evaluations or {}) else {})}
+        body = {"step": step, "reward": reward, "loss": 1.0, "metrics": metrics,
                 "checkpoint": f"s3://ckpt/{job}/checkpoint-{step}", "final": final and i == len(points) - 1}
         response = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"},
                                  verify=str(ca_file), timeout=10)
@@ -136,6 +147,12 @@ BAD_EXPERIMENTS: list[tuple[str, dict[str, Any], str]] = [
      "spec.seeds"),
     ("too-many-search-trials", {"search": {"maxTrials": 501, "parameters": [
         {"name": "training.beta", "type": "float", "min": 0, "max": 1}]}}, "spec.search.maxTrials"),
+    ("eval-objective-without-evaluation", {"arms": ARMS, "objective": {"metric": "eval/repeat_char"}},
+     "spec.objective.metric"),
+    ("eval-objective-rung-between-evaluations", {"arms": ARMS, "template": evaluated_template(), "objective": {
+        "metric": "eval/repeat_char"}, "earlyStopping": {"minSteps": 10, "interval": 5}}, "spec.earlyStopping"),
+    ("eval-objective-rung-before-evaluation", {"arms": ARMS, "template": evaluated_template(), "objective": {
+        "metric": "eval/repeat_char"}, "earlyStopping": {"rungs": [10, 25]}}, "spec.earlyStopping"),
 ]
 
 
@@ -155,6 +172,17 @@ def test_a_bad_template_or_search_space_is_refused_at_kubectl_apply_naming_the_f
     good = subprocess.run(kubectl, input=yaml.safe_dump(experiment("good", arms=ARMS, seeds=2)),
                           capture_output=True, text=True, timeout=60)
     assert good.returncode == 0, good.stderr
+    # Rungs where the template evaluates (10, 20, 30: 40 is maxSteps, never a rung), or a training metric at any.
+    for name, spec in (("eval-rungs", {"template": evaluated_template(), "objective": {"metric": "eval/repeat_char"},
+                                       "earlyStopping": {"minSteps": 10, "interval": 10}}),
+                       ("eval-rung-last", {"template": evaluated_template(20), "objective": {
+                           "metric": "eval/repeat_char"}, "earlyStopping": {"minSteps": 20, "interval": 25}}),  # one rung: 20
+                       ("reward-rungs", {"earlyStopping": {"minSteps": 10, "interval": 5}})):
+        doc = experiment(name, arms=ARMS, **{k: v for k, v in spec.items() if k != "template"})
+        doc["spec"]["template"] = spec.get("template", doc["spec"]["template"])
+        applied = subprocess.run(kubectl, input=yaml.safe_dump(doc), capture_output=True, text=True, timeout=60)
+        assert applied.returncode == 0, (name, applied.stderr)
+        parse_experiment(doc, name)  # and the models agree
     printed = subprocess.run([*kubectl[:5], "get", "rlexp", "good"], capture_output=True, text=True, check=True)
     assert printed.stdout.split()[:6] == ["NAME", "PHASE", "TRIALS", "BEST", "OBJECTIVE", "AGE"], printed.stdout
 
@@ -319,6 +347,37 @@ def test_a_hopeless_trial_is_pruned_at_a_rung(kube: Any, experiment_crd: Any, na
              message="the pruned trial suspended")
     wait_for(lambda: not job_pods(kube, namespace, "prune-c-s0"), 60, message="the pruned trial's pods gone")
     wait_for_events(kube, namespace, "prune", "TrialPruned")
+
+
+def test_an_eval_objective_prunes_and_ranks_by_the_held_out_metric_not_the_training_reward(
+        kube: Any, experiment_crd: Any, namespace: str, operator: Any) -> None:
+    """Trial c has the best training reward and the worst held-out metric: pruned at the rung on the metric
+    evaluated there; of the two that finish, b (lower reward, better held-out metric) ranks first."""
+    op = operator()
+    arms = [{"name": n, "overrides": {}} for n in ("a", "b", "c")]
+    create(kube, namespace, experiment("evalobj", arms=arms, template=evaluated_template(), objective={
+        "metric": "eval/repeat_char", "k": 1}, earlyStopping={"minSteps": 10, "interval": 10, "minTrials": 2}))
+    jobs = {j["metadata"]["labels"]["rljob.dev/arm"]: j["metadata"]["name"]
+            for j in wait_for(lambda: trials_when(kube, namespace, "evalobj", 3), 60, message="three trials")}
+    # Training reward at steps 5, 10, 15, 20; the held-out metric at the evaluations (0 and every 10).
+    rewards = {"a": [0.5, 0.6, 0.7, 0.8], "b": [0.3, 0.4, 0.5, 0.6], "c": [0.8, 0.9, 0.95, 0.99]}
+    evaluations = {"a": {10: 0.4, 20: 0.5}, "b": {10: 0.5, 20: 0.7}, "c": {10: 0.05, 20: 0.02}}
+    for arm in ("a", "b", "c"):  # the gamed one last, so the others have reached the rung first
+        heartbeat(kube, op, namespace, jobs[arm], [(5 * (k + 1), r) for k, r in enumerate(rewards[arm])],
+                  final=arm != "c", evaluations=evaluations[arm])
+    pruned = wait_exp(kube, namespace, "evalobj",
+                      lambda s: any(t.get("phase") == "Pruned" for t in s.get("trials") or []), "a trial pruned")
+    trial = next(t for t in pruned["status"]["trials"] if t["phase"] == "Pruned")
+    assert trial["name"] == jobs["c"] and trial["prunedAtStep"] == 10, trial
+    assert trial["message"].startswith("objective 0.05 at step 10 is worse than the median 0.45"), trial
+    assert trial["curve"][0] == {"step": 10, "value": 0.05}  # its held-out curve, not its rewards
+    for arm in ("a", "b"):
+        finish(kube, namespace, jobs[arm])
+    done = wait_exp(kube, namespace, "evalobj", lambda s: s.get("phase") == "Succeeded", "experiment Succeeded", 120)
+    status = done["status"]
+    assert [row["name"] for row in status["leaderboard"]] == ["b", "a"]
+    assert {t["arm"]: t["objective"] for t in status["trials"] if t["phase"] == "Succeeded"} == {"a": 0.5, "b": 0.7}
+    assert status["best"]["arm"] == "b" and status["winner"]["arm"] == "b"
 
 
 def test_deleting_the_experiment_deletes_its_trials(kube: Any, experiment_crd: Any, namespace: str,

@@ -141,3 +141,67 @@ def test_a_bad_experiment_file_is_refused_naming_file_and_field(tmp_path: Path) 
     assert f"{manifest}: spec.arms[0].overrides.training.learningRate: Input should be less than or equal to 1" \
         in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def trial_log(out: Path, trial: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "trials" / trial / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ab_is_ranked_by_held_out_accuracy_not_by_a_training_reward_that_can_be_gamed(tmp_path: Path) -> None:
+    """examples/experiments/ab-held-out.yaml: arm gameable's reward pays for any doubled character, which a
+    policy gets by repeating one character whatever the prompt; arm honest's is the task's. Measured (seed 0,
+    80 steps): training reward, mean of the last 5 steps, gameable 1.0, honest 0.22; held-out accuracy from
+    0.23 for both (the same untrained model) to gameable 0.0 and honest 0.59."""
+    doc = yaml.safe_load((REPO / "examples" / "experiments" / "ab-held-out.yaml").read_text())
+    steps, every = doc["spec"]["template"]["training"]["maxSteps"], 20
+    assert doc["spec"]["template"]["training"]["evaluation"]["everySteps"] == every
+    output, status, out = run_experiment(tmp_path, doc, "--parallel", "2")
+
+    assert [t["phase"] for t in status["trials"]] == ["Succeeded"] * 2, status["trials"]
+    logs = {arm: trial_log(out, f"held-out-ab-{arm}-s0") for arm in ("honest", "gameable")}
+    reward = {arm: [r["reward"] for r in log if "reward" in r][-5:] for arm, log in logs.items()}
+    accuracy = {arm: {r["step"]: r["eval/exact_match"] for r in log if "eval/exact_match" in r}
+                for arm, log in logs.items()}
+    print(f"training reward (last 5): {reward}; held-out accuracy: {accuracy}")
+    assert all(sorted(a) == list(range(0, steps + 1, every)) for a in accuracy.values()), accuracy
+    assert accuracy["honest"][0] == accuracy["gameable"][0] <= 0.35  # the same untrained model: chance
+    # By its training reward, gameable is far ahead...
+    assert sum(reward["gameable"]) / 5 > sum(reward["honest"]) / 5 + 0.3, reward
+    # ...but it learnt the shortcut, not the task: on held-out prompts honest is far ahead.
+    assert accuracy["honest"][steps] >= accuracy["gameable"][steps] + 0.25, accuracy
+    assert accuracy["honest"][steps] > accuracy["honest"][0], accuracy
+    # The experiment ranks by the held-out metric: each trial's objective is its final evaluation.
+    trials = {t["arm"]: t for t in status["trials"]}
+    assert {arm: trials[arm]["objective"] for arm in trials} == {arm: a[steps] for arm, a in accuracy.items()}
+    assert [p["step"] for p in trials["honest"]["curve"]] == sorted(accuracy["honest"])
+    assert [e["name"] for e in status["leaderboard"]] == ["honest", "gameable"]
+    assert status["winner"]["arm"] == "honest" and status["best"]["trial"] == "held-out-ab-honest-s0"
+    assert "mean eval/exact_match" in output and "winner: honest" in output
+
+
+def test_early_stopping_on_the_held_out_metric_prunes_at_the_evaluation_of_a_rung(tmp_path: Path) -> None:
+    """The same A/B with the median rule at rungs 20, 40, 60, where evaluation runs (every 20 steps): the
+    honest arm runs first (20 steps, to have something to compare with), then the gameable one, whose
+    held-out accuracy at step 20 (0.03) is below honest's (0.14) although its training reward is higher."""
+    doc = yaml.safe_load((REPO / "examples" / "experiments" / "ab-held-out.yaml").read_text())
+    spec = doc["spec"]
+    spec["earlyStopping"] = {"minSteps": 20, "rungs": [20, 40, 60], "minTrials": 1}
+    spec["arms"][0]["overrides"] = {"training": {"maxSteps": 20}}
+    assert [a["name"] for a in spec["arms"]] == ["honest", "gameable"]
+    output, status, out = run_experiment(tmp_path, doc, "--parallel", "1")
+
+    honest, gameable = status["trials"]
+    assert honest["phase"] == "Succeeded" and [p["step"] for p in honest["curve"]] == [0, 20]
+    assert gameable["phase"] == "Pruned" and gameable["prunedAtStep"] == 20, gameable
+    # Judged by the evaluations logged at the rung, not by the training reward (which favours gameable).
+    log = trial_log(out, gameable["name"])
+    at_rung = {n: next(r["eval/exact_match"] for r in trial_log(out, t["name"]) if r["step"] == 20
+                       and "eval/exact_match" in r) for n, t in (("honest", honest), ("gameable", gameable))}
+    rewards = {n: [r["reward"] for r in trial_log(out, t["name"]) if "reward" in r and 16 <= r["step"] <= 20]
+               for n, t in (("honest", honest), ("gameable", gameable))}
+    print(f"at rung 20: held-out accuracy {at_rung}, training reward (steps 16-20) {rewards}")
+    assert at_rung["gameable"] < at_rung["honest"] and sum(rewards["gameable"]) > sum(rewards["honest"])
+    assert f"objective {at_rung['gameable']:.4g} at step 20" in gameable["message"]
+    assert f"median {at_rung['honest']:.4g} of 1 other" in gameable["message"]
+    assert 20 <= max(r["step"] for r in log) < 80  # stopped soon after the rung, not at its end
+    assert "pruning held-out-ab-gameable-s0" in output and status["best"]["trial"] == honest["name"]

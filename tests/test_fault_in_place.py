@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +31,15 @@ from tests.operator_helpers import (
     job_pods,
     wait_phase,
 )
+from tests.pod_harness import PodProcess, logs, start_pod, stop
 from tests.s3_server import MotoServer, bucket_fixture, s3_server_fixture  # noqa: F401 - fixtures register by import
-from tests.test_fault_e2e import KEYS, _logs, _stop
-from tests.test_operator_contract import _local_process
+from tests.test_fault_e2e import KEYS
 from tests.trainer_helpers import deep_update, logged_curve
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
 MAX_STEPS = 50
 EVERY = 10
-
-
-def _start_pod(kube: Any, namespace: str, pod: dict[str, Any], root: Path, rdzv: str) -> tuple[Any, Any, Path]:
-    """Run one pod as a local process (its node's torchrun agent and ranks)."""
-    config_dir = root / "etc-rljob"
-    if not config_dir.exists():
-        name = pod["metadata"]["labels"]["rljob.dev/job"]
-        cm = kube.request("GET", kube.core_path(namespace, "configmaps", f"{name}-config"))
-        config_dir.mkdir(parents=True)
-        for key, value in cm["data"].items():
-            (config_dir / key).write_text(value)
-    work = root / f"{pod['metadata']['name']}-{pod['metadata']['uid'][:8]}"
-    work.mkdir()
-    command, env = _local_process(kube, namespace, pod, work, rdzv, config_dir)
-    log = open(work / "log.txt", "wb")  # noqa: SIM115 - closed by _stop
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log, work
 
 
 def _uids(kube: Any, namespace: str, name: str) -> dict[str, str]:
@@ -86,17 +69,17 @@ def test_a_failed_worker_of_an_elastic_job_is_replaced_alone_and_the_gang_resume
     before = _uids(kube, namespace, "inplace")
     rdzv = f"127.0.0.1:{free_port()}"
     pods = sorted(job_pods(kube, namespace, "inplace"), key=lambda p: p["metadata"]["name"])
-    procs = {p["metadata"]["name"]: _start_pod(kube, namespace, p, tmp_path, rdzv) for p in pods}
-    replacement: list[tuple[Any, Any, Path]] = []
+    procs = {p["metadata"]["name"]: start_pod(kube, namespace, p, tmp_path, rdzv) for p in pods}
+    replacement: list[PodProcess] = []
     try:
         def checkpointed() -> dict[str, Any] | None:
-            assert all(p.poll() is None for p, _, _ in procs.values()), _logs(list(procs.values()))
+            assert all(p.poll() is None for p, _, _ in procs.values()), logs(list(procs.values()))
             progress = get_job(kube, namespace, "inplace")["status"].get("progress") or {}
             return progress if progress.get("checkpoint") and (progress.get("step") or 0) > EVERY else None
 
         killed_at = wait_for(checkpointed, 420, interval=0.2, message="a checkpoint and a step past it")["step"]
         assert killed_at < MAX_STEPS - 5, "training nearly finished before the fault: raise MAX_STEPS"
-        _stop([procs["inplace-worker-1"]])  # SIGKILL worker 1's node: its torchrun agent and ranks
+        stop([procs["inplace-worker-1"]])  # SIGKILL worker 1's node: its torchrun agent and ranks
         annotate_pod(kube, namespace, "inplace-worker-1", fake_pods.exit_annotations(137))
 
         def replaced() -> dict[str, str] | None:
@@ -117,13 +100,13 @@ def test_a_failed_worker_of_an_elastic_job_is_replaced_alone_and_the_gang_resume
         warnings = [e for e in events_for(kube, namespace, "inplace") if e["reason"] == "WorkerFailed"]
         assert warnings and "replacing inplace-worker-1 in place" in warnings[0]["message"]
 
-        replacement = [_start_pod(kube, namespace, new, tmp_path, rdzv)]
+        replacement = [start_pod(kube, namespace, new, tmp_path, rdzv)]
         gang = [procs["inplace-worker-0"], replacement[0], procs["inplace-worker-2"]]
         codes = [p.wait(timeout=900) for p, _, _ in gang]
-        assert codes == [0, 0, 0], _logs(gang)
+        assert codes == [0, 0, 0], logs(gang)
         # The survivors' agents restarted their ranks once, to meet the replacement.
         for _, _, work in (procs["inplace-worker-0"], procs["inplace-worker-2"]):
-            assert "lost a peer worker" in (work / "log.txt").read_text(errors="replace"), _logs(gang)
+            assert "lost a peer worker" in (work / "log.txt").read_text(errors="replace"), logs(gang)
         summaries = [json.loads(f.read_text()) for _, _, w in gang for f in [w / "output" / "summary.json"]
                      if f.exists()]
         assert len(summaries) == 1, "one rank 0 writes the summary"
@@ -145,8 +128,8 @@ def test_a_failed_worker_of_an_elastic_job_is_replaced_alone_and_the_gang_resume
         print(f"killed at step {killed_at}, resumed from {summary['resumed_from']}; reward {first:.2f} → {last:.2f}")
         assert first <= 0.2 and last >= 0.4, (first, last, [round(curve[s]["reward"], 2) for s in sorted(curve)])
     finally:
-        _stop(list(procs.values()))
-        _stop(replacement)
+        stop(list(procs.values()))
+        stop(replacement)
     for name in ("inplace-worker-2", "inplace-worker-1", "inplace-worker-0"):
         annotate_pod(kube, namespace, name, fake_pods.exit_annotations(0))
     done = wait_phase(kube, namespace, "inplace", "Succeeded")["status"]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from rljob_operator.api import Progress
-from rljob_operator.decisions.curve import MAX_CURVE_POINTS, curve_point, merge_curve, series
+from rljob_operator.decisions.curve import MAX_CURVE_POINTS, curve_point, decimate, merge_curve, series
 from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, HeartbeatBody, finite_metrics
 
 
@@ -126,3 +126,46 @@ def test_the_api_server_accepts_the_curve_at_its_maxima(kube: Any, crd_installed
     stored = get_job(kube, namespace, "curve")
     assert stored["status"]["progress"]["curve"] == curve
     assert len(json.dumps(stored)) < 1024 * 1024  # and far from the object size limit (1.5 MiB)
+def _evaluated_run(steps: int, every: int) -> tuple[list, list[int]]:
+    """A run's curve as heartbeats build it: a point per step, an evaluation every ``every`` steps (and at 0),
+    merged into the step's point; and the evaluations missing from the curve after any step."""
+    curve: list = []
+    missing: list[int] = []
+    for step in range(0, steps + 1):
+        points = [curve_point(step, metrics={"eval/accuracy": step / steps})] if step % every == 0 else []
+        if step:
+            points.append(curve_point(step, reward=0.1, loss=0.2))
+        curve = merge_curve(curve, points)
+        kept = {s for s, _ in series(curve, "eval/accuracy")}
+        missing += [s for s in range(0, step + 1, every) if s not in kept]
+    return curve, missing
+
+
+@pytest.mark.parametrize(("steps", "every"), [(200, 20), (300, 7), (500, 10)])
+def test_every_evaluation_survives_the_thinning_while_they_are_few(steps: int, every: int) -> None:
+    """An eval/ objective, and the rungs pruning judges it at, need every evaluation in the curve: the
+    thinning keeps them (at most 50), and the moving tail never replaces the latest one."""
+    curve, missing = _evaluated_run(steps, every)
+    assert missing == []
+    assert [s for s, _ in series(curve, "eval/accuracy")] == list(range(0, steps + 1, every))
+    assert len(curve) <= MAX_CURVE_POINTS and curve[-1]["step"] == steps
+    rewards = [s for s, _ in series(curve)]  # the training curve still spans the run, as finely as the evaluations
+    assert rewards[0] <= every and rewards[-1] == steps
+    assert max(b - a for a, b in zip(rewards, rewards[1:], strict=False)) <= every
+
+
+def test_many_evaluations_are_thinned_evenly_with_the_rest() -> None:
+    curve, missing = _evaluated_run(600, 1)  # an evaluation every step: 601 of them
+    steps = [p["step"] for p in curve]
+    assert MAX_CURVE_POINTS // 2 < len(curve) <= MAX_CURVE_POINTS and steps[-1] == 600
+    gaps = {b - a for a, b in zip(steps[:-1], steps[1:-1], strict=False)}
+    assert len(gaps) == 1, gaps  # evenly spaced but for the moving tail
+    assert missing  # thinned like any point
+
+
+def test_thinning_drops_the_other_points_however_the_evaluations_fall() -> None:
+    # An evaluation at every odd index: halving by index alone would keep everything (and never end).
+    points = [{"step": i, "reward": 0.1, **({"metrics": {"eval/accuracy": 1.0}} if i % 2 else {})} for i in range(101)]
+    thinned = decimate(points)
+    assert len(thinned) <= MAX_CURVE_POINTS and thinned[-1]["step"] == 100
+    assert [p["step"] for p in thinned if "metrics" in p] == list(range(1, 100, 2))

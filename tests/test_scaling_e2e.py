@@ -19,7 +19,7 @@ import yaml
 
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, get_job, job_manifest, job_pods
-from tests.test_fault_e2e import _logs, _start_gang, _stop
+from tests.pod_harness import PodProcess, logs, start_gang, stop
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
 
@@ -44,11 +44,11 @@ def test_a_job_resized_from_two_workers_to_one_resumes_from_its_checkpoint_and_f
              and (get_job(kube, namespace, "resize").get("status") or {}).get("phase") == "Running",
              60, message="2 workers running")
     before = _config(kube, namespace, "resize")
-    first = _start_gang(kube, namespace, "resize", 0, tmp_path)
-    second: list[tuple[Any, Any, Path]] = []
+    first = start_gang(kube, namespace, "resize", 0, tmp_path)
+    second: list[PodProcess] = []
     try:
         def training() -> dict[str, Any] | None:
-            assert all(p.poll() is None for p, _, _ in first), _logs(first)
+            assert all(p.poll() is None for p, _, _ in first), logs(first)
             progress = get_job(kube, namespace, "resize")["status"].get("progress") or {}
             return progress if (progress.get("step") or 0) >= 4 else None
 
@@ -58,9 +58,9 @@ def test_a_job_resized_from_two_workers_to_one_resumes_from_its_checkpoint_and_f
                      content_type="application/merge-patch+json")
         wait_for(lambda: not any(p["metadata"]["labels"]["rljob.dev/gang-generation"] == "0"
                                  for p in job_pods(kube, namespace, "resize")), 60, message="old gang deleted")
-        _stop(first, signal.SIGTERM)  # what the kubelet does to a deleted pod's container
+        stop(first, signal.SIGTERM)  # what the kubelet does to a deleted pod's container
         codes = [p.returncode for p, _, _ in first]
-        assert codes == [143, 143], _logs(first)  # stopped, not finished
+        assert codes == [143, 143], logs(first)  # stopped, not finished
         saved = sorted(int(c.name.rsplit("-", 1)[1]) for c in (tmp_path / "checkpoints").glob("checkpoint-*"))
         assert saved and saved[-1] >= at_scale, (saved, at_scale)  # saved on SIGTERM (everySteps is 100)
 
@@ -69,15 +69,15 @@ def test_a_job_resized_from_two_workers_to_one_resumes_from_its_checkpoint_and_f
         after = _config(kube, namespace, "resize")
         assert (before["worldSize"], after["worldSize"]) == (2, 1)
         assert after["training"]["gradientAccumulationSteps"] == 2 * before["training"]["gradientAccumulationSteps"]
-        second = _start_gang(kube, namespace, "resize", 1, tmp_path, size=1)
+        second = start_gang(kube, namespace, "resize", 1, tmp_path, size=1)
         codes = [p.wait(timeout=600) for p, _, _ in second]
-        assert codes == [0], _logs(second)
+        assert codes == [0], logs(second)
         summary = json.loads((second[0][2] / "output" / "summary.json").read_text())
         assert summary["resumed_from"] == f"checkpoint-{saved[-1]}" and summary["steps"] == MAX_STEPS
         print(f"resized at step {at_scale}, saved checkpoint-{saved[-1]} on SIGTERM, finished at {MAX_STEPS}")
     finally:
-        _stop(first)
-        _stop(second)
+        stop(first)
+        stop(second)
     status = get_job(kube, namespace, "resize")["status"]
     assert status["restarts"] == 0 and status["scaling"]["replicas"] == 1
     assert status["scaling"]["globalBatchSize"] == before["training"]["batchSize"] * 2

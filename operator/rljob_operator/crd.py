@@ -611,6 +611,33 @@ EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = {
         _rule("self.reduce != 'atStep' || has(self.step)", "spec.objective.step: reduce atStep needs step", ".step"),
     ],
 }
+# An eval/ objective (api.check_eval_metric, eval_rung_problem): the template must evaluate, and with early
+# stopping every rung below maxSteps must be an evaluation step (the models also check the arms' overrides).
+_EVAL_OBJECTIVE = "has(self.objective) && has(self.objective.metric) && self.objective.metric.startsWith('eval/')"
+_EVALUATION = "self.template.training.evaluation"
+_MAX_STEPS = "(has(self.template.training.maxSteps) ? self.template.training.maxSteps : 100)"
+_MIN_STEPS = "(has(self.earlyStopping.minSteps) ? self.earlyStopping.minSteps : 10)"
+
+
+def _on_schedule(step: str) -> str:
+    """CEL: ``step`` is past the rungs that count, or a step where the template evaluates."""
+    return f"({step} >= {_MAX_STEPS} || has({_EVALUATION}.everySteps) && {step} % {_EVALUATION}.everySteps == 0)"
+
+
+EXPERIMENT_CEL_RULES["spec"] += [
+    _rule(f"!({_EVAL_OBJECTIVE}) || (has(self.template.training) && has({_EVALUATION}))",
+          "spec.objective.metric: an evaluation metric (eval/...) needs spec.template.training.evaluation",
+          ".objective.metric"),
+    _rule(f"!({_EVAL_OBJECTIVE}) || !has(self.earlyStopping) || !has(self.template.training) || !has({_EVALUATION})"
+          f" || (has(self.earlyStopping.rungs) ? self.earlyStopping.rungs.all(r, {_on_schedule('r')})"
+          # minSteps, minSteps + interval, …: all on schedule when the first is and so is the interval (or one is due)
+          f" : {_on_schedule(_MIN_STEPS)} && (!has(self.earlyStopping.interval)"
+          f" || {_MIN_STEPS} + self.earlyStopping.interval >= {_MAX_STEPS}"
+          f" || {_on_schedule('self.earlyStopping.interval')}))",
+          "spec.earlyStopping: with an eval/ objective every rung (below maxSteps) must be a multiple of "
+          "spec.template.training.evaluation.everySteps, the steps where evaluation metrics are logged",
+          ".earlyStopping"),
+]
 
 
 def experiment_openapi_schema() -> dict[str, Any]:

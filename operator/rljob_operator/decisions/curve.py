@@ -12,6 +12,10 @@ can compute objectives and prune from the status alone (the operator keeps no st
   so the curve always spans the whole run evenly at half the resolution; from then on a new point
   closer to the one before the last than the curve's spacing replaces the last (a moving tail
   with the latest values) instead of crowding the end.
+* Evaluations on held-out data (points with ``eval/`` metrics) are kept through both while there
+  are at most half as many as the limit (50: a run evaluated every 10 steps keeps them all up to
+  step 500), so an ``eval/`` objective's curve, and the rungs pruning judges it at, have every
+  evaluation; more are thinned with the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rljob_trainer.contract import MAX_HEARTBEAT_METRICS
+from rljob_trainer.evaluation import PREFIX as EVAL_PREFIX
 
 #: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit).
 MAX_CURVE_POINTS = 100
@@ -46,11 +51,38 @@ def curve_point(step: int, reward: Any = None, loss: Any = None,
     return point if len(point) > 1 else None
 
 
+def evaluated(point: Mapping[str, Any]) -> bool:
+    """Whether ``point`` carries an evaluation on held-out data (an ``eval/`` metric)."""
+    return any(str(name).startswith(EVAL_PREFIX) for name in point.get("metrics") or {})
+
+
+def _kept_evaluations(points: list[dict[str, Any]], limit: int) -> bool:
+    """Whether ``points`` hold few enough evaluations (at most half of ``limit``) to keep every one."""
+    return sum(1 for p in points if evaluated(p)) <= limit // 2
+
+
+def _halve(points: list[dict[str, Any]], keep_evaluations: bool) -> list[dict[str, Any]]:
+    """Every second point dropped, the last kept; with ``keep_evaluations``, every second of the others."""
+    if not keep_evaluations:
+        return points[:-1:2] + [points[-1]]
+    out: list[dict[str, Any]] = []
+    others = 0
+    for point in points[:-1]:
+        if evaluated(point):
+            out.append(point)
+            continue
+        if others % 2 == 0:
+            out.append(point)
+        others += 1
+    return out + [points[-1]]
+
+
 def decimate(points: list[dict[str, Any]], limit: int = MAX_CURVE_POINTS) -> list[dict[str, Any]]:
-    """Halve ``points`` (keep the even indices and the last) until at most ``limit`` remain."""
+    """Halve ``points`` (keep the even indices and the last, and every evaluation while they are at most half
+    of ``limit``: then the other points are halved) until at most ``limit`` remain."""
+    keep = _kept_evaluations(points, limit)
     while len(points) > max(limit, 2):
-        last = points[-1]
-        points = points[:-1:2] + [last]
+        points = _halve(points, keep)
     return points
 
 
@@ -94,7 +126,7 @@ def merge_curve(curve: Iterable[Mapping[str, Any]], points: Iterable[Mapping[str
             out.pop()  # the abandoned run's point at this very step goes too
         elif out and out[-1]["step"] == step:
             point = _merged(out.pop(), point)
-        elif _is_tail(out):
+        elif _is_tail(out) and not (evaluated(out[-1]) and _kept_evaluations(out, limit)):
             out.pop()
         out.append(point)
         if len(out) > limit:

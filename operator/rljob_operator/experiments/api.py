@@ -378,6 +378,25 @@ class EarlyStoppingSpec(Model):
         return list(range(self.min_steps, max_steps + 1, every))
 
 
+def eval_rung_problem(metric: str, training: TrainingSpec, stopping: EarlyStoppingSpec | None) -> str | None:
+    """Why trials could not be pruned on the evaluation metric ``metric`` at ``stopping``'s rungs
+    (``field: message``), or None. An ``eval/`` metric is logged only where evaluation runs, so every rung
+    must be a multiple of ``evaluation.everySteps``: at any other rung the trials would be judged by an
+    older evaluation (the baseline before the first step, for a rung before the first evaluation)."""
+    if stopping is None or not metric.startswith("eval/") or training.evaluation is None:
+        return None
+    every = training.evaluation.every_steps
+    missed = [r for r in stopping.rung_steps(training.max_steps - 1) if not every or r % every]
+    if not missed:
+        return None
+    field = "rungs" if stopping.rungs is not None else "interval" if stopping.interval is not None else "minSteps"
+    schedule = (f"everySteps {every}: steps {every}, {2 * every}, …" if every
+                else "no everySteps: only before the first step and at the end")
+    return (f"{field}: rung {missed[0]} is not a step where {metric} is logged (spec.template.training.evaluation "
+            f"runs at {schedule}); with an eval/ objective every rung must be a multiple of "
+            "spec.template.training.evaluation.everySteps")
+
+
 class RLExperimentSpec(Model):
     """Desired state of an experiment: a template job, arms or a search, an objective."""
 
@@ -451,6 +470,18 @@ class RLExperimentSpec(Model):
         if self.arms is not None and len(self.arms) * self.seeds > MAX_TRIALS:
             raise ValueError(f"@seeds: {len(self.arms)} arms × {self.seeds} seeds is {len(self.arms) * self.seeds} "
                              f"trials; an experiment runs at most {MAX_TRIALS} (its status records each)")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_objective_at_rungs(self) -> RLExperimentSpec:
+        base = template_document(self.template)
+        trainings = [("template", self.template.training)] + [
+            (f"arm {arm.name}", validate_document(RLTrainingJobSpec, deep_merge(base, arm.overrides)).training)
+            for arm in self.arms or [] if arm.overrides]
+        for where, training in trainings:
+            problem = eval_rung_problem(self.objective.metric, training, self.early_stopping)
+            if problem is not None:
+                raise ValueError(f"@earlyStopping.{problem} (in {where})")
         return self
 
     @model_validator(mode="after")
