@@ -300,9 +300,13 @@ class EvaluationSpec(Model):
         return list(seen.values())
 
 
+#: What every evaluation metric's name starts with (``eval/<name>``), in logs, heartbeats and objectives.
+EVAL_PREFIX = "eval/"
+
+
 def check_eval_metric(name: str, training: TrainingSpec) -> None:
     """A metric named ``eval/<name>`` must be one ``spec.training.evaluation`` logs (ValueError naming them)."""
-    if not name.startswith("eval/"):
+    if not name.startswith(EVAL_PREFIX):
         return
     evaluation = training.evaluation
     if evaluation is None:

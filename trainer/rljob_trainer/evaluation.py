@@ -17,12 +17,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob_trainer.config import TEXT_METRICS, Decoding, EvalMetricSpec, EvaluationSpec, RewardSpec
+from rljob_trainer.config import (
+    EVAL_PREFIX,
+    TEXT_METRICS,
+    Decoding,
+    EvalMetricSpec,
+    EvaluationSpec,
+    RewardSpec,
+)
 from rljob_trainer.errors import PermanentError
 
 WHERE = "spec.training.evaluation"
 #: Prefix of every evaluation metric's name in logs, heartbeats and summary.json.
-PREFIX = "eval/"
+PREFIX = EVAL_PREFIX
 #: Prompts generated in one batch.
 GENERATION_CHUNK = 32
 

@@ -24,8 +24,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rljob_trainer.config import EVAL_PREFIX
 from rljob_trainer.contract import MAX_HEARTBEAT_METRICS
-from rljob_trainer.evaluation import PREFIX as EVAL_PREFIX
 
 #: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit).
 MAX_CURVE_POINTS = 100
