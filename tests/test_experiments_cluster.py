@@ -380,6 +380,28 @@ def test_an_eval_objective_prunes_and_ranks_by_the_held_out_metric_not_the_train
     assert status["best"]["arm"] == "b" and status["winner"]["arm"] == "b"
 
 
+def test_a_search_with_an_eval_objective_scores_its_trials_by_the_held_out_metric(
+        kube: Any, experiment_crd: Any, namespace: str, operator: Any) -> None:
+    """A search's trials are scored, and its best chosen, by the held-out metric: the trial with the
+    better training reward and the worse held-out metric is second."""
+    op = operator()
+    search = {**SEARCH, "maxTrials": 2, "parallelism": 2}
+    create(kube, namespace, experiment("evalsearch", search=search, template=evaluated_template(),
+                                       objective={"metric": "eval/repeat_char", "k": 1}))
+    jobs = sorted(j["metadata"]["name"] for j in wait_for(lambda: trials_when(kube, namespace, "evalsearch", 2), 60,
+                                                          message="two trials"))
+    rewards = {jobs[0]: [0.8, 0.9, 0.95, 0.99], jobs[1]: [0.2, 0.3, 0.4, 0.5]}
+    evaluations = {jobs[0]: {10: 0.1, 20: 0.2}, jobs[1]: {10: 0.5, 20: 0.8}}
+    for job in jobs:
+        heartbeat(kube, op, namespace, job, [(5 * (k + 1), r) for k, r in enumerate(rewards[job])], final=True,
+                  evaluations=evaluations[job])
+        finish(kube, namespace, job)
+    done = wait_exp(kube, namespace, "evalsearch", lambda s: s.get("phase") == "Succeeded", "search Succeeded", 120)
+    status = done["status"]
+    assert {t["name"]: t["objective"] for t in status["trials"]} == {jobs[0]: 0.2, jobs[1]: 0.8}
+    assert status["best"]["trial"] == jobs[1], status["best"]
+
+
 def test_deleting_the_experiment_deletes_its_trials(kube: Any, experiment_crd: Any, namespace: str,
                                                     operator: Any) -> None:
     operator()
