@@ -10,8 +10,9 @@ act on must send, measured on the same control plane in the same run, the sides 
 and of its Running write, in the operator's order, and nothing else: as the job's create returns
 (no watch, no queue), one of W threads patches the status the operator's plan writes first,
 creates the ConfigMap, Service and NetworkPolicy together, then the 4 pods together (through R
-request threads shared by all jobs), then posts the plan's Events; when the pod watch shows the
-gang Ready it patches the status Running and posts that Event. The plan is the operator's
+request threads shared by all jobs), then posts the plan's Events (from 4 threads of their own, as
+the operator does); when the pod watch shows the gang Ready it patches the status Running and posts
+that Event. The plan is the operator's
 (``plan_reconcile``), computed before the burst for each job's manifest (the job's uid is filled
 in when its create returns), so the floor pays nothing for it. It acts as the operator's service
 account, so API Priority and Fairness and RBAC treat both alike and the audit log records both.
@@ -54,6 +55,7 @@ from typing import Any
 import psutil
 from rljob_operator.api import parse_job
 from rljob_operator.cluster.kube import FIELD_MANAGER, Kube
+from rljob_operator.cluster.reconciler import EVENT_THREADS
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.lifecycle import plan_reconcile
 from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, StatusEndpoint
@@ -114,6 +116,7 @@ class EssentialsFloor:
         self.kube, self.namespace, self.plans = kube, namespace, plans
         self.workers = ThreadPoolExecutor(max_workers=workers)
         self.requests = ThreadPoolExecutor(max_workers=requests)
+        self.events = ThreadPoolExecutor(max_workers=EVENT_THREADS)  # as the operator's: off the workers
         self.lock = threading.Lock()
         self.jobs: dict[str, dict[str, Any]] = {}  # name -> the created job
         self.ready: dict[str, set[str]] = {}
@@ -137,8 +140,10 @@ class EssentialsFloor:
             child.result()
         for pod in self.requests.map(self.kube.create_pod, plan["pods"]):
             assert pod
-        now = rfc3339(datetime.now(UTC))
-        for type_, reason, message in plan["events"]:
+        self.events.submit(self._try, name, self._events, raw, plan["events"], rfc3339(datetime.now(UTC)))
+
+    def _events(self, raw: dict[str, Any], events: list[list[str]], now: str) -> None:
+        for type_, reason, message in events:
             self.kube.post_event(raw, type_, reason, message, now)
 
     def on_pod(self, t: float, kind: str, pod: dict[str, Any]) -> None:
@@ -159,8 +164,8 @@ class EssentialsFloor:
         self.kube.patch_job_status(self.namespace, job, {
             "phase": "Running", "reason": "GangReady", "message": f"all {WORKERS} workers are ready",
             "readyWorkers": WORKERS})
-        self.kube.post_event(self.jobs[job], "Normal", "GangReady",
-                             f"Starting → Running: all {WORKERS} workers are ready", rfc3339(datetime.now(UTC)))
+        self.events.submit(self._try, job, self._events, self.jobs[job], [[
+            "Normal", "GangReady", f"Starting → Running: all {WORKERS} workers are ready"]], rfc3339(datetime.now(UTC)))
         with self.lock:
             self.running_written += 1
 
@@ -173,6 +178,7 @@ class EssentialsFloor:
     def close(self) -> None:
         self.workers.shutdown(wait=True, cancel_futures=False)
         self.requests.shutdown(wait=True)
+        self.events.shutdown(wait=True)
 
 
 def floor_burst(plane: BenchControlPlane, kube: Kube, meter: Meter, audit: AuditLog, n: int, namespace: str,

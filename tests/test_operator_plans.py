@@ -261,7 +261,7 @@ def _reconcile(kube: RecordingKube, network: JobNetwork | None = None,
     try:
         return reconciler.reconcile("team-a", "train")
     finally:
-        reconciler._pool.shutdown()
+        reconciler.close()
 
 
 def _refused(status: int, body: str) -> ApiException:
@@ -304,7 +304,7 @@ def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after
         reconciler.reconcile("team-a", "train")
         assert {c for c in kube.calls if c[1] in ("ConfigMap", "Service", "NetworkPolicy")} == children
     finally:
-        reconciler._pool.shutdown()
+        reconciler.close()
 
 
 def test_pods_from_the_watch_are_listed_again_only_before_creating_one_this_reconciler_created_and_has_not_seen(
@@ -328,7 +328,7 @@ def test_pods_from_the_watch_are_listed_again_only_before_creating_one_this_reco
         second.reconcile("team-a", "train")
         assert kube.lists == 1
     finally:
-        second._pool.shutdown()
+        second.close()
 
 
 def test_the_network_policy_exists_before_any_pod_and_a_taken_name_stops_the_pods() -> None:

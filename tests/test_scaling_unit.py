@@ -266,7 +266,7 @@ def test_a_snapshot_taken_before_the_node_watch_saw_a_node_go_does_not_count_it(
         plan = plan_reconcile(job, [], NOW + timedelta(seconds=6), capacity=reconciler.capacity())
         assert (plan.status["scaling"]["replicas"], plan.status["scaling"]["lastScaleReason"]) == (2, "NodesLost")
     finally:
-        reconciler._pool.shutdown()
+        reconciler.close()
 
 
 def test_a_new_gang_counts_its_own_terminating_pods_as_free_whatever_the_watch_shows() -> None:

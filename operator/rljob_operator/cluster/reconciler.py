@@ -74,6 +74,10 @@ UNSEEN_CREATE_SECONDS = 30.0
 REQUEST_THREADS_PER_WORKER = 2
 
 
+#: Threads writing Events (each reconcile's Events in order, as one task).
+EVENT_THREADS = 4
+
+
 def _without_nulls(value: Any) -> Any:
     """A value as the API server stores it after a merge patch: null members of objects dropped."""
     if isinstance(value, dict):
@@ -134,6 +138,8 @@ class Reconciler:
         self.force_delete_after = force_delete_after
         self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
         self._pool = ThreadPoolExecutor(max_workers=request_threads, thread_name_prefix="rljob-create")
+        self._events = ThreadPoolExecutor(max_workers=EVENT_THREADS, thread_name_prefix="rljob-events")
+        """Events are written here, off the reconcile threads (``_post_events``)."""
         self._capacity_denied = False
         self._created: dict[tuple[str, str], dict[str, float]] = {}
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
@@ -388,7 +394,7 @@ class Reconciler:
             log.warning("%s/%s: pod %s %s: force-deleting it", namespace, name, pod_name,
                         f"was on node {deleted_node}, which was deleted" if deleted_node else "is stuck terminating")
             self.kube.delete_pod(namespace, pod_name, pod.get("metadata", {}).get("uid"), force=True)
-            self._event(raw, force_deleted_event(pod_name, deleted_node), now)
+            self._post_events(raw, [force_deleted_event(pod_name, deleted_node)], now)
 
     def _create(self, raw: dict[str, Any], plan: Plan) -> None:
         """The ConfigMap, Service and NetworkPolicy (all exist before any pod is created), then the pods."""
@@ -426,14 +432,33 @@ class Reconciler:
             metrics.GANG_RESTARTS.labels(reason=plan.gang_restart).inc()
         if plan.replaced_workers:
             metrics.WORKERS_REPLACED.labels(reason=plan.replaced_workers).inc()
-        for event in plan.events:  # in order: they share a timestamp, so their order is what kubectl shows
-            self._event(raw, event, now)
+        self._post_events(raw, plan.events, now)
         if plan.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", meta["namespace"], meta["name"])
             self.kube.delete_job(meta["namespace"], meta["name"], meta["uid"])
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), None)
             return None
         return plan.requeue_after
+
+    def _post_events(self, raw: dict[str, Any], events: list[Event], now: datetime) -> None:
+        """Write ``events`` from the events threads, as client-go's recorder writes from a goroutine of its
+        own: the reconcile's worker goes on to the next job instead of waiting 2 round trips (in a burst
+        of new jobs, a third of each first reconcile's time; ``bench/burst_floor.py``). One task per
+        reconcile, so its Events keep their order (they share a timestamp: their order is what kubectl shows)."""
+        if events:
+            self._events.submit(self._write_events, raw, list(events), now)
+
+    def _write_events(self, raw: dict[str, Any], events: list[Event], now: datetime) -> None:
+        try:
+            for event in events:
+                self._event(raw, event, now)
+        except Exception:  # an Event is worth a log line; on this thread nothing else would report it
+            log.exception("%s/%s: cannot post events", raw["metadata"]["namespace"], raw["metadata"]["name"])
+
+    def close(self) -> None:
+        """Wait for the requests and Events in flight, then stop the threads."""
+        self._pool.shutdown()
+        self._events.shutdown()
 
     def _event(self, raw: dict[str, Any], event: Event, now: datetime) -> None:
         """Through the recorder: a repeat counts on its Event; a job's Events are bounded (``cluster.events``)."""
