@@ -141,3 +141,36 @@ def test_a_bad_experiment_file_is_refused_naming_file_and_field(tmp_path: Path) 
     assert f"{manifest}: spec.arms[0].overrides.training.learningRate: Input should be less than or equal to 1" \
         in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_strategies_example_trains_each_arm_with_its_trl_fields_and_ranks_by_held_out_accuracy(
+    tmp_path: Path,
+) -> None:
+    """examples/experiments/strategies.yaml, shortened: each arm's trial ran TRL with its strategy's fields
+    (summary.json reads them back from TRL's config) and the leaderboard ranks by eval/exact_match."""
+    from rljob_trainer.algorithms import ALGORITHMS
+
+    doc = yaml.safe_load((REPO / "examples/experiments/strategies.yaml").read_text())
+    training = doc["spec"]["template"]["training"]
+    training.update(maxSteps=6)
+    training["evaluation"].update(everySteps=3, maxPrompts=16)
+    metric = doc["spec"]["objective"]["metric"]
+    assert metric == "eval/exact_match" and doc["spec"]["objective"]["k"] == 1
+    _, status, out = run_experiment(tmp_path, doc, "--parallel", "2")
+
+    strategies = ALGORITHMS["grpo"].strategies
+    assert [t["phase"] for t in status["trials"]] == ["Succeeded"] * len(strategies)
+    assert {t["arm"] for t in status["trials"]} == set(strategies)
+    for trial in status["trials"]:
+        folder = out / "trials" / trial["name"]
+        ran = json.loads((folder / "summary.json").read_text())["algorithm"]
+        assert ran["name"] == "grpo" and ran["strategy"] == trial["arm"]
+        assert {k: ran["trl"][k] for k in strategies[trial["arm"]].trl} == strategies[trial["arm"]].trl
+        evals = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in evals if metric in r]
+        assert [r["step"] for r in evals] == [0, 3, 6]  # before training, everySteps, the end
+        assert trial["objective"] == evals[-1][metric]  # k: 1 → the final held-out accuracy
+    objectives = {t["arm"]: t["objective"] for t in status["trials"]}
+    board = [(e["name"], e["objective"]) for e in status["leaderboard"]]
+    assert [o for _, o in board] == sorted(objectives.values(), reverse=True)
+    assert all(objectives[name] == objective for name, objective in board)
