@@ -597,9 +597,8 @@ def managed_message(key: str) -> str:
     return f"set by rljob; use {use}" if use.startswith("spec.") else f"set by rljob ({use}); remove it from trl"
 
 
-def strategy_message(strategy: str, key: str) -> str:
-    """Why ``spec.training.trl.<key>`` is refused next to ``spec.training.strategy``."""
-    value = next(a.strategies[strategy].trl[key] for a in ALGORITHMS.values() if strategy in a.strategies)
+def strategy_message(strategy: str, key: str, value: Any) -> str:
+    """Why ``spec.training.trl.<key>`` is refused next to ``spec.training.strategy``, which sets it to ``value``."""
     return (f"set by spec.training.strategy {strategy} ({key}={value!r}); remove it from trl, "
             "or drop the strategy to set TRL's fields yourself")
 
@@ -610,8 +609,9 @@ def check_trl(trl: dict[str, Any], algorithm: str | None, strategy: str | None =
     configs = {name: a.config_class for name, a in ALGORITHMS.items()}
     config = configs.get(algorithm or "", "/".join(configs.values()))
     refused = {k: managed_message(k) for k in MANAGED_TRL_FIELDS}
-    if algorithm is not None and strategy in ALGORITHMS[algorithm].strategies:
-        refused.update({k: strategy_message(strategy, k) for k in ALGORITHMS[algorithm].strategies[strategy].trl})
+    strategies = ALGORITHMS[algorithm].strategies if algorithm is not None else {}
+    if strategy in strategies:
+        refused.update({k: strategy_message(strategy, k, v) for k, v in strategies[strategy].trl.items()})
     # Credentials, TRL's (hub_token) or any credential-like name (push_to_hub_token), never sit in a ConfigMap.
     refused.update({k: CREDENTIAL_TRL_MESSAGE for k in (*CREDENTIAL_TRL_FIELDS, *trl)
                     if isinstance(k, str) and CREDENTIAL_NAME_RE.search(k)})
