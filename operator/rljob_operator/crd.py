@@ -297,7 +297,7 @@ def trl_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "description": (
-            f"Further fields of TRL's {' or '.join(CONFIG_CLASSES.values())} (trl {TRL_VERSION}), by their TRL "
+            f"Further fields of TRL's {' or '.join(dict.fromkeys(CONFIG_CLASSES.values()))} (trl {TRL_VERSION}), by their TRL "
             "names; fields rljob sets itself are refused with the rljob field to use."
         ),
         "properties": properties,

@@ -400,7 +400,8 @@ class TrainingSpec(Model):
     trl: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            f"Further fields of TRL's GRPOConfig or RLOOConfig (trl {TRL_VERSION}), by their TRL names; "
+            f"Further fields of TRL's {' or '.join(dict.fromkeys(a.config_class for a in ALGORITHMS.values()))} "
+            f"(trl {TRL_VERSION}), by their TRL names; "
             "fields rljob sets itself are refused with the rljob field to use."
         ),
     )
@@ -607,7 +608,7 @@ def check_trl(trl: dict[str, Any], algorithm: str | None, strategy: str | None =
     """``spec.training.trl`` against TRL's config class for ``algorithm`` (None: either class),
     and against the fields ``strategy`` (of ``algorithm``) sets."""
     configs = {name: a.config_class for name, a in ALGORITHMS.items()}
-    config = configs.get(algorithm or "", "/".join(configs.values()))
+    config = configs.get(algorithm or "", "/".join(dict.fromkeys(configs.values())))
     refused = {k: managed_message(k) for k in MANAGED_TRL_FIELDS}
     strategies = ALGORITHMS[algorithm].strategies if algorithm is not None else {}
     if strategy in strategies:
