@@ -205,3 +205,36 @@ def test_early_stopping_on_the_held_out_metric_prunes_at_the_evaluation_of_a_run
     assert f"median {at_rung['honest']:.4g} of 1 other" in gameable["message"]
     assert 20 <= max(r["step"] for r in log) < 80  # stopped soon after the rung, not at its end
     assert "pruning held-out-ab-gameable-s0" in output and status["best"]["trial"] == honest["name"]
+
+
+def test_the_strategies_example_trains_each_arm_with_its_trl_fields_and_ranks_by_held_out_accuracy(
+    tmp_path: Path,
+) -> None:
+    """examples/experiments/strategies.yaml, shortened: each arm's trial ran TRL with its strategy's fields
+    (summary.json reads them back from TRL's config) and the leaderboard ranks by eval/exact_match."""
+    from rljob_trainer.algorithms import ALGORITHMS
+
+    doc = yaml.safe_load((REPO / "examples/experiments/strategies.yaml").read_text())
+    training = doc["spec"]["template"]["training"]
+    training.update(maxSteps=6)
+    training["evaluation"].update(everySteps=3, maxPrompts=16)
+    metric = doc["spec"]["objective"]["metric"]
+    assert metric == "eval/exact_match" and doc["spec"]["objective"]["k"] == 1
+    _, status, out = run_experiment(tmp_path, doc, "--parallel", "2")
+
+    strategies = ALGORITHMS["grpo"].strategies
+    assert [t["phase"] for t in status["trials"]] == ["Succeeded"] * len(strategies)
+    assert {t["arm"] for t in status["trials"]} == set(strategies)
+    for trial in status["trials"]:
+        folder = out / "trials" / trial["name"]
+        ran = json.loads((folder / "summary.json").read_text())["algorithm"]
+        assert ran["name"] == "grpo" and ran["strategy"] == trial["arm"]
+        assert {k: ran["trl"][k] for k in strategies[trial["arm"]].trl} == strategies[trial["arm"]].trl
+        evals = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in evals if metric in r]
+        assert [r["step"] for r in evals] == [0, 3, 6]  # before training, everySteps, the end
+        assert trial["objective"] == evals[-1][metric]  # k: 1 → the final held-out accuracy
+    objectives = {t["arm"]: t["objective"] for t in status["trials"]}
+    board = [(e["name"], e["objective"]) for e in status["leaderboard"]]
+    assert [o for _, o in board] == sorted(objectives.values(), reverse=True)
+    assert all(objectives[name] == objective for name, objective in board)

@@ -99,6 +99,8 @@ def test_the_api_server_applies_the_trl_and_kwargs_rules(kube, crd_installed, na
     accepted = [
         {"algorithm": "rloo", "trl": {"normalize_advantages": True, "reward_clip_range": [-1, 1]}},
         {"trl": {"deepspeed": "/etc/ds.json", "pad_to_multiple_of": "auto", "loss_type": "dapo"}},
+        {"strategy": "dr-grpo", "trl": {"epsilon_high": 0.28}},  # a TRL field the strategy leaves alone
+        {"strategy": "gspo"},
         {"rewards": [{"name": "pkg.mod:fn", "kwargs": {"free": {"form": [1]}, "n": 2}},
                      {"name": "regex_match", "kwargs": {"pattern": "a+", "mode": "fullmatch"}}]},
     ]
@@ -107,6 +109,7 @@ def test_the_api_server_applies_the_trl_and_kwargs_rules(kube, crd_installed, na
         create_job(kube, namespace, doc)
         stored = get_job(kube, namespace, f"fine-{i}")["spec"]["training"]
         assert stored.get("trl", {}) == training.get("trl", {})  # nothing pruned, no TRL defaults added
+        assert stored.get("strategy") == training.get("strategy")  # no strategy unless one is named
         assert parse_job(doc).spec.training.trl == training.get("trl", {})
 
 

@@ -65,6 +65,12 @@ def _problems(training: dict[str, Any]) -> list[str]:
     ({"trl": {"normalize_advantages": True}},
      ["spec.training.trl.normalize_advantages: a field of TRL's RLOOConfig only; GRPOConfig (algorithm grpo)"]),
     ({"trl": {"lr_scheduler_type": "sometimes"}}, ["spec.training.trl.lr_scheduler_type: Input should be 'linear'"]),
+    ({"strategy": "Dapo"}, ["spec.training.strategy: Input should be 'grpo', 'dapo', 'dr-grpo' or 'gspo'"]),
+    ({"algorithm": "rloo", "strategy": "grpo"},
+     ["spec.training.strategy: algorithm rloo has no strategy 'grpo' (its strategies: none)"]),
+    ({"strategy": "dapo", "trl": {"epsilon_high": 0.3, "loss_type": "dapo", "temperature": 1.0}},
+     ["spec.training.trl.epsilon_high: set by spec.training.strategy dapo (epsilon_high=0.28); remove it from trl, "
+      "or drop the strategy", "spec.training.trl.loss_type: set by spec.training.strategy dapo (loss_type='dapo')"]),
     ({"trl": {"top_k": 1.5, "temperature": "0.7"}}, ["spec.training.trl.top_k: Input should be a valid integer",
                                                      "spec.training.trl.temperature: Input should be a valid number"]),
     ({"trl": {"deepspeed": 3}}, ["spec.training.trl.deepspeed: Input should be a mapping or a string"]),
@@ -93,6 +99,8 @@ def test_trl_and_builtin_kwargs_are_checked_naming_the_field(training: dict[str,
     {"trl": {"data_seed": 3, "log_level": "info"}},  # rljob's defaults a user may override
     {"algorithm": "rloo", "trl": {"normalize_advantages": False, "reward_clip_range": [-1, 1.5]}},
     {"algorithm": "grpo", "trl": {"loss_type": "dr_grpo", "scale_rewards": "batch"}},
+    {"strategy": "dr-grpo", "trl": {"epsilon_high": 0.28}},  # a field the strategy leaves alone
+    {"strategy": None, "trl": {"loss_type": "bnpo"}},  # null: no strategy, TRL's fields by hand
     {"rewards": [{"name": "my_rewards.score:fn", "kwargs": {"anything": [1, {"goes": True}], "length": "long"}}]},
     {"rewards": [{"name": "regex_match", "kwargs": {"pattern": r"^\d+$", "mode": "fullmatch"}},
                  {"name": "exact_match", "kwargs": {"prefix": True}}, {"name": "digit_match"}]},

@@ -517,7 +517,7 @@ class RLTrainingJob(Model):
         training, status = self.spec.training, self.status
         batch = status.oom_recovery.batch_size if status and status.oom_recovery else training.batch_size
         world = (self.replicas if replicas is None else replicas) * self.spec.workers.procs_per_worker
-        accumulation = accumulation_for(batch, world, self.target_global_batch(reference), training.num_generations)
+        accumulation = accumulation_for(batch, world, self.target_global_batch(reference), training.group_size())
         return batch, accumulation, batch * accumulation * world
 
     def target_global_batch(self, reference: int | None = None) -> int:

@@ -11,7 +11,8 @@ structural OpenAPI v3 schema:
   ``x-kubernetes-int-or-string``;
 * ``spec.training.trl`` lists every field of TRL's GRPOConfig/RLOOConfig with its type (from the
   generated ``rljob_trainer.trl_fields``), so unknown keys and wrong types are refused; CEL refuses the
-  fields rljob manages and the fields of the other algorithm (:func:`trl_schema`, :func:`trl_rules`);
+  fields rljob manages, the fields of the other algorithm and those ``spec.training.strategy`` sets
+  (:func:`trl_schema`, :func:`trl_rules`, :func:`strategy_rules`; algorithms from ``rljob_trainer.algorithms``);
 * a built-in reward's ``kwargs`` take only its options, by value validations on the list item
   (``anyOf`` branches by name, no types inside) and CEL; a custom reward's stay free-form
   (:func:`reward_kwargs_schema`);
@@ -30,6 +31,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
+from rljob_trainer.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
 from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARDS
 from rljob_trainer.config import (
     BUILTIN_DATASETS,
@@ -43,7 +45,7 @@ from rljob_trainer.config import (
     describe_type,
     managed_message,
 )
-from rljob_trainer.trl_fields import CONFIG_CLASSES, TRL_FIELDS, TRL_VERSION
+from rljob_trainer.trl_fields import TRL_FIELDS, TRL_VERSION
 
 from rljob_operator.api import (
     API_VERSION,
@@ -79,7 +81,11 @@ def _rule(rule: str, message: str, field_path: str | None = None, reason: str | 
 
 _ELASTIC = "(has(self.workers.minReplicas) || has(self.workers.maxReplicas))"
 _GLOBAL_BATCH = "self.training.batchSize * self.workers.replicas * self.workers.procsPerWorker"
-#: The generation-batch knobs (config.check_generation_batch / check_elastic_generation).
+#: The generation-batch knobs (config.check_generation_batch / check_elastic_generation), for algorithms
+#: whose generation batches hold whole groups of numGenerations (every one so far).
+if not all(a.whole_groups for a in ALGORITHMS.values()):
+    raise NotImplementedError("rljob_operator.crd: the numGenerations rules below assume whole groups; guard them "
+                              "with self.training.algorithm for an algorithm without (docs/architecture.md)")
 GENERATION_RULES = [
     _rule(f"!has(self.training.generationBatchSize) || {_ELASTIC} || "
           f"self.training.generationBatchSize % ({_GLOBAL_BATCH}) == 0",
@@ -292,7 +298,7 @@ def trl_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "description": (
-            f"Further fields of TRL's {' or '.join(CONFIG_CLASSES.values())} (trl {TRL_VERSION}), by their TRL "
+            f"Further fields of TRL's {' or '.join(dict.fromkeys(CONFIG_CLASSES.values()))} (trl {TRL_VERSION}), by their TRL "
             "names; fields rljob sets itself are refused with the rljob field to use."
         ),
         "properties": properties,
@@ -320,7 +326,29 @@ def trl_rules() -> dict[str, list[dict[str, str]]]:
                 f"spec.training.trl: {', '.join(foreign)} are not fields of TRL's {config} (algorithm {algorithm})",
                 ".trl",
             ))
-    return {"spec.training.trl": managed, "spec.training": per_algorithm}
+    return {"spec.training.trl": managed, "spec.training": per_algorithm + strategy_rules(schema)}
+
+
+def strategy_rules(trl_properties: dict[str, Any]) -> list[dict[str, str]]:
+    """CEL: each algorithm takes only its own strategies, and a strategy's TRL fields are refused under trl."""
+    rules = [
+        _rule(f"self.algorithm != '{name}' || !has(self.strategy)"
+              + (f" || self.strategy in {_cel_list(a.strategies)}" if a.strategies else ""),
+              f"spec.training.strategy: algorithm {name} has no such strategy "
+              f"(its strategies: {', '.join(a.strategies) or 'none'})", ".strategy")
+        for name, a in ALGORITHMS.items() if set(a.strategies) != set(STRATEGY_NAMES)
+    ]
+    for a in ALGORITHMS.values():
+        for name, strategy in a.strategies.items():
+            fields = [k for k in strategy.trl if _exposed(trl_properties[k])]
+            present = " || ".join(f"has(self.trl.{k})" for k in fields)
+            rules.append(_rule(
+                f"!has(self.strategy) || self.strategy != '{name}' || !has(self.trl) || !({present})",
+                f"spec.training.trl: {', '.join(fields)} are set by spec.training.strategy {name}; remove them "
+                "from trl, or drop the strategy to set TRL's fields yourself",
+                ".trl",
+            ))
+    return rules
 
 
 def _options_within(options: list[str]) -> dict[str, Any]:

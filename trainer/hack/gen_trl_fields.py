@@ -28,7 +28,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = REPO / "trainer/rljob_trainer/trl_fields.py"
-ALGORITHMS = {"grpo": "GRPOConfig", "rloo": "RLOOConfig"}
+sys.path.insert(0, str(REPO / "trainer"))
+from rljob_trainer.algorithms import CONFIG_CLASSES  # noqa: E402 - the algorithms' TRL config classes
+
 SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
 #: Longest description kept (the CRD carries one per field; `kubectl explain` shows it).
 MAX_DESCRIPTION = 200
@@ -102,7 +104,7 @@ def collect() -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     import trl
 
     fields: dict[str, dict[str, Any]] = {}
-    for algorithm, class_name in ALGORITHMS.items():
+    for algorithm, class_name in CONFIG_CLASSES.items():
         cls = getattr(trl, class_name)
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
@@ -137,7 +139,7 @@ def render(versions: dict[str, str], fields: dict[str, dict[str, Any]]) -> str:
         "",
         f"TRL_VERSION = {json.dumps(versions['trl'])}",
         f"TRANSFORMERS_VERSION = {json.dumps(versions['transformers'])}",
-        f"CONFIG_CLASSES = {json.dumps(ALGORITHMS)}",
+        f"CONFIG_CLASSES = {json.dumps(CONFIG_CLASSES)}",
         "",
         "# fmt: off",
         "TRL_FIELDS: dict[str, dict[str, Any]] = {",

@@ -29,7 +29,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from rljob_trainer.trl_fields import CONFIG_CLASSES, TRL_FIELDS, TRL_VERSION
+from rljob_trainer.algorithms import ALGORITHMS, STRATEGY_NAMES
+from rljob_trainer.trl_fields import TRL_FIELDS, TRL_VERSION
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny",)
@@ -49,9 +50,10 @@ class Model(BaseModel):
     )
 
 
-class Algorithm(StrEnum):
-    grpo = "grpo"
-    rloo = "rloo"
+#: ``spec.training.algorithm``: one value per module of ``rljob_trainer.algorithms``.
+Algorithm = StrEnum("Algorithm", {name: name for name in ALGORITHMS})  # type: ignore[misc]
+#: ``spec.training.strategy``: every algorithm's named strategies.
+StrategyName = StrEnum("StrategyName", {name: name for name in STRATEGY_NAMES})  # type: ignore[misc]
 
 
 class Precision(StrEnum):
@@ -320,7 +322,19 @@ def check_eval_metric(name: str, training: TrainingSpec) -> None:
 class TrainingSpec(Model):
     """What to train and how: the policy-optimisation run itself."""
 
-    algorithm: Algorithm = Field(Algorithm.grpo, description="Policy-optimisation algorithm: grpo or rloo.")
+    algorithm: Algorithm = Field(
+        Algorithm(next(iter(ALGORITHMS))), description=f"Policy-optimisation algorithm: {' or '.join(ALGORITHMS)}."
+    )
+    strategy: StrategyName | None = Field(
+        None,
+        description=(
+            "A named variant of the algorithm, set through TRL's own config fields (which spec.training.trl "
+            "then must not set). " + "; ".join(
+                f"{a.name}: " + "; ".join(s.describe(n) for n, s in a.strategies.items())
+                for a in ALGORITHMS.values() if a.strategies
+            ) + ". Unset: TRL's defaults."
+        ),
+    )
     model: str = Field(
         "builtin:tiny",
         description="builtin:tiny (built from a config, no download), a local path, an s3:// prefix, or a hub id.",
@@ -390,17 +404,31 @@ class TrainingSpec(Model):
     trl: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            f"Further fields of TRL's GRPOConfig or RLOOConfig (trl {TRL_VERSION}), by their TRL names; "
+            f"Further fields of TRL's {' or '.join(dict.fromkeys(a.config_class for a in ALGORITHMS.values()))} "
+            f"(trl {TRL_VERSION}), by their TRL names; "
             "fields rljob sets itself are refused with the rljob field to use."
         ),
     )
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy_of_algorithm(cls, v: str | None, info: ValidationInfo) -> str | None:
+        algorithm = ALGORITHMS.get(info.data.get("algorithm", ""))  # absent when the algorithm was invalid
+        if v is not None and algorithm is not None and v not in algorithm.strategies:
+            known = ", ".join(algorithm.strategies) or "none"
+            raise ValueError(f"algorithm {algorithm.name} has no strategy {v!r} (its strategies: {known})")
+        return v
 
     @field_validator("trl")
     @classmethod
     def _trl_fields(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         algorithm = info.data.get("algorithm")  # absent when the algorithm itself was invalid
-        check_trl(v, algorithm if algorithm in CONFIG_CLASSES else None)
+        check_trl(v, algorithm if algorithm in ALGORITHMS else None, info.data.get("strategy"))
         return v
+
+    def group_size(self) -> int:
+        """Completions a generation batch holds whole multiples of: the algorithm's batch rule."""
+        return ALGORITHMS[self.algorithm].group_size(self.num_generations)
 
     @model_validator(mode="after")
     def _one_generation_knob(self) -> TrainingSpec:
@@ -574,10 +602,21 @@ def managed_message(key: str) -> str:
     return f"set by rljob; use {use}" if use.startswith("spec.") else f"set by rljob ({use}); remove it from trl"
 
 
-def check_trl(trl: dict[str, Any], algorithm: str | None) -> None:
-    """``spec.training.trl`` against TRL's config class for ``algorithm`` (None: either class)."""
-    config = CONFIG_CLASSES.get(algorithm or "", "/".join(CONFIG_CLASSES.values()))
+def strategy_message(strategy: str, key: str, value: Any) -> str:
+    """Why ``spec.training.trl.<key>`` is refused next to ``spec.training.strategy``, which sets it to ``value``."""
+    return (f"set by spec.training.strategy {strategy} ({key}={value!r}); remove it from trl, "
+            "or drop the strategy to set TRL's fields yourself")
+
+
+def check_trl(trl: dict[str, Any], algorithm: str | None, strategy: str | None = None) -> None:
+    """``spec.training.trl`` against TRL's config class for ``algorithm`` (None: either class),
+    and against the fields ``strategy`` (of ``algorithm``) sets."""
+    configs = {name: a.config_class for name, a in ALGORITHMS.items()}
+    config = configs.get(algorithm or "", "/".join(dict.fromkeys(configs.values())))
     refused = {k: managed_message(k) for k in MANAGED_TRL_FIELDS}
+    strategies = ALGORITHMS[algorithm].strategies if algorithm is not None else {}
+    if strategy in strategies:
+        refused.update({k: strategy_message(strategy, k, v) for k, v in strategies[strategy].trl.items()})
     # Credentials, TRL's (hub_token) or any credential-like name (push_to_hub_token), never sit in a ConfigMap.
     refused.update({k: CREDENTIAL_TRL_MESSAGE for k in (*CREDENTIAL_TRL_FIELDS, *trl)
                     if isinstance(k, str) and CREDENTIAL_NAME_RE.search(k)})
@@ -586,7 +625,7 @@ def check_trl(trl: dict[str, Any], algorithm: str | None) -> None:
     if algorithm is not None:
         for key, field in TRL_FIELDS.items():
             if algorithm not in field["algorithms"]:
-                others = "/".join(CONFIG_CLASSES[a] for a in field["algorithms"])
+                others = "/".join(configs[a] for a in field["algorithms"])
                 refused.setdefault(key, f"a field of TRL's {others} only; {config} (algorithm {algorithm}) has "
                                         "no such field")
     check_options(trl, TRL_SCHEMAS, "trl", unknown=f"not a field of TRL's {config} (trl {TRL_VERSION})",
@@ -817,7 +856,7 @@ def check_generation_batch(training: TrainingSpec, world_size: int) -> None:
         how = (f"batchSize × workers × {name} = {training.batch_size} × {world_size} × {steps} = "
                f"{generation_batch}")
         field = "stepsPerGeneration" if training.steps_per_generation else "numGenerations"
-    if generation_batch % training.num_generations:
+    if generation_batch % training.group_size():
         raise GenerationBatchError(field, (
             f"numGenerations ({training.num_generations}) must divide the generation batch {how}"))
 
@@ -832,7 +871,7 @@ def check_elastic_generation(training: TrainingSpec) -> None:
         raise GenerationBatchError("generationBatchSize", (
             "cannot be fixed with elastic workers (the world size changes); use stepsPerGeneration"))
     spg = training.steps_per_generation
-    if spg is not None and (training.batch_size * spg) % training.num_generations:
+    if spg is not None and (training.batch_size * spg) % training.group_size():
         raise GenerationBatchError("stepsPerGeneration", (
             f"with elastic workers, batchSize × stepsPerGeneration = {training.batch_size} × {spg} must be a "
             f"multiple of numGenerations ({training.num_generations})"))

@@ -35,10 +35,13 @@ def import_stack() -> None:
     """Import what a rank's ``worker.run`` would import first thing."""
     import torch.distributed  # noqa: F401
     import transformers  # noqa: F401
-    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer  # noqa: F401
 
     from rljob_trainer import data, rewards, telemetry  # noqa: F401
+    from rljob_trainer.algorithms import ALGORITHMS
     from rljob_trainer.checkpoints import publisher, resume  # noqa: F401
+
+    for algorithm in ALGORITHMS.values():  # TRL's trainer and config classes
+        algorithm.trl_classes()
 
     with contextlib.suppress(ImportError):  # LoRA runs only
         import peft  # noqa: F401

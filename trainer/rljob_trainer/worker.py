@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from rljob_trainer.algorithms import ALGORITHMS
 from rljob_trainer.config import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig
 from rljob_trainer.contract import (
     ERROR_DIR_ENV,
@@ -37,16 +38,6 @@ from rljob_trainer.errors import PermanentError, is_cuda_oom, is_peer_loss, repo
 from rljob_trainer.known_warnings import silence_known_warnings
 
 log = logging.getLogger("rljob.worker")
-
-
-def trl_classes(algorithm: str) -> tuple[Any, Any]:
-    if algorithm == "rloo":
-        from trl import RLOOConfig, RLOOTrainer
-
-        return RLOOConfig, RLOOTrainer
-    from trl import GRPOConfig, GRPOTrainer
-
-    return GRPOConfig, GRPOTrainer
 
 
 def check_trl_fields(config_cls: Any, trl: dict[str, Any]) -> None:
@@ -101,6 +92,8 @@ def build_trl_config(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, u
     unlisted = sorted(set(kwargs) - MANAGED_TRL_FIELDS.keys() - TRL_DEFAULTS)
     if unlisted:
         raise RuntimeError(f"trl_arguments sets {unlisted}: add them to rljob_trainer.config.MANAGED_TRL_FIELDS")
+    # The strategy's TRL fields: the models refuse them under trl next to the strategy.
+    kwargs.update(ALGORITHMS[cfg.training.algorithm].trl_arguments(cfg.training.strategy))
     kwargs.update(cfg.training.trl)
     try:
         return config_cls(**kwargs)
@@ -342,6 +335,7 @@ def write_run_summary(
 
         summary["eval"] = eval_summary(trainer.state.log_history, eval_metric)
     summary["peak_memory_bytes"] = peak_memory_bytes()
+    summary["algorithm"] = ALGORITHMS[cfg.training.algorithm].effective(cfg.training.strategy, trainer.args)
     atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
     if heartbeat is not None:
         heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
@@ -376,7 +370,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     use_cpu = not torch.cuda.is_available()
     if cfg.training.precision != "fp32" and use_cpu:
         raise PermanentError("spec.training.precision", f"{cfg.training.precision} needs a GPU; use fp32 on CPU")
-    config_cls, trainer_cls = trl_classes(cfg.training.algorithm)
+    config_cls, trainer_cls = ALGORITHMS[cfg.training.algorithm].trl_classes()
     # The HF Trainer saves into the plan's folder: the local primary itself, or a staging folder in
     # front of object storage; rank 0's publisher seals each checkpoint there and copies it onwards.
     storage = storage_plan(cfg)

@@ -1,0 +1,66 @@
+"""What an algorithm module declares: the shape the registry (``rljob_trainer.algorithms``) holds.
+
+Pure data and small functions, importable without torch or TRL: the schema (``rljob_trainer.config``),
+the CRD (``rljob_operator.crd``) and ``rljob validate`` read it; only :meth:`Algorithm.trl_classes`
+imports TRL, on a worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """A named variant of an algorithm: TRL config fields it sets, and where it comes from."""
+
+    summary: str
+    trl: dict[str, Any]
+    reference: str  # the paper, as ``arXiv:<id>``
+
+    def describe(self, name: str) -> str:
+        """``dapo (DAPO, arXiv:2503.14476): loss_type='dapo', epsilon_high=0.28``."""
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.trl.items())
+        return f"{name} ({self.summary}, {self.reference}): {fields}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One policy-optimisation algorithm: its TRL classes, its strategies and its batch rules.
+
+    ``config_class``/``trainer_class``: TRL's classes, by name (``trl_fields`` lists the config's fields).
+    ``strategies``: the values ``spec.training.strategy`` takes with this algorithm (none: it takes none).
+    ``whole_groups``: a generation batch must hold whole groups of ``numGenerations``
+    (``config.check_generation_batch``, and the CEL rules in ``rljob_operator.crd``).
+    """
+
+    name: str
+    summary: str
+    config_class: str
+    trainer_class: str
+    strategies: dict[str, Strategy] = dataclasses.field(default_factory=dict)
+    whole_groups: bool = True
+
+    def trl_classes(self) -> tuple[Any, Any]:
+        """TRL's config and trainer classes (imports TRL)."""
+        trl = importlib.import_module("trl")
+        return getattr(trl, self.config_class), getattr(trl, self.trainer_class)
+
+    def trl_arguments(self, strategy: str | None) -> dict[str, Any]:
+        """The TRL config fields this algorithm sets for ``strategy`` (None: TRL's own defaults)."""
+        return dict(self.strategies[strategy].trl) if strategy is not None else {}
+
+    def group_size(self, num_generations: int) -> int:
+        """Completions a generation batch must hold whole multiples of (1: no grouping)."""
+        return num_generations if self.whole_groups else 1
+
+    def strategy_fields(self) -> tuple[str, ...]:
+        """Every TRL field one of this algorithm's strategies sets."""
+        return tuple(dict.fromkeys(k for s in self.strategies.values() for k in s.trl))
+
+    def effective(self, strategy: str | None, args: Any) -> dict[str, Any]:
+        """summary.json's ``algorithm``: name, strategy and the strategy fields' values in TRL's config ``args``."""
+        trl = {k: getattr(args, k) for k in self.strategy_fields()}
+        return {"name": self.name, "strategy": strategy, "trl": trl}
