@@ -74,6 +74,7 @@ from bench.operator_scale import (
     Recorder,
     RLJobSide,
     Watch,
+    bench_plane,
     create_namespace,
     delete_namespace,
     distribution,
@@ -87,8 +88,6 @@ from bench.operator_scale import (
     source_state,
 )
 from bench.reaction_floor import floor_burst as bare_burst
-from tests.cluster.controlplane import ClusterConfig
-from tests.cluster.nodes import GpuNodeShape
 
 #: The restated target: the operator's apply → pods created p99 over the floor's with essentials.
 TARGET_RATIO = 1.5
@@ -334,10 +333,7 @@ def main() -> None:
     p.add_argument("--result", default="burst_floor")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
-                           node_monitor_grace_s=a.node_grace, start_timeout_s=300,
-                           kwok_pod_parallelism=a.kwok_parallelism)
-    plane = BenchControlPlane(config, a.scheduler_qps)
+    plane = bench_plane(a)
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     started = time.time()

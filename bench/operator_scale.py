@@ -188,6 +188,15 @@ class BenchControlPlane(ControlPlane):
         super()._launch(name, argv)
 
 
+def bench_plane(args: argparse.Namespace) -> BenchControlPlane:
+    """The benchmarks' control plane: NODES KWOK nodes × GPUS_PER_NODE GPUs, with the arguments'
+    ``node_grace``, ``kwok_parallelism`` and ``scheduler_qps``."""
+    config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
+                           node_monitor_grace_s=args.node_grace, start_timeout_s=300,
+                           kwok_pod_parallelism=args.kwok_parallelism)
+    return BenchControlPlane(config, args.scheduler_qps)
+
+
 def install_crd(kube: Kube) -> None:
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     kube.request("POST", path, crd_manifest())
@@ -967,10 +976,7 @@ def main() -> None:
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     sizes = sorted(a.jobs)
-    config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
-                           node_monitor_grace_s=a.node_grace, start_timeout_s=300,
-                           kwok_pod_parallelism=a.kwok_parallelism)
-    plane = BenchControlPlane(config, a.scheduler_qps)
+    plane = bench_plane(a)
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rljob-bench-scale-") as tmp:

@@ -75,6 +75,7 @@ from bench.operator_scale import (
     Recorder,
     Watch,
     achieved_rate,
+    bench_plane,
     create_namespace,
     delete_namespace,
     distribution,
@@ -86,8 +87,6 @@ from bench.operator_scale import (
     percentile,
     pod_ready,
 )
-from tests.cluster.controlplane import ClusterConfig
-from tests.cluster.nodes import GpuNodeShape
 from tests.cluster.waiting import wait_for
 
 
@@ -327,10 +326,7 @@ def main() -> None:
                    help="results/NAME.json for the failures (default reaction_floor_replacement)")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
-                           node_monitor_grace_s=a.node_grace, start_timeout_s=300,
-                           kwok_pod_parallelism=a.kwok_parallelism)
-    plane = BenchControlPlane(config, a.scheduler_qps)
+    plane = bench_plane(a)
     runs: list[dict[str, Any]] = []
     replacements: list[dict[str, Any]] = []
     load_before = os.getloadavg()
