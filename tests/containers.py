@@ -163,8 +163,8 @@ def _env_flags(container: dict[str, Any], fields: dict[str, str], node_env: dict
     for entry in container.get("env") or []:
         if entry["name"] in node_env:
             continue
-        if "value" in entry:
-            flags += ["--env", f"{entry['name']}={entry['value']}"]
+        if "value" in entry or "valueFrom" not in entry:  # the API server stores value "" as no value at all
+            flags += ["--env", f"{entry['name']}={entry.get('value', '')}"]
             continue
         ref = (entry.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
         if ref not in fields:
