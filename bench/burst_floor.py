@@ -264,17 +264,8 @@ def operator_burst(plane: BenchControlPlane, kube: Kube, side: RLJobSide, audit:
     """``run_burst`` of ``operator_scale``, without its idle window and failures, plus where the time went."""
     args = argparse.Namespace(timeout=timeout, idle_seconds=0.0, failures=0)
     sent: dict[str, float] = {}
-    real_manifest = side.manifest
-
-    def manifest(name: str) -> dict[str, Any]:  # create_burst stamps the send just after building it
-        sent[name] = time.time()
-        return real_manifest(name)
-
-    side.manifest = manifest  # type: ignore[method-assign]
-    try:
-        result = run_burst(plane, kube, side, audit, meter, n, args, logs, with_failures=False, namespace=namespace)
-    finally:
-        side.manifest = real_manifest  # type: ignore[method-assign]
+    result = run_burst(plane, kube, side, audit, meter, n, args, logs, with_failures=False, namespace=namespace,
+                       sent_out=sent)
     result["where"] = where_the_time_goes(audit, namespace, sent)
     return result
 

@@ -709,8 +709,10 @@ def all_ready_at(recorder: Recorder, names: list[str]) -> float | None:
 
 
 def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, meter: Meter, n: int,
-              args: argparse.Namespace, logs: Path, with_failures: bool, namespace: str | None = None) -> dict[str, Any]:
-    """One burst of ``n`` jobs of ``side`` (RLJobSide or the peer's) with a fresh controller in a fresh namespace."""
+              args: argparse.Namespace, logs: Path, with_failures: bool, namespace: str | None = None,
+              sent_out: dict[str, float] | None = None) -> dict[str, Any]:
+    """One burst of ``n`` jobs of ``side`` (RLJobSide or the peer's) with a fresh controller in a fresh namespace;
+    ``sent_out`` (if given) receives when each job's create was sent."""
     namespace = namespace or f"rljob-scale-{n}"
     create_namespace(kube, namespace)
     recorder = side.recorder()
@@ -742,6 +744,8 @@ def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, 
         print(f"N={n}: creating {n} jobs × {WORKERS} workers", flush=True)
         t_burst = time.time()
         sent = create_burst(kube, namespace, names, side)
+        if sent_out is not None:
+            sent_out.update(sent)
         t_created = time.time()
         # Running as the job's status says, and its 4 pods Ready: the peer's PyTorchJob turns Running
         # when its master runs, rljob's job when all its workers do.

@@ -6,8 +6,9 @@ can compute objectives and prune from the status alone (the operator keeps no st
 
 * Only finite numbers are kept (JSON has no NaN; a NaN loss is dropped, the point stays).
 * Steps strictly increase: a point at the last point's step updates it (the final heartbeat
-  repeats the last step; its metrics come first, the earlier ones fill up to the 32 the CRD allows); a point at an earlier step means the trainer resumed from an older
-  checkpoint, so the points after it are dropped (they belong to the abandoned run).
+  repeats the last step; its metrics come first, the earlier ones fill up to the 32 the CRD
+  allows); a point at an earlier step means the trainer resumed from an older checkpoint, so the
+  points after it are dropped (they belong to the abandoned run).
 * At most ``MAX_CURVE_POINTS``: when full, every second point is dropped (first and last kept),
   so the curve always spans the whole run evenly at half the resolution; from then on a new point
   closer to the one before the last than the curve's spacing replaces the last (a moving tail
