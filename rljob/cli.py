@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rljob_operator.api import KIND as JOB
-from rljob_operator.api import ManifestError, load_job, parse_job, read_documents
-from rljob_trainer.contract import EXIT_PERMANENT, METRICS_PORT_ENV
+from rljob.contract.job import KIND as JOB
+from rljob.contract.job import ManifestError, load_job, parse_job, read_documents
+from rljob.contract.pod import EXIT_PERMANENT, METRICS_PORT_ENV
 
 if TYPE_CHECKING:
     from rljob_trainer.checkpoints.locations import Location
@@ -40,8 +40,8 @@ EXTRA_OF_MODULE = {
 
 def _validate_file(path: str) -> list[str]:
     """``kind/name`` of every RLTrainingJob and RLExperiment in a file; ManifestError on the first bad one."""
-    from rljob_operator.experiments.api import KIND as EXPERIMENT
-    from rljob_operator.experiments.api import parse_experiment
+    from rljob.contract.experiment import KIND as EXPERIMENT
+    from rljob.contract.experiment import parse_experiment
 
     parsers: dict[str, Callable[[Any, str], Any]] = {JOB: parse_job, EXPERIMENT: parse_experiment}
     found = []
@@ -108,7 +108,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     """Run an RLExperiment's trials on this machine (``rljob.experiment``)."""
-    from rljob_operator.experiments.api import load_experiment
+    from rljob.contract.experiment import load_experiment
 
     try:
         experiment = load_experiment(args.manifest)

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
-from rljob_operator.experiments.api import (
+from rljob_operator.experiments.leaderboard import standings
+from rljob_operator.experiments.objective import curve_from_logs, objective_value, thin
+from rljob_operator.experiments.pruning import should_prune
+from rljob_operator.experiments.search import next_params
+from rljob_operator.experiments.trials import Trial, arm_trials, search_trial, trial_manifest
+
+from rljob.contract.experiment import (
     MAX_CURVE_POINTS,
     CurvePoint,
     ExperimentPhase,
@@ -32,12 +38,7 @@ from rljob_operator.experiments.api import (
     TrialPhase,
     TrialStatus,
 )
-from rljob_operator.experiments.leaderboard import standings
-from rljob_operator.experiments.objective import curve_from_logs, objective_value, thin
-from rljob_operator.experiments.pruning import should_prune
-from rljob_operator.experiments.search import next_params
-from rljob_operator.experiments.trials import Trial, arm_trials, search_trial, trial_manifest
-from rljob_trainer.contract import METRICS_LOG, PROGRESS_ENV
+from rljob.contract.pod import METRICS_LOG, PROGRESS_ENV
 
 #: How often running trials' metrics logs are read.
 POLL_SECONDS = 1.0

@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 import yaml
 from rljob_operator import crd
-from rljob_operator.api import ManifestError, RLTrainingJob, parse_job
 from rljob_operator.decisions.checkpoints import CONDITION, EVENT_REASON, durability, mounted_location
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod, desired_worker_pods
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
 from rljob_operator.decisions.plan import Plan
 from rljob_operator.names import CONFIG_KEY, CONTAINER
 from rljob_trainer.checkpoints.plan import location_for, storage_plan
-from rljob_trainer.config import TrainerConfig, parse_claim
 from rljob_trainer.errors import PermanentError
 
+from rljob.contract.job import ManifestError, RLTrainingJob, parse_job
+from rljob.contract.spec import TrainerConfig, parse_claim
 from tests.operator_helpers import deep_update, job_manifest
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""The operator↔trainer contract (``rljob_trainer.contract``): one owner, one direction, no torch.
+"""The operator↔trainer contract (``rljob.contract.pod``): one owner, one direction, no torch.
 
 * ``trainer/`` never imports ``rljob_operator``; ``operator/`` imports from the trainer only the
   contract, the torch-free config schema and the built-in reward registry.
@@ -21,13 +21,14 @@ import pytest
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server.statusapi import StatusAPI
-from rljob_trainer import contract, errors
+from rljob_trainer import errors
 
+from rljob.contract import pod as contract
 from tests.operator_helpers import REPO, job_manifest
 
-#: What the operator may import from the trainer (the algorithm registry is torch-free data, for the CRD).
-OPERATOR_MAY_IMPORT = {"rljob_trainer.contract", "rljob_trainer.config", "rljob_trainer.trl_fields",
-                       "rljob_trainer.builtin.rewards", "rljob_trainer.algorithms"}
+#: What the operator may import from the trainer (the algorithm registry is torch-free data, for the CRD);
+#: the contract itself is ``rljob.contract``, which both import.
+OPERATOR_MAY_IMPORT = {"rljob_trainer.builtin.rewards", "rljob_trainer.algorithms"}
 #: A string literal that *is* an RLJOB_ variable name or prefix (prose mentioning one is documentation).
 ENV_LITERAL = re.compile(r"RLJOB_[A-Za-z0-9_{}]*")
 #: ``RLJOB_`` names outside the contract on purpose, each with why.
@@ -68,7 +69,7 @@ def test_the_trainer_never_imports_the_operator() -> None:
 
 def test_the_operator_imports_only_the_trainers_contract_config_and_reward_registry() -> None:
     def allowed(module: str) -> bool:
-        # ``from rljob_trainer.config import X`` is recorded as ``rljob_trainer.config.X``.
+        # ``from rljob_trainer.algorithms import X`` is recorded as ``rljob_trainer.algorithms.X``.
         return any(module == ok or module.startswith(ok + ".") for ok in OPERATOR_MAY_IMPORT)
 
     offenders = [f"{path}:{line}: {module}" for path, tree in _sources("operator")
@@ -80,7 +81,7 @@ def test_the_operator_imports_only_the_trainers_contract_config_and_reward_regis
 def test_rljob_variable_names_are_spelled_only_in_the_contract() -> None:
     found = []
     for path, tree in _sources("operator", "trainer", "rljob"):
-        if path == "trainer/rljob_trainer/contract.py":
+        if path == "rljob/contract/pod.py":
             continue
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
@@ -88,7 +89,7 @@ def test_rljob_variable_names_are_spelled_only_in_the_contract() -> None:
             if not ENV_LITERAL.fullmatch(node.value) or (path, node.value) in NOT_THE_POD_CONTRACT:
                 continue
             found.append(f"{path}:{node.lineno}: {node.value!r}")
-    assert found == [], "use the names in rljob_trainer.contract"
+    assert found == [], "use the names in rljob.contract.pod"
 
 
 def test_checkpoints_use_the_contracts_mirror_prefix() -> None:
@@ -102,7 +103,7 @@ def test_the_contract_and_the_operator_import_without_torch() -> None:
     code = (
         "import json, sys\n"
         "before = set(sys.modules)\n"
-        "import rljob_trainer.contract\n"
+        "import rljob.contract.pod\n"
         "contract = sorted({m.split('.')[0] for m in set(sys.modules) - before})\n"
         "import rljob_operator.cluster.runner\n"
         "print(json.dumps({'contract': contract, 'all': sorted(sys.modules)}))\n"
@@ -119,7 +120,7 @@ def test_the_contract_and_the_operator_import_without_torch() -> None:
 
 
 def _job(**spec: Any) -> Any:
-    from rljob_operator.api import parse_job
+    from rljob.contract.job import parse_job
 
     doc = job_manifest("train", 3, spec or None, namespace="team-a")
     doc["metadata"]["uid"] = "0123456789abcdef"
@@ -219,7 +220,7 @@ def test_exit_codes_are_defined_only_in_the_contract() -> None:
     assert contract.EXIT_SIGTERM_CHECKPOINTED == contract.exit_code_for_signal(15) == 143
     assert errors.EXIT_PERMANENT == contract.EXIT_PERMANENT  # errors re-exports them for the trainer
     defined = [f"{path}:{node.lineno}" for path, tree in _sources("operator", "trainer", "rljob")
-               if path != "trainer/rljob_trainer/contract.py"
+               if path != "rljob/contract/pod.py"
                for node in ast.walk(tree) if isinstance(node, ast.Assign | ast.AnnAssign)
                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
                if isinstance(target, ast.Name) and target.id.startswith("EXIT_")]

@@ -8,10 +8,10 @@ import json
 from typing import Any
 
 import pytest
-from rljob_operator.api import ManifestError
 from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, record_uids
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.experiments.api import (
+
+from rljob.contract.experiment import (
     MAX_CONFLICTS_LISTED,
     MAX_TRIAL_CHECKPOINT,
     MAX_TRIAL_MESSAGE,
@@ -22,7 +22,7 @@ from rljob_operator.experiments.api import (
     curve_points_per_trial,
     parse_experiment,
 )
-
+from rljob.contract.job import ManifestError
 from tests.experiment_maxima import largest_status
 
 NOW = "2026-01-01T00:00:00Z"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljob_operator.api import RLTrainingJob, parse_job
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.queueing import (
@@ -17,6 +16,7 @@ from rljob_operator.decisions.queueing import (
 )
 from rljob_operator.times import rfc3339
 
+from rljob.contract.job import RLTrainingJob, parse_job
 from tests.operator_helpers import job_manifest
 from tests.test_operator_unit import NOW, UID, observe, pod_json
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 from rljob_operator import crd
-from rljob_operator.api import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
 from rljob_operator.cluster import runner
 from rljob_operator.cluster.workqueue import WorkQueue
 from rljob_operator.decisions.children import (
@@ -39,8 +38,9 @@ from rljob_operator.names import (
 )
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
-from rljob_trainer.config import TrainerConfig
 
+from rljob.contract.job import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
+from rljob.contract.spec import TrainerConfig
 from tests.operator_helpers import INVALID_MANIFESTS, REPO, deep_update, invalid_manifest, job_manifest
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -912,7 +912,7 @@ def test_in_a_cluster_replicas_share_one_certificate_secret(monkeypatch: pytest.
 
 
 def test_storage_credentials_come_from_secrets_mounted_as_files_never_environment() -> None:
-    from rljob_trainer import contract
+    from rljob.contract import pod as contract
 
     job = make_job(spec={"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-creds",
                                         "mirrors": [{"location": "s3://backup/run"},

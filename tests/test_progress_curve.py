@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from rljob_operator.api import Progress
 from rljob_operator.decisions.curve import MAX_CURVE_POINTS, curve_point, decimate, merge_curve, series
-from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, HeartbeatBody, finite_metrics
+
+from rljob.contract.job import Progress
+from rljob.contract.pod import MAX_HEARTBEAT_METRICS, HeartbeatBody, finite_metrics
 
 
 def _run(steps: range, curve: list | None = None) -> list:

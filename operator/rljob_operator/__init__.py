@@ -1,6 +1,6 @@
 """rljob's operator: reconciles RLTrainingJob resources into torchrun gangs of GPU pods.
 
-Importing this package, and ``rljob_operator.api``, must not import torch.
+Importing this package, and ``rljob.contract.job``, must not import torch.
 
 Modules, by responsibility (pure ones take no cluster and no clock):
 

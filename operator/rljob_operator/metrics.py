@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from rljob_operator.api import Phase
+from rljob.contract.job import Phase
 
 RECONCILE_SECONDS = Histogram(
     "rljob_operator_reconcile_duration_seconds",

@@ -1,7 +1,7 @@
 """rljob's trainer: TRL GRPO/RLOO under torchrun, driven by an RLTrainingJob's spec.
 
 Importing this package must stay cheap and torch-free: the operator embeds
-``rljob_trainer.config``. Heavy modules (worker, launch) import torch themselves.
+``rljob.contract.spec``. Heavy modules (worker, launch) import torch themselves.
 """
 
 __version__ = "0.1.0"

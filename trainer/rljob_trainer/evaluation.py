@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob_trainer.config import (
+from rljob.contract.spec import (
     EVAL_PREFIX,
     TEXT_METRICS,
     Decoding,
@@ -276,7 +276,7 @@ class EvalReporter:
         self._writer: Any = None
 
     def report(self, step: int, values: dict[str, float], log_history: list[dict[str, Any]] | None) -> None:
-        from rljob_trainer.contract import finite_metrics
+        from rljob.contract.pod import finite_metrics
         from rljob_trainer.telemetry import append_metrics
 
         if log_history is not None:

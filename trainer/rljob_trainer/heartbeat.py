@@ -2,7 +2,7 @@
 
 The operator sets ``RLJOB_STATUS_URL`` (``https://…/api/v1/namespaces/NS/rltrainingjobs/NAME/heartbeat``),
 ``RLJOB_TOKEN_FILE`` (a projected, audience-bound service-account token) and optionally
-``RLJOB_STATUS_CA_FILE``; the body is ``rljob_trainer.contract.HeartbeatBody``, which the status
+``RLJOB_STATUS_CA_FILE``; the body is ``rljob.contract.pod.HeartbeatBody``, which the status
 API validates. Heartbeats are sent from a background thread; a failure is logged and never stops
 training.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rljob_trainer.contract import (
+from rljob.contract.pod import (
     MAX_HEARTBEAT_WARNINGS,
     POD_NAME_ENV,
     RESUME_WARNINGS_ENV,

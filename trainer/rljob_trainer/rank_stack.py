@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 
-from rljob_trainer.contract import PARENT_PID_ENV
+from rljob.contract.pod import PARENT_PID_ENV
 from rljob_trainer.worker import die_with_parent
 
 

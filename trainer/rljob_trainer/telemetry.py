@@ -22,7 +22,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 from transformers import TrainerCallback
 
-from rljob_trainer.contract import finite_metrics
+from rljob.contract.pod import finite_metrics
 
 
 class _QuietHandler(WSGIRequestHandler):

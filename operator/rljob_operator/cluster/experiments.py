@@ -25,11 +25,11 @@ from urllib.parse import quote
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from rljob_operator.api import GROUP, PLURAL, VERSION, ManifestError
+from rljob.contract import experiment as exp_api
+from rljob.contract.job import GROUP, PLURAL, VERSION, ManifestError
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, record_uids, selector
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.experiments import api as exp_api
 from rljob_operator.experiments.trials import LABEL_EXPERIMENT
 from rljob_operator.times import rfc3339
 

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import kopf
 
-from rljob_operator.api import GROUP, PLURAL, VERSION
+from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.names import LABEL_JOB

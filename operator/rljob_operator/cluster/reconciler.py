@@ -31,8 +31,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from rljob.contract.job import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
 from rljob_operator import metrics
-from rljob_operator.api import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube

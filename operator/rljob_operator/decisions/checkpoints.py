@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_trainer import contract
-from rljob_trainer.config import CheckpointSpec, parse_claim
-
+from rljob.contract import pod as contract
+from rljob.contract.spec import CheckpointSpec, parse_claim
 from rljob_operator.names import CLAIMS_DIR, CONTAINER, OUTPUT_DIR
 
 #: The condition that says whether checkpoints survive a gang restart, and its two reasons.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from rljob_operator.api import Phase
+from rljob.contract.job import Phase
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import Durability
 from rljob_operator.times import rfc3339

@@ -25,8 +25,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rljob_trainer.config import EVAL_PREFIX
-from rljob_trainer.contract import MAX_HEARTBEAT_METRICS
+from rljob.contract.pod import MAX_HEARTBEAT_METRICS
+from rljob.contract.spec import EVAL_PREFIX
 
 #: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit).
 MAX_CURVE_POINTS = 100

@@ -24,12 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob_operator.api import API_VERSION, RLTrainingJob
-from rljob_operator.decisions.curve import series
-from rljob_operator.decisions.plan import Event
-from rljob_operator.decisions.policy import PodProfile, violations
-from rljob_operator.experiments import api as exp_api
-from rljob_operator.experiments.api import (
+from rljob.contract import experiment as exp_api
+from rljob.contract.experiment import (
     FINISHED_TRIAL_PHASES,
     MAX_CONFLICTS_LISTED,
     CurvePoint,
@@ -41,6 +37,10 @@ from rljob_operator.experiments.api import (
     bounded_message,
     curve_points_per_trial,
 )
+from rljob.contract.job import API_VERSION, RLTrainingJob
+from rljob_operator.decisions.curve import series
+from rljob_operator.decisions.plan import Event
+from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import objective_value, thin
 from rljob_operator.experiments.pruning import should_prune

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from rljob_operator.api import Phase
+from rljob.contract.job import Phase
 from rljob_operator.decisions.observed import failure_message, failure_reason, first_failure
 from rljob_operator.decisions.plan import Event, Plan, StatusDraft
 from rljob_operator.decisions.restarts import (

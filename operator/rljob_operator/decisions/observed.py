@@ -6,8 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_trainer.contract import EXIT_CUDA_OOM, EXIT_PEER_LOST, EXIT_PERMANENT
-
+from rljob.contract.pod import EXIT_CUDA_OOM, EXIT_PEER_LOST, EXIT_PERMANENT
 from rljob_operator.names import (
     ANNOTATION_JOB_GENERATION,
     ANNOTATION_SPEC_HASH,

@@ -16,7 +16,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from rljob_operator.api import Phase, RLTrainingJob, RLTrainingJobStatus
+from rljob.contract.job import Phase, RLTrainingJob, RLTrainingJobStatus
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import EPHEMERAL, EVENT_REASON, Durability
 from rljob_operator.decisions.children import (

@@ -28,11 +28,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_operator.api import DEFAULT_IMAGE, RLTrainingJob
+from rljob.contract.job import DEFAULT_IMAGE, RLTrainingJob
+from rljob.contract.references import SECRET, SERVICE_ACCOUNT, references
 from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.podschema import unknown_fields
 from rljob_operator.names import CONTAINER
-from rljob_operator.references import SECRET, SERVICE_ACCOUNT, references
 
 LEVELS = ("restricted", "baseline", "privileged")
 #: The trainer image rljob ships, any tag or digest (the chart's default as well).
@@ -108,7 +108,7 @@ def violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
     """Every field of ``job`` that asks for more than ``profile`` allows, as ``<field path>: why``.
 
     Empty when the job may run. Checks each field the job sets, naming it (the references by the one
-    table, ``rljob_operator.references``), then the worker pod as the operator builds it, with
+    table, ``rljob.contract.references``), then the worker pod as the operator builds it, with
     ``workers.podTemplate`` merged, so nothing the operator builds escapes the profile.
     """
     spec, workers = job.spec, job.spec.workers

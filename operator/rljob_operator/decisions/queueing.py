@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rljob_operator.api import RLTrainingJob, ScalingPolicy
+from rljob.contract.job import RLTrainingJob, ScalingPolicy
 from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.policy import PodProfile, flavor_violations
 from rljob_operator.names import job_labels, owner_reference

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from rljob_trainer.contract import EXIT_PEER_LOST, EXIT_PERMANENT
-
-from rljob_operator.api import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
+from rljob.contract.job import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
+from rljob.contract.pod import EXIT_PEER_LOST, EXIT_PERMANENT
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.times import parse_time
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from rljob_operator.api import RLTrainingJob, ScalingPolicy
+from rljob.contract.job import RLTrainingJob, ScalingPolicy
 from rljob_operator.names import LABEL_JOB
 from rljob_operator.times import parse_time, rfc3339
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rljob_operator.experiments.api import (
+from rljob.contract.experiment import (
     FINISHED_TRIAL_PHASES,
     ArmStatus,
     BestTrial,

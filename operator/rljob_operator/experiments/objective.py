@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rljob_operator.experiments.api import (
+from rljob.contract.experiment import (
     MAX_CURVE_POINTS,
     CurvePoint,
     Direction,

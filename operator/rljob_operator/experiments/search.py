@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from rljob_operator.experiments.api import (
+from rljob.contract.experiment import (
     Direction,
     ParameterType,
     RLExperimentSpec,

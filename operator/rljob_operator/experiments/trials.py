@@ -12,10 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob_trainer.contract import validate_document
-
-from rljob_operator.api import API_VERSION, KIND, MAX_NAME_LENGTH, RLTrainingJobSpec
-from rljob_operator.experiments.api import (
+from rljob.contract.experiment import (
     Arm,
     RLExperiment,
     RLExperimentSpec,
@@ -23,6 +20,8 @@ from rljob_operator.experiments.api import (
     set_path,
     template_document,
 )
+from rljob.contract.job import API_VERSION, KIND, MAX_NAME_LENGTH, RLTrainingJobSpec
+from rljob.contract.pod import validate_document
 
 LABEL_EXPERIMENT = "rljob.dev/experiment"
 LABEL_ARM = "rljob.dev/arm"

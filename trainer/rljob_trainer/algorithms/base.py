@@ -1,6 +1,6 @@
 """What an algorithm module declares: the shape the registry (``rljob_trainer.algorithms``) holds.
 
-Pure data and small functions, importable without torch or TRL: the schema (``rljob_trainer.config``),
+Pure data and small functions, importable without torch or TRL: the schema (``rljob.contract.spec``),
 the CRD (``rljob_operator.crd``) and ``rljob validate`` read it; only :meth:`Algorithm.trl_classes`
 imports TRL, on a worker.
 """

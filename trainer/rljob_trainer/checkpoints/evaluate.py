@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob_trainer.config import DatasetSpec, EvaluationSpec, TrainerConfig
+from rljob.contract.spec import DatasetSpec, EvaluationSpec, TrainerConfig
 from rljob_trainer.errors import PermanentError
 
 

@@ -43,7 +43,7 @@ from pydantic import (
     model_validator,
 )
 
-from rljob_trainer.contract import format_validation_error
+from rljob.contract.pod import format_validation_error
 from rljob_trainer.storage import UnsafePath, safe_relpath
 
 log = logging.getLogger("rljob.checkpoints")

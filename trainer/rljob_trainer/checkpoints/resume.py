@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rljob.contract.pod import RESUME_CHECKPOINT_ENV, RESUME_WARNINGS_ENV
 from rljob_trainer.checkpoints.locations import CorruptCheckpoint, Listing, Location, StorageError
 from rljob_trainer.checkpoints.manifest import (
     MANIFEST,
@@ -25,7 +26,6 @@ from rljob_trainer.checkpoints.manifest import (
     verify_checkpoint,
 )
 from rljob_trainer.checkpoints.plan import storage_plan
-from rljob_trainer.contract import RESUME_CHECKPOINT_ENV, RESUME_WARNINGS_ENV
 from rljob_trainer.errors import PermanentError
 
 log = logging.getLogger("rljob.checkpoints")

@@ -19,10 +19,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from rljob_trainer.config import Model, TrainingSpec, check_eval_metric
-from rljob_trainer.contract import format_validation_error, validate_document
 
-from rljob_operator.api import (
+from rljob.contract.job import (
     API_VERSION,
     Condition,
     ManifestError,
@@ -31,7 +29,9 @@ from rljob_operator.api import (
     StatusModel,
     read_documents,
 )
-from rljob_operator.references import override_roots, scheme_overrides
+from rljob.contract.pod import format_validation_error, validate_document
+from rljob.contract.references import override_roots, scheme_overrides
+from rljob.contract.spec import Model, TrainingSpec, check_eval_metric
 
 KIND = "RLExperiment"
 PLURAL = "rlexperiments"
@@ -140,7 +140,7 @@ def reference_overrides(overrides: dict[str, Any]) -> list[str]:
     """The fields of an arm's ``overrides`` that would name a Secret, ConfigMap, ServiceAccount or claim.
 
     Arms may not: references are checked against the experiment's creator in ``spec.template``
-    (the admission policy; ``rljob_operator.references`` lists them), and trials are created by the operator.
+    (the admission policy; ``rljob.contract.references`` lists them), and trials are created by the operator.
     """
     def at(path: str) -> Any:
         section, field = path.split(".")

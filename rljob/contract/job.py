@@ -2,7 +2,7 @@
 
 The CRD in ``crds/`` and in the Helm chart is generated from these models (``rljob crd``,
 ``rljob_operator.crd``). The trainer owns ``spec.training`` and ``spec.checkpoint``
-(``rljob_trainer.config``); this module embeds them beside the cluster fields
+(``rljob.contract.spec``); this module embeds them beside the cluster fields
 (``image``, ``workers``, ``runPolicy``) and the status the operator writes.
 
 Every cross-field rule checked here is also a CEL rule in the CRD, so the API server
@@ -18,7 +18,10 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
-from rljob_trainer.config import (
+from rljob_operator.decisions.curve import MAX_CURVE_POINTS
+
+from rljob.contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
+from rljob.contract.spec import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_MODELS,
     CheckpointSpec,
@@ -32,9 +35,6 @@ from rljob_trainer.config import (
     check_eval_metric,
     check_generation_batch,
 )
-from rljob_trainer.contract import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
-
-from rljob_operator.decisions.curve import MAX_CURVE_POINTS
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"

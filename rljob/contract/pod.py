@@ -11,9 +11,9 @@ and nowhere else:
   ``rljob validate`` and the trainer's config loader say the same thing).
 
 Only the standard library, pydantic and PyYAML may be imported here (and the trainer's torch-free
-schema, ``rljob_trainer.config``): the operator image has no torch, TRL, transformers or boto3.
+schema, ``rljob.contract.spec``): the operator image has no torch, TRL, transformers or boto3.
 ``tests/test_contract_boundary.py`` enforces that, and that the packages depend on each other only through
-this module (the operator may import ``rljob_trainer.contract``, ``rljob_trainer.config`` and
+this module (the operator may import ``rljob.contract.pod``, ``rljob.contract.spec`` and
 ``rljob_trainer.builtin.rewards``; nothing in the trainer imports the operator).
 """
 
@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from rljob_trainer.config import TrainerConfig
+from rljob.contract.spec import TrainerConfig
 
 # ------------------------------------------------------------------------ environment
 # Set by the operator on every worker container (``rljob_operator.decisions.children.worker_env``).

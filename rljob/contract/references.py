@@ -12,7 +12,7 @@ object of the namespace is listed here, once. From this table come:
 * ``tests/test_references.py`` walks the PodSpec of the API server's OpenAPI document and fails when
   Kubernetes has a reference field this table lacks.
 
-Paths are camelCase, as the API (and :func:`rljob_trainer.contract.validate_document`) spells them;
+Paths are camelCase, as the API (and :func:`rljob.contract.pod.validate_document`) spells them;
 ``[]`` marks a list, whose items are labelled by their ``name`` (``location`` for mirrors).
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_trainer.config import PVC_SCHEME
+from rljob.contract.spec import PVC_SCHEME
 
 SECRET = "Secret"
 CONFIG_MAP = "ConfigMap"

@@ -28,9 +28,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
-
 from rljob_trainer.algorithms import ALGORITHMS, STRATEGY_NAMES
-from rljob_trainer.trl_fields import TRL_FIELDS, TRL_VERSION
+
+from rljob.contract.trl_fields import TRL_FIELDS, TRL_VERSION
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny",)
