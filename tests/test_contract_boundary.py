@@ -67,6 +67,15 @@ def test_the_trainer_never_imports_the_operator() -> None:
     assert offenders == []
 
 
+def test_the_contract_imports_neither_program_but_the_trainers_torch_free_registries() -> None:
+    offenders = [f"{path}:{line}: {module}" for path, tree in _sources("rljob/contract")
+                 for line, module in _imports(tree)
+                 if module.split(".")[0] in {"rljob_operator", "kubernetes", "kopf", "torch", "trl", "transformers"}
+                 or (module.split(".")[0] == "rljob_trainer"
+                     and not any(module.startswith(ok + ".") for ok in OPERATOR_MAY_IMPORT))]
+    assert offenders == []
+
+
 def test_the_operator_imports_only_the_trainers_contract_config_and_reward_registry() -> None:
     def allowed(module: str) -> bool:
         # ``from rljob_trainer.algorithms import X`` is recorded as ``rljob_trainer.algorithms.X``.
@@ -103,7 +112,7 @@ def test_the_contract_and_the_operator_import_without_torch() -> None:
     code = (
         "import json, sys\n"
         "before = set(sys.modules)\n"
-        "import rljob.contract.pod\n"
+        "import rljob.contract.job, rljob.contract.experiment, rljob.contract.references\n"
         "contract = sorted({m.split('.')[0] for m in set(sys.modules) - before})\n"
         "import rljob_operator.cluster.runner\n"
         "print(json.dumps({'contract': contract, 'all': sorted(sys.modules)}))\n"

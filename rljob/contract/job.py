@@ -18,7 +18,6 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
-from rljob_operator.decisions.curve import MAX_CURVE_POINTS
 
 from rljob.contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
 from rljob.contract.spec import (
@@ -43,6 +42,10 @@ KIND = "RLTrainingJob"
 PLURAL = "rltrainingjobs"
 SINGULAR = "rltrainingjob"
 SHORT_NAMES = ["rltj"]
+
+#: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit);
+#: ``rljob_operator.decisions.curve`` thins the curve to it.
+MAX_CURVE_POINTS = 100
 CATEGORIES = ["all", "rljob"]
 DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"

@@ -25,11 +25,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rljob.contract.job import MAX_CURVE_POINTS
 from rljob.contract.pod import MAX_HEARTBEAT_METRICS
 from rljob.contract.spec import EVAL_PREFIX
-
-#: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit).
-MAX_CURVE_POINTS = 100
 
 
 def _finite(value: Any) -> float | None:
