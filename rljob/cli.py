@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from rljob.contract.job import KIND as JOB
 from rljob.contract.job import ManifestError, load_job, parse_job, read_documents
 from rljob.contract.pod import EXIT_PERMANENT, METRICS_PORT_ENV
+from rljob.contract.spec import DEFAULT_BEST_METRIC
 
 if TYPE_CHECKING:
     from rljob_trainer.checkpoints.locations import Location
@@ -344,7 +345,7 @@ def add_checkpoints_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
     c.add_argument("--keep-last", type=int, required=True, help="newest complete checkpoints kept (the newest "
                    "is always kept)")
     c.add_argument("--keep-best", type=int, default=0, help="also keep the K best by --best-metric")
-    c.add_argument("--best-metric", default="reward", help="manifest metric ranking checkpoints (higher is better)")
+    c.add_argument("--best-metric", default=DEFAULT_BEST_METRIC, help="manifest metric ranking checkpoints (higher is better)")
     c.add_argument("--protect", action="append", help="never delete this checkpoint (repeatable)")
     c.add_argument("--dry-run", action="store_true", help="print what would be deleted")
     c.set_defaults(func=_storage_errors(cmd_checkpoints_prune))

@@ -234,3 +234,18 @@ def test_exit_codes_are_defined_only_in_the_contract() -> None:
                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
                if isinstance(target, ast.Name) and target.id.startswith("EXIT_")]
     assert defined == []
+
+
+def test_the_best_metric_default_is_spelled_once() -> None:
+    from rljob_trainer.checkpoints.retention import RetentionPolicy
+
+    from rljob.contract.spec import DEFAULT_BEST_METRIC, CheckpointSpec
+
+    assert CheckpointSpec().best_metric == RetentionPolicy(keep_last=1).best_metric == DEFAULT_BEST_METRIC
+    # A literal default next to a best-metric name anywhere but the contract's one constant.
+    literal = re.compile(r"""(?:best[-_]metric|bestMetric)["']?[^\n=]{0,30}=\s*(?:Field\()?["'][^"']+["']""")
+    found = [f"{path}:{text.count(chr(10), 0, m.start()) + 1}" for root in ("operator", "trainer", "rljob")
+             for file in sorted((REPO / root).rglob("*.py"))
+             for path, text in [(file.relative_to(REPO).as_posix(), file.read_text(encoding="utf-8"))]
+             for m in literal.finditer(text)]
+    assert found == [], "use rljob.contract.spec.DEFAULT_BEST_METRIC"

@@ -745,6 +745,10 @@ class MirrorSpec(Model):
     _secret = field_validator("credentials_secret")(_check_secret_name)
 
 
+#: ``spec.checkpoint.bestMetric``'s default; the trainer's retention and ``rljob checkpoints prune`` use it too.
+DEFAULT_BEST_METRIC = "reward"
+
+
 class CheckpointSpec(Model):
     """Where and how often checkpoints are written, and how many are kept.
 
@@ -755,7 +759,7 @@ class CheckpointSpec(Model):
     every_steps: int = Field(50, ge=1, description="Save a checkpoint every N optimizer steps.")
     keep_last: int = Field(3, ge=1, description="Number of newest complete checkpoints kept (locally and remotely).")
     keep_best: int = Field(0, ge=0, description="Also keep the K best checkpoints by bestMetric.")
-    best_metric: str = Field("reward", description="Logged metric that ranks checkpoints for keepBest (higher is better).")
+    best_metric: str = Field(DEFAULT_BEST_METRIC, description="Logged metric that ranks checkpoints for keepBest (higher is better).")
     storage: str | None = Field(
         None,
         description=(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rljob.contract.spec import DEFAULT_BEST_METRIC
 from rljob_trainer.checkpoints.manifest import CheckpointInfo, step_of
 
 
@@ -19,14 +20,14 @@ class RetentionPolicy:
 
     keep_last: int
     keep_best: int = 0
-    best_metric: str = "reward"
+    best_metric: str = DEFAULT_BEST_METRIC
 
 
 def retention_keep(
     checkpoints: list[CheckpointInfo],
     keep_last: int,
     keep_best: int = 0,
-    best_metric: str = "reward",
+    best_metric: str = DEFAULT_BEST_METRIC,
     protect: set[str] | None = None,
 ) -> set[str]:
     """Names to keep: the newest ``keep_last``, the best ``keep_best`` by ``best_metric``
@@ -45,7 +46,7 @@ def retention_plan(
     incomplete: list[str],
     keep_last: int,
     keep_best: int = 0,
-    best_metric: str = "reward",
+    best_metric: str = DEFAULT_BEST_METRIC,
     protect: set[str] | None = None,
 ) -> list[str]:
     """Names to delete at one location, oldest first: complete checkpoints outside the kept set, and
