@@ -17,8 +17,9 @@ structural OpenAPI v3 schema:
   (``anyOf`` branches by name, no types inside) and CEL; a custom reward's stay free-form
   (:func:`reward_kwargs_schema`);
 * nested sections default to ``{}`` so the API server fills in every nested default;
-* cross-field rules the models check in validators are CEL ``x-kubernetes-validations``
-  (:data:`CEL_RULES`), so the API server rejects what ``rljob validate`` rejects.
+* the rules the models check (each written once as a :class:`rljob.contract.rules.Rule`, beside its
+  model) are CEL ``x-kubernetes-validations`` (:data:`CEL_RULES`), so the API server rejects what
+  ``rljob validate`` rejects.
 """
 
 from __future__ import annotations
@@ -32,31 +33,37 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 from rljob_trainer.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
-from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARDS
+from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
 
-from rljob.contract.experiment import MAX_TRIALS
+from rljob.contract.experiment import EXPERIMENT_RULES, OBJECTIVE_RULES, PARAMETER_RULES
 from rljob.contract.job import (
     API_VERSION,
     CATEGORIES,
     GROUP,
     KIND,
-    MAX_NAME_LENGTH,
     PLURAL,
+    ROOT_RULES,
     SHORT_NAMES,
     SINGULAR,
+    SPEC_RULES,
     VERSION,
+    WORKER_RULES,
     RLTrainingJobSpec,
     RLTrainingJobStatus,
 )
+from rljob.contract.rules import cel_list, cel_rules
 from rljob.contract.spec import (
-    BUILTIN_DATASETS,
-    BUILTIN_MODELS,
+    CHECKPOINT_RULES,
     CREDENTIAL_TRL_FIELDS,
     CREDENTIAL_TRL_MESSAGE,
-    CUSTOM_REWARD_RE,
+    EVAL_METRIC_RULES,
+    EVALUATION_RULES,
+    LORA_RULES,
     MANAGED_TRL_FIELDS,
-    PVC_LOCATION_RE,
-    TEXT_METRICS,
+    MIRROR_RULES,
+    REWARD_RULES,
+    TRAINING_RULES,
+    dataset_rules,
     describe_type,
     managed_message,
 )
@@ -64,10 +71,6 @@ from rljob.contract.trl_fields import TRL_FIELDS, TRL_VERSION
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"crds/{GROUP}_{PLURAL}.yaml"
-
-
-def _cel_list(values: Any) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in sorted(values)) + "]"
 
 
 def _rule(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
@@ -79,161 +82,14 @@ def _rule(rule: str, message: str, field_path: str | None = None, reason: str | 
     return out
 
 
-_ELASTIC = "(has(self.workers.minReplicas) || has(self.workers.maxReplicas))"
-_GLOBAL_BATCH = "self.training.batchSize * self.workers.replicas * self.workers.procsPerWorker"
-#: The generation-batch knobs (config.check_generation_batch / check_elastic_generation), for algorithms
-#: whose generation batches hold whole groups of numGenerations (every one so far).
-if not all(a.whole_groups for a in ALGORITHMS.values()):
-    raise NotImplementedError("rljob_operator.crd: the numGenerations rules below assume whole groups; guard them "
-                              "with self.training.algorithm for an algorithm without (docs/architecture.md)")
-GENERATION_RULES = [
-    _rule(f"!has(self.training.generationBatchSize) || {_ELASTIC} || "
-          f"self.training.generationBatchSize % ({_GLOBAL_BATCH}) == 0",
-          "spec.training.generationBatchSize must be a multiple of batchSize × replicas × procsPerWorker",
-          ".training.generationBatchSize"),
-    _rule("!has(self.training.generationBatchSize) || "
-          "self.training.generationBatchSize % self.training.numGenerations == 0",
-          "spec.training.generationBatchSize must be a multiple of numGenerations", ".training.generationBatchSize"),
-    _rule(f"!has(self.training.generationBatchSize) || !{_ELASTIC}",
-          "spec.training.generationBatchSize cannot be fixed with elastic workers (the world size changes); "
-          "use stepsPerGeneration", ".training.generationBatchSize"),
-    _rule(f"!has(self.training.stepsPerGeneration) || {_ELASTIC} || "
-          f"({_GLOBAL_BATCH} * self.training.stepsPerGeneration) % self.training.numGenerations == 0",
-          "spec.training.numGenerations must divide the generation batch "
-          "batchSize × replicas × procsPerWorker × stepsPerGeneration", ".training.stepsPerGeneration"),
-    _rule(f"!has(self.training.stepsPerGeneration) || !{_ELASTIC} || "
-          "(self.training.batchSize * self.training.stepsPerGeneration) % self.training.numGenerations == 0",
-          "spec.training.stepsPerGeneration: with elastic workers, batchSize × stepsPerGeneration must be a "
-          "multiple of numGenerations", ".training.stepsPerGeneration"),
-]
-
-#: What a pvc:// location must look like (config._check_claim_location says it in two messages).
-_PVC_FORM = ("use pvc://<claim>/<prefix>: a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.'), "
-             "then a relative path without empty, '.' or '..' parts")
-
-#: CEL rules by schema path (``[]`` = list items). Each mirrors a pydantic validator.
-CEL_RULES: dict[str, list[dict[str, str]]] = {
-    "": [
-        _rule(
-            f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
-            f"metadata.name must be at most {MAX_NAME_LENGTH} characters (pods are named <name>-worker-<i>)",
-        ),
-    ],
-    "spec": [
-        _rule(
-            "has(self.workers.minReplicas) || has(self.workers.maxReplicas) || "
-            "has(self.training.generationBatchSize) || has(self.training.stepsPerGeneration) || "
-            "(self.training.batchSize * self.workers.replicas * self.workers.procsPerWorker"
-            " * self.training.gradientAccumulationSteps) % self.training.numGenerations == 0",
-            "spec.training.numGenerations must divide the generation batch "
-            "batchSize × replicas × procsPerWorker × gradientAccumulationSteps",
-            ".training.numGenerations",
-        ),
-        *GENERATION_RULES,
-        _rule("!self.checkpoint.bestMetric.startsWith('eval/') || has(self.training.evaluation)",
-              "spec.checkpoint.bestMetric: an evaluation metric (eval/...) needs spec.training.evaluation",
-              ".checkpoint.bestMetric"),
-        _rule(
-            "!has(self.autoscaling) || !has(self.autoscaling.policy) || self.autoscaling.policy != 'Capacity' || "
-            "(has(self.workers.minReplicas) && has(self.workers.maxReplicas))",
-            "spec.workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas",
-            ".workers",
-        ),
-    ],
-    "spec.training.lora": [
-        _rule("!('all-linear' in self.targetModules) || size(self.targetModules) == 1",
-              "spec.training.lora.targetModules: all-linear stands alone: give it or a list of module names, "
-              "not both", ".targetModules"),
-    ],
-    "spec.workers": [
-        _rule(
-            "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
-            "spec.workers.maxReplicas must be ≥ minReplicas",
-            ".maxReplicas",
-        ),
-        _rule(
-            "!has(self.resources) || ("
-            "(!has(self.resources.requests) || !(self.gpuResource in self.resources.requests)) && "
-            "(!has(self.resources.limits) || !(self.gpuResource in self.resources.limits)))",
-            "spec.workers.resources must not set the GPU resource; use spec.workers.gpusPerWorker",
-            ".resources",
-        ),
-    ],
-    "spec.training": [
-        _rule(
-            f"!self.model.startsWith('builtin:') || self.model in {_cel_list(BUILTIN_MODELS)}",
-            f"spec.training.model: unknown built-in model; choose one of {', '.join(BUILTIN_MODELS)}",
-            ".model",
-        ),
-        _rule("!has(self.generationBatchSize) || !has(self.stepsPerGeneration)",
-              "spec.training.generationBatchSize: set generationBatchSize or stepsPerGeneration, not both",
-              ".generationBatchSize"),
-    ],
-    "spec.training.evaluation": [
-        _rule("has(self.dataset) != has(self.heldOutFraction)",
-              "spec.training.evaluation.heldOutFraction: set dataset or heldOutFraction (exactly one)",
-              ".heldOutFraction"),
-        _rule("self.decoding == 'sampled' || self.numGenerations == 1",
-              "spec.training.evaluation.numGenerations: greedy decoding makes one completion per prompt; "
-              "set decoding: sampled for more", ".numGenerations"),
-        _rule("!has(self.passAtK) || size(self.passAtK) == 0 || self.decoding == 'sampled'",
-              "spec.training.evaluation.passAtK: pass@k needs decoding: sampled", ".passAtK"),
-        _rule("!has(self.passAtK) || self.passAtK.all(k, k <= self.numGenerations)",
-              "spec.training.evaluation.passAtK: each k must be at most numGenerations", ".passAtK"),
-    ],
-    "spec.training.evaluation.dataset": [
-        _rule(
-            f"!self.name.startsWith('builtin:') || self.name in {_cel_list(BUILTIN_DATASETS)}",
-            "spec.training.evaluation.dataset.name: unknown built-in dataset; choose one of "
-            f"{', '.join(BUILTIN_DATASETS)}",
-            ".name",
-        ),
-    ],
-    "spec.training.evaluation.metrics[]": [
-        _rule(
-            f"self.name in {_cel_list((*BUILTIN_REWARDS, *TEXT_METRICS))} || "
-            f"self.name.matches(r'{CUSTOM_REWARD_RE.pattern}')",
-            "spec.training.evaluation.metrics[].name must be a built-in reward "
-            f"({', '.join(sorted(BUILTIN_REWARDS))}), a text metric ({', '.join(TEXT_METRICS)}) or "
-            "package.module:function",
-            ".name",
-        ),
-    ],
-    "spec.training.dataset": [
-        _rule(
-            f"!self.name.startsWith('builtin:') || self.name in {_cel_list(BUILTIN_DATASETS)}",
-            f"spec.training.dataset.name: unknown built-in dataset; choose one of {', '.join(BUILTIN_DATASETS)}",
-            ".name",
-        ),
-    ],
-    "spec.training.rewards[]": [
-        _rule(
-            f"self.name in {_cel_list(BUILTIN_REWARDS)} || self.name.matches(r'{CUSTOM_REWARD_RE.pattern}')",
-            "spec.training.rewards[].name must be a built-in reward "
-            f"({', '.join(sorted(BUILTIN_REWARDS))}) or package.module:function",
-            ".name",
-        ),
-    ],
-    "spec.checkpoint": [
-        _rule(
-            "!has(self.storage) || self.storage != 's3://'",
-            "spec.checkpoint.storage: an s3:// location needs a bucket, for example s3://my-bucket/run1",
-            ".storage",
-        ),
-        _rule(
-            f"!has(self.storage) || !self.storage.startsWith('pvc://') || self.storage.matches(r'{PVC_LOCATION_RE.pattern}')",
-            f"spec.checkpoint.storage: {_PVC_FORM}",
-            ".storage",
-        ),
-    ],
-    "spec.checkpoint.mirrors[]": [
-        _rule(
-            f"!self.location.startsWith('pvc://') || self.location.matches(r'{PVC_LOCATION_RE.pattern}')",
-            f"spec.checkpoint.mirrors[].location: {_PVC_FORM}",
-            ".location",
-        ),
-    ],
-}
+#: CEL rules by schema path (``[]`` = list items): every rule list of the contract, each rule written once
+#: beside the model it guards (rljob.contract.rules); the generated ones (trl, strategies, reward options)
+#: join them below.
+CEL_RULES: dict[str, list[dict[str, str]]] = cel_rules(
+    ROOT_RULES, SPEC_RULES, LORA_RULES, WORKER_RULES, TRAINING_RULES, EVALUATION_RULES,
+    dataset_rules("spec.training.evaluation.dataset"), EVAL_METRIC_RULES, dataset_rules("spec.training.dataset"),
+    REWARD_RULES, CHECKPOINT_RULES, MIRROR_RULES,
+)
 
 def field_node(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
     """A field schema (``trl_fields`` vocabulary) as a structural OpenAPI node.
@@ -333,7 +189,7 @@ def strategy_rules(trl_properties: dict[str, Any]) -> list[dict[str, str]]:
     """CEL: each algorithm takes only its own strategies, and a strategy's TRL fields are refused under trl."""
     rules = [
         _rule(f"self.algorithm != '{name}' || !has(self.strategy)"
-              + (f" || self.strategy in {_cel_list(a.strategies)}" if a.strategies else ""),
+              + (f" || self.strategy in {cel_list(a.strategies)}" if a.strategies else ""),
               f"spec.training.strategy: algorithm {name} has no such strategy "
               f"(its strategies: {', '.join(a.strategies) or 'none'})", ".strategy")
         for name, a in ALGORITHMS.items() if set(a.strategies) != set(STRATEGY_NAMES)
@@ -396,7 +252,7 @@ def reward_option_rules() -> list[dict[str, str]]:
         for option, schema in options.items():
             guard = f"self.name != '{reward}' || !has(self.kwargs) || !has(self.kwargs.{option})"
             if "enum" in schema:
-                rules.append(_rule(f"{guard} || self.kwargs.{option} in {_cel_list(schema['enum'])}",
+                rules.append(_rule(f"{guard} || self.kwargs.{option} in {cel_list(schema['enum'])}",
                                    f"spec.training.rewards[].kwargs.{option} of {reward} must be "
                                    f"{describe_type(schema)}", f".kwargs.{option}"))
             if "minimum" in schema:
@@ -614,58 +470,7 @@ def crd_yaml() -> str:
 # way; its spec.template is the job CRD's own spec schema (CEL rules included), so a template is checked
 # at `kubectl apply` exactly like a job, and the search space gets CEL rules that name the field.
 
-EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = {
-    "spec": [
-        _rule("has(self.arms) != has(self.search)",
-              "spec: give exactly one of spec.arms (an A/B test) or spec.search (a hyperparameter search)", ".arms"),
-        _rule(f"!has(self.arms) || size(self.arms) * (has(self.seeds) ? self.seeds : 1) <= {MAX_TRIALS}",
-              f"spec.seeds: arms × seeds must be at most {MAX_TRIALS} trials (the status records each)", ".seeds"),
-    ],
-    "spec.search.parameters[]": [
-        _rule("self.name.startsWith('training.')",
-              "spec.search.parameters[].name must name a spec.training field, e.g. training.learningRate", ".name"),
-        _rule("self.type == 'categorical' || (has(self.min) && has(self.max))",
-              "spec.search.parameters[]: a float or int parameter needs min and max", ".min"),
-        # (values holds mixed scalars, untyped in a structural schema and so invisible to CEL: the models
-        # check that a categorical parameter has them.)
-        _rule("self.type != 'categorical' || (!has(self.min) && !has(self.max))",
-              "spec.search.parameters[]: a categorical parameter takes values, not min and max", ".min"),
-        _rule("!has(self.min) || !has(self.max) || self.min < self.max",
-              "spec.search.parameters[].max must be greater than min", ".max"),
-        _rule("!has(self.log) || !self.log || !has(self.min) || self.min > 0.0",
-              "spec.search.parameters[].min must be > 0 for a log-scale range (log: true)", ".min"),
-    ],
-    "spec.objective": [
-        _rule("self.reduce != 'atStep' || has(self.step)", "spec.objective.step: reduce atStep needs step", ".step"),
-    ],
-}
-# An eval/ objective (api.check_eval_metric, eval_rung_problem): the template must evaluate, and with early
-# stopping every rung below maxSteps must be an evaluation step (the models also check the arms' overrides).
-_EVAL_OBJECTIVE = "has(self.objective) && has(self.objective.metric) && self.objective.metric.startsWith('eval/')"
-_EVALUATION = "self.template.training.evaluation"
-_MAX_STEPS = "(has(self.template.training.maxSteps) ? self.template.training.maxSteps : 100)"
-_MIN_STEPS = "(has(self.earlyStopping.minSteps) ? self.earlyStopping.minSteps : 10)"
-
-
-def _on_schedule(step: str) -> str:
-    """CEL: ``step`` is past the rungs that count, or a step where the template evaluates."""
-    return f"({step} >= {_MAX_STEPS} || has({_EVALUATION}.everySteps) && {step} % {_EVALUATION}.everySteps == 0)"
-
-
-EXPERIMENT_CEL_RULES["spec"] += [
-    _rule(f"!({_EVAL_OBJECTIVE}) || (has(self.template.training) && has({_EVALUATION}))",
-          "spec.objective.metric: an evaluation metric (eval/...) needs spec.template.training.evaluation",
-          ".objective.metric"),
-    _rule(f"!({_EVAL_OBJECTIVE}) || !has(self.earlyStopping) || !has(self.template.training) || !has({_EVALUATION})"
-          f" || (has(self.earlyStopping.rungs) ? self.earlyStopping.rungs.all(r, {_on_schedule('r')})"
-          # minSteps, minSteps + interval, …: all on schedule when the first is and so is the interval (or one is due)
-          f" : {_on_schedule(_MIN_STEPS)} && (!has(self.earlyStopping.interval)"
-          f" || {_MIN_STEPS} + self.earlyStopping.interval >= {_MAX_STEPS}"
-          f" || {_on_schedule('self.earlyStopping.interval')}))",
-          "spec.earlyStopping: with an eval/ objective every rung (below maxSteps) must be a multiple of "
-          "spec.template.training.evaluation.everySteps, the steps where evaluation metrics are logged",
-          ".earlyStopping"),
-]
+EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = cel_rules(EXPERIMENT_RULES, PARAMETER_RULES, OBJECTIVE_RULES)
 
 
 def experiment_openapi_schema() -> dict[str, Any]:

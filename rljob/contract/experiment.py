@@ -31,7 +31,8 @@ from rljob.contract.job import (
 )
 from rljob.contract.pod import format_validation_error, validate_document
 from rljob.contract.references import override_roots, scheme_overrides
-from rljob.contract.spec import Model, TrainingSpec, check_eval_metric
+from rljob.contract.rules import Rule, enforce
+from rljob.contract.spec import EVAL_PREFIX, Model, TrainingSpec, check_eval_metric
 
 KIND = "RLExperiment"
 PLURAL = "rlexperiments"
@@ -262,6 +263,36 @@ class SearchParameter(Model):
         return [self.min, self.max]
 
 
+_SHAPE = "SearchParameter._shape (in more words, with the values)"
+#: CEL on each searched parameter; the model's _under_training and _shape say each in more words.
+PARAMETER_RULES = [
+    Rule("spec.search.parameters[].name: under training", "spec.search.parameters[]",
+         "self.name.startsWith('training.')",
+         "spec.search.parameters[].name must name a spec.training field, e.g. training.learningRate", ".name",
+         holds=lambda p: p.name.startswith("training."), enforced_by="SearchParameter._under_training"),
+    Rule("spec.search.parameters[]: a range needs min and max", "spec.search.parameters[]",
+         "self.type == 'categorical' || (has(self.min) && has(self.max))",
+         "spec.search.parameters[]: a float or int parameter needs min and max", ".min",
+         holds=lambda p: p.type == ParameterType.categorical or (p.min is not None and p.max is not None),
+         enforced_by=_SHAPE),
+    # (values holds mixed scalars, untyped in a structural schema and so invisible to CEL: the models
+    # check that a categorical parameter has them.)
+    Rule("spec.search.parameters[]: categorical takes no range", "spec.search.parameters[]",
+         "self.type != 'categorical' || (!has(self.min) && !has(self.max))",
+         "spec.search.parameters[]: a categorical parameter takes values, not min and max", ".min",
+         holds=lambda p: p.type != ParameterType.categorical or (p.min is None and p.max is None),
+         enforced_by=_SHAPE),
+    Rule("spec.search.parameters[].max: above min", "spec.search.parameters[]",
+         "!has(self.min) || !has(self.max) || self.min < self.max",
+         "spec.search.parameters[].max must be greater than min", ".max",
+         holds=lambda p: p.min is None or p.max is None or p.min < p.max, enforced_by=_SHAPE),
+    Rule("spec.search.parameters[].min: positive on a log scale", "spec.search.parameters[]",
+         "!has(self.log) || !self.log || !has(self.min) || self.min > 0.0",
+         "spec.search.parameters[].min must be > 0 for a log-scale range (log: true)", ".min",
+         holds=lambda p: not p.log or p.min is None or p.min > 0, enforced_by=_SHAPE),
+]
+
+
 class SearchAlgorithm(StrEnum):
     random = "random"
     tpe = "tpe"
@@ -332,9 +363,16 @@ class ObjectiveSpec(Model):
 
     @model_validator(mode="after")
     def _step_given(self) -> ObjectiveSpec:
-        if self.reduce == Reduce.at_step and self.step is None:
-            raise ValueError("@step: reduce atStep needs step")
+        enforce(self, OBJECTIVE_RULES)
         return self
+
+
+OBJECTIVE_RULES = [
+    Rule("spec.objective.step: atStep needs step", "spec.objective", "self.reduce != 'atStep' || has(self.step)",
+         "spec.objective.step: reduce atStep needs step", ".step",
+         holds=lambda o: o.reduce != Reduce.at_step or o.step is not None,
+         refusal="@step: reduce atStep needs step"),
+]
 
 
 class StoppingRule(StrEnum):
@@ -467,9 +505,7 @@ class RLExperimentSpec(Model):
 
     @model_validator(mode="after")
     def _trials_fit_the_status(self) -> RLExperimentSpec:
-        if self.arms is not None and len(self.arms) * self.seeds > MAX_TRIALS:
-            raise ValueError(f"@seeds: {len(self.arms)} arms × {self.seeds} seeds is {len(self.arms) * self.seeds} "
-                             f"trials; an experiment runs at most {MAX_TRIALS} (its status records each)")
+        TRIALS_FIT.check(self)
         return self
 
     @model_validator(mode="after")
@@ -486,10 +522,7 @@ class RLExperimentSpec(Model):
 
     @model_validator(mode="after")
     def _arms_or_search(self) -> RLExperimentSpec:
-        if (self.arms is None) == (self.search is None):
-            which = "both" if self.arms is not None else "neither"
-            raise ValueError(f"@arms: give exactly one of arms (an A/B test) or search (a hyperparameter search), "
-                             f"got {which}")
+        ARMS_OR_SEARCH.check(self)
         return self
 
     @property
@@ -503,6 +536,58 @@ class RLExperimentSpec(Model):
     def total_trials(self) -> int:
         """Trials the experiment runs in all."""
         return self.search.max_trials if self.search is not None else len(self.arms or []) * self.seeds
+
+
+ARMS_OR_SEARCH = Rule(
+    "spec: arms or search", "spec", "has(self.arms) != has(self.search)",
+    "spec: give exactly one of spec.arms (an A/B test) or spec.search (a hyperparameter search)", ".arms",
+    holds=lambda s: (s.arms is None) != (s.search is None),
+    refusal=lambda s: ("@arms: give exactly one of arms (an A/B test) or search (a hyperparameter search), "
+                       f"got {'both' if s.arms is not None else 'neither'}"),
+)
+TRIALS_FIT = Rule(
+    "spec.seeds: arms × seeds fit the status", "spec",
+    f"!has(self.arms) || size(self.arms) * (has(self.seeds) ? self.seeds : 1) <= {MAX_TRIALS}",
+    f"spec.seeds: arms × seeds must be at most {MAX_TRIALS} trials (the status records each)", ".seeds",
+    holds=lambda s: s.arms is None or len(s.arms) * s.seeds <= MAX_TRIALS,
+    refusal=lambda s: (f"@seeds: {len(s.arms)} arms × {s.seeds} seeds is {len(s.arms) * s.seeds} trials; an "
+                       f"experiment runs at most {MAX_TRIALS} (its status records each)"),
+)
+# An eval/ objective (check_eval_metric, eval_rung_problem): the template must evaluate, and with early
+# stopping every rung below maxSteps must be an evaluation step (the models also check the arms' overrides).
+_EVAL_OBJECTIVE = "has(self.objective) && has(self.objective.metric) && self.objective.metric.startsWith('eval/')"
+_EVALUATION = "self.template.training.evaluation"
+_MAX_STEPS = "(has(self.template.training.maxSteps) ? self.template.training.maxSteps : 100)"
+_MIN_STEPS = "(has(self.earlyStopping.minSteps) ? self.earlyStopping.minSteps : 10)"
+
+
+def _on_schedule(step: str) -> str:
+    """CEL: ``step`` is past the rungs that count, or a step where the template evaluates."""
+    return f"({step} >= {_MAX_STEPS} || has({_EVALUATION}.everySteps) && {step} % {_EVALUATION}.everySteps == 0)"
+
+
+#: RLExperimentSpec's rules across its sections, in the CRD's order.
+EXPERIMENT_RULES = [
+    ARMS_OR_SEARCH,
+    TRIALS_FIT,
+    Rule("spec.objective.metric: eval/ needs evaluation", "spec",
+         f"!({_EVAL_OBJECTIVE}) || (has(self.template.training) && has({_EVALUATION}))",
+         "spec.objective.metric: an evaluation metric (eval/...) needs spec.template.training.evaluation",
+         ".objective.metric",
+         holds=lambda s: not s.objective.metric.startswith(EVAL_PREFIX) or s.template.training.evaluation is not None,
+         enforced_by="check_eval_metric (RLExperimentSpec._eval_objective_logged)"),
+    Rule("spec.earlyStopping: rungs on the evaluation schedule", "spec",
+         f"!({_EVAL_OBJECTIVE}) || !has(self.earlyStopping) || !has(self.template.training) || !has({_EVALUATION})"
+         f" || (has(self.earlyStopping.rungs) ? self.earlyStopping.rungs.all(r, {_on_schedule('r')})"
+         # minSteps, minSteps + interval, …: all on schedule when the first is and so is the interval (or one is due)
+         f" : {_on_schedule(_MIN_STEPS)} && (!has(self.earlyStopping.interval)"
+         f" || {_MIN_STEPS} + self.earlyStopping.interval >= {_MAX_STEPS}"
+         f" || {_on_schedule('self.earlyStopping.interval')}))",
+         "spec.earlyStopping: with an eval/ objective every rung (below maxSteps) must be a multiple of "
+         "spec.template.training.evaluation.everySteps, the steps where evaluation metrics are logged",
+         ".earlyStopping",
+         holds=None, enforced_by="eval_rung_problem (RLExperimentSpec._eval_objective_at_rungs)"),
+]
 
 
 # -------------------------------------------------------------------------------- status

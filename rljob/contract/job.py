@@ -18,11 +18,14 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
+from rljob_trainer.algorithms import ALGORITHMS
 
 from rljob.contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
+from rljob.contract.rules import Rule, enforce
 from rljob.contract.spec import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_MODELS,
+    EVAL_PREFIX,
     CheckpointSpec,
     GenerationBatchError,
     Model,
@@ -65,6 +68,14 @@ class ObjectMeta(Model):
 
     # Server-populated fields are accepted (a manifest read back from the cluster still validates).
     model_config = Model.model_config | {"extra": "allow"}
+
+
+#: On the resource: metadata is untyped in a CRD, so the name's length is checked here.
+ROOT_RULES = [Rule(
+    "metadata.name: length", "", f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+    f"metadata.name must be at most {MAX_NAME_LENGTH} characters (pods are named <name>-worker-<i>)", None,
+    holds=lambda job: len(job.metadata.name) <= MAX_NAME_LENGTH, enforced_by="ObjectMeta.name (max_length)",
+)]
 
 
 class ImagePullPolicy(StrEnum):
@@ -172,14 +183,28 @@ class WorkerPodsSpec(WorkersSpec):
 
     @model_validator(mode="after")
     def _bounds_and_gpus(self) -> WorkerPodsSpec:
-        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
-            raise ValueError(f"@maxReplicas: must be ≥ minReplicas ({self.max_replicas} < {self.min_replicas})")
-        for section in ("requests", "limits"):
-            if self.gpu_resource in getattr(self.resources, section):
-                raise ValueError(
-                    f"@resources.{section}: do not set {self.gpu_resource} here; use gpusPerWorker"
-                )
+        enforce(self, WORKER_RULES)
         return self
+
+
+def _gpu_section(workers: WorkerPodsSpec) -> str:
+    return next(s for s in ("requests", "limits") if workers.gpu_resource in getattr(workers.resources, s))
+
+
+WORKER_RULES = [
+    Rule("spec.workers: minReplicas ≤ maxReplicas", "spec.workers",
+         "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+         "spec.workers.maxReplicas must be ≥ minReplicas", ".maxReplicas",
+         holds=lambda w: w.min_replicas is None or w.max_replicas is None or w.min_replicas <= w.max_replicas,
+         refusal=lambda w: f"@maxReplicas: must be ≥ minReplicas ({w.max_replicas} < {w.min_replicas})"),
+    Rule("spec.workers.resources: no GPU resource", "spec.workers",
+         "!has(self.resources) || ("
+         "(!has(self.resources.requests) || !(self.gpuResource in self.resources.requests)) && "
+         "(!has(self.resources.limits) || !(self.gpuResource in self.resources.limits)))",
+         "spec.workers.resources must not set the GPU resource; use spec.workers.gpusPerWorker", ".resources",
+         holds=lambda w: all(w.gpu_resource not in getattr(w.resources, s) for s in ("requests", "limits")),
+         refusal=lambda w: f"@resources.{_gpu_section(w)}: do not set {w.gpu_resource} here; use gpusPerWorker"),
+]
 
 
 class RestartPolicy(StrEnum):
@@ -296,10 +321,7 @@ class RLTrainingJobSpec(Model):
             check_eval_metric(self.checkpoint.best_metric, self.training)
         except ValueError as e:
             raise ValueError(f"@checkpoint.bestMetric: {e}") from None
-        if self.autoscaling.policy == ScalingPolicy.capacity and not (
-            self.workers.min_replicas and self.workers.max_replicas
-        ):
-            raise ValueError("@workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas")
+        enforce(self, SPEC_RULES)
         try:
             if self.workers.elastic:
                 # The operator picks gradientAccumulationSteps for each size (batch_shape).
@@ -309,6 +331,92 @@ class RLTrainingJobSpec(Model):
         except GenerationBatchError as e:
             raise ValueError(f"@training.{e.field}: {e}") from None
         return self
+
+
+_ELASTIC = "(has(self.workers.minReplicas) || has(self.workers.maxReplicas))"
+_GLOBAL_BATCH = "self.training.batchSize * self.workers.replicas * self.workers.procsPerWorker"
+_CHECKED_BY = "check_generation_batch / check_elastic_generation"
+#: The generation-batch rules (spec.check_generation_batch / check_elastic_generation say them with the
+#: numbers) hold for algorithms whose generation batches hold whole groups of numGenerations (every one so far).
+if not all(a.whole_groups for a in ALGORITHMS.values()):
+    raise NotImplementedError("rljob.contract.job: the numGenerations rules below assume whole groups; guard them "
+                              "with self.training.algorithm for an algorithm without (docs/architecture.md)")
+
+
+def _elastic(s: RLTrainingJobSpec) -> bool:
+    return s.workers.min_replicas is not None or s.workers.max_replicas is not None
+
+
+def _global_batch(s: RLTrainingJobSpec) -> int:
+    return s.training.batch_size * s.workers.replicas * s.workers.procs_per_worker
+
+
+GENERATION_RULES = [
+    Rule("spec.training.generationBatchSize: whole steps", "spec",
+         f"!has(self.training.generationBatchSize) || {_ELASTIC} || "
+         f"self.training.generationBatchSize % ({_GLOBAL_BATCH}) == 0",
+         "spec.training.generationBatchSize must be a multiple of batchSize × replicas × procsPerWorker",
+         ".training.generationBatchSize",
+         holds=lambda s: (s.training.generation_batch_size is None or _elastic(s)
+                          or s.training.generation_batch_size % _global_batch(s) == 0), enforced_by=_CHECKED_BY),
+    Rule("spec.training.generationBatchSize: whole groups", "spec",
+         "!has(self.training.generationBatchSize) || "
+         "self.training.generationBatchSize % self.training.numGenerations == 0",
+         "spec.training.generationBatchSize must be a multiple of numGenerations", ".training.generationBatchSize",
+         holds=lambda s: (s.training.generation_batch_size is None
+                          or s.training.generation_batch_size % s.training.num_generations == 0),
+         enforced_by=_CHECKED_BY),
+    Rule("spec.training.generationBatchSize: not elastic", "spec",
+         f"!has(self.training.generationBatchSize) || !{_ELASTIC}",
+         "spec.training.generationBatchSize cannot be fixed with elastic workers (the world size changes); "
+         "use stepsPerGeneration", ".training.generationBatchSize",
+         holds=lambda s: s.training.generation_batch_size is None or not _elastic(s), enforced_by=_CHECKED_BY),
+    Rule("spec.training.stepsPerGeneration: whole groups", "spec",
+         f"!has(self.training.stepsPerGeneration) || {_ELASTIC} || "
+         f"({_GLOBAL_BATCH} * self.training.stepsPerGeneration) % self.training.numGenerations == 0",
+         "spec.training.numGenerations must divide the generation batch "
+         "batchSize × replicas × procsPerWorker × stepsPerGeneration", ".training.stepsPerGeneration",
+         holds=lambda s: (s.training.steps_per_generation is None or _elastic(s)
+                          or _global_batch(s) * s.training.steps_per_generation % s.training.num_generations == 0),
+         enforced_by=_CHECKED_BY),
+    Rule("spec.training.stepsPerGeneration: whole groups when elastic", "spec",
+         f"!has(self.training.stepsPerGeneration) || !{_ELASTIC} || "
+         "(self.training.batchSize * self.training.stepsPerGeneration) % self.training.numGenerations == 0",
+         "spec.training.stepsPerGeneration: with elastic workers, batchSize × stepsPerGeneration must be a "
+         "multiple of numGenerations", ".training.stepsPerGeneration",
+         holds=lambda s: (s.training.steps_per_generation is None or not _elastic(s)
+                          or s.training.batch_size * s.training.steps_per_generation % s.training.num_generations == 0),
+         enforced_by=_CHECKED_BY),
+]
+
+#: RLTrainingJobSpec's rules across its sections (CEL on spec; the validator raises the refusals, after
+#: the checks that say more).
+SPEC_RULES = [
+    Rule("spec.training.numGenerations: whole groups", "spec",
+         "has(self.workers.minReplicas) || has(self.workers.maxReplicas) || "
+         "has(self.training.generationBatchSize) || has(self.training.stepsPerGeneration) || "
+         f"({_GLOBAL_BATCH} * self.training.gradientAccumulationSteps) % self.training.numGenerations == 0",
+         "spec.training.numGenerations must divide the generation batch "
+         "batchSize × replicas × procsPerWorker × gradientAccumulationSteps", ".training.numGenerations",
+         holds=lambda s: (_elastic(s) or s.training.generation_batch_size is not None
+                          or s.training.steps_per_generation is not None
+                          or _global_batch(s) * s.training.gradient_accumulation_steps % s.training.num_generations == 0),
+         enforced_by=_CHECKED_BY),
+    *GENERATION_RULES,
+    Rule("spec.checkpoint.bestMetric: eval/ needs evaluation", "spec",
+         "!self.checkpoint.bestMetric.startsWith('eval/') || has(self.training.evaluation)",
+         "spec.checkpoint.bestMetric: an evaluation metric (eval/...) needs spec.training.evaluation",
+         ".checkpoint.bestMetric",
+         holds=lambda s: not s.checkpoint.best_metric.startswith(EVAL_PREFIX) or s.training.evaluation is not None,
+         enforced_by="check_eval_metric"),
+    Rule("spec.workers: Capacity needs bounds", "spec",
+         "!has(self.autoscaling) || !has(self.autoscaling.policy) || self.autoscaling.policy != 'Capacity' || "
+         "(has(self.workers.minReplicas) && has(self.workers.maxReplicas))",
+         "spec.workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas", ".workers",
+         holds=lambda s: (s.autoscaling.policy != ScalingPolicy.capacity
+                          or bool(s.workers.min_replicas and s.workers.max_replicas)),
+         refusal="@workers: autoscaling.policy Capacity needs both minReplicas and maxReplicas"),
+]
 
 
 # ----------------------------------------------------------------------------- status

@@ -29,7 +29,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from rljob_trainer.algorithms import ALGORITHMS, STRATEGY_NAMES
+from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARDS
 
+from rljob.contract.rules import Rule, cel_list, enforce
 from rljob.contract.trl_fields import TRL_FIELDS, TRL_VERSION
 
 BUILTIN_MODEL_PREFIX = "builtin:"
@@ -85,6 +87,17 @@ class DatasetSpec(Model):
         return v
 
 
+def dataset_rules(at: str) -> list[Rule]:
+    """A :class:`DatasetSpec` at ``at`` (spec.training.dataset, spec.training.evaluation.dataset)."""
+    return [Rule(
+        f"{at}.name: a known built-in", at,
+        f"!self.name.startsWith('builtin:') || self.name in {cel_list(BUILTIN_DATASETS)}",
+        f"{at}.name: unknown built-in dataset; choose one of {', '.join(BUILTIN_DATASETS)}", ".name",
+        holds=lambda d: not d.name.startswith(BUILTIN_MODEL_PREFIX) or d.name in BUILTIN_DATASETS,
+        enforced_by="DatasetSpec._known_builtin",
+    )]
+
+
 class RewardSpec(Model):
     """One reward function and its weight in the total reward."""
 
@@ -117,10 +130,18 @@ class RewardSpec(Model):
         return check_reward_kwargs(info.data.get("name"), v)
 
 
+REWARD_RULES = [Rule(
+    "spec.training.rewards[].name: built-in or package.module:function", "spec.training.rewards[]",
+    f"self.name in {cel_list(BUILTIN_REWARDS)} || self.name.matches(r'{CUSTOM_REWARD_RE.pattern}')",
+    f"spec.training.rewards[].name must be a built-in reward ({', '.join(sorted(BUILTIN_REWARDS))}) or "
+    "package.module:function", ".name",
+    holds=lambda r: r.name in BUILTIN_REWARDS or bool(CUSTOM_REWARD_RE.match(r.name)),
+    enforced_by="check_reward_name",
+)]
+
+
 def check_reward_name(v: str, also: tuple[str, ...] = ()) -> str:
     """A built-in reward's name (or one of ``also``) or ``package.module:function``."""
-    from rljob_trainer.builtin.rewards import BUILTIN_REWARDS
-
     if ":" in v:
         if not CUSTOM_REWARD_RE.match(v):
             raise ValueError(f"{v!r} is not of the form package.module:function")
@@ -134,8 +155,6 @@ def check_reward_name(v: str, also: tuple[str, ...] = ()) -> str:
 
 def check_reward_kwargs(name: str | None, v: dict[str, Any]) -> dict[str, Any]:
     """A built-in reward takes only its own options; a custom function's kwargs are its own business."""
-    from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
-
     if name not in BUILTIN_REWARD_OPTIONS:
         return v
     options = BUILTIN_REWARD_OPTIONS[name]
@@ -186,6 +205,15 @@ class LoraSpec(Model):
 
 
 #: Text metrics computed against a reference column (sacrebleu's corpus BLEU; rouge-score's F-measures).
+LORA_RULES = [Rule(
+    "spec.training.lora.targetModules: all-linear alone", "spec.training.lora",
+    "!('all-linear' in self.targetModules) || size(self.targetModules) == 1",
+    "spec.training.lora.targetModules: all-linear stands alone: give it or a list of module names, not both",
+    ".targetModules",
+    holds=lambda lora: "all-linear" not in lora.target_modules or len(lora.target_modules) == 1,
+    enforced_by="LoraSpec._module_names",
+)]
+
 TEXT_METRICS = ("bleu", "rouge1", "rouge2", "rougeL")
 
 
@@ -224,6 +252,43 @@ class EvalMetricSpec(Model):
     def label(self) -> str:
         """The metric's name in logs, without the ``eval/`` prefix."""
         return self.name.split(":", 1)[1] if ":" in self.name else self.name
+
+
+EVAL_METRIC_RULES = [Rule(
+    "spec.training.evaluation.metrics[].name: a reward or text metric", "spec.training.evaluation.metrics[]",
+    f"self.name in {cel_list((*BUILTIN_REWARDS, *TEXT_METRICS))} || self.name.matches(r'{CUSTOM_REWARD_RE.pattern}')",
+    "spec.training.evaluation.metrics[].name must be a built-in reward "
+    f"({', '.join(sorted(BUILTIN_REWARDS))}), a text metric ({', '.join(TEXT_METRICS)}) or package.module:function",
+    ".name",
+    holds=lambda m: m.name in (*BUILTIN_REWARDS, *TEXT_METRICS) or bool(CUSTOM_REWARD_RE.match(m.name)),
+    enforced_by="EvalMetricSpec._name_form",
+)]
+
+#: EvaluationSpec's cross-field rules (its validator raises each refusal, in this order).
+EVALUATION_RULES = [
+    Rule("spec.training.evaluation: dataset or heldOutFraction", "spec.training.evaluation",
+         "has(self.dataset) != has(self.heldOutFraction)",
+         "spec.training.evaluation.heldOutFraction: set dataset or heldOutFraction (exactly one)", ".heldOutFraction",
+         holds=lambda e: (e.dataset is None) != (e.held_out_fraction is None),
+         refusal="@heldOutFraction: set dataset or heldOutFraction (exactly one)"),
+    Rule("spec.training.evaluation.numGenerations: one when greedy", "spec.training.evaluation",
+         "self.decoding == 'sampled' || self.numGenerations == 1",
+         "spec.training.evaluation.numGenerations: greedy decoding makes one completion per prompt; "
+         "set decoding: sampled for more", ".numGenerations",
+         holds=lambda e: e.decoding != Decoding.greedy or e.num_generations == 1,
+         refusal="@numGenerations: greedy decoding makes one completion per prompt; set decoding: sampled for more"),
+    Rule("spec.training.evaluation.passAtK: sampled", "spec.training.evaluation",
+         "!has(self.passAtK) || size(self.passAtK) == 0 || self.decoding == 'sampled'",
+         "spec.training.evaluation.passAtK: pass@k needs decoding: sampled", ".passAtK",
+         holds=lambda e: not (e.pass_at_k and e.decoding == Decoding.greedy),
+         refusal="@passAtK: pass@k needs decoding: sampled"),
+    Rule("spec.training.evaluation.passAtK: at most numGenerations", "spec.training.evaluation",
+         "!has(self.passAtK) || self.passAtK.all(k, k <= self.numGenerations)",
+         "spec.training.evaluation.passAtK: each k must be at most numGenerations", ".passAtK",
+         holds=lambda e: all(k <= e.num_generations for k in e.pass_at_k),
+         refusal=lambda e: (f"@passAtK: k={[k for k in e.pass_at_k if k > e.num_generations][0]} is more than "
+                            f"numGenerations ({e.num_generations})")),
+]
 
 
 class EvaluationSpec(Model):
@@ -276,16 +341,7 @@ class EvaluationSpec(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> EvaluationSpec:
-        if (self.dataset is None) == (self.held_out_fraction is None):
-            raise ValueError("@heldOutFraction: set dataset or heldOutFraction (exactly one)")
-        if self.decoding == Decoding.greedy and self.num_generations != 1:
-            raise ValueError("@numGenerations: greedy decoding makes one completion per prompt; "
-                             "set decoding: sampled for more")
-        if self.pass_at_k and self.decoding == Decoding.greedy:
-            raise ValueError("@passAtK: pass@k needs decoding: sampled")
-        too_big = [k for k in self.pass_at_k if k > self.num_generations]
-        if too_big:
-            raise ValueError(f"@passAtK: k={too_big[0]} is more than numGenerations ({self.num_generations})")
+        enforce(self, EVALUATION_RULES)
         labels = [m.label() for m in self.metrics]
         if len(set(labels)) != len(labels):
             raise ValueError("@metrics: two metrics have the same name")
@@ -432,9 +488,24 @@ class TrainingSpec(Model):
 
     @model_validator(mode="after")
     def _one_generation_knob(self) -> TrainingSpec:
-        if self.generation_batch_size is not None and self.steps_per_generation is not None:
-            raise ValueError("@generationBatchSize: set generationBatchSize or stepsPerGeneration, not both")
+        enforce(self, TRAINING_RULES)
         return self
+
+
+#: TrainingSpec's own rules (the spec-wide ones, with workers, are ``job.SPEC_RULES``).
+TRAINING_RULES = [
+    Rule("spec.training.model: a known built-in", "spec.training",
+         f"!self.model.startsWith('builtin:') || self.model in {cel_list(BUILTIN_MODELS)}",
+         f"spec.training.model: unknown built-in model; choose one of {', '.join(BUILTIN_MODELS)}", ".model",
+         holds=lambda t: not t.model.startswith(BUILTIN_MODEL_PREFIX) or t.model in BUILTIN_MODELS,
+         enforced_by="RLTrainingJobSpec._generation_batch_fits (the trainer checks it when it loads the model)"),
+    Rule("spec.training: one generation knob", "spec.training",
+         "!has(self.generationBatchSize) || !has(self.stepsPerGeneration)",
+         "spec.training.generationBatchSize: set generationBatchSize or stepsPerGeneration, not both",
+         ".generationBatchSize",
+         holds=lambda t: t.generation_batch_size is None or t.steps_per_generation is None,
+         refusal="@generationBatchSize: set generationBatchSize or stepsPerGeneration, not both"),
+]
 
 
 #: TRL config fields rljob sets itself (``worker.trl_arguments`` and ``trainer.train``) and what a user
@@ -553,8 +624,6 @@ def _schemas(owner: str) -> dict[str, dict[str, Any]]:
     """Field schemas by owner: ``trl`` or a built-in reward's name."""
     if owner == "trl":
         return TRL_SCHEMAS
-    from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
-
     return BUILTIN_REWARD_OPTIONS[owner]
 
 
@@ -820,6 +889,33 @@ class CheckpointSpec(Model):
     @classmethod
     def _storage_form(cls, v: str | None) -> str | None:
         return None if v is None else _check_location(v)
+
+
+#: What a pvc:// location must look like (_check_claim_location says it in two messages).
+_PVC_FORM = ("use pvc://<claim>/<prefix>: a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.'), "
+             "then a relative path without empty, '.' or '..' parts")
+
+
+def _pvc_form(location: str | None) -> bool:
+    return location is None or not location.startswith(PVC_SCHEME) or bool(PVC_LOCATION_RE.match(location))
+
+
+CHECKPOINT_RULES = [
+    Rule("spec.checkpoint.storage: s3:// needs a bucket", "spec.checkpoint",
+         "!has(self.storage) || self.storage != 's3://'",
+         "spec.checkpoint.storage: an s3:// location needs a bucket, for example s3://my-bucket/run1", ".storage",
+         holds=lambda c: c.storage != "s3://", enforced_by="CheckpointSpec._storage_form"),
+    Rule("spec.checkpoint.storage: pvc:// form", "spec.checkpoint",
+         f"!has(self.storage) || !self.storage.startsWith('pvc://') || self.storage.matches(r'{PVC_LOCATION_RE.pattern}')",
+         f"spec.checkpoint.storage: {_PVC_FORM}", ".storage",
+         holds=lambda c: _pvc_form(c.storage), enforced_by="CheckpointSpec._storage_form"),
+]
+MIRROR_RULES = [
+    Rule("spec.checkpoint.mirrors[].location: pvc:// form", "spec.checkpoint.mirrors[]",
+         f"!self.location.startsWith('pvc://') || self.location.matches(r'{PVC_LOCATION_RE.pattern}')",
+         f"spec.checkpoint.mirrors[].location: {_PVC_FORM}", ".location",
+         holds=lambda m: _pvc_form(m.location), enforced_by="MirrorSpec._location"),
+]
 
 
 class WorkersSpec(Model):
