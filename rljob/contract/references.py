@@ -8,7 +8,7 @@ object of the namespace is listed here, once. From this table come:
   ``manifests/base/admission-policies.yaml``; a test fails on drift);
 * the operator's own checks (``decisions.policy``: Secrets under ``allowSecretReferences``,
   ServiceAccounts under ``allowedServiceAccounts``) and the fields an experiment's arm may not
-  override (``experiments.api``);
+  override (``rljob.contract.experiment``);
 * ``tests/test_references.py`` walks the PodSpec of the API server's OpenAPI document and fails when
   Kubernetes has a reference field this table lacks.
 
