@@ -1,7 +1,7 @@
-"""The operator↔trainer contract (``rljob.contract.pod``): one owner, one direction, no torch.
+"""The contract (``rljob.contract``, the pod's side in ``rljob.contract.pod``): one place, no torch.
 
-* ``trainer/`` never imports ``rljob_operator``; ``operator/`` imports from the trainer only the
-  contract, the torch-free config schema and the built-in reward registry.
+* ``trainer/`` never imports ``rljob_operator``; ``rljob/contract/`` imports neither program but the
+  trainer's torch-free registries; ``operator/`` imports from the trainer only those registries.
 * No ``RLJOB_*`` name is spelled outside the contract (in operator/, trainer/ and the CLI).
 * Importing the contract, or the operator's runner, imports no torch, TRL or transformers.
 * What one side writes, the other reads: pod environment, config YAML, heartbeat body and path.

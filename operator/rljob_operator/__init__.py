@@ -4,7 +4,8 @@ Importing this package, and ``rljob.contract.job``, must not import torch.
 
 Modules, by responsibility (pure ones take no cluster and no clock):
 
-* ``api`` (pure): the pydantic models, the single source of truth; ``crd`` (pure): the CRD from them.
+* ``rljob.contract`` (pure, outside this package): the pydantic models, the single source of truth;
+  ``crd`` (pure): the CRDs from them.
 * ``decisions/`` (pure): ``children`` (ConfigMap, headless Service and worker pods from a spec),
   ``observed`` (pods as observed, failure reasons), ``conditions`` (kstatus), ``plan`` (Plan and
   the one status builder), ``situation`` + ``lifecycle`` + ``failures`` (one reconcile decided as

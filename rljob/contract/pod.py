@@ -1,4 +1,4 @@
-"""The operator↔trainer-pod contract, owned by the trainer: the one place both sides read it from.
+"""The operator↔trainer-pod contract: the one place both sides read it from.
 
 The operator builds worker pods that run the trainer; everything the two must agree on is here,
 and nowhere else:
@@ -12,9 +12,9 @@ and nowhere else:
 
 Only the standard library, pydantic and PyYAML may be imported here (and the trainer's torch-free
 schema, ``rljob.contract.spec``): the operator image has no torch, TRL, transformers or boto3.
-``tests/test_contract_boundary.py`` enforces that, and that the packages depend on each other only through
-this module (the operator may import ``rljob.contract.pod``, ``rljob.contract.spec`` and
-``rljob_trainer.builtin.rewards``; nothing in the trainer imports the operator).
+``tests/test_contract_boundary.py`` enforces that, and that the programs depend on each other only
+through ``rljob.contract`` (the operator may import beyond it only the trainer's algorithm registry
+and ``rljob_trainer.builtin.rewards``; nothing in the trainer imports the operator).
 """
 
 from __future__ import annotations

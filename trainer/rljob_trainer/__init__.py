@@ -1,7 +1,7 @@
 """rljob's trainer: TRL GRPO/RLOO under torchrun, driven by an RLTrainingJob's spec.
 
-Importing this package must stay cheap and torch-free: the operator embeds
-``rljob.contract.spec``. Heavy modules (worker, launch) import torch themselves.
+Importing this package must stay cheap and torch-free: the contract (``rljob.contract``) imports
+its algorithm registry and built-in rewards. Heavy modules (worker, launch) import torch themselves.
 """
 
 __version__ = "0.1.0"
