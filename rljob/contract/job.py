@@ -1,12 +1,13 @@
 """The RLTrainingJob API (``rljob.dev/v1alpha1``): pydantic models, the single source of truth.
 
 The CRD in ``crds/`` and in the Helm chart is generated from these models (``rljob crd``,
-``rljob_operator.crd``). The trainer owns ``spec.training`` and ``spec.checkpoint``
+``rljob_operator.crd``). ``spec.training`` and ``spec.checkpoint`` are the trainer's schema
 (``rljob.contract.spec``); this module embeds them beside the cluster fields
 (``image``, ``workers``, ``runPolicy``) and the status the operator writes.
 
-Every cross-field rule checked here is also a CEL rule in the CRD, so the API server
-rejects the same manifests ``rljob validate`` does.
+Every cross-field rule is one :class:`rljob.contract.rules.Rule` (``SPEC_RULES``, ``WORKER_RULES``
+here, the trainer schema's beside its models): the validators and the CRD's CEL both come from it,
+so the API server rejects the same manifests ``rljob validate`` does.
 """
 
 from __future__ import annotations

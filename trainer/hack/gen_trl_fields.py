@@ -118,7 +118,7 @@ def collect() -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
             if entry["schema"] != schema:
                 # rljob.contract.spec and rljob_operator.crd would need a per-algorithm type.
                 raise SystemExit(f"gen_trl_fields: {f.name} has different types in GRPOConfig and RLOOConfig: "
-                                 f"{entry['schema']} vs {schema}; teach config.py and crd.py about it")
+                                 f"{entry['schema']} vs {schema}; teach rljob/contract/spec.py and crd.py about it")
             entry["algorithms"].append(algorithm)
     versions = {"trl": trl.__version__, "transformers": transformers.__version__}
     return versions, dict(sorted(fields.items()))

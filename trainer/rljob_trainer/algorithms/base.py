@@ -33,7 +33,7 @@ class Algorithm:
     ``config_class``/``trainer_class``: TRL's classes, by name (``trl_fields`` lists the config's fields).
     ``strategies``: the values ``spec.training.strategy`` takes with this algorithm (none: it takes none).
     ``whole_groups``: a generation batch must hold whole groups of ``numGenerations``
-    (``config.check_generation_batch``, and the CEL rules in ``rljob_operator.crd``).
+    (``rljob.contract.spec.check_generation_batch``, and the rules in ``rljob.contract.job``).
     """
 
     name: str
