@@ -204,7 +204,6 @@ class LoraSpec(Model):
                 "modules_to_save": list(self.modules_to_save) or None, "task_type": "CAUSAL_LM"}
 
 
-#: Text metrics computed against a reference column (sacrebleu's corpus BLEU; rouge-score's F-measures).
 LORA_RULES = [Rule(
     "spec.training.lora.targetModules: all-linear alone", "spec.training.lora",
     "!('all-linear' in self.targetModules) || size(self.targetModules) == 1",
@@ -214,6 +213,7 @@ LORA_RULES = [Rule(
     enforced_by="LoraSpec._module_names",
 )]
 
+#: Text metrics computed against a reference column (sacrebleu's corpus BLEU; rouge-score's F-measures).
 TEXT_METRICS = ("bleu", "rouge1", "rouge2", "rougeL")
 
 
