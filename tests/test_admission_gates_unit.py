@@ -3,11 +3,16 @@ only here, is registered like Kueue and holds, places and releases a gang with n
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kubernetes.client import Configuration
 from rljob_operator.api import RLTrainingJob, RLTrainingJobStatus, parse_job
+from rljob_operator.cluster import runner
+from rljob_operator.cluster.handlers import JobWatch, check_handlers
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.decisions.lifecycle import plan_reconcile
@@ -162,3 +167,21 @@ def test_the_reconciler_observes_and_applies_a_registered_gate_with_no_change_to
         reconciler.close()
     assert kube.calls[0] == ("status", "Pending", "CreatingWorkers")
     assert kube.calls.count(("create", "Pod")) == 2
+
+
+def test_the_runner_starts_the_enabled_gates_and_the_watch_registers_their_resource(
+        approval_registered: None, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="rljob")
+    clients, watches = runner.admission_gates(OperatorSettings(kueue=False), SimpleNamespace())  # type: ignore[arg-type]
+    assert [c.name for c in clients] == ["approval"] and clients[0].unwatched_requeue is None  # watched
+    assert watches == [GateWatch("example.com", "v1", "approvals")]
+    assert "approval: jobs wait for example.com/approved=yes" in caplog.text
+    enqueued: list[Any] = []
+    watch = JobWatch(Configuration(), lambda key, **kw: enqueued.append(key), lambda key: None, gate_watches=watches)
+    check_handlers(watch.registry)
+    handler = next(h for h in watch.registry._watching.get_all_handlers()  # noqa: SLF001
+                   if h.id == "approvals_event")
+    assert (handler.selector.group, handler.selector.version, handler.selector.any_name) == (
+        "example.com", "v1", "approvals")
+    asyncio.run(handler.fn(labels={"rljob.dev/job": "train"}, namespace="team-a"))
+    assert enqueued == [("team-a", "train")]  # an event of the gate's resource wakes the job it names

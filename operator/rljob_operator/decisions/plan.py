@@ -88,7 +88,8 @@ class Plan:
     """The whole desired state of one reconcile; the reconciler applies it in this order.
 
     ``status`` first (it records decisions such as a new gang generation or the start time), then
-    ``gate_writes`` (the admission gates' own objects, e.g. Kueue's Workload), then ``delete_pods`` and ``force_delete_pods``, then
+    ``gate_writes`` (the admission gates' own objects: Kueue's Workload), then ``delete_pods`` and
+    ``force_delete_pods``, then
     ``children`` (ConfigMap, Service and NetworkPolicy: a pod no policy selects accepts traffic from anywhere, so the policy exists
     before any pod), then ``create_pods``, then ``events``, then ``delete_job``.
     """
