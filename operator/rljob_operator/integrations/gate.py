@@ -3,9 +3,9 @@
 An admission gate is something outside the operator that decides when a job's gang may run:
 Kueue (``integrations/kueue/``), a scheduler's PodGroup, MultiKueue. Each is one folder of
 ``integrations/`` and one entry of ``integrations/registry.py``; the core (``decisions/``,
-``cluster/``) speaks to every gate through this module alone:
+``cluster/``) speaks to every gate through this module and ``client.py`` alone:
 
-1. *observe* (cluster layer, ``registry.GateClient.observe``): the gate reads its own objects for
+1. *observe* (cluster layer, ``client.GateClient.observe``): the gate reads its own objects for
    one job and hands the decisions a :class:`Gated`, the gate and its view; a job the gate does
    not govern gets none;
 2. *decide* (pure, here): ``violations`` (what the gate cannot run: the job fails
@@ -14,7 +14,7 @@ Kueue (``integrations/kueue/``), a scheduler's PodGroup, MultiKueue. Each is one
 3. *write* (pure, here): ``writes`` turns the reconcile's outcome (the decided phase: running,
    held, stopped, finished, suspended) into the gate's own writes, carried by the Plan
    (``Plan.gate_writes``) and applied by the gate's client right after the job's status;
-4. *watch* (``registry.GateWatch``): the gate's resource whose events wake the job they name.
+4. *watch* (``client.GateWatch``): the gate's resource whose events wake the job they name.
 
 A job is held while any gate holds it (the first holding gate names the reason); admitted, its
 pods take every gate's placement in the registry's order.

@@ -37,7 +37,7 @@ from rljob_operator.integrations.kueue.decide import (
 )
 from rljob_operator.names import LABEL_JOB
 
-log = logging.getLogger("rljob.reconciler")
+log = logging.getLogger("rljob.reconciler")  # the reconciler's: these lines are part of its reconcile
 API = f"/apis/{GROUP}/{VERSION}"
 #: The resources requested here, for the request metrics.
 RESOURCES = ("workloads", "resourceflavors", "workloadpriorityclasses")
