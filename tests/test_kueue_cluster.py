@@ -1,5 +1,5 @@
 """Kueue on the real control plane: the real Kueue manager (tests/cluster/kueue.py) admits,
-queues and preempts the gangs of labelled jobs; the operator follows (decisions/queueing.py).
+queues and preempts the gangs of labelled jobs; the operator follows (integrations/kueue/).
 
 Each test gets its own GPU nodes (labelled and tainted with a pool only this test uses), a
 ResourceFlavor that selects and tolerates them, a ClusterQueue with the quota under test and a

@@ -1115,8 +1115,10 @@ def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does
     from kubernetes.client import Configuration
     from rljob_operator.cluster.experiments import register as register_experiments
     from rljob_operator.cluster.handlers import JobWatch, NoDiffBase, check_handlers, kopf_settings
+    from rljob_operator.integrations.kueue.client import WORKLOADS
 
-    watch = JobWatch(Configuration(), lambda *a, **kw: None, lambda key: None, watch_workloads=True, watch_nodes=True)
+    watch = JobWatch(Configuration(), lambda *a, **kw: None, lambda key: None, gate_watches=[WORKLOADS],
+                     watch_nodes=True)
     register_experiments(watch.registry, lambda *a, **kw: None)
     check_handlers(watch.registry)  # on.event, on.login and indexes only
     assert isinstance(kopf_settings().persistence.diffbase_storage, NoDiffBase)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import kopf
@@ -23,6 +23,7 @@ import kopf
 from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
+from rljob_operator.integrations.client import GateWatch
 from rljob_operator.names import LABEL_JOB
 
 Key = tuple[str, str]
@@ -116,7 +117,7 @@ class JobWatch:
     """The registry of handlers, feeding ``enqueue`` and remembering which jobs exist."""
 
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None],
-                 watch_workloads: bool = False, watch_nodes: bool = False,
+                 gate_watches: Sequence[GateWatch] = (), watch_nodes: bool = False,
                  nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None) -> None:
         """``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
         cache the watch keeps the jobs in (the reconciler's; a new one if None)."""
@@ -173,11 +174,15 @@ class JobWatch:
                 else:  # listed, added or modified: a Node of that name exists (again)
                     self.gone_nodes.pop(name, None)
 
-        if watch_workloads:  # Kueue admitting, preempting or evicting a job's gang
-            @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels={LABEL_JOB: kopf.PRESENT},
-                           registry=registry, id="workload_event")
-            async def workload_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-                self.enqueue((namespace or "", labels[LABEL_JOB]))
+        for gate_watch in gate_watches:  # an admission gate admitting, preempting or evicting a job's gang
+            self._watch_gate(gate_watch)
+
+    def _watch_gate(self, gate: GateWatch) -> None:
+        """Queue the job named by each event of the gate's resource (``integrations/client.py``)."""
+        @kopf.on.event(gate.group, gate.version, gate.plural, labels={gate.label: kopf.PRESENT},
+                       registry=self.registry, id=f"{gate.plural}_event")
+        async def gate_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+            self.enqueue(gate.key(labels, namespace))
 
     def cached_pods(self, namespace: str, name: str) -> list[dict[str, Any]] | None:
         """The job's worker pods as the watch last saw them; None before the watch has started.

@@ -95,8 +95,14 @@ def load_api_client(kubeconfig: str | None = None, connections: int = 64) -> k8s
     return k8s.ApiClient(configuration)
 
 
-_RESOURCES = ("pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL, "rlexperiments",
-              "tokenreviews", "subjectaccessreviews", "selfsubjectaccessreviews", "workloads", "resourceflavors", "workloadpriorityclasses")
+_RESOURCES = ["pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL, "rlexperiments",
+              "tokenreviews", "subjectaccessreviews", "selfsubjectaccessreviews"]
+
+
+def count_resources(*plurals: str) -> None:
+    """Label requests to these resources by name in the request metrics (an admission gate's own,
+    ``integrations/registry.py``); any other resource counts as ``other``."""
+    _RESOURCES.extend(p for p in plurals if p not in _RESOURCES)
 
 
 def _resource_of(path: str) -> str:
@@ -337,70 +343,6 @@ class Kube:
         except ApiException as e:
             if e.status == 409:
                 return False
-            raise
-
-    # ------------------------------------------------------------------- Kueue
-    KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
-
-    def kueue_served(self) -> bool:
-        """Does the API server serve Kueue's v1beta2 API (is Kueue installed)?
-
-        A 403 (discovery denied to this identity) counts as not served: labelled jobs then say
-        KueueUnavailable instead of the operator failing to start.
-        """
-        try:
-            self.request("GET", self.KUEUE_API)
-            return True
-        except ApiException as e:
-            if e.status in (403, 404):
-                return False
-            raise
-
-    def workload_path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-        path = f"{self.KUEUE_API}/namespaces/{quote(namespace, safe='')}/workloads"
-        if name:
-            path += f"/{quote(name, safe='')}"
-        return f"{path}/{subresource}" if subresource else path
-
-    def list_workloads(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        out = self.request("GET", self.workload_path(namespace), query={"labelSelector": label_selector})
-        return list(out.get("items") or [])
-
-    def create_workload(self, workload: dict[str, Any]) -> None:
-        """Create a Workload; one of that name already existing is fine (the next reconcile reads it)."""
-        try:
-            self.request("POST", self.workload_path(workload["metadata"]["namespace"]), workload,
-                         query={"fieldManager": FIELD_MANAGER})
-        except ApiException as e:
-            if e.status != 409:
-                raise
-
-    def delete_workload(self, namespace: str, name: str) -> None:
-        try:
-            self.request("DELETE", self.workload_path(namespace, name), {"propagationPolicy": "Background"})
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
-    def patch_workload_status(self, namespace: str, name: str, resource_version: str, status: dict[str, Any]) -> bool:
-        """Merge-patch a Workload's status if it is still at ``resource_version``; False if it moved on."""
-        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        try:
-            self.request("PATCH", self.workload_path(namespace, name, "status"), body,
-                         content_type="application/merge-patch+json", query={"fieldManager": FIELD_MANAGER})
-            return True
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise
-
-    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
-        """A cluster-scoped Kueue object (a ResourceFlavor, a WorkloadPriorityClass), None if absent."""
-        try:
-            return self.request("GET", f"{self.KUEUE_API}/{plural}/{quote(name, safe='')}")
-        except ApiException as e:
-            if e.status == 404:
-                return None
             raise
 
     # ------------------------------------------------------------------ events

@@ -4,7 +4,8 @@ The reconciler decides nothing itself: ``lifecycle.plan_reconcile`` (or ``plan_i
 what it observes into a :class:`~rljob_operator.decisions.plan.Plan`, and it applies that Plan
 in this order, which is what makes an interrupted reconcile converge:
 
-1. the status (with the gang generation and start time it decided), skipped when already stored;
+1. the status (with the gang generation and start time it decided), skipped when already stored,
+   then each admission gate's writes (``Plan.gate_writes``: Kueue's Workload), by the gate's client;
 2. deletions of stale pods, then force deletions of pods stuck Terminating (each followed by
    its ``ForceDeleted`` Event);
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
@@ -21,7 +22,6 @@ job, or nothing), which is applied from step 1 on: its status, then its Events.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -41,33 +41,17 @@ from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.decisions.queueing import (
-    PRIORITY_LABEL,
-    Flavor,
-    Priority,
-    QueueView,
-    QueueWrites,
-    admitted,
-    assigned_flavors,
-    current_workload,
-    owned,
-    priority_class,
-    queue_name,
-    rejected_status,
-)
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
 from rljob_operator.decisions.scaling import Capacity
+from rljob_operator.integrations.client import GateClient
+from rljob_operator.integrations.gate import Gated
+from rljob_operator.integrations.registry import default_clients
 from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, StatusEndpoint, job_uid
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.reconciler")
 #: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs.
 CAPACITY_MAX_AGE_SECONDS = 1.0
-#: How long one answer to "is Kueue installed?" and one read of a ResourceFlavor serve.
-KUEUE_API_MAX_AGE_SECONDS = 30.0
-FLAVOR_MAX_AGE_SECONDS = 5.0
-#: How often a queued job is looked at when no watch on Workloads wakes it (Kueue installed later).
-UNWATCHED_QUEUE_SECONDS = 10.0
 #: How long a pod this operator created may be absent from its watch before it is no longer looked up.
 UNSEEN_CREATE_SECONDS = 30.0
 #: Threads for a reconcile's concurrent requests (a gang's creates and deletes, its children), per reconcile worker.
@@ -96,7 +80,8 @@ class Reconciler:
     """Reconciles jobs through a :class:`Kube`; ``endpoint`` is the status API pods report to.
 
     ``profile``: what the platform allows a job's pods (default: the restricted profile);
-    ``network``: the platform's settings for every job's NetworkPolicy (None: none is made).
+    ``network``: the platform's settings for every job's NetworkPolicy (None: none is made);
+    ``gates``: the admission gates' clients (``integrations/registry.py``; None: every known gate, unwatched).
     """
 
     def __init__(
@@ -109,8 +94,7 @@ class Reconciler:
         pod_cache: Callable[[str, str], list[dict[str, Any]] | None] | None = None,
         profile: PodProfile | None = None,
         network: JobNetwork | None = None,
-        kueue: bool = True,
-        workloads_watched: bool = False,
+        gates: list[GateClient] | None = None,
         node_gone: Callable[[str | None], bool] | None = None,
         request_threads: int = 8,
         job_cache: JobCache | None = None,
@@ -121,12 +105,8 @@ class Reconciler:
         self.job_cache = job_cache
         self.node_gone = node_gone
         """Was this Node deleted? (the Node watch; None: not watched, the pod GC removes such pods)."""
-        self.kueue = kueue
-        """Honour the label kueue.x-k8s.io/queue-name (False: such jobs run as if unlabelled)."""
-        self.workloads_watched = workloads_watched
-        """A watch on Workloads wakes queued jobs; without one they are looked at every few seconds."""
-        self._kueue_served: tuple[float, bool] = (float("-inf"), False)
-        self._flavors: dict[str, tuple[float, Flavor | None]] = {}
+        self.gates = {g.name: g for g in (gates if gates is not None else default_clients(kube))}
+        """The admission gates' clients by name, in the order they are consulted."""
         self.profile = profile or PodProfile()
         self.network = network
         self.pod_cache = pod_cache
@@ -198,25 +178,28 @@ class Reconciler:
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
-        queue = self.queue_view(job, uid)
+        gated = self._observe_gates(job, uid)
+        gates = tuple(g for _, g in gated)
         plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
-                              self.force_delete_after, capacity, self.profile, self.network, queue)
+                              self.force_delete_after, capacity, self.profile, self.network, gates)
         if cached is not None and raw.get("status") and (
-                plan.gang_restart or plan.replaced_workers or (plan.queue and plan.queue.status)
+                plan.gang_restart or plan.replaced_workers or self._gates_recheck(plan)
                 or self._unseen_creates(namespace, name, cached, plan)):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
-            # created, one gone) is looked up before a gang is restarted or a Workload's quota is given
-            # back because no pod is left, and before a pod this operator created is created again.
+            # created, one gone) is looked up before a gang is restarted or a gate is told no pod is
+            # left (Kueue: a Workload's quota given back), and before a pod this operator created is
+            # created again.
             # Not for a job without status: no reconcile has got as far as its pods (the status is
             # written first), so it has none. Nor for other creates: a pod the cache does not show
             # was confirmed gone by the watch, or never created (its name is deterministic, so a
             # create that still finds it refuses, and creates nothing twice).
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
-                                  self.force_delete_after, capacity, self.profile, self.network, queue)
+                                  self.force_delete_after, capacity, self.profile, self.network, gates)
         requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
-        if queue is not None and not self.workloads_watched and requeue is None:
-            requeue = UNWATCHED_QUEUE_SECONDS
+        unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
+        if unwatched and requeue is None:  # no watch of the gate wakes the job
+            requeue = min(unwatched)
         return requeue
 
     def _unseen_creates(self, namespace: str, name: str, cached: list[dict[str, Any]], plan: Plan) -> bool:
@@ -239,74 +222,15 @@ class Reconciler:
     def _observe(self, pods: list[dict[str, Any]], uid: str) -> list[ObservedPod]:
         return [ObservedPod.from_pod(p, uid, self.node_gone) for p in pods]
 
-    # ------------------------------------------------------------------ Kueue
-    def queue_view(self, job: RLTrainingJob, uid: str) -> QueueView | None:
-        """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued."""
-        if not self.kueue or queue_name(job) is None:
-            return None
-        if not self.kueue_served():
-            return QueueView(available=False)
-        namespace = job.metadata.namespace or ""
-        workloads = [w for w in self.kube.list_workloads(namespace, f"{LABEL_JOB}={job.metadata.name}")
-                     if owned(w, uid)]
-        view = QueueView(workloads=workloads)
-        current = current_workload(job, job.replicas, view)
-        priority, problem = None, ""
-        name = priority_class(job)
-        if current is None and name:
-            found = self.kube.get_kueue_object("workloadpriorityclasses", name)
-            if found is None:
-                problem = (f"metadata.labels[{PRIORITY_LABEL}]: WorkloadPriorityClass {name} not found; create it "
-                           "or correct the label")
-            else:
-                priority = Priority(name, int(found.get("value") or 0))
-        flavors: dict[str, Flavor] = {}
-        if current is not None and admitted(current):
-            for flavor_name in assigned_flavors(current):
-                flavor = self.flavor(flavor_name)
-                if flavor is not None:
-                    flavors[flavor_name] = flavor
-        return QueueView(True, workloads, flavors, priority, problem)
+    # ------------------------------------------------------------ admission gates
+    def _observe_gates(self, job: RLTrainingJob, uid: str) -> list[tuple[GateClient, Gated[Any]]]:
+        """The gates that govern ``job``, each with what its client observed."""
+        observed = ((client, client.observe(job, uid)) for client in self.gates.values())
+        return [(client, gated) for client, gated in observed if gated is not None]
 
-    def kueue_served(self) -> bool:
-        """Is Kueue's API served? Asked again every ``KUEUE_API_MAX_AGE_SECONDS``."""
-        taken, served = self._kueue_served
-        if time.monotonic() - taken >= KUEUE_API_MAX_AGE_SECONDS:
-            served = self.kube.kueue_served()
-            self._kueue_served = (time.monotonic(), served)
-        return served
-
-    def flavor(self, name: str) -> Flavor | None:
-        """ResourceFlavor ``name`` (read again every ``FLAVOR_MAX_AGE_SECONDS``), None if absent."""
-        taken, flavor = self._flavors.get(name, (float("-inf"), None))
-        if time.monotonic() - taken >= FLAVOR_MAX_AGE_SECONDS:
-            found = self.kube.get_kueue_object("resourceflavors", name)
-            flavor = Flavor.from_object(found) if found is not None else None
-            self._flavors[name] = (time.monotonic(), flavor)
-        return flavor
-
-    def _apply_queue(self, raw: dict[str, Any], writes: QueueWrites, status: dict[str, Any]) -> None:
-        """The Workload writes: stale ones deleted, the current one created, statuses patched."""
-        namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
-        for workload in writes.delete:
-            log.info("%s/%s: deleting Workload %s", namespace, name, workload)
-            self.kube.delete_workload(namespace, workload)
-        if writes.create is not None:
-            log.info("%s/%s: creating Workload %s", namespace, name, writes.create["metadata"]["name"])
-            try:
-                self.kube.create_workload(writes.create)
-            except ApiException as e:
-                if e.status not in (400, 403, 422):
-                    raise
-                # Kueue's webhook (an invalid queue name, say) or RBAC refused it: say so on the job,
-                # whose next reconciles keep that reason and try again every 30 s.
-                log.warning("%s/%s: Workload refused (%s): %s", namespace, name, e.status, e.body)
-                rejected = rejected_status(_refusal_text(e))
-                if any(status.get(k) != v for k, v in rejected.items()):
-                    self._patch_status(raw, rejected)
-        for workload, (version, status) in writes.status.items():
-            if not self.kube.patch_workload_status(namespace, workload, version, status):
-                log.info("%s/%s: Workload %s changed meanwhile: decided again", namespace, name, workload)
+    def _gates_recheck(self, plan: Plan) -> bool:
+        """Does a gate's write rely on no pod of the job being left (``GateClient.recheck``)?"""
+        return any(self.gates[name].recheck(writes) for name, writes in plan.gate_writes.items())
 
     def _list_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
@@ -354,8 +278,8 @@ class Reconciler:
         """
         meta = raw["metadata"]
         stored = self._write_status(raw, raw.get("status") or {}, plan)
-        if plan.queue is not None:
-            self._apply_queue(raw, plan.queue, plan.status)
+        for gate, writes in plan.gate_writes.items():  # right after the status
+            self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
         self._delete_pods(raw, plan, pods or {}, now)
         try:
             self._create(raw, plan)
@@ -467,14 +391,6 @@ class Reconciler:
         except ApiException as e:  # an Event is worth a log line, not a failed reconcile
             if not namespace_terminating(e.status, e.body):
                 log.warning("cannot post event %s: %s", event.reason, e.reason)
-
-
-def _refusal_text(error: ApiException) -> str:
-    """The API server's message of a refused request (its Status body), else its reason."""
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.reason)
-    except ValueError:
-        return str(error.reason)
 
 
 def _merge_patch(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,8 @@ from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconc
 from rljob_operator.cluster.workqueue import WorkQueue
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.policy import PodProfile
+from rljob_operator.integrations import registry
+from rljob_operator.integrations.client import GateClient, GateWatch
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server import tls
 from rljob_operator.server.guard import StatusLimits
@@ -153,6 +155,17 @@ def nodes_watchable(s: OperatorSettings, kube: Kube) -> bool:
     return False
 
 
+def admission_gates(s: OperatorSettings, kube: Kube) -> tuple[list[GateClient], list[GateWatch]]:
+    """The clients of the gates ``s`` enables (``integrations/registry.py``) and what to watch for them."""
+    clients, watches = [], []
+    for integration in registry.enabled(s):
+        watch = integration.watch(kube)
+        log.info("%s", integration.describe(watch is not None))
+        clients.append(integration.client(kube, watch is not None))
+        watches += [watch] if watch is not None else []
+    return clients, watches
+
+
 def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
                  elector: LeaderElector | None) -> tuple[WorkQueue, JobWatch, ThreadPoolExecutor]:
     """The work queue (started), the watch that feeds it, and the threads reconciles run in (shut
@@ -165,11 +178,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     network = JobNetwork(tuple(s.trainer_metrics_from), s.egress()) if s.network_policy else None
     if elector is not None:
         kube = kube.guarded(elector.write_guard)
-    # Workloads are watched only where Kueue is installed: a watch on an API nobody serves fails for ever.
-    watch_workloads = s.kueue and kube.kueue_served()
-    if s.kueue:
-        log.info("Kueue: jobs labelled kueue.x-k8s.io/queue-name wait for admission; %s", "Workloads watched"
-                 if watch_workloads else "its API is not served (yet): such jobs say KueueUnavailable until it is")
+    gate_clients, gate_watches = admission_gates(s, kube)
     watch_nodes = nodes_watchable(s, kube)
     # Threads of our own, s.workers of them: asyncio's default executor has min(32, CPUs + 4), so
     # 6 on a 2-core node, whatever s.workers says, and it is shared with everything else in the loop.
@@ -177,8 +186,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     jobs = JobCache()  # filled by the watch, read by reconciles instead of a GET of their job
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
-                            profile=PodProfile.from_settings(s), network=network, kueue=s.kueue,
-                            workloads_watched=watch_workloads, job_cache=jobs,
+                            profile=PodProfile.from_settings(s), network=network, gates=gate_clients, job_cache=jobs,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
                             node_gone=(lambda node: watch_ref[0].node_gone(node) if watch_ref else False)
                             if watch_nodes else None)
@@ -204,7 +212,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
 
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
-    watch = JobWatch(api_client.configuration, queue.add, queue.forget, watch_workloads=watch_workloads,
+    watch = JobWatch(api_client.configuration, queue.add, queue.forget, gate_watches=gate_watches,
                      watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity, jobs=jobs)
     register_experiments(watch.registry, queue.add)
     check_handlers(watch.registry)

@@ -38,14 +38,6 @@ from rljob_operator.decisions.plan import (
     build_status,
 )
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.decisions.queueing import (
-    REJECTED,
-    REJECTED_RETRY_SECONDS,
-    QueueView,
-    queue_name,
-    queue_writes,
-    waiting_reason,
-)
 from rljob_operator.decisions.restarts import stall_check_in
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (
@@ -54,6 +46,7 @@ from rljob_operator.decisions.situation import (
     Situation,
     settled,
 )
+from rljob_operator.integrations.gate import Gated, Outcome
 from rljob_operator.names import StatusEndpoint, worker_name
 from rljob_operator.times import parse_time, rfc3339
 
@@ -131,52 +124,39 @@ def succeeded(ctx: Situation) -> Plan | None:
     return settled(ctx, d, ctx.stale_deletions, ctx.lead_events)
 
 
-def queued(ctx: Situation) -> Plan | None:
-    """A job labelled for Kueue whose gang is not admitted (``queueing``): Queued, no pod runs.
+def held(ctx: Situation) -> Plan | None:
+    """An admission gate (Kueue, ``integrations/``) holds the gang: Queued, in its words; no pod runs.
 
-    A gang that was running when Kueue took the admission back (preemption, eviction) is stopped
-    as in a resize: SIGTERM (the workers save a checkpoint), a new gang generation that resumes
-    from it once admitted again; neither a restart nor a disruption. Nothing counts the waiting
-    time: the gang start time (startup and stall timeouts) and, before the first admission, the
-    start time (activeDeadlineSeconds) stay unset.
+    A gang that was running when its gate took the admission back (Kueue's preemption, eviction) is
+    stopped as in a resize: SIGTERM (the workers save a checkpoint), a new gang generation that
+    resumes from it once admitted again; neither a restart nor a disruption. Nothing counts the
+    waiting time: the gang start time (startup and stall timeouts) and, before the first admission,
+    the start time (activeDeadlineSeconds) stay unset. An admitted gang its gates cannot place
+    fails (``_refused_placement``).
     """
-    view = ctx.queue
-    if view is None or ctx.admitted:
-        if view is not None and ctx.placement_problems:
-            return _refused_placement(ctx)
-        return None
-    queue = queue_name(ctx.job) or ""
+    hold = ctx.hold
+    if hold is None:
+        return _refused_placement(ctx) if ctx.placement_problems else None
     d = ctx.draft()
-    if not view.available:
-        d.reason = "KueueUnavailable"
-        d.message = (f"the job is labelled kueue.x-k8s.io/queue-name={queue} but this cluster serves no Kueue "
-                     "Workload API (kueue.x-k8s.io/v1beta2): install Kueue, or remove the label to run without it")
-    elif view.priority_problem and ctx.workload is None:
-        d.reason, d.message = "PriorityClassNotFound", view.priority_problem
-    elif ctx.workload is None and ctx.prev.reason == REJECTED:
-        # Kept while the create is refused again: a status flipping back and forth would wake the job for ever.
-        d.reason, d.message = REJECTED, ctx.prev.message or ""
-    else:
-        d.reason, d.message = waiting_reason(ctx.workload, queue)
+    d.reason, d.message = hold.reason, hold.message
     live = [p for p in ctx.current if not p.deleting]
     events = list(ctx.lead_events)
     if live:
         d.generation += 1
         d.message = f"{d.message}; stopping generation {d.generation - 1} (workers save a checkpoint)"
-        events.append(Event("Normal", "Evicted", f"Kueue took the admission back: {d.message}"))
+        events.append(Event("Normal", "Evicted", f"{hold.taken_back}: {d.message}"))
     d.phase, d.reconciling = Phase.queued.value, True
     d.gang_start_time = d.next_restart_time = None
     d.start_time = ctx.prev.start_time
     waiting = live or any(p.deleting for p in ctx.pods) or ctx.stale_deletions
-    look = WAIT_REQUEUE_SECONDS if waiting else (60.0 if not view.available else None)
-    if d.reason == REJECTED and not waiting:
-        look = REJECTED_RETRY_SECONDS
     return ctx.plan(d, delete=ctx.stale_deletions + [p.name for p in live], events=events,
-                    requeue_after=look, gang_restart="Evicted" if live else None)
+                    requeue_after=WAIT_REQUEUE_SECONDS if waiting else hold.retry_after,
+                    gang_restart="Evicted" if live else None)
 
 
 def _refused_placement(ctx: Situation) -> Plan:
-    """The flavors Kueue assigned cannot be applied to the pods: Failed, every field named."""
+    """The placement the gates admitted the gang with cannot be applied to the pods (Kueue: its
+    flavors): Failed, every field named."""
     d = ctx.draft()
     d.phase, d.reason = Phase.failed.value, "PolicyViolation"
     d.message = "; ".join(ctx.placement_problems)[:1024]
@@ -325,7 +305,7 @@ def _next_look(ctx: Situation, d: StatusDraft, blocked: list[str], restart_left:
 
 #: The decisions of one reconcile, in order: the first that returns a Plan decides (``progress`` always does).
 STEPS: tuple[Callable[[Situation], Plan | None], ...] = (
-    finished, policy_violation, suspended, deadline_passed, succeeded, queued, plan_failure, resized,
+    finished, policy_violation, suspended, deadline_passed, succeeded, held, plan_failure, resized,
     insufficient_capacity, progress,
 )
 
@@ -335,24 +315,24 @@ def plan_reconcile(
     force_delete_after: float = FORCE_DELETE_AFTER_SECONDS, capacity: Capacity | None = None,
     profile: PodProfile | None = None,
     network: JobNetwork | None = None,
-    queue: QueueView | None = None,
+    gates: tuple[Gated[Any], ...] = (),
 ) -> Plan:
     """Decide one reconcile of ``job`` given its observed pods (label ``rljob.dev/job``).
 
     ``force_delete_after``: seconds a pod may stay Terminating past its deletion deadline.
     ``capacity``: the cluster's nodes and bound pods, for policy Capacity (None: not looked at).
     ``profile``: the platform's pod profile every job is checked against first (None: not checked).
-    ``queue``: the job's Kueue side, for a job labelled for Kueue (None: not queued).
+    ``gates``: the admission gates that govern the job, with what each observed (empty: none does).
     ``network``: the platform's NetworkPolicy settings (None: the job gets no NetworkPolicy).
     """
-    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network, queue)
+    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network, tuple(gates))
     for step in STEPS:
         plan = step(ctx)
         if plan is not None:
-            if queue is not None:  # the Workload follows the decided phase
-                left = any(p.owned or p.orphan for p in pods)
-                plan.queue = queue_writes(job, ctx.replicas, queue, plan.status.get("phase") or "",
-                                          plan.status.get("message") or "", left, now)
+            if gates:  # each gate's objects follow the decided phase
+                outcome = Outcome(plan.status.get("phase") or "", plan.status.get("message") or "",
+                                  any(p.owned or p.orphan for p in pods), now)
+                plan.gate_writes = {g.gate.name: g.gate.writes(job, g.view, outcome) for g in gates}
             return plan
     raise AssertionError("plan_reconcile: the last step (progress) always decides")
 

@@ -27,7 +27,6 @@ from rljob_operator.decisions.children import (
 )
 from rljob_operator.decisions.conditions import STALL_REASONS, checkpoints_condition, make_conditions
 from rljob_operator.decisions.observed import ObservedPod
-from rljob_operator.decisions.queueing import QueueWrites
 from rljob_operator.names import StatusEndpoint, selector
 
 #: Written when a job's spec is rejected before any pod is looked at (``plan_invalid``): the
@@ -89,7 +88,8 @@ class Plan:
     """The whole desired state of one reconcile; the reconciler applies it in this order.
 
     ``status`` first (it records decisions such as a new gang generation or the start time), then
-    ``queue`` (the job's Kueue Workload), then ``delete_pods`` and ``force_delete_pods``, then
+    ``gate_writes`` (the admission gates' own objects: Kueue's Workload), then ``delete_pods`` and
+    ``force_delete_pods``, then
     ``children`` (ConfigMap, Service and NetworkPolicy: a pod no policy selects accepts traffic from anywhere, so the policy exists
     before any pod), then ``create_pods``, then ``events``, then ``delete_job``.
     """
@@ -110,8 +110,9 @@ class Plan:
     """Why this reconcile starts a new gang generation (Resumed, SpecChanged, a failure reason)."""
     replaced_workers: str | None = None
     """Why this reconcile replaces failed workers in place, keeping the gang (a failure reason)."""
-    queue: QueueWrites | None = None
-    """Kueue Workload writes, applied right after the status (None: the job is not queued)."""
+    gate_writes: dict[str, object] = field(default_factory=dict)
+    """Each admission gate's writes (``integrations/gate.py``) by gate name, applied right after the
+    status by that gate's client; only gates that govern the job have an entry."""
 
     def __post_init__(self) -> None:
         # A pod force-deleted is not deleted gracefully first (that would only add a request).

@@ -27,15 +27,6 @@ from rljob_operator.decisions.plan import (
     transition_event,
 )
 from rljob_operator.decisions.policy import PodProfile, violations
-from rljob_operator.decisions.queueing import (
-    QueueView,
-    admitted,
-    assigned_flavors,
-    current_workload,
-    placed,
-    placement_problems,
-    queue_violations,
-)
 from rljob_operator.decisions.scaling import (
     Capacity,
     Resize,
@@ -44,6 +35,7 @@ from rljob_operator.decisions.scaling import (
     requested_size,
     scaling_status,
 )
+from rljob_operator.integrations.gate import Gated, Hold, Verdict
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.times import parse_time, rfc3339
 
@@ -118,8 +110,8 @@ class Situation:
     """What the platform allows the job's pods (None: not checked, for tests of other decisions)."""
     network: JobNetwork | None = None
     """The platform's NetworkPolicy settings (None: the operator makes no NetworkPolicy)."""
-    queue: QueueView | None = None
-    """The job's Kueue side, for a job labelled kueue.x-k8s.io/queue-name (None: not queued)."""
+    gates: tuple[Gated[Any], ...] = ()
+    """The admission gates that govern the job, each with what it observed (``integrations/gate.py``)."""
 
     # ---------------------------------------------------------------- the job as stored
     @derived
@@ -145,7 +137,7 @@ class Situation:
     def violations(self) -> list[str]:
         """Fields of the job the platform's pod profile does not allow (``policy.violations``)."""
         found = violations(self.job, self.profile) if self.profile is not None else []
-        return found + (queue_violations(self.job) if self.queue is not None else [])
+        return found + [v for g in self.gates for v in g.gate.violations(self.job, g.view)]
 
     @derived
     def previous_conditions(self) -> list[dict[str, Any]]:
@@ -244,33 +236,27 @@ class Situation:
         stale += [p for p in self.pods if p.orphan]
         return [p.name for p in stale if not p.deleting]
 
-    # ---------------------------------------------------------------------- Kueue
+    # ------------------------------------------------------------ admission gates
     @derived
-    def workload(self) -> dict[str, Any] | None:
-        """The job's Kueue Workload for its current size (None: not queued, or none yet)."""
-        return current_workload(self.job, self.replicas, self.queue) if self.queue is not None else None
+    def verdicts(self) -> list[Verdict]:
+        """Each gate's verdict on the gang, in the registry's order."""
+        return [g.gate.verdict(self.job, g.view, self.prev, self.profile) for g in self.gates]
 
     @derived
-    def admitted(self) -> bool:
-        """Kueue admits the gang (always True for a job that is not queued)."""
-        return self.queue is None or (self.queue.available and self.workload is not None and admitted(self.workload))
+    def hold(self) -> Hold | None:
+        """Why the gang may not run: the first gate that holds it (None: every gate admits it)."""
+        return next((v.hold for v in self.verdicts if v.hold is not None), None)
 
     @derived
     def placement_problems(self) -> list[str]:
-        """Why the admitted gang cannot take the ResourceFlavors Kueue assigned (empty: it can)."""
-        if self.queue is None or self.workload is None:
-            return []
-        names = assigned_flavors(self.workload)
-        flavors = [self.queue.flavors[n] for n in names if n in self.queue.flavors]
-        conflicts = placed(desired_worker_pod(self.job, 0, 0), flavors)[1]  # a node label the job selects otherwise
-        return placement_problems(self.queue.flavors, names, self.profile) + conflicts
+        """Why the admitted gang cannot be placed where its gates said (empty: it can)."""
+        return [p for v in self.verdicts for p in v.problems]
 
     def place(self, pod: dict[str, Any]) -> dict[str, Any]:
-        """``pod`` with the node labels and tolerations of the flavors Kueue assigned (if queued)."""
-        if self.queue is None or self.workload is None:
-            return pod
-        names = assigned_flavors(self.workload)
-        return placed(pod, [self.queue.flavors[n] for n in names if n in self.queue.flavors])[0]
+        """``pod`` placed where every gate's admission says (node labels, tolerations...)."""
+        for verdict in self.verdicts:
+            pod = verdict.place(pod)
+        return pod
 
     # ---------------------------------------------------------------------- sizing
     @derived

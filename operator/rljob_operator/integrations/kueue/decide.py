@@ -1,5 +1,8 @@
 """Kueue: a job labelled ``kueue.x-k8s.io/queue-name`` waits for Kueue to admit its gang (pure).
 
+``KUEUE`` is this module as an admission gate (``integrations/gate.py``); ``client.py`` observes
+the job's Kueue objects and applies the writes decided here.
+
 The operator owns one Kueue ``Workload`` per job and size (``desired_workload``): one podSet
 ``workers`` with ``count`` = workers and the worker pod's requests, so Kueue admits the whole
 gang or nothing. The job's pods are created only while that Workload is admitted, with the node
@@ -29,9 +32,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rljob.contract.job import RLTrainingJob, ScalingPolicy
+from rljob.contract.job import RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
 from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.policy import PodProfile, flavor_violations
+from rljob_operator.integrations.gate import Hold, Outcome, Verdict
 from rljob_operator.names import job_labels, owner_reference
 from rljob_operator.times import rfc3339
 
@@ -44,6 +48,8 @@ PODSET = "workers"
 REJECTED = "WorkloadRejected"
 #: How soon a refused Workload is tried again.
 REJECTED_RETRY_SECONDS = 30.0
+#: How soon a job is looked at again while Kueue's API is not served.
+UNAVAILABLE_RETRY_SECONDS = 60.0
 #: Pod fields Kueue reads to count a podSet's quota and pick its flavor: requests, placement, priority.
 _TEMPLATE_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
 
@@ -321,3 +327,48 @@ def queue_writes(job: RLTrainingJob, replicas: int, view: QueueView, phase: str,
 def owned(workload: dict[str, Any], job_uid: str) -> bool:
     """The Workload is controlled by the job (a namesake someone else made is never used)."""
     return any(r.get("uid") == job_uid and r.get("controller") for r in workload["metadata"].get("ownerReferences") or [])
+
+
+def _hold(job: RLTrainingJob, view: QueueView, workload: dict[str, Any] | None, prev: RLTrainingJobStatus) -> Hold:
+    """Why a gang Kueue has not admitted waits, in Kueue's words where it gave some."""
+    queue = queue_name(job) or ""
+    if not view.available:
+        reason = "KueueUnavailable"
+        message = (f"the job is labelled {QUEUE_LABEL}={queue} but this cluster serves no Kueue "
+                   f"Workload API ({GROUP}/{VERSION}): install Kueue, or remove the label to run without it")
+    elif view.priority_problem and workload is None:
+        reason, message = "PriorityClassNotFound", view.priority_problem
+    elif workload is None and prev.reason == REJECTED:
+        # Kept while the create is refused again: a status flipping back and forth would wake the job for ever.
+        reason, message = REJECTED, prev.message or ""
+    else:
+        reason, message = waiting_reason(workload, queue)
+    retry = UNAVAILABLE_RETRY_SECONDS if not view.available else REJECTED_RETRY_SECONDS if reason == REJECTED else None
+    return Hold(reason, message, retry, "Kueue took the admission back")
+
+
+class KueueGate:
+    """Kueue as an admission gate: the gang runs while the job's Workload is admitted, on its flavors."""
+
+    name = "kueue"
+
+    def violations(self, job: RLTrainingJob, view: QueueView) -> list[str]:
+        return queue_violations(job)
+
+    def verdict(self, job: RLTrainingJob, view: QueueView, prev: RLTrainingJobStatus,
+                profile: PodProfile | None) -> Verdict:
+        workload = current_workload(job, job.replicas, view)
+        if not (view.available and workload is not None and admitted(workload)):
+            return Verdict(hold=_hold(job, view, workload, prev))
+        names = assigned_flavors(workload)
+        flavors = [view.flavors[n] for n in names if n in view.flavors]
+        conflicts = placed(desired_worker_pod(job, 0, 0), flavors)[1]  # a node label the job selects otherwise
+        return Verdict(problems=placement_problems(view.flavors, names, profile) + conflicts,
+                       place=lambda pod: placed(pod, flavors)[0])
+
+    def writes(self, job: RLTrainingJob, view: QueueView, outcome: Outcome) -> QueueWrites:
+        return queue_writes(job, job.replicas, view, outcome.phase, outcome.message, outcome.pods_left, outcome.now)
+
+
+KUEUE = KueueGate()
+"""The Kueue gate (stateless: its view holds what was observed)."""

@@ -1,0 +1,102 @@
+"""An admission gate's decisions (pure): may a job's gang run, where, and what to write to the gate.
+
+An admission gate is something outside the operator that decides when a job's gang may run:
+Kueue (``integrations/kueue/``), a scheduler's PodGroup, MultiKueue. Each is one folder of
+``integrations/`` and one entry of ``integrations/registry.py``; the core (``decisions/``,
+``cluster/``) speaks to every gate through this module and ``client.py`` alone:
+
+1. *observe* (cluster layer, ``client.GateClient.observe``): the gate reads its own objects for
+   one job and hands the decisions a :class:`Gated`, the gate and its view; a job the gate does
+   not govern gets none;
+2. *decide* (pure, here): ``violations`` (what the gate cannot run: the job fails
+   ``PolicyViolation``), ``verdict`` (hold the gang, with the job's reason and message; or admit
+   it, with a placement for its pods and any reason that placement cannot be applied);
+3. *write* (pure, here): ``writes`` turns the reconcile's outcome (the decided phase: running,
+   held, stopped, finished, suspended) into the gate's own writes, carried by the Plan
+   (``Plan.gate_writes``) and applied by the gate's client right after the job's status;
+4. *watch* (``client.GateWatch``): the gate's resource whose events wake the job they name.
+
+A job is held while any gate holds it (the first holding gate names the reason); admitted, its
+pods take every gate's placement in the registry's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+from rljob.contract.job import RLTrainingJob, RLTrainingJobStatus
+from rljob_operator.decisions.policy import PodProfile
+
+View = TypeVar("View")
+ViewIn = TypeVar("ViewIn", contravariant=True)
+
+
+def unplaced(pod: dict[str, Any]) -> dict[str, Any]:
+    """The placement of a gate that places nothing: the pod as built."""
+    return pod
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a gate holds the gang: the job's phase is ``Queued`` with this reason and message."""
+
+    reason: str
+    message: str
+    retry_after: float | None = None
+    """When to look again if nothing else is pending (None: the gate's watch wakes the job)."""
+    taken_back: str = "the admission was taken back"
+    """How the ``Evicted`` Event begins when a running gang is stopped because of this hold."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A gate's decision for one reconcile: hold the gang, or admit it and say where it runs."""
+
+    hold: Hold | None = None
+    """None: the gate admits the gang."""
+    problems: list[str] = field(default_factory=list)
+    """Admitted, but why its placement cannot be applied (the job fails ``PolicyViolation``)."""
+    place: Callable[[dict[str, Any]], dict[str, Any]] = unplaced
+    """A worker pod as built → the pod the gate's admission puts where it said (pure)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a reconcile decided, for the gate's writes: the phase and message, whether any of the
+    job's pods is left, and the time."""
+
+    phase: str
+    message: str
+    pods_left: bool
+    now: datetime
+
+
+class AdmissionGate(Protocol[ViewIn]):
+    """The pure side of an admission gate; ``ViewIn`` is what its client observed of one job."""
+
+    name: str
+    """The gate's name: its folder under ``integrations/`` and its key in ``Plan.gate_writes``."""
+
+    def violations(self, job: RLTrainingJob, view: ViewIn) -> list[str]:
+        """Fields of the job this gate cannot run, each named (empty: none)."""
+        ...
+
+    def verdict(self, job: RLTrainingJob, view: ViewIn, prev: RLTrainingJobStatus,
+                profile: PodProfile | None) -> Verdict:
+        """Hold the gang or admit it; ``prev`` is the status as last written, ``profile`` the platform's."""
+        ...
+
+    def writes(self, job: RLTrainingJob, view: ViewIn, outcome: Outcome) -> object:
+        """The gate's own writes that go with ``outcome``, applied by its client (``GateClient.apply``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Gated(Generic[View]):
+    """A gate and what its client observed of one job: what the decisions are given."""
+
+    gate: AdmissionGate[View]
+    view: View
