@@ -116,7 +116,9 @@ def test_the_chart_sets_exactly_the_settings_that_name_it() -> None:
         rendered |= set(operator_env(one(helm_template(*args), "Deployment")))
     rendered |= set(_render(**{"statusAPI.url": "https://status.example.com"}))
     declared = {env_name(name) for name, info in setting_infos().items() if info.chart}
-    assert rendered - {"PYTHONDONTWRITEBYTECODE"} == declared
+    rendered -= {"PYTHONDONTWRITEBYTECODE"}
+    assert not declared - rendered, f"declared with chart=, not set by templates/deployment.yaml: {declared - rendered}"
+    assert not rendered - declared, f"set by the chart, not declared (chart=) in settings.py: {rendered - declared}"
 
 
 def test_the_kustomize_base_sets_only_declared_settings_with_the_charts_values() -> None:

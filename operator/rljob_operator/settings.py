@@ -125,11 +125,11 @@ class OperatorSettings:
         64, help="Status API requests handled at once; more are answered 429 (Retry-After: 1) right away.",
         chart="statusAPI.limits.maxInFlight")
     status_rate_per_client: float = setting(
-        10.0, help="Status API requests per second one client address may make on average (a token bucket); "
+        10.0, help="Status API requests per second one client address may send on average (a token bucket); "
         "beyond it 429 with Retry-After. A trainer sends about one heartbeat per step.",
         chart="statusAPI.limits.ratePerClient")
     status_burst_per_client: int = setting(
-        40, help="Status API requests one client address may make at once before the rate applies.",
+        40, help="Status API requests one client address may send at once before the rate applies.",
         chart="statusAPI.limits.burstPerClient")
     status_review_threads: int = setting(
         4, help="Threads for the status API's TokenReviews, SubjectAccessReviews and reads, apart from the "
