@@ -4,7 +4,6 @@ and the README's table come from the declarations; one spelling, ``-o/--output``
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_operator import settings_table
 from rljob_operator.settings import BY_CHART, ENV_PREFIX, OperatorSettings, env_name, env_text, setting_infos
 
 from rljob.cli import build_parser, operator_settings
@@ -75,34 +75,31 @@ def test_experiment_out_still_works_with_a_deprecation_warning(capsys: pytest.Ca
     assert re.search(r"--out OUTPUT\s+deprecated spelling of --output", help_text)
 
 
-def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_settings", REPO / "operator" / "hack" / "gen_settings.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _generate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "operator/hack/gen_settings.py"), *args], capture_output=True,
+                          text=True, cwd=REPO)
 
 
 def test_readme_settings_table_is_generated_from_the_declarations() -> None:
-    generator = _generator()
     readme = (REPO / "README.md").read_text()
-    assert generator.rendered(readme) == readme, "README's settings table drifted: run `make generate`"
-    table = generator.table()
+    assert settings_table.rendered(readme) == readme, "README's settings table drifted: run `make generate`"
+    table = settings_table.table()
     for name, info in setting_infos().items():
         assert f"| `{env_name(name)}` |" in table
         assert info.flag is None or f"`{info.flag.name}`" in table
     assert "| `RLJOB_OPERATOR_STATUS_PORT` | `--status-port` | `statusAPI.port` | `8443` |" in table
+    assert _generate("--check").returncode == 0
 
 
-def test_settings_table_check_mode_reports_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    generator = _generator()
+def test_settings_table_check_mode_reports_drift(tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text()
     edited = readme.replace("| `RLJOB_OPERATOR_WORKERS` |", "| `RLJOB_OPERATOR_WORKER` |")
-    assert edited != readme and generator.rendered(edited) == readme
-    with pytest.raises(SystemExit, match="expected one"):
-        generator.rendered(readme.replace(generator.END, ""))
-    generator.README = tmp_path / "README.md"
-    generator.README.write_text(edited)
-    assert generator.main(["--check"]) == 1 and "run 'make generate'" in capsys.readouterr().err
-    assert generator.main([]) == 0 and generator.README.read_text() == readme
-    assert generator.main(["--check"]) == 0
+    assert edited != readme and settings_table.rendered(edited) == readme
+    copy = tmp_path / "README.md"
+    copy.write_text(edited)
+    drift = _generate("--check", "--readme", str(copy))
+    assert drift.returncode == 1 and "run 'make generate'" in drift.stderr
+    assert _generate("--readme", str(copy)).returncode == 0 and copy.read_text() == readme
+    copy.write_text(readme.replace(settings_table.END, ""))
+    broken = _generate("--check", "--readme", str(copy))
+    assert broken.returncode == 2 and f"{copy}: expected one" in broken.stderr

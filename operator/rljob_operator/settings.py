@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rljob_operator.decisions.egress import KUBE_DNS, Egress, check_cidrs, check_ports
 from rljob_operator.names import TOKEN_AUDIENCE
@@ -40,8 +40,7 @@ def _own_namespace() -> str | None:
         return os.environ.get("POD_NAMESPACE")
 
 
-@dataclass(frozen=True)
-class Flag:
+class Flag(NamedTuple):
     """The ``rljob operator`` flag that overrides a setting (its help as ``--help`` prints it)."""
 
     name: str
