@@ -8,6 +8,7 @@ default differs from the operator's own without a reason written here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 from typing import Any
@@ -79,12 +80,24 @@ def _render(**values: Any) -> dict[str, Any]:
     return _env(json.dumps(values, sort_keys=True))
 
 
-def test_each_chart_value_of_a_setting_exists_in_values_yaml_and_the_schema() -> None:
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    in_schema = _schema_paths(_schema())
+#: The schema types a setting's chart value may have, by the setting's type.
+SCHEMA_TYPES = {"int": {"integer"}, "float": {"number", "integer"}, "bool": {"boolean"}, "str": {"string"},
+                "str | None": {"string"}, "list[str]": {"array"}, "list[dict[str, Any]]": {"array"}}
+
+
+def test_each_chart_value_of_a_setting_exists_in_values_yaml_and_the_schema_with_its_type() -> None:
+    values, schema = yaml.safe_load((CHART / "values.yaml").read_text()), _schema()
+    in_schema = _schema_paths(schema)
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(OperatorSettings)}
     for name, path in _valued().items():
         _lookup(values, path)  # KeyError names a path missing from values.yaml
         assert path in in_schema, f"{name}: {path} is not in values.schema.json"
+        node = schema
+        for part in path.split("."):
+            node = node["properties"][part]
+        # networkPolicy.monitoring: the selectors the chart turns into one NetworkPolicyPeer
+        expected = {"object"} if path == "networkPolicy.monitoring" else SCHEMA_TYPES[kinds[name]]
+        assert node["type"] in expected, f"{name} is {kinds[name]}, values.schema.json's {path} {node['type']}"
 
 
 @pytest.mark.parametrize("name", sorted(_valued()))
