@@ -90,7 +90,10 @@ def test_each_chart_value_of_a_setting_exists_in_values_yaml_and_the_schema_with
     in_schema = _schema_paths(schema)
     kinds = {f.name: str(f.type) for f in dataclasses.fields(OperatorSettings)}
     for name, path in _valued().items():
-        _lookup(values, path)  # KeyError names a path missing from values.yaml
+        try:
+            _lookup(values, path)
+        except KeyError:
+            raise AssertionError(f"{name}: {path} is not in values.yaml") from None
         assert path in in_schema, f"{name}: {path} is not in values.schema.json"
         node = schema
         for part in path.split("."):
@@ -138,4 +141,6 @@ def test_the_kustomize_base_sets_only_declared_settings_with_the_charts_values()
     env = operator_env(one(kustomize_build("cluster-wide"), "Deployment"))
     declared = {env_name(name) for name, info in setting_infos().items() if info.chart}
     assert set(env) - {"PYTHONDONTWRITEBYTECODE"} <= declared
-    assert env == _render()
+    chart = _render()
+    differ = sorted(k for k in set(env) | set(chart) if env.get(k) != chart.get(k))
+    assert not differ, f"manifests/base/deployment.yaml differs from the chart's defaults in {differ}"
