@@ -57,17 +57,48 @@ def _valued() -> dict[str, str]:
 
 
 def _changed(name: str, path: str) -> Any:
-    """A value for ``path`` other than its default, of the setting's type."""
+    """A value for ``path`` other than its default, of the setting's type (numbers: unlike any other setting's)."""
     if path in NEW_VALUES:
         return NEW_VALUES[path]
-    default = getattr(OperatorSettings(), name)
+    defaults = OperatorSettings()
+    default = getattr(defaults, name)
     if isinstance(default, bool):
         return not default
     if isinstance(default, int | float):
-        return int(default) + 1
+        return _new_numbers()[name]
     if isinstance(default, list):
         return ["10.0.0.0/8"] if "cidr" in name else ["registry.example.com/*"] if "image" in name else ["sa-a"]
     raise AssertionError(f"{name}: give NEW_VALUES[{path!r}] a value other than the default")
+
+
+@cache
+def _new_numbers() -> dict[str, int]:
+    """Each numeric setting's new value: the next whole number above its default that no setting has or gets,
+    so a value wired to the wrong variable shows even when they are all changed at once."""
+    defaults = OperatorSettings()
+    numeric = [n for n in _valued() if type(getattr(defaults, n)) in (int, float)]
+    taken, out = {getattr(defaults, n) for n in numeric}, {}
+    for name in numeric:
+        new = int(getattr(defaults, name)) + 1
+        while new in taken:
+            new += 1
+        taken.add(new)
+        out[name] = new
+    return out
+
+
+def _changed_values(name: str) -> dict[str, Any]:
+    """What to render for ``name``'s check: a boolean alone (turning one off may drop other variables), every
+    other setting's new value at once (one ``helm template`` for them all)."""
+    if isinstance(getattr(OperatorSettings(), name), bool):
+        names = [name]
+    else:
+        names = [n for n in _valued() if not isinstance(getattr(OperatorSettings(), n), bool)]
+    out: dict[str, Any] = {}
+    for n in names:
+        path = _valued()[n]
+        out |= {path: _changed(n, path), **COMPANIONS.get(path, {})}
+    return out
 
 
 @cache
@@ -107,8 +138,7 @@ def test_each_chart_value_of_a_setting_exists_in_values_yaml_and_the_schema_with
 def test_each_chart_value_reaches_its_settings_variable(name: str) -> None:
     path = _valued()[name]
     new = _changed(name, path)
-    flat = {path: new, **COMPANIONS.get(path, {})}
-    env = _render(**flat)
+    env = _render(**_changed_values(name))
     expected = [new] if path == "networkPolicy.monitoring" else new
     variable = env_name(name)
     assert variable in env, f"{path}={new!r}: the chart sets no {variable}"
