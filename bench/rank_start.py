@@ -71,7 +71,7 @@ def trials_run(folder: Path, side: str) -> tuple[float, list[float]]:
     manifest = folder / "exp.yaml"
     manifest.write_text(yaml.safe_dump(experiment_manifest()))
     extra = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)} if side == "all-cores" else {}
-    wall = run([sys.executable, "-m", "rljob", "experiment", str(manifest), "--out", str(folder / "out"),
+    wall = run([sys.executable, "-m", "rljob", "experiment", str(manifest), "--output", str(folder / "out"),
                 "--parallel", "2"], **extra)
     trials = json.loads((folder / "out" / "summary.json").read_text())["status"]["trials"]
     return wall, sorted(t["objective"] for t in trials)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ from rljob.contract.pod import EXIT_PERMANENT, METRICS_PORT_ENV
 from rljob.contract.spec import DEFAULT_BEST_METRIC
 
 if TYPE_CHECKING:
+    from rljob_operator.settings import OperatorSettings
     from rljob_trainer.checkpoints.locations import Location
 
 #: Packages of the optional extras (`pip install 'rljob[trainer]'`): a base install (pydantic and
@@ -121,7 +123,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         return 2
     from rljob.experiment import run_experiment
 
-    out = Path(args.out or os.path.join("runs", experiment.metadata.name))
+    out = Path(args.output or os.path.join("runs", experiment.metadata.name))
     return run_experiment(experiment, out, args.parallel)
 
 
@@ -139,23 +141,66 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     from rljob_operator.cluster.runner import run
-    from rljob_operator.settings import OperatorSettings
 
-    settings = OperatorSettings.from_env(
-        kubeconfig=args.kubeconfig,
-        namespaces=args.namespace or None,
-        status_port=args.status_port,
-        status_url=args.status_url,
-        metrics_port=args.metrics_port,
-        tls_cert_file=args.tls_cert_file,
-        tls_key_file=args.tls_key_file,
-        tls_secret=args.tls_secret,
-        leader_elect=args.leader_elect,
-        identity=args.identity,
-        operator_namespace=args.operator_namespace,
-        log_level=args.log_level,
+    return run(operator_settings(args))
+
+
+def operator_settings(args: argparse.Namespace, environ: dict[str, str] | None = None) -> OperatorSettings:
+    """The settings of ``rljob operator``: defaults ← ``RLJOB_OPERATOR_*`` (``environ``) ← its flags."""
+    from rljob_operator.settings import OperatorSettings, setting_infos
+
+    overrides = {name: getattr(args, _dest(info.flag.name)) for name, info in setting_infos().items() if info.flag}
+    return OperatorSettings.from_env(environ, **overrides)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _flag_kwargs(kind: str) -> dict[str, Any]:
+    """argparse arguments of a setting's flag, by the setting's type: lists repeat, booleans have --no-."""
+    if kind.startswith("list"):
+        return {"action": "append"}
+    if kind == "bool":
+        return {"action": argparse.BooleanOptionalAction, "default": None}
+    return {"type": {"int": int, "float": float}[kind]} if kind in ("int", "float") else {}
+
+
+def add_operator_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``rljob operator``: a flag for every setting that declares one (``rljob_operator.settings``)."""
+    from rljob_operator.settings import OperatorSettings, setting_infos
+
+    p = sub.add_parser(
+        "operator",
+        help="run the operator",
+        description="Run one operator replica. Flags override RLJOB_OPERATOR_* environment variables "
+        "(see rljob_operator.settings).",
     )
-    return run(settings)
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(OperatorSettings)}
+    for name, info in setting_infos().items():
+        if info.flag:
+            p.add_argument(info.flag.name, help=info.flag.help, **_flag_kwargs(kinds[name]))
+    p.set_defaults(func=cmd_operator)
+
+
+class DeprecatedSpelling(argparse.Action):
+    """An old spelling of a flag: still accepted (scripts keep working), with a warning naming the new one."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=f"deprecated spelling of {new}", **kw)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"rljob: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_output_flag(p: argparse.ArgumentParser, help: str, deprecated: tuple[str, ...] = ()) -> None:
+    """``-o/--output``, the one spelling of every command's output (and its old ``deprecated`` spellings)."""
+    p.add_argument("-o", "--output", help=help)
+    for old in deprecated:
+        p.add_argument(old, dest="output", metavar="OUTPUT", action=DeprecatedSpelling, new="--output")
 
 
 def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
@@ -365,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="run a manifest's job on this machine")
     p.add_argument("manifest")
-    p.add_argument("--output", help="output folder (default: runs/<job name>)")
+    add_output_flag(p, "output folder (default: runs/<job name>)")
     p.add_argument("--nproc", type=int, help="processes to start (default: replicas × procsPerWorker)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0: any free port)")
     p.set_defaults(func=cmd_train)
@@ -375,40 +420,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("crd", help="print the RLTrainingJob CRD (generated from the API models)")
-    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    add_output_flag(p, "write to this file instead of stdout")
     p.add_argument("--kind", choices=["RLTrainingJob", "RLExperiment"], default="RLTrainingJob",
                    help="which CRD (default RLTrainingJob)")
     p.set_defaults(func=cmd_crd)
 
-    p = sub.add_parser(
-        "operator",
-        help="run the operator",
-        description="Run one operator replica. Flags override RLJOB_OPERATOR_* environment variables "
-        "(see rljob_operator.settings).",
-    )
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--namespace", action="append", help="watch only this namespace (repeatable; default: all)")
-    p.add_argument("--status-port", type=int, help="status API HTTPS port (default 8443)")
-    p.add_argument("--status-url", help="base URL trainers send heartbeats to")
-    p.add_argument("--metrics-port", type=int, help="/metrics, /healthz, /readyz port (default 8080)")
-    p.add_argument("--tls-cert-file", help="status API certificate (default: self-signed)")
-    p.add_argument("--tls-key-file", help="status API private key")
-    p.add_argument("--tls-secret", help="NAMESPACE/NAME: share one self-signed certificate between replicas")
-    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
-                   help="hold a Lease so only one replica reconciles (default: on in a cluster; off outside "
-                   "one, where a developer runs a single replica)")
-    p.add_argument("--operator-namespace", help="namespace of the operator's Lease, Secret and Service; must "
-                   "exist (default: its pod's, else the first --namespace, else rljob-system)")
-    p.add_argument("--identity", help="this replica's Lease holder identity (default: hostname-random)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
-    p.set_defaults(func=cmd_operator)
-
+    add_operator_parser(sub)
     add_checkpoints_parser(sub)
     add_evaluate_parser(sub)
 
     p = sub.add_parser("experiment", help="run an RLExperiment's trials (A/B test or search) on this machine")
     p.add_argument("manifest")
-    p.add_argument("--out", help="output folder (default: runs/<experiment name>)")
+    add_output_flag(p, "output folder (default: runs/<experiment name>)", deprecated=("--out",))
     p.add_argument("--parallel", type=int, help="trials at once (default: as many as the CPUs hold, at most the "
                    "experiment's parallelism)")
     p.set_defaults(func=cmd_experiment)

@@ -46,7 +46,7 @@ def run_experiment(tmp_path: Path, doc: dict[str, Any], *args: str) -> tuple[str
     """Run ``rljob experiment`` on ``doc``: (its output, summary.json's status, the output folder)."""
     manifest, out = tmp_path / "exp.yaml", tmp_path / "out"
     manifest.write_text(yaml.safe_dump(doc))
-    proc = subprocess.run(rljob_cmd("experiment", str(manifest), "--out", str(out), *args), capture_output=True,
+    proc = subprocess.run(rljob_cmd("experiment", str(manifest), "--output", str(out), *args), capture_output=True,
                           text=True, timeout=1500, env=trainer_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -135,9 +135,11 @@ def test_a_bad_experiment_file_is_refused_naming_file_and_field(tmp_path: Path) 
     doc = experiment("bad", arms=[{"name": "a", "overrides": {"training": {"learningRate": 5}}}])
     manifest = tmp_path / "bad.yaml"
     manifest.write_text(yaml.safe_dump(doc))
+    # The old spelling of --output still works (scripts keep running), with a warning.
     proc = subprocess.run(rljob_cmd("experiment", str(manifest), "--out", str(tmp_path / "out")),
                           capture_output=True, text=True, timeout=120, env=trainer_env(), cwd=REPO)
     assert proc.returncode == 78
+    assert "rljob: warning: --out is deprecated; use --output" in proc.stderr
     assert f"{manifest}: spec.arms[0].overrides.training.learningRate: Input should be less than or equal to 1" \
         in proc.stderr
     assert not (tmp_path / "out").exists()
