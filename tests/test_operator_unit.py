@@ -553,12 +553,12 @@ def test_conditions_keep_their_transition_time_until_they_flip() -> None:
     first = make_conditions("Running", "Running", "m", ready=True, reconciling=False, generation=1, previous=[],
                             now=NOW)
     later = NOW + timedelta(minutes=1)
-    second = make_conditions("Failed", "X", "m", ready=False, reconciling=False, generation=2, previous=first,
-                             now=later)
-    times = {c["type"]: c["lastTransitionTime"] for c in second}
+    second = make_conditions("Failed", "X", "m", ready=False, reconciling=False, generation=2,
+                             previous=[c.model_dump(by_alias=True) for c in first], now=later)
+    times = {c.type: c.last_transition_time for c in second}
     assert times["Ready"] == times["Failed"] == times["Stalled"] == rfc3339(later)
     assert times["Succeeded"] == times["Suspended"] == rfc3339(NOW)
-    assert {c["observedGeneration"] for c in second} == {2}
+    assert {c.observed_generation for c in second} == {2}
 
 
 def test_observed_pod_reads_the_container_termination() -> None:

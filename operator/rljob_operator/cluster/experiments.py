@@ -27,7 +27,15 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_operator.api import GROUP, PLURAL, VERSION, ManifestError
 from rljob_operator.cluster.kube import Kube
-from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, record_uids, selector
+from rljob_operator.decisions.experiments import (
+    ExperimentFailure,
+    ExperimentPlan,
+    invalid_experiment,
+    plan_experiment,
+    record_uids,
+    refused_trial,
+    selector,
+)
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.experiments import api as exp_api
 from rljob_operator.experiments.trials import LABEL_EXPERIMENT
@@ -146,22 +154,18 @@ class ExperimentReconciler:
             detail = str(json.loads(error.body or "{}").get("message") or error.reason)
         except ValueError:
             detail = str(error.reason)
-        message = f"the API server refused trial {trial} (HTTP {error.status}): {detail}"
-        meta = raw["metadata"]
-        status = {"phase": exp_api.ExperimentPhase.failed.value, "reason": "TrialRejected", "message": message,
-                  "observedGeneration": meta.get("generation")}
-        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": status},
-                          content_type="application/merge-patch+json")
-        self.kube.post_event(raw, "Warning", "TrialRejected", message, now, instance=self.instance)
+        self._fail(raw, refused_trial(raw, trial, error.status, detail), now)
 
     def _invalid(self, raw: dict[str, Any], problems: list[str], now: str) -> None:
-        """A spec the models refuse (an arm's overrides make an invalid job): Failed, InvalidSpec, nothing started."""
+        """A spec the models refuse: Failed, InvalidSpec, nothing started (``decisions.experiments.invalid_experiment``)."""
+        failure = invalid_experiment(raw, problems)
+        if failure is not None:
+            self._fail(raw, failure, now)
+
+    def _fail(self, raw: dict[str, Any], failure: ExperimentFailure, now: str) -> None:
+        """Write ``failure``'s status, then its Warning Event."""
         meta = raw["metadata"]
-        message = "; ".join(problems)
-        if (raw.get("status") or {}).get("message") == message:
-            return
-        status = {"phase": exp_api.ExperimentPhase.failed.value, "reason": "InvalidSpec", "message": message,
-                  "observedGeneration": meta.get("generation")}
-        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": status},
+        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": failure.status},
                           content_type="application/merge-patch+json")
-        self.kube.post_event(raw, "Warning", "InvalidSpec", message, now, instance=self.instance)
+        event = failure.event
+        self.kube.post_event(raw, event.type, event.reason, event.message, now, instance=self.instance)
