@@ -1,7 +1,7 @@
 """RLExperiments on the cluster: the kopf handlers that queue them, and one reconcile (observe, apply).
 
-An experiment's key is ``("RLExperiment", namespace, name)`` in the operator's one work queue (a
-job's is ``(namespace, name)``), so experiments get the same per-key serialisation, backoff and
+An experiment's key is an ``ExperimentKey`` in the operator's one work queue (a job's is a
+``JobKey``; the reconcile dispatches on the type), so experiments get the same per-key serialisation, backoff and
 leader write guard as jobs. What wakes an experiment: its own events, and any event of a trial
 job (label ``rljob.dev/experiment``: created, status written by a heartbeat, finished); besides
 those it asks for another look every ``RECHECK_SECONDS`` while it runs.
@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_operator.api import GROUP, PLURAL, VERSION, ManifestError
 from rljob_operator.cluster.kube import Kube
+from rljob_operator.cluster.workqueue import ExperimentKey
 from rljob_operator.decisions.experiments import (
     ExperimentFailure,
     ExperimentPlan,
@@ -42,25 +43,17 @@ from rljob_operator.experiments.trials import LABEL_EXPERIMENT
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.experiments")
-KEY_KIND = exp_api.KIND
-
-
-def experiment_key(namespace: str, name: str) -> tuple[str, str, str]:
-    """The work-queue key of an experiment (jobs' keys are 2-tuples, so the two never collide)."""
-    return (KEY_KIND, namespace, name)
-
-
 def register(registry: kopf.OperatorRegistry, enqueue: Callable[..., None]) -> None:
     """kopf handlers: an experiment's events and its trial jobs' events queue the experiment."""
 
     @kopf.on.event(GROUP, VERSION, exp_api.PLURAL, registry=registry, id="rlexperiment_event")
     async def rlexperiment_event(name: str, namespace: str | None, **_: Any) -> None:
-        enqueue(experiment_key(namespace or "", name))
+        enqueue(ExperimentKey(namespace or "", name))
 
     @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_EXPERIMENT: kopf.PRESENT}, registry=registry,
                    id="trial_job_event")
     async def trial_job_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        enqueue(experiment_key(namespace or "", labels[LABEL_EXPERIMENT]))
+        enqueue(ExperimentKey(namespace or "", labels[LABEL_EXPERIMENT]))
 
 
 class ExperimentReconciler:

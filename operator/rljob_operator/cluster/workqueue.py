@@ -28,13 +28,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from rljob_operator import metrics
 
 log = logging.getLogger("rljob.workqueue")
 
-Key = Hashable
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    """The key of an RLTrainingJob: in the work queue, the job cache and the kopf index of worker pods."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentKey:
+    """The work-queue key of an RLExperiment: of another type, so never equal to a job's of the same name."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"RLExperiment {self.namespace}/{self.name}"
+
+
+#: What the operator's one work queue holds; the reconcile dispatches on the type.
+Key = JobKey | ExperimentKey
 
 URGENT, EVENT, ROUTINE = 0, 1, 2
 #: The ``queued_by`` label of the queue-wait metric, per tier.
