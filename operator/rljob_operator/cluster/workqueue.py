@@ -37,8 +37,9 @@ log = logging.getLogger("rljob.workqueue")
 
 
 @dataclass(frozen=True, slots=True)
-class JobKey:
-    """The key of an RLTrainingJob: in the work queue, the job cache and the kopf index of worker pods."""
+class ObjectKey:
+    """A namespaced object's key. Dataclass equality compares the class too, so keys of two kinds
+    (the subclasses) are never equal, even for one namespace and name."""
 
     namespace: str
     name: str
@@ -47,15 +48,19 @@ class JobKey:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
-class ExperimentKey:
-    """The work-queue key of an RLExperiment: of another type, so never equal to a job's of the same name."""
+class JobKey(ObjectKey):
+    """The key of an RLTrainingJob: in the work queue, the job cache and the kopf index of worker pods."""
 
-    namespace: str
-    name: str
+    __slots__ = ()
+
+
+class ExperimentKey(ObjectKey):
+    """The work-queue key of an RLExperiment."""
+
+    __slots__ = ()
 
     def __str__(self) -> str:
-        return f"RLExperiment {self.namespace}/{self.name}"
+        return f"RLExperiment {super().__str__()}"
 
 
 #: What the operator's one work queue holds; the reconcile dispatches on the type.

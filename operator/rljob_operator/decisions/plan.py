@@ -226,7 +226,8 @@ def job_status(
     now: datetime,
     pods: Sequence[ObservedPod] = (),
 ) -> RLTrainingJobStatus:
-    """The operator-owned status of draft ``d``, every field set (``progress`` belongs to the status API).
+    """The operator-owned status of draft ``d``, every field set (``progress`` belongs to the status API);
+    ``status_patch(job_status(...), fields)`` is the patch a Plan writes.
 
     ``pods``: the job's observed pods (the worker counts); ``previous_conditions``: the stored
     conditions, whose ``lastTransitionTime`` is kept while their status does not change.
@@ -255,23 +256,6 @@ def job_status(
         oom_recovery=d.oom_recovery,
         scaling=d.scaling,
     )
-
-
-def build_status(
-    d: StatusDraft,
-    *,
-    job_name: str,
-    observed_generation: int | None,
-    previous_conditions: Sequence[Mapping[str, Any]],
-    now: datetime,
-    pods: Sequence[ObservedPod] = (),
-    fields: Collection[str] | None = None,
-) -> dict[str, Any]:
-    """The status patch for draft ``d`` (:func:`job_status`, then :func:`status_patch`): every
-    operator-owned field, or only ``fields`` (in that order). A None value clears the field."""
-    status = job_status(d, job_name=job_name, observed_generation=observed_generation,
-                        previous_conditions=previous_conditions, now=now, pods=pods)
-    return status_patch(status, fields)
 
 
 def transition_event(prev_phase: str | None, d: StatusDraft) -> list[Event]:
