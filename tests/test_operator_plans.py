@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from rljob_operator.api import FINISHED_PHASES, Phase, RLTrainingJobStatus
+from rljob_operator.api import FINISHED_PHASES, LastFailure, Phase, RLTrainingJobStatus
 from rljob_operator.cluster.kube import ChildConflict
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.decisions import plan as plan_module
@@ -97,6 +97,24 @@ def test_plan_invalid_writes_the_invalid_spec_fields_through_the_builder() -> No
     assert (plan.status["phase"], plan.status["reason"], plan.status["observedGeneration"]) == ("Failed",
                                                                                               "InvalidSpec", 3)
     assert plan.status["completionTime"] == EARLIER  # the first failure's time is kept
+
+
+def test_a_new_failure_record_writes_what_was_decided_and_a_carried_one_is_written_whole() -> None:
+    """status_patch writes the fields a decision set (a null clears one): a new lastFailure leaves
+    replacedPods alone, as the merge patch always did; a record carried from the stored status goes
+    back whole, defaults and nulls included."""
+    new = StatusDraft("Restarting", "WorkerFailed", "m",
+                      last_failure=LastFailure(worker="train-worker-1", reason="WorkerFailed", exit_code=None))
+    body = status_patch(job_status(new, job_name="train", observed_generation=1, previous_conditions=[], now=NOW))
+    assert body["lastFailure"] == {"worker": "train-worker-1", "reason": "WorkerFailed", "exitCode": None}
+    assert body["startTime"] is None and "progress" not in body  # progress is the status API's
+    stored = RLTrainingJobStatus.model_validate({"lastFailure": {"reason": "OOMKilled"}, "restarts": 2})
+    carried = StatusDraft("Running", "Running", "m").carry(stored)
+    body = status_patch(job_status(carried, job_name="train", observed_generation=1, previous_conditions=[], now=NOW))
+    assert body["lastFailure"] == {"worker": None, "reason": "OOMKilled", "exitCode": None, "message": "", "time": None,
+                                   "disruption": False, "replacedPods": []}
+    assert body["restarts"] == 2 and stored.last_failure is not None and stored.last_failure.model_fields_set == {
+        "reason"}  # the stored record itself is not changed
 
 
 def test_status_phase_is_a_plain_str_however_it_is_given() -> None:
