@@ -8,7 +8,14 @@ import json
 from typing import Any
 
 import pytest
-from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, record_uids
+from rljob_operator.decisions.conditions import condition
+from rljob_operator.decisions.experiments import (
+    ExperimentPlan,
+    invalid_experiment,
+    plan_experiment,
+    record_uids,
+    refused_trial,
+)
 from rljob_operator.decisions.policy import PodProfile
 
 from rljob.contract.experiment import (
@@ -263,3 +270,30 @@ def test_an_experiment_too_large_for_its_status_is_refused_naming_the_field() ->
     # The estimate is never below what a trial records.
     parameter = SearchParameter.model_validate(search["parameters"][0])
     assert parameter.recorded_bytes() >= len(json.dumps({parameter.name: values[0]}))
+
+
+def test_an_experiment_failure_writes_only_its_outcome_and_says_it_once() -> None:
+    doc = experiment(AB)
+    doc["metadata"]["generation"] = 3
+    refused = refused_trial(doc, "ab-high-0", 403, "quota exceeded")
+    assert refused.status == {"phase": "Failed", "reason": "TrialRejected", "observedGeneration": 3,
+                              "message": "the API server refused trial ab-high-0 (HTTP 403): quota exceeded"} \
+        and list(refused.status) == ["phase", "reason", "message", "observedGeneration"]  # standings untouched
+    assert (refused.event.type, refused.event.reason) == ("Warning", "TrialRejected")
+    invalid = invalid_experiment(doc, ["spec.arms[0]: bad", "spec.arms[1]: worse"])
+    assert invalid is not None and invalid.status["message"] == "spec.arms[0]: bad; spec.arms[1]: worse"
+    assert invalid_experiment({**doc, "status": invalid.status}, ["spec.arms[0]: bad", "spec.arms[1]: worse"]) is None
+
+
+def test_experiment_conditions_come_from_the_jobs_builder_and_keep_their_transition_time() -> None:
+    first = plan(experiment(AB), [])
+    conditions = {c["type"]: c for c in first.status["conditions"]}
+    assert set(conditions) == {"Ready", "Reconciling", "Stalled", "TrialConflict"}
+    assert all("observedGeneration" not in c for c in conditions.values())  # an experiment's carry none
+    doc = {**experiment(AB), "status": {**first.status, "conditions": [
+        {**c, "lastTransitionTime": "2025-01-01T00:00:00Z"} for c in first.status["conditions"]]}}
+    again = {c["type"]: c for c in plan(doc, []).status["conditions"]}
+    assert again["Reconciling"]["lastTransitionTime"] == "2025-01-01T00:00:00Z"  # status unchanged: time kept
+    assert again["Reconciling"] == {**condition("Reconciling", True, again["Reconciling"]["reason"],
+                                                again["Reconciling"]["message"], previous=doc["status"]["conditions"],
+                                                now=NOW).model_dump(by_alias=True, exclude_none=True)}

@@ -9,6 +9,7 @@ import pytest
 from rljob_operator import metrics
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.reconciler import Reconciler
+from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.names import LABEL_GANG_GENERATION
 
@@ -85,7 +86,7 @@ def test_a_lagging_job_cache_never_decides_from_a_status_older_than_the_operator
     view: dict[str, list[dict[str, Any]] | None] = {"pods": []}
     reconciler = Reconciler(kube, job_cache=jobs, pod_cache=lambda ns, name: view["pods"],
                             profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)))
-    key = (namespace, "jc")
+    key = JobKey(namespace, "jc")
     create_job(kube, namespace, job_manifest("jc", 2, {"runPolicy": {"backoffBaseSeconds": 0}}))
 
     # Never shown by the watch: GET. Shown (and no write of ours since): read from the cache alone.

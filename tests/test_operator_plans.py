@@ -23,13 +23,14 @@ from rljob_operator.decisions.plan import (
     Event,
     Plan,
     StatusDraft,
-    build_status,
+    job_status,
+    status_patch,
 )
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import CONFLICT_REQUEUE_SECONDS, Refusal, plan_for_refusal
 from rljob_operator.times import rfc3339
 
-from rljob.contract.job import FINISHED_PHASES, Phase, RLTrainingJobStatus
+from rljob.contract.job import FINISHED_PHASES, LastFailure, Phase, RLTrainingJobStatus
 from tests.operator_helpers import job_manifest
 from tests.test_operator_unit import ENDPOINT, NOW, UID, make_job, observe, pod_json
 
@@ -54,12 +55,13 @@ def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------ status builder
 
 
-def test_build_status_renders_every_field_and_counts_only_the_current_gang() -> None:
+def test_the_status_renders_every_field_and_counts_only_the_current_gang() -> None:
     job = make_job(replicas=2)
     pods = observe(job, pod_json(job, 0, generation=1), pod_json(job, 1, "Failed", False, generation=1, exit_code=1),
                    pod_json(job, 0, generation=0), pod_json(job, 1, generation=0, deleting=True))
     d = StatusDraft("Restarting", "HeartbeatTimeout", "no heartbeat", generation=1, desired=2, restarts=1)
-    status = build_status(d, job_name="train", observed_generation=4, previous_conditions=[], now=NOW, pods=pods)
+    status = status_patch(job_status(d, job_name="train", observed_generation=4, previous_conditions=[], now=NOW,
+                                     pods=pods))
     assert list(status) == FULL_FIELDS
     # Active counts every owned pod neither finished nor being deleted; the rest only the gang of generation 1.
     assert status["workers"] == {"desired": 2, "active": 2, "ready": 1, "succeeded": 0, "failed": 1,
@@ -69,23 +71,23 @@ def test_build_status_renders_every_field_and_counts_only_the_current_gang() -> 
     assert conditions["Stalled"]["status"] == "True"  # a stall restart is Stalled, a failure restart is not
     assert {c["observedGeneration"] for c in conditions.values()} == {4}
     d.reason = "WorkerFailed"
-    assert _conditions(build_status(d, job_name="train", observed_generation=4, previous_conditions=[],
-                                    now=NOW))["Stalled"]["status"] == "False"
+    assert _conditions(status_patch(job_status(d, job_name="train", observed_generation=4, previous_conditions=[],
+                                               now=NOW)))["Stalled"]["status"] == "False"
 
 
-def test_build_status_keeps_transition_times_and_writes_only_the_fields_asked_in_their_order() -> None:
+def test_the_status_keeps_transition_times_and_writes_only_the_fields_asked_in_their_order() -> None:
     previous = [{"type": "Failed", "status": "True", "lastTransitionTime": EARLIER},
                 {"type": "Ready", "status": "True", "lastTransitionTime": EARLIER}]
     d = StatusDraft("Failed", "InvalidPodSpec", "bad", completion_time=rfc3339(NOW))
-    status = build_status(d, job_name="train", observed_generation=2, previous_conditions=previous, now=NOW,
-                          fields=REJECTED_POD_FIELDS)
+    status = status_patch(job_status(d, job_name="train", observed_generation=2, previous_conditions=previous,
+                                     now=NOW), REJECTED_POD_FIELDS)
     assert list(status) == list(REJECTED_POD_FIELDS)
     conditions = _conditions(status)
     assert conditions["Failed"]["lastTransitionTime"] == EARLIER  # unchanged status: time kept
     assert conditions["Ready"]["lastTransitionTime"] == rfc3339(NOW)  # flipped to False
     assert (conditions["Stalled"]["status"], conditions["Reconciling"]["status"]) == ("True", "False")
-    stuck = build_status(StatusDraft("Pending", "QuotaExceeded", "q"), job_name="train", observed_generation=2,
-                         previous_conditions=[], now=NOW, fields=STUCK_FIELDS)
+    stuck = status_patch(job_status(StatusDraft("Pending", "QuotaExceeded", "q"), job_name="train",
+                                    observed_generation=2, previous_conditions=[], now=NOW), STUCK_FIELDS)
     assert stuck == {"reason": "QuotaExceeded", "message": "q"}
 
 
@@ -95,6 +97,24 @@ def test_plan_invalid_writes_the_invalid_spec_fields_through_the_builder() -> No
     assert (plan.status["phase"], plan.status["reason"], plan.status["observedGeneration"]) == ("Failed",
                                                                                               "InvalidSpec", 3)
     assert plan.status["completionTime"] == EARLIER  # the first failure's time is kept
+
+
+def test_a_new_failure_record_writes_what_was_decided_and_a_carried_one_is_written_whole() -> None:
+    """status_patch writes the fields a decision set (a null clears one): a new lastFailure leaves
+    replacedPods alone, as the merge patch always did; a record carried from the stored status goes
+    back whole, defaults and nulls included."""
+    new = StatusDraft("Restarting", "WorkerFailed", "m",
+                      last_failure=LastFailure(worker="train-worker-1", reason="WorkerFailed", exit_code=None))
+    body = status_patch(job_status(new, job_name="train", observed_generation=1, previous_conditions=[], now=NOW))
+    assert body["lastFailure"] == {"worker": "train-worker-1", "reason": "WorkerFailed", "exitCode": None}
+    assert body["startTime"] is None and "progress" not in body  # progress is the status API's
+    stored = RLTrainingJobStatus.model_validate({"lastFailure": {"reason": "OOMKilled"}, "restarts": 2})
+    carried = StatusDraft("Running", "Running", "m").carry(stored)
+    body = status_patch(job_status(carried, job_name="train", observed_generation=1, previous_conditions=[], now=NOW))
+    assert body["lastFailure"] == {"worker": None, "reason": "OOMKilled", "exitCode": None, "message": "", "time": None,
+                                   "disruption": False, "replacedPods": []}
+    assert body["restarts"] == 2 and stored.last_failure is not None and stored.last_failure.model_fields_set == {
+        "reason"}  # the stored record itself is not changed
 
 
 def test_status_phase_is_a_plain_str_however_it_is_given() -> None:

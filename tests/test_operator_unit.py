@@ -16,7 +16,7 @@ import pytest
 import yaml
 from rljob_operator import crd
 from rljob_operator.cluster import runner
-from rljob_operator.cluster.workqueue import WorkQueue
+from rljob_operator.cluster.workqueue import JobKey, WorkQueue
 from rljob_operator.decisions.children import (
     desired_configmap,
     desired_service,
@@ -553,12 +553,12 @@ def test_conditions_keep_their_transition_time_until_they_flip() -> None:
     first = make_conditions("Running", "Running", "m", ready=True, reconciling=False, generation=1, previous=[],
                             now=NOW)
     later = NOW + timedelta(minutes=1)
-    second = make_conditions("Failed", "X", "m", ready=False, reconciling=False, generation=2, previous=first,
-                             now=later)
-    times = {c["type"]: c["lastTransitionTime"] for c in second}
+    second = make_conditions("Failed", "X", "m", ready=False, reconciling=False, generation=2,
+                             previous=[c.model_dump(by_alias=True) for c in first], now=later)
+    times = {c.type: c.last_transition_time for c in second}
     assert times["Ready"] == times["Failed"] == times["Stalled"] == rfc3339(later)
     assert times["Succeeded"] == times["Suspended"] == rfc3339(NOW)
-    assert {c["observedGeneration"] for c in second} == {2}
+    assert {c.observed_generation for c in second} == {2}
 
 
 def test_observed_pod_reads_the_container_termination() -> None:
@@ -606,6 +606,34 @@ def test_work_queue_runs_each_key_serially_once_per_burst() -> None:
     assert calls.count("a") == 2 and calls.count("b") == 1 and overlap == 0
 
 
+def test_a_job_and_an_experiment_of_one_name_are_two_keys_and_each_reaches_its_own_reconcile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob_operator.cluster.workqueue import ExperimentKey
+
+    assert JobKey("a", "x") != ExperimentKey("a", "x") and len({JobKey("a", "x"), ExperimentKey("a", "x")}) == 2
+    ran: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(runner.Reconciler, "reconcile", lambda self, ns, name: ran.append(("job", ns, name)))
+    monkeypatch.setattr(runner.ExperimentReconciler, "reconcile", lambda self, ns, name: ran.append(("exp", ns, name)))
+
+    async def scenario() -> None:
+        queue, _, threads = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
+                                                SimpleNamespace(configuration=None),
+                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+        try:
+            queue.add(JobKey("a", "x"))
+            queue.add(ExperimentKey("a", "x"))
+            for _ in range(200):
+                if len(ran) == 2:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await queue.stop()
+            threads.shutdown(wait=False)
+
+    asyncio.run(scenario())
+    assert sorted(ran) == [("exp", "a", "x"), ("job", "a", "x")]
+
+
 def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_executor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``workers`` reconciles run at once in the operator's own threads: asyncio's default executor
@@ -630,7 +658,7 @@ def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_exe
                                                 SimpleNamespace(), None, None)  # type: ignore[arg-type]
         try:
             for i in range(workers):
-                queue.add(("team-a", f"job-{i}"))
+                queue.add(JobKey("team-a", f"job-{i}"))
             deadline = loop.time() + 15
             while len(met) < workers and loop.time() < deadline:
                 await asyncio.sleep(0.05)
@@ -1056,13 +1084,14 @@ def test_the_watch_queues_a_job_for_every_event_but_the_operators_own_status_wri
         asyncio.run(handler.fn(type=type, name="j", namespace="ns", event={"type": type, "object": body},
                                worker_pods={}))
 
+    key = JobKey("ns", "j")
     event(None, job)
-    watch.jobs.wrote(("ns", "j"), job, written)
+    watch.jobs.wrote(key, job, written)
     event("MODIFIED", written)
-    assert queued == [("ns", "j")]  # the listing, not our own write
+    assert queued == [key]  # the listing, not our own write
     event("MODIFIED", {**written, "metadata": {**written["metadata"], "resourceVersion": "3"}})
     event("DELETED", written)
-    assert queued == [("ns", "j")] * 3 and watch.jobs.get(("ns", "j")) is None and ("ns", "j") not in watch.known
+    assert queued == [key] * 3 and watch.jobs.get(key) is None and key not in watch.known
 
 
 def test_a_new_job_is_queued_as_urgent_a_job_with_a_status_as_an_event() -> None:
@@ -1081,12 +1110,13 @@ def test_a_new_job_is_queued_as_urgent_a_job_with_a_status_as_an_event() -> None
                                worker_pods={}))
         return queued[-1]
 
-    assert event("ADDED", job) == {"key": ("ns", "j"), "urgent": True}
-    assert event("MODIFIED", {**job, "status": None}) == {"key": ("ns", "j"), "urgent": True}  # null: none yet
+    key = JobKey("ns", "j")
+    assert event("ADDED", job) == {"key": key, "urgent": True}
+    assert event("MODIFIED", {**job, "status": None}) == {"key": key, "urgent": True}  # null: none yet
     edited = {**job, "metadata": {**job["metadata"], "resourceVersion": "3", "generation": 2},
               "status": {"phase": "Running"}}
-    assert event("MODIFIED", edited) == {"key": ("ns", "j"), "urgent": False}
-    assert event("DELETED", edited) == {"key": ("ns", "j"), "urgent": False}
+    assert event("MODIFIED", edited) == {"key": key, "urgent": False}
+    assert event("DELETED", edited) == {"key": key, "urgent": False}
 
 
 def test_a_pod_event_that_only_changes_the_status_is_queued_a_moment_later_a_decisive_one_at_once() -> None:
@@ -1097,7 +1127,7 @@ def test_a_pod_event_that_only_changes_the_status_is_queued_a_moment_later_a_dec
     watch = JobWatch(Configuration(), lambda key, **kw: queued.append({"key": key, **kw}), lambda key: None)
     handler = next(h for h in watch.registry._watching.get_all_handlers() if h.id == "worker_pod_event")
     job = make_job(replicas=2)
-    key = ("team-a", job.metadata.name)
+    key = JobKey("team-a", job.metadata.name)
 
     def event(type: str, pod: dict[str, Any], *others: dict[str, Any]) -> dict[str, Any]:
         asyncio.run(handler.fn(type=type, body=pod, labels=pod["metadata"]["labels"], namespace="team-a",

@@ -80,3 +80,24 @@ def test_an_owner_reference_that_is_not_the_controller_makes_no_worker() -> None
         assert refused.value.status == 403 and api.asked == ["GET pods"]
     finally:
         api.close()
+
+
+def test_a_heartbeat_becomes_progress_under_the_status_models_names_finite_values_only() -> None:
+    from datetime import UTC, datetime
+
+    from rljob_operator.api import Progress
+    from rljob_operator.server.statusapi import REPORTED_FIELDS, heartbeat_progress
+    from rljob_trainer.contract import HeartbeatBody
+
+    # Every field the heartbeat and status.progress share is carried, with no table to keep in step.
+    assert REPORTED_FIELDS == ("reward", "loss", "checkpoint", "best_checkpoint", "best_metric")
+    body = HeartbeatBody(step=7, reward=float("nan"), loss=0.5, best_checkpoint="s3://b/checkpoint-6", best_metric=2,
+                         evaluation={"metric": "eval/acc", "step": 6, "values": {"eval/acc": 0.75, "eval/len": None},
+                                     "best_value": float("inf")})
+    progress = heartbeat_progress(body, datetime(2030, 1, 1, tzinfo=UTC))
+    assert progress == {"step": 7, "lastHeartbeat": "2030-01-01T00:00:00Z", "loss": 0.5,
+                        "bestCheckpoint": "s3://b/checkpoint-6", "bestMetric": 2.0,
+                        "evaluation": {"metric": "eval/acc", "step": 6, "value": 0.75, "values": {"eval/acc": 0.75},
+                                       "bestStep": None, "bestValue": None}}
+    # What is written reads back as the API's model.
+    assert Progress.model_validate(progress).best_checkpoint == "s3://b/checkpoint-6"

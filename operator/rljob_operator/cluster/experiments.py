@@ -1,7 +1,7 @@
 """RLExperiments on the cluster: the kopf handlers that queue them, and one reconcile (observe, apply).
 
-An experiment's key is ``("RLExperiment", namespace, name)`` in the operator's one work queue (a
-job's is ``(namespace, name)``), so experiments get the same per-key serialisation, backoff and
+An experiment's key is an ``ExperimentKey`` in the operator's one work queue (a job's is a
+``JobKey``; the reconcile dispatches on the type), so experiments get the same per-key serialisation, backoff and
 leader write guard as jobs. What wakes an experiment: its own events, and any event of a trial
 job (label ``rljob.dev/experiment``: created, status written by a heartbeat, finished); besides
 those it asks for another look every ``RECHECK_SECONDS`` while it runs.
@@ -28,31 +28,32 @@ from kubernetes.client.exceptions import ApiException
 from rljob.contract import experiment as exp_api
 from rljob.contract.job import GROUP, PLURAL, VERSION, ManifestError
 from rljob_operator.cluster.kube import Kube
-from rljob_operator.decisions.experiments import ExperimentPlan, plan_experiment, record_uids, selector
+from rljob_operator.cluster.workqueue import ExperimentKey
+from rljob_operator.decisions.experiments import (
+    ExperimentFailure,
+    ExperimentPlan,
+    invalid_experiment,
+    plan_experiment,
+    record_uids,
+    refused_trial,
+    selector,
+)
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.experiments.trials import LABEL_EXPERIMENT
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.experiments")
-KEY_KIND = exp_api.KIND
-
-
-def experiment_key(namespace: str, name: str) -> tuple[str, str, str]:
-    """The work-queue key of an experiment (jobs' keys are 2-tuples, so the two never collide)."""
-    return (KEY_KIND, namespace, name)
-
-
 def register(registry: kopf.OperatorRegistry, enqueue: Callable[..., None]) -> None:
     """kopf handlers: an experiment's events and its trial jobs' events queue the experiment."""
 
     @kopf.on.event(GROUP, VERSION, exp_api.PLURAL, registry=registry, id="rlexperiment_event")
     async def rlexperiment_event(name: str, namespace: str | None, **_: Any) -> None:
-        enqueue(experiment_key(namespace or "", name))
+        enqueue(ExperimentKey(namespace or "", name))
 
     @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_EXPERIMENT: kopf.PRESENT}, registry=registry,
                    id="trial_job_event")
     async def trial_job_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        enqueue(experiment_key(namespace or "", labels[LABEL_EXPERIMENT]))
+        enqueue(ExperimentKey(namespace or "", labels[LABEL_EXPERIMENT]))
 
 
 class ExperimentReconciler:
@@ -146,22 +147,18 @@ class ExperimentReconciler:
             detail = str(json.loads(error.body or "{}").get("message") or error.reason)
         except ValueError:
             detail = str(error.reason)
-        message = f"the API server refused trial {trial} (HTTP {error.status}): {detail}"
-        meta = raw["metadata"]
-        status = {"phase": exp_api.ExperimentPhase.failed.value, "reason": "TrialRejected", "message": message,
-                  "observedGeneration": meta.get("generation")}
-        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": status},
-                          content_type="application/merge-patch+json")
-        self.kube.post_event(raw, "Warning", "TrialRejected", message, now, instance=self.instance)
+        self._fail(raw, refused_trial(raw, trial, error.status, detail), now)
 
     def _invalid(self, raw: dict[str, Any], problems: list[str], now: str) -> None:
-        """A spec the models refuse (an arm's overrides make an invalid job): Failed, InvalidSpec, nothing started."""
+        """A spec the models refuse: Failed, InvalidSpec, nothing started (``decisions.experiments.invalid_experiment``)."""
+        failure = invalid_experiment(raw, problems)
+        if failure is not None:
+            self._fail(raw, failure, now)
+
+    def _fail(self, raw: dict[str, Any], failure: ExperimentFailure, now: str) -> None:
+        """Write ``failure``'s status, then its Warning Event."""
         meta = raw["metadata"]
-        message = "; ".join(problems)
-        if (raw.get("status") or {}).get("message") == message:
-            return
-        status = {"phase": exp_api.ExperimentPhase.failed.value, "reason": "InvalidSpec", "message": message,
-                  "observedGeneration": meta.get("generation")}
-        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": status},
+        self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"), {"status": failure.status},
                           content_type="application/merge-patch+json")
-        self.kube.post_event(raw, "Warning", "InvalidSpec", message, now, instance=self.instance)
+        event = failure.event
+        self.kube.post_event(raw, event.type, event.reason, event.message, now, instance=self.instance)

@@ -22,12 +22,12 @@ import kopf
 
 from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.jobcache import JobCache
+from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.integrations.client import GateWatch
 from rljob_operator.names import LABEL_JOB
 
-Key = tuple[str, str]
-#: The kopf index of worker pods by job: (namespace, job name) → the pods' bodies.
+#: The kopf index of worker pods by job: ``JobKey`` → the pods' bodies.
 POD_INDEX = "worker_pods"
 
 
@@ -116,7 +116,7 @@ GONE_NODE_MEMORY_SECONDS = 3600.0
 class JobWatch:
     """The registry of handlers, feeding ``enqueue`` and remembering which jobs exist."""
 
-    def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None],
+    def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[JobKey], None],
                  gate_watches: Sequence[GateWatch] = (), watch_nodes: bool = False,
                  nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None) -> None:
         """``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
@@ -124,7 +124,7 @@ class JobWatch:
         self.jobs = jobs if jobs is not None else JobCache()
         self.enqueue = enqueue
         self.forget = forget
-        self.known: set[Key] = set()
+        self.known: set[JobKey] = set()
         self.registry = kopf.OperatorRegistry()
         self.pod_index: Any = None
         """kopf's index of worker pods, filled from the pod watch (kopf handles no event before
@@ -135,9 +135,9 @@ class JobWatch:
 
         @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
         async def worker_pods(body: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
-                              ) -> dict[Key, dict[str, Any]]:
+                              ) -> dict[JobKey, dict[str, Any]]:
             # async: kopf runs a sync handler in its thread pool, a thread hop for every pod event
-            return {(namespace or "", labels[LABEL_JOB]): slim_pod(body)}
+            return {JobKey(namespace or "", labels[LABEL_JOB]): slim_pod(body)}
 
         @kopf.on.login(registry=registry, id="rljob_login")
         def rljob_login(**_: Any) -> kopf.ConnectionInfo:
@@ -147,7 +147,7 @@ class JobWatch:
         async def rltrainingjob_event(type: str, name: str, namespace: str | None, event: Mapping[str, Any],
                                       **kw: Any) -> None:
             self.pod_index = kw[POD_INDEX]
-            key, deleted = (namespace or "", name), type == "DELETED"
+            key, deleted = JobKey(namespace or "", name), type == "DELETED"
             quiet = self.jobs.seen(key, None if deleted else dict(event["object"]))
             self.job_changed(key, deleted=deleted, quiet=quiet, new=not deleted and not event["object"].get("status"))
 
@@ -156,7 +156,7 @@ class JobWatch:
         async def worker_pod_event(type: str | None, body: Mapping[str, Any], labels: Mapping[str, str],
                                    namespace: str | None, **kw: Any) -> None:
             self.pod_index = kw[POD_INDEX]
-            key = (namespace or "", labels[LABEL_JOB])
+            key = JobKey(namespace or "", labels[LABEL_JOB])
             store = self.pod_index.get(key)  # indexed before this handler runs: without a deleted pod
             if urgent_pod_event(type, body, list(store) if store is not None else []):
                 self.enqueue(key, urgent=True)
@@ -192,7 +192,7 @@ class JobWatch:
         index = self.pod_index
         if index is None:
             return None
-        store = index.get((namespace, name))
+        store = index.get(JobKey(namespace, name))
         return list(store) if store is not None else []
 
     def node_gone(self, name: str | None) -> bool:
@@ -213,7 +213,7 @@ class JobWatch:
             if any((pod.get("spec") or {}).get("nodeName") == name for pod in list(pods)):
                 self.enqueue(key, urgent=True)
 
-    def job_changed(self, key: Key, deleted: bool, quiet: bool = False, new: bool = False) -> None:
+    def job_changed(self, key: JobKey, deleted: bool, quiet: bool = False, new: bool = False) -> None:
         """``quiet``: the event queues nothing now (``JobCache.seen``: this operator's own status write, or
         held for the end of the job's running reconcile). ``new``: a job no reconcile has written a
         status for yet: creating its gang is a gang decision, queued as urgent, so that in a burst new

@@ -24,7 +24,8 @@ import copy
 import threading
 from typing import Any
 
-Key = tuple[str, str]
+from rljob_operator.cluster.workqueue import JobKey
+
 #: How many of a job's own writes are remembered until the watch shows them (a watch that restarts shows
 #: only the latest version: the older ones are never shown).
 OWN_WRITES_KEPT = 8
@@ -53,16 +54,16 @@ class JobCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._bodies: dict[Key, dict[str, Any]] = {}
-        self._written: dict[Key, str] = {}
+        self._bodies: dict[JobKey, dict[str, Any]] = {}
+        self._written: dict[JobKey, str] = {}
         """Per job, the resourceVersion of this operator's last status write that the watch has not shown yet."""
-        self._own: dict[Key, dict[str, None]] = {}
+        self._own: dict[JobKey, dict[str, None]] = {}
         """Per job, the versions of this operator's status writes that changed nothing but the status, until
         the watch shows them."""
-        self._held: dict[Key, list[str]] = {}
+        self._held: dict[JobKey, list[str]] = {}
         """Per job whose reconcile runs, the versions of the watch events held until it ends."""
 
-    def seen(self, key: Key, body: dict[str, Any] | None) -> bool:
+    def seen(self, key: JobKey, body: dict[str, Any] | None) -> bool:
         """The watch showed ``body`` (None: the job was deleted). True if the event queues nothing now: this
         operator's own status write and nothing else, or an event held for the end of a running reconcile."""
         with self._lock:
@@ -80,7 +81,7 @@ class JobCache:
                 return True
             return self._is_own(key, version)
 
-    def _is_own(self, key: Key, version: str) -> bool:
+    def _is_own(self, key: JobKey, version: str) -> bool:
         own = self._own.get(key)
         if own is None or version not in own:
             return False
@@ -89,12 +90,12 @@ class JobCache:
             del self._own[key]
         return True
 
-    def begin(self, key: Key) -> None:
+    def begin(self, key: JobKey) -> None:
         """A reconcile of ``key`` starts: its job's events are held until ``end``."""
         with self._lock:
             self._held[key] = []
 
-    def end(self, key: Key) -> bool:
+    def end(self, key: JobKey) -> bool:
         """The reconcile of ``key`` ended: does an event held meanwhile need another (one not its own)?"""
         with self._lock:
             again = False
@@ -103,7 +104,7 @@ class JobCache:
                     again = True
             return again
 
-    def wrote(self, key: Key, read: dict[str, Any], answer: dict[str, Any]) -> None:
+    def wrote(self, key: JobKey, read: dict[str, Any], answer: dict[str, Any]) -> None:
         """This operator patched the status of the job it had read as ``read``; ``answer``: the API server's
         reply (the job after the write)."""
         version = _version(answer)
@@ -119,7 +120,7 @@ class JobCache:
             if shown is None or _version(shown) != version:  # else the watch was quicker than this thread
                 self._written[key] = version
 
-    def get(self, key: Key) -> dict[str, Any] | None:
+    def get(self, key: JobKey) -> dict[str, Any] | None:
         """The job as the watch last showed it (a copy); None if unknown, or older than this operator's
         last status write."""
         with self._lock:
@@ -128,7 +129,7 @@ class JobCache:
             body = self._bodies.get(key)
         return copy.deepcopy(body) if body is not None else None
 
-    def got(self, key: Key, body: dict[str, Any]) -> None:
+    def got(self, key: JobKey, body: dict[str, Any]) -> None:
         """A GET (sent after this operator's last status write) returned ``body``: if the watch shows the
         same version, the watch has caught up with that write (one it will never show, say after a
         restart of the watch that showed only a later version), and ``get`` serves the job again."""

@@ -36,6 +36,7 @@ from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube
+from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
@@ -145,12 +146,12 @@ class Reconciler:
         """The job from the watch's cache, else (unknown there, or older than our last status write) a GET."""
         if self.job_cache is None:
             return self.kube.get_job(namespace, name)
-        raw = self.job_cache.get((namespace, name))
+        raw = self.job_cache.get(JobKey(namespace, name))
         if raw is not None:
             return raw
         raw = self.kube.get_job(namespace, name)
         if raw is not None:
-            self.job_cache.got((namespace, name), raw)
+            self.job_cache.got(JobKey(namespace, name), raw)
         return raw
 
     def _patch_status(self, raw: dict[str, Any], status: dict[str, Any]) -> None:
@@ -158,7 +159,7 @@ class Reconciler:
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
         answer = self.kube.patch_job_status(namespace, name, status)
         if self.job_cache is not None:
-            self.job_cache.wrote((namespace, name), raw, answer)
+            self.job_cache.wrote(JobKey(namespace, name), raw, answer)
 
     def _reconcile(self, namespace: str, name: str) -> float | None:
         raw = self._read_job(namespace, name)

@@ -31,7 +31,7 @@ from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconciler
-from rljob_operator.cluster.workqueue import WorkQueue
+from rljob_operator.cluster.workqueue import ExperimentKey, Key, WorkQueue
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations import registry
@@ -193,22 +193,19 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
 
     experiments = ExperimentReconciler(kube, PodProfile.from_settings(s), instance=s.identity)
 
-    async def reconcile(key: object) -> float | None:
-        # An experiment's key is (KIND, namespace, name), a job's (namespace, name).
-        parts = cast(tuple[str, ...], key)
-        namespace, name = parts[-2], parts[-1]
+    async def reconcile(key: Key) -> float | None:
         reason = elector.write_guard() if elector is not None else None
         if reason is not None:  # not even the reads: the process is about to stop
-            raise NotLeader(f"reconcile of {namespace}/{name} not started: {reason}")
+            raise NotLeader(f"reconcile of {key.namespace}/{key.name} not started: {reason}")
         loop = asyncio.get_running_loop()
-        if len(parts) == 3:
-            return await loop.run_in_executor(threads, experiments.reconcile, namespace, name)
-        jobs.begin((namespace, name))  # the job's watch events wait for this reconcile's end
+        if isinstance(key, ExperimentKey):
+            return await loop.run_in_executor(threads, experiments.reconcile, key.namespace, key.name)
+        jobs.begin(key)  # the job's watch events wait for this reconcile's end
         try:
-            return await loop.run_in_executor(threads, reconciler.reconcile, namespace, name)
+            return await loop.run_in_executor(threads, reconciler.reconcile, key.namespace, key.name)
         finally:
-            if jobs.end((namespace, name)):  # one was not its own write: run again (the key is running)
-                queue.add((namespace, name))
+            if jobs.end(key):  # one was not its own write: run again (the key is running)
+                queue.add(key)
 
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()

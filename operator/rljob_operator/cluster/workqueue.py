@@ -28,13 +28,43 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from rljob_operator import metrics
 
 log = logging.getLogger("rljob.workqueue")
 
-Key = Hashable
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """A namespaced object's key. Dataclass equality compares the class too, so keys of two kinds
+    (the subclasses) are never equal, even for one namespace and name."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class JobKey(ObjectKey):
+    """The key of an RLTrainingJob: in the work queue, the job cache and the kopf index of worker pods."""
+
+    __slots__ = ()
+
+
+class ExperimentKey(ObjectKey):
+    """The work-queue key of an RLExperiment."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return f"RLExperiment {super().__str__()}"
+
+
+#: What the operator's one work queue holds; the reconcile dispatches on the type.
+Key = JobKey | ExperimentKey
 
 URGENT, EVENT, ROUTINE = 0, 1, 2
 #: The ``queued_by`` label of the queue-wait metric, per tier.

@@ -5,14 +5,16 @@ terminal or paused phase (``Succeeded``, ``Failed``, ``Suspended``); each carrie
 ``observedGeneration`` it describes and keeps its ``lastTransitionTime`` until its status flips.
 A seventh, ``CheckpointsDurable``, says whether checkpoints outlive the gang
 (``checkpoints.durability``); kstatus ignores it, ``kubectl describe`` and the printer column show it.
+An experiment's conditions (``decisions.experiments``) come from the same builder, :func:`condition`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from rljob.contract.job import Phase
+from rljob.contract.job import Condition, Phase
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import Durability
 from rljob_operator.times import rfc3339
@@ -20,6 +22,21 @@ from rljob_operator.times import rfc3339
 CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Succeeded", "Failed", "Suspended")
 #: Reasons of a gang restarted because it stopped making progress (the Stalled condition).
 STALL_REASONS = frozenset({"HeartbeatTimeout", "StartupTimeout"})
+
+
+def condition(kind: str, true: bool, reason: str, message: str, *, previous: Sequence[Mapping[str, Any]],
+              now: str, generation: int | None = None) -> Condition:
+    """Condition ``kind`` of a job or an experiment: the one builder of conditions.
+
+    It keeps the ``lastTransitionTime`` of ``previous`` (the stored conditions) while its status
+    stays, else it is ``now`` (RFC 3339); ``generation``: the ``observedGeneration`` it describes
+    (an experiment's conditions carry none).
+    """
+    status = "True" if true else "False"
+    old = next((c for c in previous if c.get("type") == kind), None) or {}
+    since = old.get("lastTransitionTime") if old.get("status") == status else None
+    return Condition(type=kind, status=status, reason=reason, message=message,
+                     last_transition_time=since or now, observed_generation=generation)
 
 
 def make_conditions(
@@ -30,16 +47,15 @@ def make_conditions(
     ready: bool,
     reconciling: bool,
     generation: int | None,
-    previous: list[dict[str, Any]],
+    previous: Sequence[Mapping[str, Any]],
     now: datetime,
     stalled: bool | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """The six conditions for a phase; unchanged ones keep their lastTransitionTime.
 
     ``Stalled`` is True for a failed job and, when ``stalled`` says so, for a gang restarted
     because its heartbeats stopped.
     """
-    before = {c.get("type"): c for c in previous}
     truth = {
         "Ready": ready,
         "Reconciling": reconciling,
@@ -48,41 +64,20 @@ def make_conditions(
         "Failed": phase == Phase.failed.value,
         "Suspended": phase == Phase.suspended.value,
     }
-    out = []
-    for kind in CONDITION_TYPES:
-        status = "True" if truth[kind] else "False"
-        old = before.get(kind) or {}
-        since = old.get("lastTransitionTime") if old.get("status") == status else None
-        out.append(
-            {
-                "type": kind,
-                "status": status,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": since or rfc3339(now),
-                "observedGeneration": generation,
-            }
-        )
-    return out
+    return [condition(kind, truth[kind], reason, message, previous=previous, now=rfc3339(now), generation=generation)
+            for kind in CONDITION_TYPES]
 
 
 def checkpoints_condition(
-    durability: Durability | None, *, generation: int | None, previous: list[dict[str, Any]], now: datetime
-) -> list[dict[str, Any]]:
+    durability: Durability | None, *, generation: int | None, previous: Sequence[Mapping[str, Any]], now: datetime
+) -> list[Condition]:
     """The ``CheckpointsDurable`` condition (a list of one, or none).
 
     A status written without looking at the spec (``durability`` None: an invalid spec, a refused
     create) keeps the stored condition as it is, since a status write replaces the whole list.
     """
-    old = next((c for c in previous if c.get("type") == CHECKPOINTS_CONDITION), None)
     if durability is None:
-        return [dict(old)] if old is not None else []
-    since = old.get("lastTransitionTime") if old is not None and old.get("status") == durability.status else None
-    return [{
-        "type": CHECKPOINTS_CONDITION,
-        "status": durability.status,
-        "reason": durability.reason,
-        "message": durability.message,
-        "lastTransitionTime": since or rfc3339(now),
-        "observedGeneration": generation,
-    }]
+        old = next((c for c in previous if c.get("type") == CHECKPOINTS_CONDITION), None)
+        return [Condition.model_validate(old)] if old is not None else []
+    return [condition(CHECKPOINTS_CONDITION, durability.durable, durability.reason, durability.message,
+                      previous=previous, now=rfc3339(now), generation=generation)]

@@ -37,9 +37,10 @@ from rljob.contract.experiment import (
     bounded_message,
     curve_points_per_trial,
 )
-from rljob.contract.job import API_VERSION, RLTrainingJob
+from rljob.contract.job import API_VERSION, Condition, RLTrainingJob
+from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.curve import series
-from rljob_operator.decisions.plan import Event
+from rljob_operator.decisions.plan import Event, status_patch
 from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import objective_value, thin
@@ -70,6 +71,43 @@ class ExperimentPlan:
     requeue_after: float | None = None
     now: str = ""
     conflicts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ExperimentFailure:
+    """An experiment failed before a plan could run it: a spec the models refuse (``InvalidSpec``) or a
+    trial job the API server refused (``TrialRejected``). Only the outcome is written (the standings
+    stay), then a Warning Event with the same reason and message."""
+
+    reason: str
+    message: str
+    observed_generation: int | None
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The status merge patch: phase ``Failed``, reason, message and ``observedGeneration``."""
+        return status_patch(exp_api.RLExperimentStatus(
+            phase=ExperimentPhase.failed, reason=self.reason, message=self.message,
+            observed_generation=self.observed_generation))
+
+    @property
+    def event(self) -> Event:
+        return Event("Warning", self.reason, self.message)
+
+
+def invalid_experiment(experiment: dict[str, Any], problems: list[str]) -> ExperimentFailure | None:
+    """A spec the models refuse (an arm's overrides make an invalid job): Failed, ``InvalidSpec``, nothing
+    started; None when the status already says so."""
+    message = "; ".join(problems)
+    if (experiment.get("status") or {}).get("message") == message:
+        return None
+    return ExperimentFailure("InvalidSpec", message, experiment["metadata"].get("generation"))
+
+
+def refused_trial(experiment: dict[str, Any], trial: str, http_status: int | None, detail: str) -> ExperimentFailure:
+    """The API server refused trial job ``trial`` (HTTP ``http_status``, saying ``detail``): the experiment fails."""
+    message = f"the API server refused trial {trial} (HTTP {http_status}): {detail}"
+    return ExperimentFailure("TrialRejected", message, experiment["metadata"].get("generation"))
 
 
 def owner_reference(experiment: dict[str, Any]) -> dict[str, Any]:
@@ -305,10 +343,9 @@ def _conflict_message(experiment: dict[str, Any], name: str) -> str:
 
 
 def _conditions(phase: ExperimentPhase, reason: str, message: str, conflicts: list[str],
-                previous: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
+                previous: list[dict[str, Any]], now: str) -> list[Condition]:
     """kstatus conditions: Ready (finished well), Reconciling (trials running), Stalled (failed); TrialConflict
     (jobs that carry the experiment's label but are no trial of it)."""
-    old = {c.get("type"): c for c in previous}
     clash = (f"{len(conflicts)} RLTrainingJob(s) carry the experiment's label but are no trial of it "
              f"(not counted): {', '.join(conflicts[:MAX_CONFLICTS_LISTED])}") if conflicts else "none"
     wanted = [
@@ -317,15 +354,7 @@ def _conditions(phase: ExperimentPhase, reason: str, message: str, conflicts: li
         ("Stalled", phase == ExperimentPhase.failed, reason, message),
         ("TrialConflict", bool(conflicts), "JobsNotCreatedByExperiment" if conflicts else "NoConflict", clash),
     ]
-    out = []
-    for kind, true, why, what in wanted:
-        value = "True" if true else "False"
-        keep = old.get(kind) or {}
-        changed = keep.get("status") != value
-        since = keep.get("lastTransitionTime") if not changed else None
-        out.append({"type": kind, "status": value, "reason": why, "message": what,
-                    "lastTransitionTime": since or now})
-    return out
+    return [condition(kind, true, why, what, previous=previous, now=now) for kind, true, why, what in wanted]
 
 
 def selector(name: str) -> str:

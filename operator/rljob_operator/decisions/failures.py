@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from rljob.contract.job import Phase
+from rljob.contract.job import LastFailure, Phase
 from rljob_operator.decisions.observed import failure_message, failure_reason, first_failure
-from rljob_operator.decisions.plan import Event, Plan, StatusDraft
+from rljob_operator.decisions.plan import Event, Plan, StatusDraft, status_patch, whole
 from rljob_operator.decisions.restarts import (
     Verdict,
     backoff_seconds,
@@ -79,8 +79,8 @@ def plan_failure(ctx: Situation) -> Plan | None:
     policy, prev, now = ctx.job.spec.run_policy, ctx.prev, ctx.now
     events = ctx.lead_events + ([Event("Warning", fault.reason, fault.message)] if fault.stalled else [])
     d = ctx.draft()
-    d.last_failure = {"worker": fault.worker, "reason": fault.reason, "exitCode": fault.exit_code,
-                      "message": fault.message, "time": rfc3339(now), "disruption": fault.verdict.disruption}
+    d.last_failure = LastFailure(worker=fault.worker, reason=fault.reason, exit_code=fault.exit_code,
+                                 message=fault.message, time=rfc3339(now), disruption=fault.verdict.disruption)
     active = ctx.stale_deletions + [p.name for p in ctx.current if p.active]
     if not fault.verdict.restart:
         d.phase, d.reason, d.completion_time = Phase.failed.value, fault.reason, rfc3339(now)
@@ -128,7 +128,7 @@ def _replace_in_place(ctx: Situation, d: StatusDraft, fault: Fault, events: list
     counted = _count(ctx, d, fault)
     pods = [ctx.by_index[i] for i in faulty if i in ctx.by_index]
     assert d.last_failure is not None
-    d.last_failure["replacedPods"] = [p.uid for p in pods if p.uid]
+    d.last_failure.replaced_pods = [p.uid for p in pods if p.uid]
     workers = ", ".join(worker_name(name, i) for i in faulty)
     d.next_restart_time = None
     d.phase, d.reason, d.reconciling = Phase.restarting.value, fault.reason, True
@@ -136,7 +136,7 @@ def _replace_in_place(ctx: Situation, d: StatusDraft, fault: Fault, events: list
                  f"resume with the replacement from the newest checkpoint ({counted})")
     restart_event = [] if prev.phase == d.phase else [Event("Warning", fault.reason, d.message)]
     return Plan(
-        status=ctx.status(d),
+        status=status_patch(ctx.status(d)),
         delete_pods=ctx.stale_deletions + [p.name for p in pods if not p.deleting],
         force_delete_pods=ctx.force_delete,
         events=events + restart_event,
@@ -160,7 +160,7 @@ def _restart_gang(ctx: Situation, d: StatusDraft, fault: Fault, events: list[Eve
     # Not the usual phase-change Event: the restart's own message says what happens next.
     restart_event = [] if prev.phase == d.phase else [Event("Warning", fault.reason, d.message)]
     return Plan(
-        status=ctx.status(d),
+        status=status_patch(ctx.status(d)),
         delete_pods=ctx.stale_deletions + [p.name for p in ctx.current if not p.deleting],
         force_delete_pods=ctx.force_delete,
         events=events + restart_event,
@@ -185,7 +185,7 @@ def _oom_recovery(ctx: Situation, d: StatusDraft, worker: str) -> Event:
         return Event("Warning", "OOMRecovery",
                      f"{worker} ran out of memory and batchSize cannot be halved further "
                      f"(oomMinBatchSize {ctx.job.spec.run_policy.oom_min_batch_size}); restarting unchanged")
-    d.oom_recovery = shape.model_dump(by_alias=True)
+    d.oom_recovery = whole(shape)
     return Event("Warning", "OOMRecovery",
                  f"{worker} ran out of memory: restarting with batchSize {shape.batch_size} and "
                  f"gradientAccumulationSteps {shape.gradient_accumulation_steps} (same global batch)")

@@ -35,7 +35,8 @@ from rljob_operator.decisions.plan import (
     Event,
     Plan,
     StatusDraft,
-    build_status,
+    job_status,
+    status_patch,
 )
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.restarts import stall_check_in
@@ -347,9 +348,9 @@ def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime) -> Pla
     d = StatusDraft(Phase.failed.value, "InvalidSpec", message, completion_time=prev.completion_time or rfc3339(now),
                     generation=prev.gang_generation or 0)
     meta = raw.get("metadata") or {}
-    status = build_status(d, job_name=meta.get("name") or "", observed_generation=meta.get("generation"),
-                          previous_conditions=[c.model_dump(by_alias=True) for c in prev.conditions], now=now,
-                          fields=INVALID_SPEC_FIELDS)
+    status = status_patch(job_status(d, job_name=meta.get("name") or "", observed_generation=meta.get("generation"),
+                                     previous_conditions=[c.model_dump(by_alias=True) for c in prev.conditions],
+                                     now=now), INVALID_SPEC_FIELDS)
     same = prev.reason == "InvalidSpec" and prev.message == message
     return Plan(status=status, events=[] if same else [Event("Warning", "InvalidSpec", message)])
 

@@ -3,20 +3,33 @@
 Every decision in ``decisions/`` ends in a Plan: ``lifecycle.plan_reconcile`` (a reconcile
 of a valid job), ``lifecycle.plan_invalid`` (a spec the models reject) and
 ``refusals.plan_for_refusal`` (a create the API server refused). The reconciler only
-applies Plans. All of them write status through :func:`build_status`, from a
-:class:`StatusDraft`, so a phase, its conditions and the pod counts are always derived the same
-way; a Plan that writes only part of the status names the fields it writes (``*_FIELDS``).
+applies Plans. All of them write status the one typed way: a decision fills in a
+:class:`StatusDraft` (its records typed: ``LastFailure``, ``OomRecovery``, ``ScalingStatus``),
+:func:`job_status` turns it into the API's ``RLTrainingJobStatus`` (conditions from
+``conditions.py``, the pod counts), and :func:`status_patch` serialises that model, once, into the
+merge patch the reconciler sends. A phase, its conditions and the pod counts are always derived the
+same way; a Plan that writes only part of the status names the fields it writes (``*_FIELDS``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
-from rljob.contract.job import Phase, RLTrainingJob, RLTrainingJobStatus
+from pydantic import BaseModel
+
+from rljob.contract.job import (
+    LastFailure,
+    OomRecovery,
+    Phase,
+    RLTrainingJob,
+    RLTrainingJobStatus,
+    ScalingStatus,
+    WorkersStatus,
+)
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import EPHEMERAL, EVENT_REASON, Durability
 from rljob_operator.decisions.children import (
@@ -63,7 +76,7 @@ class Children:
     """
 
     job: RLTrainingJob
-    status: dict[str, Any]
+    status: RLTrainingJobStatus
     """The status the Plan writes."""
     endpoint: StatusEndpoint | None = None
     network: JobNetwork | None = None
@@ -71,7 +84,7 @@ class Children:
 
     @cached_property
     def configmap(self) -> dict[str, Any]:
-        job = self.job.model_copy(update={"status": RLTrainingJobStatus.model_validate(self.status)})
+        job = self.job.model_copy(update={"status": self.status})
         return desired_configmap(job, self.endpoint)
 
     @cached_property
@@ -95,7 +108,8 @@ class Plan:
     """
 
     status: dict[str, Any]
-    """Operator-owned status fields (camelCase) to merge-patch; ``progress`` belongs to the status API."""
+    """Operator-owned status fields to merge-patch, as :func:`status_patch` serialised them from the typed
+    status (never built by hand); ``progress`` belongs to the status API."""
     delete_pods: list[str] = field(default_factory=list)
     force_delete_pods: list[str] = field(default_factory=list)
     """Pods stuck Terminating (their node never confirms): deleted with grace period 0."""
@@ -135,7 +149,11 @@ class Plan:
 
 @dataclass
 class StatusDraft:
-    """The operator's status of a job as a decision fills it in; :func:`build_status` renders it."""
+    """The operator's status of a job as a decision fills it in; :func:`job_status` makes it the API's model.
+
+    Beside the status fields it holds what conditions and worker counts are derived from (``ready``,
+    ``reconciling``, ``desired``, ``checkpoints``); ``generation`` is ``gangGeneration``.
+    """
 
     phase: str
     reason: str
@@ -148,79 +166,97 @@ class StatusDraft:
     desired: int = 0
     restarts: int = 0
     disruptions: int = 0
-    last_failure: dict[str, Any] | None = None
+    last_failure: LastFailure | None = None
     next_restart_time: str | None = None
     gang_start_time: str | None = None
-    oom_recovery: dict[str, Any] | None = None
-    scaling: dict[str, Any] | None = None
+    oom_recovery: OomRecovery | None = None
+    scaling: ScalingStatus | None = None
     checkpoints: Durability | None = None
     """Whether checkpoints outlive the gang (the CheckpointsDurable condition); None: keep the stored one."""
 
     def carry(self, prev: RLTrainingJobStatus) -> StatusDraft:
-        """Keep the restart bookkeeping of ``prev``."""
-        self.scaling = prev.scaling.model_dump(by_alias=True) if prev.scaling else None
+        """Keep the restart bookkeeping of ``prev`` (each record written back whole: :func:`whole`)."""
+        self.scaling = whole(prev.scaling)
         self.restarts, self.disruptions = prev.restarts, prev.disruptions
-        self.last_failure = prev.last_failure.model_dump(by_alias=True) if prev.last_failure else None
+        self.last_failure = whole(prev.last_failure)
         self.next_restart_time, self.gang_start_time = prev.next_restart_time, prev.gang_start_time
-        self.oom_recovery = prev.oom_recovery.model_dump(by_alias=True) if prev.oom_recovery else None
+        self.oom_recovery = whole(prev.oom_recovery)
         return self
 
 
-def _workers(d: StatusDraft, pods: Sequence[ObservedPod]) -> dict[str, Any]:
+M = TypeVar("M", bound=BaseModel)
+
+
+def whole(record: M | None) -> M | None:
+    """A copy of ``record`` with every field set, so :func:`status_patch` writes all of them (a carried
+    record is written back as a whole, defaults and nulls included); None stays None."""
+    return None if record is None else type(record).model_validate(record.model_dump())
+
+
+def status_patch(status: BaseModel, fields: Collection[str] | None = None) -> dict[str, Any]:
+    """The merge patch of a typed status (camelCase JSON): the one place a status model becomes a patch.
+
+    Every field the decision set is written, a None too (a null clears the field); one it left unset
+    is not (a new ``lastFailure``'s ``replacedPods``, a job's ``progress``, an experiment's standings
+    when it only fails). ``fields``: only these (camelCase), in that order.
+    """
+    body = status.model_dump(by_alias=True, mode="json", exclude_unset=True)
+    return body if fields is None else {k: body[k] for k in fields}
+
+
+def _workers(d: StatusDraft, pods: Sequence[ObservedPod]) -> WorkersStatus:
     current = [p for p in pods if p.owned and p.generation == d.generation]
     ready = sum(1 for p in current if p.ready and p.active)
-    return {
-        "desired": d.desired,
-        "active": sum(1 for p in pods if p.owned and p.active),
-        "ready": ready,
-        "succeeded": sum(1 for p in current if p.phase == "Succeeded"),
-        "failed": sum(1 for p in current if p.phase == "Failed"),
-        "summary": f"{ready}/{d.desired}",
-        "current": sum(1 for p in current if p.phase == "Running" and not p.deleting),
-    }
+    return WorkersStatus(
+        desired=d.desired,
+        active=sum(1 for p in pods if p.owned and p.active),
+        ready=ready,
+        succeeded=sum(1 for p in current if p.phase == "Succeeded"),
+        failed=sum(1 for p in current if p.phase == "Failed"),
+        summary=f"{ready}/{d.desired}",
+        current=sum(1 for p in current if p.phase == "Running" and not p.deleting),
+    )
 
 
-def build_status(
+def job_status(
     d: StatusDraft,
     *,
     job_name: str,
     observed_generation: int | None,
-    previous_conditions: list[dict[str, Any]],
+    previous_conditions: Sequence[Mapping[str, Any]],
     now: datetime,
     pods: Sequence[ObservedPod] = (),
-    fields: Collection[str] | None = None,
-) -> dict[str, Any]:
-    """The status patch for draft ``d``: every operator-owned field, or only ``fields`` (in that order).
+) -> RLTrainingJobStatus:
+    """The operator-owned status of draft ``d``, every field set (``progress`` belongs to the status API);
+    ``status_patch(job_status(...), fields)`` is the patch a Plan writes.
 
     ``pods``: the job's observed pods (the worker counts); ``previous_conditions``: the stored
     conditions, whose ``lastTransitionTime`` is kept while their status does not change.
-    A None value clears the field (merge patch).
     """
-    status = {
-        "phase": d.phase,
-        "reason": d.reason,
-        "message": d.message,
-        "observedGeneration": observed_generation,
-        "conditions": make_conditions(
+    stalled = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason in STALL_REASONS)
+    return RLTrainingJobStatus(
+        phase=d.phase or None,
+        reason=d.reason,
+        message=d.message,
+        observed_generation=observed_generation,
+        conditions=make_conditions(
             d.phase, d.reason, d.message, ready=d.ready, reconciling=d.reconciling,
-            generation=observed_generation, previous=previous_conditions, now=now,
-            stalled=d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason in STALL_REASONS),
+            generation=observed_generation, previous=previous_conditions, now=now, stalled=stalled,
         ) + checkpoints_condition(d.checkpoints, generation=observed_generation, previous=previous_conditions,
                                   now=now),
-        "workers": _workers(d, pods),
-        "gangGeneration": d.generation,
-        "selector": selector(job_name),
-        "startTime": d.start_time,
-        "completionTime": d.completion_time,
-        "restarts": d.restarts,
-        "disruptions": d.disruptions,
-        "lastFailure": d.last_failure,
-        "nextRestartTime": d.next_restart_time,
-        "gangStartTime": d.gang_start_time,
-        "oomRecovery": d.oom_recovery,
-        "scaling": d.scaling,
-    }
-    return status if fields is None else {k: status[k] for k in fields}
+        workers=_workers(d, pods),
+        gang_generation=d.generation,
+        selector=selector(job_name),
+        start_time=d.start_time,
+        completion_time=d.completion_time,
+        restarts=d.restarts,
+        disruptions=d.disruptions,
+        last_failure=d.last_failure,
+        next_restart_time=d.next_restart_time,
+        gang_start_time=d.gang_start_time,
+        oom_recovery=d.oom_recovery,
+        scaling=d.scaling,
+    )
 
 
 def transition_event(prev_phase: str | None, d: StatusDraft) -> list[Event]:

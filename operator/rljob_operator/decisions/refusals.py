@@ -36,7 +36,8 @@ from rljob_operator.decisions.plan import (
     Event,
     Plan,
     StatusDraft,
-    build_status,
+    job_status,
+    status_patch,
 )
 from rljob_operator.times import rfc3339
 
@@ -99,9 +100,9 @@ def rbac_denied(message: str) -> bool:
 
 def _render(raw: dict[str, Any], d: StatusDraft, now: datetime, fields: tuple[str, ...]) -> dict[str, Any]:
     meta = raw["metadata"]
-    return build_status(d, job_name=meta["name"], observed_generation=meta.get("generation"),
-                        previous_conditions=(raw.get("status") or {}).get("conditions") or [], now=now,
-                        fields=fields)
+    return status_patch(job_status(d, job_name=meta["name"], observed_generation=meta.get("generation"),
+                                   previous_conditions=(raw.get("status") or {}).get("conditions") or [], now=now),
+                        fields)
 
 
 def _stuck(raw: dict[str, Any], interrupted: Plan, reason: str, message: str, now: datetime,

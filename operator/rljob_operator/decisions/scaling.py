@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from rljob.contract.job import RLTrainingJob, ScalingPolicy
+from rljob.contract.job import RLTrainingJob, ScalingPolicy, ScalingStatus
 from rljob_operator.names import LABEL_JOB
 from rljob_operator.times import parse_time, rfc3339
 
@@ -256,24 +256,18 @@ def cooldown_left(job: RLTrainingJob, now: datetime) -> float:
     return (since + timedelta(seconds=job.spec.autoscaling.cooldown_seconds) - now).total_seconds()
 
 
-def scaling_status(job: RLTrainingJob, replicas: int, resize: Resize | None, now: datetime) -> dict[str, Any]:
-    """``status.scaling`` for a job that runs at ``replicas`` workers."""
+def scaling_status(job: RLTrainingJob, replicas: int, resize: Resize | None, now: datetime) -> ScalingStatus:
+    """``status.scaling`` for a job that runs at ``replicas`` workers (every field set: written whole)."""
     prev = job.status.scaling if job.status is not None else None
     reference = prev.reference_replicas if prev is not None else replicas
     _, accumulation, global_batch = job.batch_shape(replicas, reference)
-    out: dict[str, Any] = {
-        "replicas": replicas,
-        "specReplicas": job.spec.workers.replicas,
-        "referenceReplicas": reference,
-        "globalBatchSize": global_batch,
-        "gradientAccumulationSteps": accumulation,
-        "lastScaleTime": prev.last_scale_time if prev else None,
-        "lastScaleReason": prev.last_scale_reason if prev else None,
-        "lastScaleMessage": prev.last_scale_message if prev else None,
-    }
+    last: tuple[str | None, str | None, str | None] = (
+        (prev.last_scale_time, prev.last_scale_reason, prev.last_scale_message) if prev else (None, None, None))
     if resize is not None and (prev is None or resize.replicas != prev.replicas):
-        out.update(lastScaleTime=rfc3339(now), lastScaleReason=resize.reason, lastScaleMessage=resize.message)
-    return out
+        last = (rfc3339(now), resize.reason, resize.message)
+    return ScalingStatus(replicas=replicas, spec_replicas=job.spec.workers.replicas, reference_replicas=reference,
+                         global_batch_size=global_batch, gradient_accumulation_steps=accumulation,
+                         last_scale_time=last[0], last_scale_reason=last[1], last_scale_message=last[2])
 
 
 def resize_event_message(job: RLTrainingJob, resize: Resize, now: datetime) -> str:
@@ -281,11 +275,11 @@ def resize_event_message(job: RLTrainingJob, resize: Resize, now: datetime) -> s
     before = scaling_status(job, job.replicas, None, now)
     after = scaling_status(job, resize.replicas, resize, now)
     target = job.target_global_batch()
-    if after["globalBatchSize"] == target:
-        batch = (f"global batch {target} kept (gradientAccumulationSteps {before['gradientAccumulationSteps']} → "
-                 f"{after['gradientAccumulationSteps']})")
+    if after.global_batch_size == target:
+        batch = (f"global batch {target} kept (gradientAccumulationSteps {before.gradient_accumulation_steps} → "
+                 f"{after.gradient_accumulation_steps})")
     else:
         batch = (f"global batch {target} cannot be kept exactly at {resize.replicas} worker(s): using "
-                 f"{after['globalBatchSize']} (gradientAccumulationSteps {after['gradientAccumulationSteps']}, "
+                 f"{after.global_batch_size} (gradientAccumulationSteps {after.gradient_accumulation_steps}, "
                  f"the nearest value numGenerations {job.spec.training.num_generations} allows)")
     return f"{resize.message}; checkpoint, stop, start {resize.replicas} worker(s), resume; {batch}"

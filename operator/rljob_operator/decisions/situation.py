@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
-from rljob.contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
+from rljob.contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy, ScalingStatus
 from rljob_operator.decisions.checkpoints import Durability, durability
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
@@ -22,9 +22,11 @@ from rljob_operator.decisions.plan import (
     Event,
     Plan,
     StatusDraft,
-    build_status,
     checkpoint_event,
+    job_status,
+    status_patch,
     transition_event,
+    whole,
 )
 from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.decisions.scaling import (
@@ -77,7 +79,7 @@ class derived(Generic[T]):
 class Sizing:
     """The worker count decision: the scaling status to write, its Events, and a resize (if any)."""
 
-    scaling: dict[str, Any]
+    scaling: ScalingStatus
     events: list[Event]
     resize: Resize | None
 
@@ -285,11 +287,11 @@ class Situation:
         job, prev = self.job, self.prev
         spec_size, requested = requested_size(job)
         events: list[Event] = []
-        scaling = prev.scaling.model_dump(by_alias=True) if prev.scaling else None
+        scaling = whole(prev.scaling)
         if scaling is None:
             scaling = scaling_status(job, spec_size, None, self.now)
         elif requested is not None and requested.replicas == self.replicas:
-            scaling["specReplicas"] = job.spec.workers.replicas
+            scaling.spec_replicas = job.spec.workers.replicas
             events.append(Event("Warning", "ScaleClamped", requested.message))
             requested = None
         return Sizing(scaling, events, requested or decide(job, self.size_view, self.now))
@@ -308,9 +310,9 @@ class Situation:
             d.gang_start_time = None  # a new gang: set when its pods are created
         return d
 
-    def status(self, d: StatusDraft) -> dict[str, Any]:
-        """The full status patch of draft ``d`` (``plan.build_status``)."""
-        return build_status(
+    def status(self, d: StatusDraft) -> RLTrainingJobStatus:
+        """The full status of draft ``d`` (``plan.job_status``); ``plan.status_patch`` writes it."""
+        return job_status(
             d, job_name=self.job.metadata.name, observed_generation=self.meta_generation,
             previous_conditions=self.previous_conditions,
             now=self.now, pods=self.pods,
@@ -325,7 +327,7 @@ class Situation:
         """
         status = self.status(d)
         return Plan(
-            status=status,
+            status=status_patch(status),
             delete_pods=delete,
             force_delete_pods=self.force_delete,
             children=Children(self.job, status, self.endpoint, self.network) if create else None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rljob.contract.job import RLTrainingJob
+from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.integrations.gate import Gated
 from rljob_operator.names import LABEL_JOB
 
@@ -53,9 +54,9 @@ class GateWatch:
     plural: str
     label: str = LABEL_JOB
 
-    def key(self, labels: Mapping[str, str], namespace: str | None) -> tuple[str, str]:
+    def key(self, labels: Mapping[str, str], namespace: str | None) -> JobKey:
         """The work queue key of the job an event of this resource is about."""
-        return (namespace or "", labels[self.label])
+        return JobKey(namespace or "", labels[self.label])
 
 
 @dataclass(frozen=True)

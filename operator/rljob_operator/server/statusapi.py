@@ -65,7 +65,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from rljob.contract.job import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rljob.contract.job import API_VERSION, GROUP, KIND, PLURAL, VERSION, EvaluationProgress, Progress
 from rljob.contract.pod import EvalReport, HeartbeatBody, heartbeat_path
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
@@ -159,10 +159,36 @@ def evaluation_progress(report: EvalReport) -> dict[str, Any]:
     """``status.progress.evaluation`` from a heartbeat's evaluation: finite numbers only (JSON has no NaN; a
     ``None`` removes the field in the merge patch)."""
     values = report.wire()["values"]
-    latest = values.get(report.metric)
     best = report.best_value if report.best_value is not None and math.isfinite(report.best_value) else None
-    return {"metric": report.metric, "step": report.step, "value": latest, "values": values,
-            "bestStep": report.best_step, "bestValue": best}
+    return EvaluationProgress(metric=report.metric, step=report.step, value=values.get(report.metric), values=values,
+                              best_step=report.best_step, best_value=best).model_dump(by_alias=True, mode="json")
+
+
+#: The heartbeat's values that ``status.progress`` has a field of the same name for (reward, loss,
+#: checkpoint, best_checkpoint, best_metric), derived from the two models: a field added to both is
+#: carried, under the status field's alias, with no table to update. ``step`` and ``evaluation`` are
+#: set on their own.
+REPORTED_FIELDS = tuple(name for name in HeartbeatBody.model_fields
+                        if name in Progress.model_fields and name not in ("step", "evaluation"))
+
+
+def _progress_key(name: str) -> str:
+    """The camelCase key of ``status.progress``'s field ``name`` (the model's alias)."""
+    return Progress.model_fields[name].alias or name
+
+
+def heartbeat_progress(body: HeartbeatBody, now: datetime) -> dict[str, Any]:
+    """The ``status.progress`` merge patch of a heartbeat accepted at ``now``: its step, the time, the
+    values it reports (finite ones only: JSON has no NaN or infinity, and such a value would make the
+    API server refuse the whole patch) and its evaluation."""
+    progress: dict[str, Any] = {_progress_key("step"): body.step, _progress_key("last_heartbeat"): rfc3339(now)}
+    for name in REPORTED_FIELDS:
+        value = getattr(body, name)
+        if value is not None and (not isinstance(value, float) or math.isfinite(value)):
+            progress[_progress_key(name)] = value
+    if body.evaluation is not None:
+        progress[_progress_key("evaluation")] = evaluation_progress(body.evaluation)
+    return progress
 
 
 class ProgressWriter:
@@ -521,15 +547,7 @@ class StatusAPI:
         except (ValueError, ValidationError) as e:
             metrics.HEARTBEATS.labels(result="invalid").inc()
             return _error(400, f"invalid heartbeat: {e}")
-        progress: dict[str, Any] = {"step": body.step, "lastHeartbeat": rfc3339(datetime.now(UTC))}
-        for field, key in (("reward", "reward"), ("loss", "loss"), ("checkpoint", "checkpoint"),
-                           ("best_checkpoint", "bestCheckpoint"), ("best_metric", "bestMetric")):
-            value = getattr(body, field)
-            # JSON has no NaN or infinity: such a value would make the API server refuse the whole patch.
-            if value is not None and (not isinstance(value, float) or math.isfinite(value)):
-                progress[key] = value
-        if body.evaluation is not None:
-            progress["evaluation"] = evaluation_progress(body.evaluation)
+        progress = heartbeat_progress(body, datetime.now(UTC))
         point = curve_point(body.step, body.reward, body.loss, body.metrics)
         try:
             await self.writer.submit(namespace, name, progress, body.final, point)
@@ -550,7 +568,7 @@ class StatusAPI:
         """
         metrics.HEARTBEATS.labels(result="throttled").inc()
         try:
-            await self.writer.submit(namespace, name, {"lastThrottled": rfc3339(datetime.now(UTC))}, False)
+            await self.writer.submit(namespace, name, {_progress_key("last_throttled"): rfc3339(datetime.now(UTC))}, False)
         except ApiException as e:
             if e.status == 404:
                 return _error(404, f"{KIND} {namespace}/{name} not found")
