@@ -14,6 +14,7 @@ from rljob_operator.cluster import runner
 from rljob_operator.cluster.handlers import JobWatch, check_handlers
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.cluster.reconciler import Reconciler
+from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.lifecycle import plan_reconcile
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations import registry
@@ -184,4 +185,4 @@ def test_the_runner_starts_the_enabled_gates_and_the_watch_registers_their_resou
     assert (handler.selector.group, handler.selector.version, handler.selector.any_name) == (
         "example.com", "v1", "approvals")
     asyncio.run(handler.fn(labels={"rljob.dev/job": "train"}, namespace="team-a"))
-    assert enqueued == [("team-a", "train")]  # an event of the gate's resource wakes the job it names
+    assert enqueued == [JobKey("team-a", "train")]  # an event of the gate's resource wakes the job it names
