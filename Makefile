@@ -25,7 +25,7 @@ demo: venv ## Train the embedded quickstart on this machine (output in runs/quic
 	$(PY) -m rljob.cli train examples/quickstart.yaml
 
 test: venv binaries lint check-wheel images ## Run every test (unit, trainer, S3, control plane, images) and the wheel check
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (no torchrun, no cluster)
 	$(PY) -m pytest -m "not trainer and not cluster and not s3 and not images" $(PYTEST_ARGS)
