@@ -22,8 +22,9 @@ from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
 from rljob_operator.decisions.plan import Plan
 from rljob_operator.names import CONFIG_KEY, CONTAINER
 from rljob_trainer.checkpoints.plan import location_for, storage_plan
-from rljob_trainer.config import TrainerConfig, parse_claim
+from rljob_trainer.config import TrainerConfig
 from rljob_trainer.errors import PermanentError
+from rljob_trainer.storage_backends.pvc import parse_claim
 
 from tests.operator_helpers import deep_update, job_manifest
 

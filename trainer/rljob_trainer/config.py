@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rljob_trainer.algorithms import ALGORITHMS, STRATEGY_NAMES
+from rljob_trainer.storage_backends import check_location as _check_location
 from rljob_trainer.trl_fields import TRL_FIELDS, TRL_VERSION
 
 BUILTIN_MODEL_PREFIX = "builtin:"
@@ -654,50 +655,6 @@ def _refuse_credentials(data: Any) -> Any:
                     "(IRSA / workload identity)"
                 )
     return data
-
-
-#: A checkpoint location on a PersistentVolumeClaim of the job's namespace: ``pvc://<claim>/<prefix>``.
-PVC_SCHEME = "pvc://"
-#: The CEL/regex form of a pvc:// location: a claim name, then an optional prefix of path segments
-#: (no empty, ``.`` or ``..`` segment: the prefix stays inside the claim).
-PVC_LOCATION_RE = re.compile(
-    r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-    r"(/([^/]*[^/.][^/]*|\.\.\.+))*/?$"
-)
-
-
-def parse_claim(uri: str) -> tuple[str, str] | None:
-    """``(claim, prefix)`` of a ``pvc://claim/prefix`` location (prefix without slashes at its ends),
-    None for any other location. The location is assumed valid (:func:`_check_location`)."""
-    if not uri.startswith(PVC_SCHEME):
-        return None
-    claim, _, prefix = uri[len(PVC_SCHEME):].partition("/")
-    return claim, prefix.strip("/")
-
-
-def _check_claim_location(v: str) -> str:
-    claim = v[len(PVC_SCHEME):].split("/", 1)[0]
-    if not claim or len(claim) > 253 or not K8S_NAME_RE.match(claim):
-        raise ValueError(f"{v!r}: pvc:// needs a PersistentVolumeClaim name (lowercase letters, digits, '-' "
-                         "and '.'), for example pvc://checkpoints/run1")
-    if not PVC_LOCATION_RE.match(v):
-        raise ValueError(f"{v!r}: the prefix after the claim must be a relative path without empty, '.' or "
-                         "'..' parts, for example pvc://checkpoints/team-a/run1")
-    return v
-
-
-def _check_location(v: str) -> str:
-    if v.startswith("s3://"):
-        if len(v) <= len("s3://") or v[len("s3://")] == "/":
-            raise ValueError("s3:// location needs a bucket, for example s3://my-bucket/run1")
-    elif v.startswith(PVC_SCHEME):
-        return _check_claim_location(v)
-    elif re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", v):
-        raise ValueError(
-            f"{v!r}: use s3://bucket/prefix (any S3-compatible endpoint, with endpointUrl), "
-            "pvc://claim/prefix (a PersistentVolumeClaim of the job's namespace) or a local path"
-        )
-    return v
 
 
 def _check_endpoint(v: str | None) -> str | None:

@@ -41,11 +41,9 @@ from rljob_trainer.checkpoints.manifest import (
     info_from_manifest,
     listing_problems,
     load_manifest,
-    multipart_etag,
     parse_latest,
     parse_manifest,
     read_manifest,
-    s3_part_size,
     step_of,
     verify_checkpoint,
 )
@@ -60,6 +58,7 @@ from rljob_trainer.checkpoints.resume import (
 )
 from rljob_trainer.checkpoints.retention import RetentionPolicy, best_of, retention_keep, retention_plan
 from rljob_trainer.checkpoints.s3 import S3Location, TransferSettings, etag_is_opaque
+from rljob_trainer.storage_backends.s3 import multipart_etag, s3_part_size
 
 __all__ = [
     "CHECKPOINT_RE",
