@@ -133,9 +133,6 @@ class Location:
 
     uri: str
     where: str
-    #: Whether this is object storage the trainer uploads to from a local staging folder (its
-    #: backend's ``remote``); a location that is not remote is a folder the trainer writes into.
-    remote = False
 
     def warm_up(self) -> None:
         """Get ready to move bytes (a client built) before the first checkpoint's clock; never raises."""

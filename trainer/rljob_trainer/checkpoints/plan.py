@@ -50,7 +50,7 @@ class StoragePlan:
     @property
     def remote_primary(self) -> bool:
         """Whether the primary is object storage (the HF Trainer then writes to a staging folder)."""
-        return self.primary.remote
+        return backend_for(self.primary.uri).remote
 
     @property
     def folder(self) -> Location:
@@ -107,5 +107,5 @@ def storage_plan(cfg: Any, environ: Mapping[str, str] | None = None) -> StorageP
             endpoint_url=m.endpoint_url or spec.endpoint_url,  # used by object storage only
             region=m.region or spec.region, credentials=creds, transfer=transfer,
         ))
-    local_root = Path(local_staging_dir(cfg)) if primary.remote else Path(location)
+    local_root = Path(local_staging_dir(cfg)) if backend_for(location).remote else Path(location)
     return StoragePlan(primary, mirrors, local_root, transfer)

@@ -72,8 +72,6 @@ def etag_is_opaque(head: Mapping[str, Any]) -> bool:
 class S3Location(Location):
     """A prefix in a bucket on any S3-compatible endpoint, spoken to through boto3."""
 
-    remote = True
-
     def __init__(
         self,
         uri: str,
