@@ -63,10 +63,8 @@ class _Shelf(LocalLocation):
 
 
 class _ShelfBackend(StorageBackend):
-    scheme = "shelf"
-    form = "shelf://name/prefix (a test store)"
-    remote = True
-    durable = True
+    scheme, form = "shelf", "shelf://name/prefix (a test store)"
+    remote = durable = True  # an object store's answers
 
     def __init__(self, root: Path) -> None:
         self.root = root
