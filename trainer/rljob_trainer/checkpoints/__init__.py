@@ -9,7 +9,8 @@ Trainer saves into, a bucket, a mirror — follows that protocol through the sam
 * :mod:`.retention` — keepLast + keepBest as pure functions (what a location keeps).
 * :mod:`.locations` — :class:`Location` (publish, list, verify, fetch, ``apply_retention``: the one
   place retention is applied) and :class:`LocalLocation`; :mod:`.s3` — :class:`S3Location`.
-* :mod:`.plan` — a run's primary, mirrors and the folder the Trainer saves into.
+* :mod:`.plan` — a run's primary, mirrors and the folder the Trainer saves into; which location a URI
+  opens is its storage backend's answer (:mod:`rljob_trainer.storage_backends`, keyed by scheme).
 * :mod:`.publisher` — rank 0's pipeline: seal, copy, verify, manifest, ``latest``, retention.
 * :mod:`.resume` — the launcher's pre-flight (access checks, fetch) and what each rank resumes from.
 * :mod:`.compare` — what ``rljob checkpoints verify`` compares.
