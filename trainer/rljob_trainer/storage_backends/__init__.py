@@ -24,12 +24,14 @@ class, and boto3, are imported when a location is opened.
 from __future__ import annotations
 
 from rljob_trainer.storage_backends.base import PodVolume, StorageBackend
-from rljob_trainer.storage_backends.folder import FOLDER
+from rljob_trainer.storage_backends.folder import FolderBackend
 from rljob_trainer.storage_backends.pvc import PVC
 from rljob_trainer.storage_backends.s3 import S3
 
 #: The backends with a scheme, in the order error messages list them (the folder backend takes the rest).
 _BACKENDS: dict[str, StorageBackend] = {}
+#: Any location without a registered scheme.
+FOLDER = FolderBackend(_BACKENDS)
 
 
 def register(backend: StorageBackend) -> StorageBackend:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rljob_trainer.storage_backends.base import StorageBackend
@@ -16,13 +17,15 @@ SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 class FolderBackend(StorageBackend):
     """Files copied and MD5-verified; whether they outlive the pods depends on the volume the path is on
-    (``decisions/checkpoints.durability`` looks)."""
+    (``decisions/checkpoints.durability`` looks). ``known``: the registry's backends by scheme, which
+    the refusal of any other scheme lists."""
+
+    def __init__(self, known: Mapping[str, StorageBackend]) -> None:
+        self.known = known
 
     def check(self, uri: str) -> str:
         if SCHEME_RE.match(uri):
-            from rljob_trainer.storage_backends import backends
-
-            forms = ", ".join(b.form for b in backends())
+            forms = ", ".join(b.form for b in self.known.values())
             raise ValueError(f"{uri!r}: use {forms} or a local path")
         return uri
 
@@ -32,5 +35,3 @@ class FolderBackend(StorageBackend):
 
         return LocalLocation(uri, where=where)
 
-
-FOLDER = FolderBackend()
