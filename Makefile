@@ -32,7 +32,7 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 
 lint: venv ## ruff and mypy
 	.venv/bin/ruff check rljob operator trainer tests bench charts/rljob/hack
-	.venv/bin/mypy rljob operator/rljob_operator trainer/rljob_trainer/checkpoints \
+	.venv/bin/mypy rljob operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/storage_backends \
 		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py \
 		trainer/rljob_trainer/evaluation.py
 

@@ -22,9 +22,10 @@ from rljob_operator.decisions.plan import Plan
 from rljob_operator.names import CONFIG_KEY, CONTAINER
 from rljob_trainer.checkpoints.plan import location_for, storage_plan
 from rljob_trainer.errors import PermanentError
+from rljob_trainer.storage_backends.pvc import parse_claim
 
 from rljob.contract.job import ManifestError, RLTrainingJob, parse_job
-from rljob.contract.spec import TrainerConfig, parse_claim
+from rljob.contract.spec import TrainerConfig
 from tests.operator_helpers import deep_update, job_manifest
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -26,9 +26,10 @@ from rljob_trainer import errors
 from rljob.contract import pod as contract
 from tests.operator_helpers import REPO, job_manifest
 
-#: What the operator may import from the trainer (the algorithm registry is torch-free data, for the CRD);
+#: What the operator may import from the trainer (the algorithm registry is torch-free data, for the CRD;
+#: the storage backends' registry is stdlib-only, for pod volumes, durability, references and the CRD);
 #: the contract itself is ``rljob.contract``, which both import.
-OPERATOR_MAY_IMPORT = {"rljob_trainer.builtin.rewards", "rljob_trainer.algorithms"}
+OPERATOR_MAY_IMPORT = {"rljob_trainer.builtin.rewards", "rljob_trainer.algorithms", "rljob_trainer.storage_backends"}
 #: A string literal that *is* an RLJOB_ variable name or prefix (prose mentioning one is documentation).
 ENV_LITERAL = re.compile(r"RLJOB_[A-Za-z0-9_{}]*")
 #: ``RLJOB_`` names outside the contract on purpose, each with why.

@@ -83,11 +83,11 @@ JOB_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                                      {"training": {"dataset": {"name": "builtin:add-digits"}}}),
     "spec.training.rewards[].name: built-in or package.module:function": (
         {"training": {"rewards": [{"name": "nope"}]}}, {"training": {"rewards": [{"name": "exact_match"}]}}),
-    "spec.checkpoint.storage: s3:// needs a bucket": ({"checkpoint": {"storage": "s3://"}},
+    "spec.checkpoint.storage: the s3:// rule": ({"checkpoint": {"storage": "s3://"}},
                                                       {"checkpoint": {"storage": "s3://bucket/run1"}}),
-    "spec.checkpoint.storage: pvc:// form": ({"checkpoint": {"storage": "pvc://Bad/run1"}},
+    "spec.checkpoint.storage: the pvc:// rule": ({"checkpoint": {"storage": "pvc://Bad/run1"}},
                                             {"checkpoint": {"storage": "pvc://claim/run1"}}),
-    "spec.checkpoint.mirrors[].location: pvc:// form": ({"checkpoint": {"mirrors": [{"location": "pvc://c/../x"}]}},
+    "spec.checkpoint.mirrors[].location: the pvc:// rule": ({"checkpoint": {"mirrors": [{"location": "pvc://c/../x"}]}},
                                                         {"checkpoint": {"mirrors": [{"location": "pvc://c/m"}]}}),
 }
 #: The one rule on the resource itself (metadata is untyped in the CRD).

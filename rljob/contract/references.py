@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rljob.contract.spec import PVC_SCHEME
+from rljob_trainer.storage_backends import backends
 
 SECRET = "Secret"
 CONFIG_MAP = "ConfigMap"
@@ -97,9 +97,11 @@ _JOB_POD_FIELDS = (("serviceAccountName", "workers.serviceAccountName"), ("volum
 
 def _job_references() -> tuple[Reference, ...]:
     refs = [Reference("checkpoint.credentialsSecret", SECRET),
-            Reference("checkpoint.mirrors[].credentialsSecret", SECRET),
-            Reference("checkpoint.storage", CLAIM, PVC_SCHEME),
-            Reference("checkpoint.mirrors[].location", CLAIM, PVC_SCHEME)]
+            Reference("checkpoint.mirrors[].credentialsSecret", SECRET)]
+    for backend in backends():  # a location naming an object of the namespace (pvc://claim/prefix)
+        if backend.reference_kind:
+            refs += [Reference("checkpoint.storage", backend.reference_kind, backend.prefix),
+                     Reference("checkpoint.mirrors[].location", backend.reference_kind, backend.prefix)]
     for pod_prefix, job_prefix in _JOB_POD_FIELDS:
         refs += [Reference(job_prefix + r.path.removeprefix(pod_prefix), r.kind) for r in POD_REFERENCES
                  if r.path.startswith(pod_prefix) and (pod_prefix == "" or r.path[len(pod_prefix):][:1] in ("", "."))]

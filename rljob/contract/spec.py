@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -30,6 +31,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from rljob_trainer.algorithms import ALGORITHMS, STRATEGY_NAMES
 from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARDS
+from rljob_trainer.storage_backends import PVC, StorageBackend, backends
+from rljob_trainer.storage_backends import check_location as _check_location
 
 from rljob.contract.rules import Rule, cel_list, enforce
 from rljob.contract.trl_fields import TRL_FIELDS, TRL_VERSION
@@ -725,50 +728,6 @@ def _refuse_credentials(data: Any) -> Any:
     return data
 
 
-#: A checkpoint location on a PersistentVolumeClaim of the job's namespace: ``pvc://<claim>/<prefix>``.
-PVC_SCHEME = "pvc://"
-#: The CEL/regex form of a pvc:// location: a claim name, then an optional prefix of path segments
-#: (no empty, ``.`` or ``..`` segment: the prefix stays inside the claim).
-PVC_LOCATION_RE = re.compile(
-    r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-    r"(/([^/]*[^/.][^/]*|\.\.\.+))*/?$"
-)
-
-
-def parse_claim(uri: str) -> tuple[str, str] | None:
-    """``(claim, prefix)`` of a ``pvc://claim/prefix`` location (prefix without slashes at its ends),
-    None for any other location. The location is assumed valid (:func:`_check_location`)."""
-    if not uri.startswith(PVC_SCHEME):
-        return None
-    claim, _, prefix = uri[len(PVC_SCHEME):].partition("/")
-    return claim, prefix.strip("/")
-
-
-def _check_claim_location(v: str) -> str:
-    claim = v[len(PVC_SCHEME):].split("/", 1)[0]
-    if not claim or len(claim) > 253 or not K8S_NAME_RE.match(claim):
-        raise ValueError(f"{v!r}: pvc:// needs a PersistentVolumeClaim name (lowercase letters, digits, '-' "
-                         "and '.'), for example pvc://checkpoints/run1")
-    if not PVC_LOCATION_RE.match(v):
-        raise ValueError(f"{v!r}: the prefix after the claim must be a relative path without empty, '.' or "
-                         "'..' parts, for example pvc://checkpoints/team-a/run1")
-    return v
-
-
-def _check_location(v: str) -> str:
-    if v.startswith("s3://"):
-        if len(v) <= len("s3://") or v[len("s3://")] == "/":
-            raise ValueError("s3:// location needs a bucket, for example s3://my-bucket/run1")
-    elif v.startswith(PVC_SCHEME):
-        return _check_claim_location(v)
-    elif re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", v):
-        raise ValueError(
-            f"{v!r}: use s3://bucket/prefix (any S3-compatible endpoint, with endpointUrl), "
-            "pvc://claim/prefix (a PersistentVolumeClaim of the job's namespace) or a local path"
-        )
-    return v
-
-
 def _check_endpoint(v: str | None) -> str | None:
     if v is None:
         return v
@@ -891,31 +850,26 @@ class CheckpointSpec(Model):
         return None if v is None else _check_location(v)
 
 
-#: What a pvc:// location must look like (_check_claim_location says it in two messages).
-_PVC_FORM = ("use pvc://<claim>/<prefix>: a PersistentVolumeClaim name (lowercase letters, digits, '-' and '.'), "
-             "then a relative path without empty, '.' or '..' parts")
+def location_rules(at: str, field: str, kinds: list[StorageBackend], enforced_by: str) -> list[Rule]:
+    """The rules of a checkpoint location field: one per storage backend that has one, its CEL and its
+    Python both the backend's (``storage_backends``); ``enforced_by`` gives the fuller message."""
+    optional = at == "spec.checkpoint"
+    guard = f"!has(self.{field}) || " if optional else ""
+    def keeps(backend: StorageBackend) -> Callable[[Any], bool]:
+        return lambda model: (value := getattr(model, field)) is None or backend.cel_holds(value)
+
+    rules = []
+    for backend in kinds:
+        rule = backend.cel_rule(f"self.{field}")
+        if rule is not None:
+            rules.append(Rule(f"{at}.{field}: the {backend.prefix} rule", at, guard + rule[0],
+                              f"{at}.{field}: {rule[1]}", f".{field}", holds=keeps(backend), enforced_by=enforced_by))
+    return rules
 
 
-def _pvc_form(location: str | None) -> bool:
-    return location is None or not location.startswith(PVC_SCHEME) or bool(PVC_LOCATION_RE.match(location))
-
-
-CHECKPOINT_RULES = [
-    Rule("spec.checkpoint.storage: s3:// needs a bucket", "spec.checkpoint",
-         "!has(self.storage) || self.storage != 's3://'",
-         "spec.checkpoint.storage: an s3:// location needs a bucket, for example s3://my-bucket/run1", ".storage",
-         holds=lambda c: c.storage != "s3://", enforced_by="CheckpointSpec._storage_form"),
-    Rule("spec.checkpoint.storage: pvc:// form", "spec.checkpoint",
-         f"!has(self.storage) || !self.storage.startsWith('pvc://') || self.storage.matches(r'{PVC_LOCATION_RE.pattern}')",
-         f"spec.checkpoint.storage: {_PVC_FORM}", ".storage",
-         holds=lambda c: _pvc_form(c.storage), enforced_by="CheckpointSpec._storage_form"),
-]
-MIRROR_RULES = [
-    Rule("spec.checkpoint.mirrors[].location: pvc:// form", "spec.checkpoint.mirrors[]",
-         f"!self.location.startsWith('pvc://') || self.location.matches(r'{PVC_LOCATION_RE.pattern}')",
-         f"spec.checkpoint.mirrors[].location: {_PVC_FORM}", ".location",
-         holds=lambda m: _pvc_form(m.location), enforced_by="MirrorSpec._location"),
-]
+CHECKPOINT_RULES = location_rules("spec.checkpoint", "storage", backends(), "CheckpointSpec._storage_form")
+#: Mirrors: only pvc:// is checked by the CRD (a bare s3:// mirror is refused by the model alone).
+MIRROR_RULES = location_rules("spec.checkpoint.mirrors[]", "location", [PVC], "MirrorSpec._location")
 
 
 class WorkersSpec(Model):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rljob_trainer.errors import PermanentError
+from rljob_trainer.storage_backends.s3 import split_s3
 
 #: Longest relative path (and path segment) accepted from storage, in UTF-8 bytes: Linux's PATH_MAX
 #: and NAME_MAX. Longer names would fail at open() anyway, with a less helpful error.
@@ -67,13 +68,6 @@ def path_under(root: str | os.PathLike[str], rel: str, what: str) -> Path:
     if target.is_symlink():  # the last segment itself: writing would follow it
         raise UnsafePath(f"{what}: {target} is a symbolic link; remove it")
     return target
-
-
-def split_s3(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise ValueError(f"{uri!r} is not an s3:// URI")
-    bucket, _, key = uri[len("s3://") :].partition("/")
-    return bucket, key
 
 
 def s3_client(

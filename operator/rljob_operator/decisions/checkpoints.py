@@ -1,7 +1,8 @@
 """Where a job's checkpoints live in its pods, and whether they outlive the gang (pure).
 
-``spec.checkpoint.storage`` and each mirror's ``location`` may name a PersistentVolumeClaim of the
-job's namespace (``pvc://claim/prefix``). The operator mounts every claim named, read-write, at
+``spec.checkpoint.storage`` and each mirror's ``location`` may name something the pods must mount,
+as its storage backend says (``rljob_trainer.storage_backends``; today a PersistentVolumeClaim of the
+job's namespace, ``pvc://claim/prefix``). The operator mounts each such volume once, read-write, at
 ``CLAIMS_DIR/<claim>`` in every worker (:func:`claim_volumes`), and the trainer config in the
 ConfigMap names the mounted folder instead (:func:`mounted_checkpoint`): the trainer treats it as any
 local folder — the same manifest, retention, mirror and resume code as for S3 — and never needs to
@@ -20,8 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rljob_trainer.storage_backends import PodVolume, backend_for
+
 from rljob.contract import pod as contract
-from rljob.contract.spec import CheckpointSpec, parse_claim
+from rljob.contract.spec import CheckpointSpec
 from rljob_operator.names import CLAIMS_DIR, CONTAINER, OUTPUT_DIR
 
 #: The condition that says whether checkpoints survive a gang restart, and its two reasons.
@@ -46,10 +49,15 @@ ADVICE = (
 # ------------------------------------------------------------------------------ claims
 
 
-def claims(checkpoint: CheckpointSpec) -> list[str]:
-    """The claims the checkpoint locations name, each once, in order (storage first, then mirrors)."""
-    named = [parse_claim(uri) for uri in _locations(checkpoint)]
-    return list(dict.fromkeys(c[0] for c in named if c is not None))
+def pod_volumes(checkpoint: CheckpointSpec) -> list[PodVolume]:
+    """The volumes the checkpoint locations need in the pods, each once (by key), in order (storage first,
+    then mirrors)."""
+    needed: dict[str, PodVolume] = {}
+    for uri in _locations(checkpoint):
+        volume = backend_for(uri).pod_volume(uri)
+        if volume is not None:
+            needed.setdefault(volume.key, volume)
+    return list(needed.values())
 
 
 def _locations(checkpoint: CheckpointSpec) -> list[str]:
@@ -62,12 +70,13 @@ def claim_volume_name(index: int) -> str:
 
 
 def claim_volumes(checkpoint: CheckpointSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, trainer volumeMounts) of every claim named, each mounted read-write at ``CLAIMS_DIR/<claim>``."""
+    """(pod volumes, trainer volumeMounts) of every volume the locations need (:func:`pod_volumes`: a
+    claim), each mounted read-write at ``CLAIMS_DIR/<key>``."""
     volumes, mounts = [], []
-    for i, claim in enumerate(claims(checkpoint)):
+    for i, volume in enumerate(pod_volumes(checkpoint)):
         name = claim_volume_name(i)
-        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": False}})
-        mounts.append({"name": name, "mountPath": posixpath.join(CLAIMS_DIR, claim), "readOnly": False})
+        volumes.append({"name": name, **volume.source})
+        mounts.append({"name": name, "mountPath": posixpath.join(CLAIMS_DIR, volume.key), "readOnly": False})
     return volumes, mounts
 
 
@@ -87,17 +96,19 @@ def credential_volumes(checkpoint: CheckpointSpec) -> tuple[list[dict[str, Any]]
 
 
 def mounted_location(uri: str) -> str:
-    """The folder a worker sees for ``uri``: ``pvc://claim/prefix`` → ``CLAIMS_DIR/claim/prefix``; others unchanged."""
-    parsed = parse_claim(uri)
-    if parsed is None:
+    """The folder a worker sees for ``uri``: ``pvc://claim/prefix`` → ``CLAIMS_DIR/claim/prefix``; a
+    location that needs no volume is unchanged."""
+    volume = backend_for(uri).pod_volume(uri)
+    if volume is None:
         return uri
-    claim, prefix = parsed
-    return posixpath.join(CLAIMS_DIR, claim, prefix) if prefix else posixpath.join(CLAIMS_DIR, claim)
+    root = posixpath.join(CLAIMS_DIR, volume.key)
+    return posixpath.join(root, volume.subpath) if volume.subpath else root
 
 
 def mounted_checkpoint(checkpoint: CheckpointSpec) -> CheckpointSpec:
-    """``checkpoint`` as the trainer in a worker pod gets it: every pvc:// location replaced by its mounted folder."""
-    if not claims(checkpoint):
+    """``checkpoint`` as the trainer in a worker pod gets it: every location that needs a volume (pvc://)
+    replaced by its mounted folder."""
+    if not pod_volumes(checkpoint):
         return checkpoint
     mirrors = [m.model_copy(update={"location": mounted_location(m.location)}) for m in checkpoint.mirrors]
     storage = mounted_location(checkpoint.storage) if checkpoint.storage else None
@@ -132,7 +143,7 @@ def durability(checkpoint: CheckpointSpec, worker_pod: Callable[[], dict[str, An
     """
     primary = checkpoint.storage or posixpath.join(OUTPUT_DIR, "checkpoints")
     locations = [primary, *(m.location for m in checkpoint.mirrors)]
-    remote = next((uri for uri in locations if uri.startswith(("s3://", "pvc://"))), None)
+    remote = next((uri for uri in locations if backend_for(uri).durable), None)
     if remote is not None:
         return Durability(True, f"checkpoints go to {remote}, which outlives the worker pods")
     pod = worker_pod()

@@ -9,7 +9,8 @@ Trainer saves into, a bucket, a mirror — follows that protocol through the sam
 * :mod:`.retention` — keepLast + keepBest as pure functions (what a location keeps).
 * :mod:`.locations` — :class:`Location` (publish, list, verify, fetch, ``apply_retention``: the one
   place retention is applied) and :class:`LocalLocation`; :mod:`.s3` — :class:`S3Location`.
-* :mod:`.plan` — a run's primary, mirrors and the folder the Trainer saves into.
+* :mod:`.plan` — a run's primary, mirrors and the folder the Trainer saves into; which location a URI
+  opens is its storage backend's answer (:mod:`rljob_trainer.storage_backends`, keyed by scheme).
 * :mod:`.publisher` — rank 0's pipeline: seal, copy, verify, manifest, ``latest``, retention.
 * :mod:`.resume` — the launcher's pre-flight (access checks, fetch) and what each rank resumes from.
 * :mod:`.compare` — what ``rljob checkpoints verify`` compares.
@@ -41,11 +42,9 @@ from rljob_trainer.checkpoints.manifest import (
     info_from_manifest,
     listing_problems,
     load_manifest,
-    multipart_etag,
     parse_latest,
     parse_manifest,
     read_manifest,
-    s3_part_size,
     step_of,
     verify_checkpoint,
 )
@@ -60,6 +59,7 @@ from rljob_trainer.checkpoints.resume import (
 )
 from rljob_trainer.checkpoints.retention import RetentionPolicy, best_of, retention_keep, retention_plan
 from rljob_trainer.checkpoints.s3 import S3Location, TransferSettings, etag_is_opaque
+from rljob_trainer.storage_backends.s3 import multipart_etag, s3_part_size
 
 __all__ = [
     "CHECKPOINT_RE",

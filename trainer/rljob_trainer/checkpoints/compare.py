@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rljob_trainer.checkpoints.locations import Listing, Location
-from rljob_trainer.checkpoints.manifest import MANIFEST, CheckpointInfo, file_digests, s3_part_size, step_of
+from rljob_trainer.checkpoints.manifest import MANIFEST, CheckpointInfo, file_digests, step_of
+from rljob_trainer.storage_backends import is_bare_scheme
+from rljob_trainer.storage_backends.s3 import s3_part_size
 
 
 def split_checkpoint_uri(uri: str) -> tuple[str, str | None]:
     """``…/prefix`` → (``…/prefix``, None); ``…/prefix/checkpoint-40`` → (``…/prefix``, ``checkpoint-40``)."""
     uri = uri.rstrip("/")
     parent, _, last = uri.rpartition("/")
-    if step_of(last) is not None and parent and parent != "s3:/":
+    if step_of(last) is not None and parent and not is_bare_scheme(parent):
         return parent, last
     return uri, None
 

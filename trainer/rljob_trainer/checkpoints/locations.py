@@ -134,6 +134,9 @@ class Location:
     uri: str
     where: str
 
+    def warm_up(self) -> None:
+        """Get ready to move bytes (a client built) before the first checkpoint's clock; never raises."""
+
     def check_access(self) -> None:
         """Fail with :class:`StorageError` unless this location can be listed and written."""
         raise NotImplementedError

@@ -45,6 +45,7 @@ from pydantic import (
 
 from rljob.contract.pod import format_validation_error
 from rljob_trainer.storage import UnsafePath, safe_relpath
+from rljob_trainer.storage_backends.s3 import multipart_etag, s3_part_size
 
 log = logging.getLogger("rljob.checkpoints")
 
@@ -84,11 +85,6 @@ def file_md5(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def multipart_etag(part_md5s: list[bytes]) -> str:
-    """The ETag S3 gives a multipart upload: MD5 of the parts' binary MD5s, then ``-<parts>``."""
-    return f"{hashlib.md5(b''.join(part_md5s), usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
 
 
 def file_digests(path: str | os.PathLike[str], part_size: int | None) -> tuple[str, str]:
@@ -133,23 +129,6 @@ def step_of(name: str) -> int | None:
     """The step of a ``checkpoint-<step>`` name, or None for any other name."""
     m = CHECKPOINT_RE.match(name)
     return int(m.group(1)) if m else None
-
-
-S3_MIN_PART = 5 << 20
-S3_MAX_PART = 5 << 30
-S3_MAX_PARTS = 10_000
-
-
-def s3_part_size(part_size: int, file_size: int) -> int | None:
-    """The part size boto3's transfer manager uses for a file (None: one PUT, when smaller than
-    ``part_size``), as s3transfer's ``ChunksizeAdjuster`` computes it: doubled until the parts fit
-    S3's 10,000-part limit, then clamped to 5 MiB..5 GiB."""
-    if file_size < part_size:
-        return None
-    chunk = part_size
-    while -(-file_size // chunk) > S3_MAX_PARTS:
-        chunk *= 2
-    return min(max(chunk, S3_MIN_PART), S3_MAX_PART)
 
 
 def build_manifest(

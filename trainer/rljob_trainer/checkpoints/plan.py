@@ -11,11 +11,10 @@ from typing import Any
 
 from rljob.contract.pod import CREDENTIALS_DIR_ENV, credentials_folder, mirror_env_prefix
 from rljob.contract.pod import MIRROR_ENV_PREFIX as MIRROR_ENV_PREFIX  # re-exported
-from rljob.contract.spec import PVC_SCHEME
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
-from rljob_trainer.checkpoints.s3 import MiB, S3Location, TransferSettings
-from rljob_trainer.errors import PermanentError
+from rljob_trainer.checkpoints.s3 import MiB, TransferSettings
 from rljob_trainer.storage import credentials_from_env, credentials_from_folder
+from rljob_trainer.storage_backends import backend_for
 
 log = logging.getLogger("rljob.checkpoints")
 
@@ -30,20 +29,12 @@ def location_for(
     credentials: dict[str, str] | None = None,
     transfer: TransferSettings | None = None,
 ) -> Location:
-    """The location a URI names: ``s3://bucket/prefix`` is object storage, anything else a local folder.
-
-    ``pvc://claim/prefix`` is a PermanentError naming ``where``: only the operator can mount a claim (it
-    gives the trainer the mounted folder instead), so the trainer never meets one in a pod; here it
-    means a run outside the cluster, where guessing a folder would hide where the checkpoints went.
-    """
-    if uri.startswith(PVC_SCHEME):
-        raise PermanentError(where, (
-            f"{uri} names a PersistentVolumeClaim, which exists only on a cluster (the operator mounts it "
-            "into the job's pods); to run here, set a local folder or an s3:// location"))
-    if uri.startswith("s3://"):
-        return S3Location(uri, where=where, endpoint_url=endpoint_url, region=region, credentials=credentials,
-                          transfer=transfer)
-    return LocalLocation(uri, where=where)
+    """The location a URI names, opened by its storage backend (:func:`~rljob_trainer.storage_backends.backend_for`):
+    ``s3://bucket/prefix`` is object storage, anything without a registered scheme a local folder. One
+    that cannot be opened here (``pvc://claim/prefix`` outside the cluster) is a PermanentError naming
+    ``where``."""
+    return backend_for(uri).location(uri, where=where, endpoint_url=endpoint_url, region=region,
+                                     credentials=credentials, transfer=transfer)
 
 
 @dataclass
@@ -59,13 +50,13 @@ class StoragePlan:
     @property
     def remote_primary(self) -> bool:
         """Whether the primary is object storage (the HF Trainer then writes to a staging folder)."""
-        return isinstance(self.primary, S3Location)
+        return backend_for(self.primary.uri).remote
 
     @property
-    def folder(self) -> LocalLocation:
+    def folder(self) -> Location:
         """The folder the HF Trainer saves into, as a location: checkpoints are sealed there in place.
         A local primary is that folder; in front of object storage it is the staging folder."""
-        if isinstance(self.primary, LocalLocation) and self.primary.root == self.local_root:
+        if not self.remote_primary and self.primary.uri == str(self.local_root):
             return self.primary
         return LocalLocation(self.local_root)
 
@@ -113,8 +104,8 @@ def storage_plan(cfg: Any, environ: Mapping[str, str] | None = None) -> StorageP
                             mirror_env_prefix(i))
         mirrors.append(location_for(
             m.location, where=f"spec.checkpoint.mirrors[{i}].location",
-            endpoint_url=m.endpoint_url or (spec.endpoint_url if m.location.startswith("s3://") else None),
+            endpoint_url=m.endpoint_url or spec.endpoint_url,  # used by object storage only
             region=m.region or spec.region, credentials=creds, transfer=transfer,
         ))
-    local_root = Path(local_staging_dir(cfg)) if location.startswith("s3://") else Path(location)
+    local_root = Path(local_staging_dir(cfg)) if backend_for(location).remote else Path(location)
     return StoragePlan(primary, mirrors, local_root, transfer)

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob_trainer.checkpoints.locations import Listing, LocalLocation, Location, StorageError
+from rljob_trainer.checkpoints.locations import Listing, Location, StorageError
 from rljob_trainer.checkpoints.manifest import (
     MANIFEST,
     CheckpointInfo,
     build_manifest,
     file_digests,
-    s3_part_size,
 )
 from rljob_trainer.checkpoints.plan import StoragePlan
 from rljob_trainer.checkpoints.retention import RetentionPolicy, best_of
-from rljob_trainer.checkpoints.s3 import S3Location, TransferSettings
+from rljob_trainer.checkpoints.s3 import TransferSettings
+from rljob_trainer.storage_backends.s3 import s3_part_size
 
 #: The staging folder in front of object storage keeps its newest checkpoint (a fast resume after
 #: a container restart) and those still being uploaded.
@@ -81,7 +81,7 @@ class CheckpointPublisher:
 
     def __init__(
         self,
-        folder: LocalLocation,
+        folder: Location,
         locations: list[Location],
         policy: RetentionPolicy,
         *,
@@ -169,9 +169,7 @@ class CheckpointPublisher:
 
     def _run(self) -> None:
         for loc in self.locations:  # build clients now, not on the first checkpoint's clock
-            if isinstance(loc, S3Location):
-                with contextlib.suppress(Exception):
-                    _ = loc.client
+            loc.warm_up()
         while True:
             job = self._queue.get()
             if job is None:

@@ -6,6 +6,7 @@ bytes (boto3's transfer manager, with part sizes — and so ETags — the manife
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -35,7 +36,8 @@ from rljob_trainer.checkpoints.manifest import (
     parse_manifest,
     step_of,
 )
-from rljob_trainer.storage import error_code, s3_client, split_s3
+from rljob_trainer.storage import error_code, s3_client
+from rljob_trainer.storage_backends.s3 import split_s3
 
 log = logging.getLogger("rljob.checkpoints")
 
@@ -103,6 +105,10 @@ class S3Location(Location):
                     connect_timeout=5, max_pool_connections=self.transfer.concurrency + 2,
                 )
             return self._client
+
+    def warm_up(self) -> None:
+        with contextlib.suppress(Exception):
+            _ = self.client
 
     def key(self, *parts: str) -> str:
         return "/".join([self.prefix, *parts]) if self.prefix else "/".join(parts)
