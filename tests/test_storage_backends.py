@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from rljob_operator import crd
 from rljob_operator.decisions.checkpoints import claim_volumes, durability, mounted_location
 from rljob_trainer import storage_backends
 from rljob_trainer.checkpoints.compare import split_checkpoint_uri
@@ -24,7 +23,7 @@ from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.plan import location_for, storage_plan
 from rljob_trainer.storage_backends import FOLDER, PVC, S3, StorageBackend, backend_for, check_location
 
-from rljob.contract.spec import CheckpointSpec, TrainerConfig
+from rljob.contract.spec import CheckpointSpec, TrainerConfig, location_rules
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,6 +77,9 @@ class _ShelfBackend(StorageBackend):
     def cel_rule(self, expr: str) -> tuple[str, str]:
         return f"{expr} != 'shelf://'", "shelf:// needs a name"
 
+    def cel_holds(self, uri: str) -> bool:
+        return uri != "shelf://"
+
     def location(self, uri: str, *, where: str, **options: Any) -> Location:
         return _Shelf(uri, self.root, where)
 
@@ -107,8 +109,11 @@ def test_a_registered_backend_is_used_everywhere_without_other_changes(shelf: _S
     spec = cfg.checkpoint
     assert durability(spec, lambda: pytest.fail("a remote location needs no pod")).durable
     assert claim_volumes(spec) == ([], []) and mounted_location("shelf://team/run") == "shelf://team/run"
-    rules = [r["rule"] for r in crd._location_rules("spec.checkpoint", "storage", True, storage_backends.backends())]
-    assert "!has(self.storage) || self.storage != 'shelf://'" in rules
+    rules = location_rules("spec.checkpoint", "storage", storage_backends.backends(), "CheckpointSpec._storage_form")
+    shelf_rule = next(r for r in rules if r.name == "spec.checkpoint.storage: the shelf:// rule")
+    assert shelf_rule.cel == "!has(self.storage) || self.storage != 'shelf://'"
+    assert not shelf_rule.holds(CheckpointSpec.model_construct(storage="shelf://"))
+    assert shelf_rule.holds(CheckpointSpec(storage="shelf://team/run"))
 
 
 def test_the_registry_and_the_config_load_without_boto3_or_torch() -> None:
