@@ -26,6 +26,8 @@ from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.names import LABEL_JOB
 
 Key = tuple[str, str]
+#: The watched kinds of which only the operator's own objects matter (``kopf_settings``): (group, version, plural).
+LABELLED_WATCHES = (("", "v1", "pods"), ("kueue.x-k8s.io", "v1beta2", "workloads"))
 #: The kopf index of worker pods by job: (namespace, job name) → the pods' bodies.
 POD_INDEX = "worker_pods"
 
@@ -62,6 +64,11 @@ def kopf_settings() -> kopf.OperatorSettings:
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     settings.posting.level = 40  # kopf's own events: errors only (ours are the phase transitions)
+    # The API server filters the pods and Workloads by label, not kopf: a handler's ``labels=`` only
+    # filters what the watch already sent, and every other pod of the cluster (or namespace) would be
+    # decoded and run through kopf's machinery, each of its events.
+    for resource in LABELLED_WATCHES:
+        settings.watching.label_selectors[resource] = LABEL_JOB
     return settings
 
 
