@@ -1,4 +1,5 @@
-"""kopf handlers: watch RLTrainingJobs and their worker pods, and queue the job for a reconcile.
+"""kopf handlers: watch RLTrainingJobs (and, through ``podwatch``, their worker pods), and queue the
+job for a reconcile.
 
 Handlers stay short: every event (a job created, edited, its status written; a worker pod
 scheduled, ready, exited) only adds the job's key to the work queue, and the queue runs
@@ -22,14 +23,13 @@ import kopf
 
 from rljob_operator.api import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.jobcache import JobCache
+from rljob_operator.cluster.podwatch import PODS, PodWatch
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.names import LABEL_JOB
 
 Key = tuple[str, str]
 #: The watched kinds of which only the operator's own objects matter (``kopf_settings``): (group, version, plural).
-LABELLED_WATCHES = (("", "v1", "pods"), ("kueue.x-k8s.io", "v1beta2", "workloads"))
-#: The kopf index of worker pods by job: (namespace, job name) → the pods' bodies.
-POD_INDEX = "worker_pods"
+LABELLED_WATCHES = ((PODS.group, PODS.version, PODS.plural), ("kueue.x-k8s.io", "v1beta2", "workloads"))
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -124,26 +124,28 @@ class JobWatch:
 
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[Key], None],
                  watch_workloads: bool = False, watch_nodes: bool = False,
-                 nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None) -> None:
-        """``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
+                 nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None,
+                 namespaces: list[str] | None = None) -> None:
+        """``namespaces``: those watched (none: the whole cluster). ``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
         cache the watch keeps the jobs in (the reconciler's; a new one if None)."""
         self.jobs = jobs if jobs is not None else JobCache()
         self.enqueue = enqueue
         self.forget = forget
         self.known: set[Key] = set()
         self.registry = kopf.OperatorRegistry()
-        self.pod_index: Any = None
-        """kopf's index of worker pods, filled from the pod watch (kopf handles no event before
-        its initial listing is indexed, so it is complete by the first reconcile)."""
+        self.pods = PodWatch(namespaces or [], self.pod_event)
+        """The worker pods by job (``PodWatch``: kopf's stream without kopf's per-object machinery)."""
         self.gone_nodes: dict[str, float] = {}
         """Nodes the watch saw deleted (and not created again since): name → when (monotonic)."""
         registry = self.registry
 
-        @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
-        async def worker_pods(body: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
-                              ) -> dict[Key, dict[str, Any]]:
-            # async: kopf runs a sync handler in its thread pool, a thread hop for every pod event
-            return {(namespace or "", labels[LABEL_JOB]): slim_pod(body)}
+        @kopf.on.startup(registry=registry, id="worker_pod_watch")
+        async def worker_pod_watch(settings: kopf.OperatorSettings, **_: Any) -> None:
+            self.pods.start(settings)  # a task of kopf's: it holds kopf's credentials
+
+        @kopf.on.cleanup(registry=registry, id="worker_pod_watch_stop")
+        async def worker_pod_watch_stop(**_: Any) -> None:
+            await self.pods.stop()
 
         @kopf.on.login(registry=registry, id="rljob_login")
         def rljob_login(**_: Any) -> kopf.ConnectionInfo:
@@ -152,27 +154,13 @@ class JobWatch:
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rltrainingjob_event")
         async def rltrainingjob_event(type: str, name: str, namespace: str | None, event: Mapping[str, Any],
                                       **kw: Any) -> None:
-            self.pod_index = kw[POD_INDEX]
             key, deleted = (namespace or "", name), type == "DELETED"
             quiet = self.jobs.seen(key, None if deleted else dict(event["object"]))
             self.job_changed(key, deleted=deleted, quiet=quiet, new=not deleted and not event["object"].get("status"))
 
-        @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry,
-                       id="worker_pod_event")
-        async def worker_pod_event(type: str | None, body: Mapping[str, Any], labels: Mapping[str, str],
-                                   namespace: str | None, **kw: Any) -> None:
-            self.pod_index = kw[POD_INDEX]
-            key = (namespace or "", labels[LABEL_JOB])
-            store = self.pod_index.get(key)  # indexed before this handler runs: without a deleted pod
-            if urgent_pod_event(type, body, list(store) if store is not None else []):
-                self.enqueue(key, urgent=True)
-            else:  # news for the status only: one reconcile for the gang's pods as they come up together
-                self.enqueue(key, delay=STATUS_NEWS_SECONDS)
-
         if watch_nodes:  # a Node deleted: the gangs with a worker there are lost now, not after pod GC
             @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
-            async def node_event(type: str | None, name: str, **kw: Any) -> None:
-                self.pod_index = kw[POD_INDEX]
+            async def node_event(type: str | None, name: str, **_: Any) -> None:
                 if type in ("ADDED", "DELETED") and nodes_changed is not None:
                     nodes_changed()  # before the jobs below are queued: they size their gangs afresh
                 if type == "DELETED":
@@ -191,11 +179,15 @@ class JobWatch:
 
         Called from reconcile threads: ``list()`` of a dict's values is one step for the GIL.
         """
-        index = self.pod_index
-        if index is None:
-            return None
-        store = index.get((namespace, name))
-        return list(store) if store is not None else []
+        return self.pods.store.pods(namespace, name)
+
+    def pod_event(self, type: str | None, key: Key, pod: dict[str, Any], others: list[dict[str, Any]]) -> None:
+        """A worker pod's event (``others``: its job's pods after it): a gang decision is queued now,
+        news for the status only a moment later, with the others of the gang as they come up."""
+        if urgent_pod_event(type, pod, others):
+            self.enqueue(key, urgent=True)
+        else:
+            self.enqueue(key, delay=STATUS_NEWS_SECONDS)
 
     def node_gone(self, name: str | None) -> bool:
         """Was Node ``name`` deleted (seen by the watch, and not created again since)?"""
@@ -208,11 +200,8 @@ class JobWatch:
             if now - when > GONE_NODE_MEMORY_SECONDS:
                 del self.gone_nodes[node]
         self.gone_nodes[name] = now
-        index = self.pod_index
-        if index is None:
-            return
-        for key, pods in list(index.items()):
-            if any((pod.get("spec") or {}).get("nodeName") == name for pod in list(pods)):
+        for key in self.pods.store.jobs():
+            if any((pod.get("spec") or {}).get("nodeName") == name for pod in self.pods.store.job_pods(key)):
                 self.enqueue(key, urgent=True)
 
     def job_changed(self, key: Key, deleted: bool, quiet: bool = False, new: bool = False) -> None:
