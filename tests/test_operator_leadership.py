@@ -24,12 +24,14 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from rljob_operator.cluster.kube import Kube, NotLeader
 from rljob_operator.cluster.leader import LeaderElector
+from rljob_operator.names import LABEL_JOB
 from rljob_operator.settings import OperatorSettings
 
 from tests.cluster.waiting import wait_for
@@ -472,3 +474,24 @@ def _metrics(op: Any) -> str:
         return str(op.metrics_text())
     except OSError:
         return ""
+
+
+@pytest.mark.cluster
+def test_the_operator_watches_only_its_own_pods_the_api_server_filters_them(
+    control_plane: Any, kube: Any, namespace: str, replicas: Any
+) -> None:
+    # kopf filters a handler's labels= itself, after the watch sent every pod: the API server must.
+    started = time.time()
+    kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "metadata": {"name": "someone-elses"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    operator = replicas("rljob-operator-w", identity="watching")
+    operator.wait_leader()
+    create_job(kube, namespace, job_manifest("own", replicas=2, spec=SPEC))
+    wait_for(lambda: _converged(kube, namespace, "own", 2, 0), 60, message="own running")
+    reads = [e for e in _audit_events(control_plane.audit_log)
+             if e.get("user", {}).get("username") == "rljob-operator-w" and e.get("verb") in ("list", "watch")
+             and e.get("objectRef", {}).get("resource") == "pods" and _at(e["requestReceivedTimestamp"]) >= started]
+    assert any(e["verb"] == "watch" for e in reads), "the operator never watched pods"
+    unfiltered = [e["requestURI"] for e in reads
+                  if parse_qs(urlsplit(e["requestURI"]).query).get("labelSelector") != [LABEL_JOB]]
+    assert not unfiltered, f"pods read without the job label selector: {unfiltered}"

@@ -1125,19 +1125,80 @@ def test_a_pod_event_that_only_changes_the_status_is_queued_a_moment_later_a_dec
 
     queued: list[dict[str, Any]] = []
     watch = JobWatch(Configuration(), lambda key, **kw: queued.append({"key": key, **kw}), lambda key: None)
-    handler = next(h for h in watch.registry._watching.get_all_handlers() if h.id == "worker_pod_event")
     job = make_job(replicas=2)
     key = JobKey("team-a", job.metadata.name)
 
-    def event(type: str, pod: dict[str, Any], *others: dict[str, Any]) -> dict[str, Any]:
-        asyncio.run(handler.fn(type=type, body=pod, labels=pod["metadata"]["labels"], namespace="team-a",
-                               worker_pods={key: list(others)}))
+    def event(type: str, pod: dict[str, Any]) -> dict[str, Any]:
+        watch.pods.handle("team-a", type, pod)
         return queued[-1]
 
     scheduled = pod_json(job, 0, "Pending", False)
-    assert event("ADDED", scheduled, scheduled) == {"key": key, "delay": STATUS_NEWS_SECONDS}
+    assert event("ADDED", scheduled) == {"key": key, "delay": STATUS_NEWS_SECONDS}
+    assert event("ADDED", pod_json(job, 1, "Pending", False)) == {"key": key, "delay": STATUS_NEWS_SECONDS}
+    ready = [pod_json(job, i) for i in range(2)]
+    assert event("MODIFIED", ready[0]) == {"key": key, "delay": STATUS_NEWS_SECONDS}  # ready before its gang
+    assert event("MODIFIED", ready[1]) == {"key": key, "urgent": True}  # the whole gang ready: Running
     failed = pod_json(job, 1, "Failed", False, exit_code=1)
-    assert event("MODIFIED", failed, scheduled, failed) == {"key": key, "urgent": True}
+    assert event("MODIFIED", failed) == {"key": key, "urgent": True}
+    deleting = pod_json(job, 0, deleting=True)
+    assert event("MODIFIED", deleting) == {"key": key, "delay": STATUS_NEWS_SECONDS}
+    assert event("DELETED", failed) == {"key": key, "delay": STATUS_NEWS_SECONDS}  # worker 0 still terminating
+    assert event("DELETED", deleting) == {"key": key, "urgent": True}  # the last: replacements can be created
+    assert watch.cached_pods("team-a", job.metadata.name) is None  # not listed yet: the reconciler lists
+
+
+def test_the_pod_store_serves_after_every_namespace_is_listed_and_drops_pods_deleted_while_away() -> None:
+    from rljob_operator.cluster.podwatch import PodWatch
+
+    events: list[tuple[str | None, Any, str, list[str]]] = []
+    watch = PodWatch(["team-a", "team-b"], lambda type, key, pod, others: events.append(
+        (type, key, pod["metadata"]["name"], sorted(p["metadata"]["name"] for p in others))))
+    job = make_job(replicas=3)
+    key = JobKey("team-a", job.metadata.name)
+    pods = [pod_json(job, i) for i in range(3)]
+    for pod in pods:
+        pod["metadata"]["namespace"] = "team-a"
+        watch.handle("team-a", None, pod)  # the listing
+    watch.handle("team-a", None, {"metadata": {"name": "no-label", "namespace": "team-a", "uid": "x"}})
+    assert watch.store.end_listing("team-a") == [] and watch.store.pods(key.namespace, key.name) is None  # team-b not listed yet
+    assert watch.store.end_listing("team-b") == []
+    assert [p["metadata"]["name"] for p in watch.store.pods(key.namespace, key.name) or []] == [p["metadata"]["name"] for p in pods]
+    assert "managedFields" not in (watch.store.pods(key.namespace, key.name) or [{}])[0]["metadata"]  # slim copies
+    assert watch.store.pods("team-a", "other") == [] and len(events) == 3
+    # The watch was away (410 Gone): the relisting shows workers 0 and 2 only; 1 was deleted meanwhile.
+    for pod in (pods[0], pods[2]):
+        watch.handle("team-a", None, pod)
+    gone = watch.store.end_listing("team-a")
+    assert [(k, p["metadata"]["name"]) for k, p in gone] == [(key, pods[1]["metadata"]["name"])]
+    assert len(watch.store.pods(key.namespace, key.name) or []) == 2
+    watch.handle("team-a", "DELETED", pods[0])
+    watch.handle("team-a", "DELETED", pods[2])
+    assert watch.store.pods(key.namespace, key.name) == [] and watch.store.jobs() == []
+    assert events[-1] == ("DELETED", key, pods[2]["metadata"]["name"], [])
+
+
+def test_the_pod_watch_reads_the_stream_of_the_locked_kopf_and_stops_the_operator_when_it_ends() -> None:
+    """``podwatch`` reads kopf's internal watch stream: this fails the day kopf moves or reshapes it."""
+    import inspect
+
+    from kopf._cogs.clients import watching
+    from rljob_operator.cluster.podwatch import PodWatch
+
+    assert {"settings", "resource", "namespace"} <= set(inspect.signature(watching.infinite_watch).parameters)
+    assert watching.Bookmark.LISTED
+
+    async def ended() -> PodWatch:
+        watch = PodWatch([], lambda *a: None)
+
+        async def broken(settings: Any, scope: str | None) -> None:
+            raise RuntimeError("403 Forbidden")
+
+        watch._stream = broken  # type: ignore[method-assign]
+        watch.start(None)  # type: ignore[arg-type]
+        await asyncio.wait_for(watch.failed.wait(), 5)
+        return watch
+
+    assert "403 Forbidden" in repr(asyncio.run(ended()).failure)
 
 
 def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does_not_keep() -> None:
@@ -1150,11 +1211,11 @@ def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does
     watch = JobWatch(Configuration(), lambda *a, **kw: None, lambda key: None, gate_watches=[WORKLOADS],
                      watch_nodes=True)
     register_experiments(watch.registry, lambda *a, **kw: None)
-    check_handlers(watch.registry)  # on.event, on.login and indexes only
+    check_handlers(watch.registry)  # on.event, on.login, on.startup/cleanup and indexes only
     assert isinstance(kopf_settings().persistence.diffbase_storage, NoDiffBase)
     # Every handler of a watch event is a coroutine: kopf runs a plain function in its thread pool.
     per_event = [*watch.registry._watching.get_all_handlers(), *watch.registry._indexing.get_all_handlers()]
-    assert len(per_event) >= 6 and all(inspect.iscoroutinefunction(h.fn) for h in per_event)
+    assert len(per_event) >= 4 and all(inspect.iscoroutinefunction(h.fn) for h in per_event)
 
     @kopf.on.update("rljob.dev", "v1alpha1", "rltrainingjobs", registry=watch.registry, id="an_update_handler")
     def an_update_handler(**_: Any) -> None: ...

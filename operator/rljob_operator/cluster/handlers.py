@@ -1,4 +1,5 @@
-"""kopf handlers: watch RLTrainingJobs and their worker pods, and queue the job for a reconcile.
+"""kopf handlers: watch RLTrainingJobs (and, through ``podwatch``, their worker pods), and queue the
+job for a reconcile.
 
 Handlers stay short: every event (a job created, edited, its status written; a worker pod
 scheduled, ready, exited) only adds the job's key to the work queue, and the queue runs
@@ -22,13 +23,11 @@ import kopf
 
 from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.jobcache import JobCache
+from rljob_operator.cluster.podwatch import PODS, PodWatch
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.integrations.client import GateWatch
 from rljob_operator.names import LABEL_JOB
-
-#: The kopf index of worker pods by job: ``JobKey`` → the pods' bodies.
-POD_INDEX = "worker_pods"
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -55,7 +54,7 @@ def check_handlers(registry: kopf.OperatorRegistry) -> None:
                            "indexes are supported (see NoDiffBase)")
 
 
-def kopf_settings() -> kopf.OperatorSettings:
+def kopf_settings(gate_watches: Sequence[GateWatch] = ()) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.scanning.disabled = True  # no cluster-wide CRD/namespace listing needed
@@ -63,6 +62,12 @@ def kopf_settings() -> kopf.OperatorSettings:
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     settings.posting.level = 40  # kopf's own events: errors only (ours are the phase transitions)
+    # The API server filters the pods and the gates' objects by label, not kopf: a handler's ``labels=``
+    # only filters what the watch already sent, and every other pod of the cluster (or namespace) would
+    # be decoded and run through kopf's machinery (or the pod watch), each of its events.
+    settings.watching.label_selectors[PODS.group, PODS.version, PODS.plural] = LABEL_JOB
+    for gate in gate_watches:
+        settings.watching.label_selectors[gate.group, gate.version, gate.plural] = gate.label
     return settings
 
 
@@ -88,7 +93,7 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
     )
 
 
-def urgent_pod_event(type: str | None, pod: Mapping[str, Any], others: list[Mapping[str, Any]]) -> bool:
+def urgent_pod_event(type: str | None, pod: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> bool:
     """Does this watch event of a worker pod call for a gang decision ahead of routine ones?
 
     Yes when the worker ended (its trainer exited, the pod Failed or Succeeded, or the cluster marked
@@ -118,26 +123,30 @@ class JobWatch:
 
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[JobKey], None],
                  gate_watches: Sequence[GateWatch] = (), watch_nodes: bool = False,
-                 nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None) -> None:
-        """``nodes_changed``: called (with ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
+                 nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None,
+                 namespaces: list[str] | None = None) -> None:
+        """``namespaces``: those watched (none: the whole cluster). ``nodes_changed``: called (with
+        ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
         cache the watch keeps the jobs in (the reconciler's; a new one if None)."""
         self.jobs = jobs if jobs is not None else JobCache()
+        self.gate_watches = tuple(gate_watches)
         self.enqueue = enqueue
         self.forget = forget
         self.known: set[JobKey] = set()
         self.registry = kopf.OperatorRegistry()
-        self.pod_index: Any = None
-        """kopf's index of worker pods, filled from the pod watch (kopf handles no event before
-        its initial listing is indexed, so it is complete by the first reconcile)."""
+        self.pods = PodWatch(namespaces or [], self.pod_event)
+        """The worker pods by job (``PodWatch``: kopf's stream without kopf's per-object machinery)."""
         self.gone_nodes: dict[str, float] = {}
         """Nodes the watch saw deleted (and not created again since): name → when (monotonic)."""
         registry = self.registry
 
-        @kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry, id=POD_INDEX)
-        async def worker_pods(body: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
-                              ) -> dict[JobKey, dict[str, Any]]:
-            # async: kopf runs a sync handler in its thread pool, a thread hop for every pod event
-            return {JobKey(namespace or "", labels[LABEL_JOB]): slim_pod(body)}
+        @kopf.on.startup(registry=registry, id="worker_pod_watch")
+        async def worker_pod_watch(settings: kopf.OperatorSettings, **_: Any) -> None:
+            self.pods.start(settings)  # a task of kopf's: it holds kopf's credentials
+
+        @kopf.on.cleanup(registry=registry, id="worker_pod_watch_stop")
+        async def worker_pod_watch_stop(**_: Any) -> None:
+            await self.pods.stop()
 
         @kopf.on.login(registry=registry, id="rljob_login")
         def rljob_login(**_: Any) -> kopf.ConnectionInfo:
@@ -146,27 +155,13 @@ class JobWatch:
         @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rltrainingjob_event")
         async def rltrainingjob_event(type: str, name: str, namespace: str | None, event: Mapping[str, Any],
                                       **kw: Any) -> None:
-            self.pod_index = kw[POD_INDEX]
             key, deleted = JobKey(namespace or "", name), type == "DELETED"
             quiet = self.jobs.seen(key, None if deleted else dict(event["object"]))
             self.job_changed(key, deleted=deleted, quiet=quiet, new=not deleted and not event["object"].get("status"))
 
-        @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry,
-                       id="worker_pod_event")
-        async def worker_pod_event(type: str | None, body: Mapping[str, Any], labels: Mapping[str, str],
-                                   namespace: str | None, **kw: Any) -> None:
-            self.pod_index = kw[POD_INDEX]
-            key = JobKey(namespace or "", labels[LABEL_JOB])
-            store = self.pod_index.get(key)  # indexed before this handler runs: without a deleted pod
-            if urgent_pod_event(type, body, list(store) if store is not None else []):
-                self.enqueue(key, urgent=True)
-            else:  # news for the status only: one reconcile for the gang's pods as they come up together
-                self.enqueue(key, delay=STATUS_NEWS_SECONDS)
-
         if watch_nodes:  # a Node deleted: the gangs with a worker there are lost now, not after pod GC
             @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
-            async def node_event(type: str | None, name: str, **kw: Any) -> None:
-                self.pod_index = kw[POD_INDEX]
+            async def node_event(type: str | None, name: str, **_: Any) -> None:
                 if type in ("ADDED", "DELETED") and nodes_changed is not None:
                     nodes_changed()  # before the jobs below are queued: they size their gangs afresh
                 if type == "DELETED":
@@ -189,11 +184,15 @@ class JobWatch:
 
         Called from reconcile threads: ``list()`` of a dict's values is one step for the GIL.
         """
-        index = self.pod_index
-        if index is None:
-            return None
-        store = index.get(JobKey(namespace, name))
-        return list(store) if store is not None else []
+        return self.pods.store.pods(namespace, name)
+
+    def pod_event(self, type: str | None, key: JobKey, pod: dict[str, Any], others: list[dict[str, Any]]) -> None:
+        """A worker pod's event (``others``: its job's pods after it): a gang decision is queued now,
+        news for the status only a moment later, with the others of the gang as they come up."""
+        if urgent_pod_event(type, pod, others):
+            self.enqueue(key, urgent=True)
+        else:
+            self.enqueue(key, delay=STATUS_NEWS_SECONDS)
 
     def node_gone(self, name: str | None) -> bool:
         """Was Node ``name`` deleted (seen by the watch, and not created again since)?"""
@@ -206,11 +205,8 @@ class JobWatch:
             if now - when > GONE_NODE_MEMORY_SECONDS:
                 del self.gone_nodes[node]
         self.gone_nodes[name] = now
-        index = self.pod_index
-        if index is None:
-            return
-        for key, pods in list(index.items()):
-            if any((pod.get("spec") or {}).get("nodeName") == name for pod in list(pods)):
+        for key in self.pods.store.jobs():
+            if any((pod.get("spec") or {}).get("nodeName") == name for pod in self.pods.store.job_pods(key)):
                 self.enqueue(key, urgent=True)
 
     def job_changed(self, key: JobKey, deleted: bool, quiet: bool = False, new: bool = False) -> None:

@@ -210,7 +210,8 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget, gate_watches=gate_watches,
-                     watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity, jobs=jobs)
+                     watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity, jobs=jobs,
+                     namespaces=s.namespaces)
     register_experiments(watch.registry, queue.add)
     check_handlers(watch.registry)
     watch_ref.append(watch)
@@ -228,10 +229,11 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
     stop_wait = asyncio.create_task(stopping.wait())
     ready_wait = asyncio.create_task(ready_flag.wait())
+    pods_failed = asyncio.create_task(watch.pods.failed.wait())  # the pod watch ended: not blind
     background = [asyncio.create_task(watch.resync(s.resync_seconds))]
     kopf_task = asyncio.create_task(kopf.operator(
         registry=watch.registry,
-        settings=kopf_settings(),
+        settings=kopf_settings(watch.gate_watches),
         standalone=True,  # leadership is ours (the Lease), not kopf's peering
         # Our identity, not kopf's own guess: it asks the password database for the user's name, and
         # an image's non-root uid often has no entry there (every container under a kubelet failed).
@@ -241,11 +243,13 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     ))
-    await asyncio.wait([kopf_task, ready_wait, holding, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([kopf_task, ready_wait, holding, stop_wait, pods_failed], return_when=asyncio.FIRST_COMPLETED)
     _install_signals(stopping)  # kopf installed its own; ours stop it through stop_flag
-    await asyncio.wait([kopf_task, holding, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([kopf_task, holding, stop_wait, pods_failed], return_when=asyncio.FIRST_COMPLETED)
     lost = holding.done()
-    code = 1 if lost or (kopf_task.done() and not stopping.is_set()) else 0
+    code = 1 if lost or pods_failed.done() or (kopf_task.done() and not stopping.is_set()) else 0
+    if pods_failed.done():
+        log.error("stopping: the pod watch ended: %r", watch.pods.failure, exc_info=watch.pods.failure)
     if kopf_task.done() and not stopping.is_set():  # kopf ended on its own: say why, never exit mute
         error = None if kopf_task.cancelled() else kopf_task.exception()
         log.error("stopping: the watches ended%s", f": {error!r}" if error else "", exc_info=error)
@@ -253,7 +257,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
         log.error("stopping: this replica no longer holds the lease")
         await queue.stop()  # first: no reconcile may start while kopf winds down
 
-    for task in [*background, holding, stop_wait, ready_wait]:
+    for task in [*background, holding, stop_wait, ready_wait, pods_failed]:
         task.cancel()
     stop_flag.set()
     # kopf waits up to 5 s for tasks started while it ran (in-flight HTTP handlers, say); a
@@ -292,3 +296,4 @@ def run(s: OperatorSettings) -> int:
         "allowed" if profile.allow_secret_references else "refused",
         "allowed" if profile.allow_trust_remote_code else "refused")
     return asyncio.run(operate(s))
+
