@@ -49,7 +49,7 @@ class ObjectKey:
 
 
 class JobKey(ObjectKey):
-    """The key of an RLTrainingJob: in the work queue, the job cache and the kopf index of worker pods."""
+    """The key of an RLTrainingJob: in the work queue, the job cache and the store of worker pods (``podwatch``)."""
 
     __slots__ = ()
 
