@@ -32,8 +32,8 @@ from rljob_operator.names import LABEL_JOB
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """No diff base: kopf builds one on every watch event (a deep copy of the whole object) for its
-    on.create/update/resume/delete handlers. rljob registers none of those (only on.event, on.login
-    and indexes; ``check_handlers`` refuses to start otherwise), so nothing would ever read it."""
+    on.create/update/resume/delete handlers. rljob registers none of those (only on.event, on.login,
+    on.startup/cleanup and indexes; ``check_handlers`` refuses to start otherwise), so nothing would ever read it."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return cast(kopf.BodyEssence, {})
@@ -50,8 +50,8 @@ def check_handlers(registry: kopf.OperatorRegistry) -> None:
     daemon/timer handlers: the latter would also add finalizers, see the module's docstring)."""
     needing = [h.id for h in [*registry._changing.get_all_handlers(), *registry._spawning.get_all_handlers()]]
     if needing:
-        raise RuntimeError(f"kopf handlers {', '.join(needing)} need a diff base; only on.event, on.login and "
-                           "indexes are supported (see NoDiffBase)")
+        raise RuntimeError(f"kopf handlers {', '.join(needing)} need a diff base; only on.event, on.login, "
+                           "on.startup/cleanup and indexes are supported (see NoDiffBase)")
 
 
 def kopf_settings(gate_watches: Sequence[GateWatch] = ()) -> kopf.OperatorSettings:
@@ -126,8 +126,8 @@ class JobWatch:
                  nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None,
                  namespaces: list[str] | None = None) -> None:
         """``namespaces``: those watched (none: the whole cluster). ``nodes_changed``: called (with
-        ``watch_nodes``) when a Node is added or deleted; ``jobs``: the
-        cache the watch keeps the jobs in (the reconciler's; a new one if None)."""
+        ``watch_nodes``) when a Node is added or deleted; ``jobs``: the cache the watch keeps the jobs
+        in (the reconciler's; a new one if None)."""
         self.jobs = jobs if jobs is not None else JobCache()
         self.gate_watches = tuple(gate_watches)
         self.enqueue = enqueue
