@@ -25,7 +25,7 @@ from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.podwatch import PODS, PodWatch
 from rljob_operator.cluster.workqueue import JobKey
-from rljob_operator.decisions.observed import ObservedPod, slim_pod
+from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.integrations.client import GateWatch
 from rljob_operator.names import LABEL_JOB
 
@@ -93,7 +93,7 @@ def connection_info(configuration: Any) -> kopf.ConnectionInfo:
     )
 
 
-def urgent_pod_event(type: str | None, pod: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> bool:
+def urgent_pod_event(type: str | None, pod: dict[str, Any], others: Sequence[dict[str, Any]]) -> bool:
     """Does this watch event of a worker pod call for a gang decision ahead of routine ones?
 
     Yes when the worker ended (its trainer exited, the pod Failed or Succeeded, or the cluster marked
@@ -105,10 +105,10 @@ def urgent_pod_event(type: str | None, pod: Mapping[str, Any], others: Sequence[
     """
     if type == "DELETED":
         return not any((other.get("metadata") or {}).get("deletionTimestamp") for other in others)
-    seen = ObservedPod.from_pod(slim_pod(pod), "")
+    seen = ObservedPod.from_pod(pod, "")  # the pod watch's slim copy (a full pod reads the same)
     if seen.finished or seen.exit_code is not None or seen.disrupted:
         return True
-    return seen.ready and all(o.ready and not o.deleting for o in (ObservedPod.from_pod(dict(p), "") for p in others))
+    return seen.ready and all(o.ready and not o.deleting for o in (ObservedPod.from_pod(p, "") for p in others))
 
 
 #: How long a pod's watch event that only changes what the status reports (a pod created, scheduled,
