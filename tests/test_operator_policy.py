@@ -171,6 +171,66 @@ def test_baseline_allows_root_but_nothing_host_level_and_privileged_only_checks_
                                           allow_trust_remote_code=True)) == []
 
 
+def test_a_verdict_is_remembered_for_an_unchanged_job_and_made_again_when_its_input_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``policy.checked``: reconciles of an unchanged job check nothing again; a new spec (even one that
+    kept its generation, as tests build them), new labels or another profile get a verdict of their own."""
+    from collections import OrderedDict
+
+    from rljob_operator.decisions import policy
+
+    calls: list[str] = []
+    real = policy.violations
+    monkeypatch.setattr(policy, "violations", lambda job, profile: calls.append(job.metadata.name) or real(job, profile))
+    monkeypatch.setattr(policy, "_checked", OrderedDict())
+    assert policy.checked(make_job(), PROFILE) == [] and policy.checked(make_job(), PROFILE) == []
+    assert len(calls) == 1  # the second reconcile parsed the job again: same input, same verdict
+    case, patch, field = ESCALATIONS[0]
+    escalated = make_job(spec=patch)  # same uid, same generation: only the spec differs
+    assert any(v.startswith(field) for v in policy.checked(escalated, PROFILE)), case
+    relabelled = make_job()
+    relabelled.metadata.labels["team"] = "b"
+    foreign = PodProfile(allowed_images=("registry.invalid/nothing-else:*",))
+    assert policy.checked(relabelled, PROFILE) == []
+    assert any(v.startswith("spec.image") for v in policy.checked(make_job(), foreign))
+    assert len(calls) == 4
+    monkeypatch.setattr(policy, "CHECKED_KEPT", 2)
+    relabelled.metadata.labels["team"] = "c"
+    policy.checked(relabelled, PROFILE)  # a fifth key: the three oldest go
+    assert len(policy._checked) == 2 and len(calls) == 5
+
+
+def test_the_operator_loads_the_pod_schema_at_start_and_its_first_check_imports_nothing() -> None:
+    """``podschema.load_models`` (called before the operator takes the Lease) imports every client model the
+    check of a job's pod fields walks into; without it the first reconcile paid those imports (a quarter
+    of a second of the interpreter, in a burst in front of every job)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from rljob_operator.decisions import podschema
+loaded = podschema.load_models()
+assert {"V1Pod", "V1Container", "V1EnvVarSource", "V1Toleration", "V1Affinity", "V1Volume", "V1VolumeMount",
+        "V1PodSecurityContext", "V1Probe"} <= loaded, sorted(loaded)
+before = set(sys.modules)
+workers = {"podTemplate": {"metadata": {"labels": {"a": "b"}}, "spec": {
+    "containers": [{"name": "trainer", "securityContext": {"capabilities": {"drop": ["ALL"]}},
+                    "readinessProbe": {"exec": {"command": ["true"]}}}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}]}}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule"}]}},
+    "volumes": [{"name": "v", "csi": {"driver": "d", "volumeAttributes": {"a": "b"}}}],
+    "volumeMounts": [{"name": "v", "mountPath": "/v"}], "tolerations": [{"key": "k", "operator": "Exists"}],
+    "env": [{"name": "E", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}
+assert podschema.unknown_fields(workers) == []
+assert podschema.unknown_fields({"podTemplate": {"spec": {"nodeSelectr": {}}}}) != []
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_the_profile_comes_from_the_operator_settings_and_refuses_an_unknown_level() -> None:
     settings = OperatorSettings.from_env({
         "RLJOB_OPERATOR_POD_PROFILE": "baseline", "RLJOB_OPERATOR_ALLOWED_IMAGES": "a/*, b:1",

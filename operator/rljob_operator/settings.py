@@ -187,7 +187,7 @@ class OperatorSettings:
     resync_seconds: float = setting(300.0, help="Every job is reconciled at least this often, events or not.",
                                     chart="operator.resyncSeconds")
     workers: int = setting(
-        16, help="Jobs reconciled at once, each in a thread of its own; their concurrent requests get twice as many.",
+        32, help="Jobs reconciled at once, each in a thread of its own; their concurrent requests get twice as many.",
         chart="operator.workers")
     heartbeat_flush_seconds: float = setting(
         2.0, help="Heartbeats of one job are written to its status at most this often.",

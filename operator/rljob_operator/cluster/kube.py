@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -32,6 +33,19 @@ from rljob_operator.names import ANNOTATION_CREATED_FOR, LABEL_MANAGED_BY, MANAG
 log = logging.getLogger("rljob.kube")
 FAULT_ENV = "RLJOB_FAULT_CRASH_AFTER_WRITES"
 FIELD_MANAGER = "rljob-operator"
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON decoded as the standard library decodes it, by orjson where it can (two to three times faster).
+
+    The operator decodes every watch event (a pod's JSON is kilobytes) and every answer; orjson gives the
+    same objects, but refuses an integer beyond 64 bits, which the standard library decodes: such a
+    document (from a job's free-form fields, say) is decoded the slow way rather than refused.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 class ChildConflict(Exception):
@@ -174,7 +188,7 @@ class Kube:
             raise ApiException.from_response(http_resp=response, body=body, data=None)
         if method != "GET" and count_write:
             self._after_write()
-        return json.loads(response.data) if response.data else None
+        return loads(response.data) if response.data else None
 
     def _after_write(self) -> None:
         if not self._crash_after:

@@ -32,6 +32,7 @@ from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconciler
 from rljob_operator.cluster.workqueue import ExperimentKey, Key, WorkQueue
+from rljob_operator.decisions import podschema
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations import registry
@@ -87,6 +88,8 @@ async def operate(s: OperatorSettings) -> int:
     stopping = asyncio.Event()
     _install_signals(stopping)
     endpoint, runners = await _serve_endpoints(s, kube)
+    # Before the Lease: a standby pays this while it waits, a leader before its first reconcile.
+    await asyncio.to_thread(podschema.load_models)
     try:
         elector = None
         if s.leader_elect:

@@ -56,3 +56,21 @@ def _walk(value: Any, type_name: str, path: str) -> Iterator[str]:
             yield f"{path}.{key}: unknown field (field names are camelCase: write {by_python_name[key]!r})"
         else:
             yield f"{path}.{key}: unknown field (a {type_name.removeprefix('V1')} has no such field)"
+
+
+def load_models(type_name: str = "V1Pod", seen: set[str] | None = None) -> set[str]:
+    """Import the client's model ``type_name`` and every model it refers to; their names.
+
+    The client imports each model on first use, and V1Pod's take the interpreter about a quarter of a
+    second: the operator loads them at start-up, so that its first reconcile (in a burst, every job's
+    first reconcile behind it) does not pay that.
+    """
+    seen = set() if seen is None else seen
+    while (inner := _LIST.match(type_name) or _DICT.match(type_name)) is not None:
+        type_name = inner.group(1)
+    model = getattr(client, type_name, None) if type_name.startswith("V1") and type_name not in seen else None
+    if model is not None:
+        seen.add(type_name)
+        for field_type in model.openapi_types.values():
+            load_models(field_type, seen)
+    return seen

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +128,37 @@ def violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
         out += _template(workers.pod_template, profile, named_sa)
     out += _trust_remote_code(job, profile)
     return out or _built_pod(desired_worker_pod(job, 0, 0)["spec"], profile, named_sa)
+
+
+#: How many jobs' verdicts ``checked`` remembers (the least recently used is dropped first).
+CHECKED_KEPT = 4096
+_checked: OrderedDict[tuple[Any, ...], tuple[str, ...]] = OrderedDict()
+_checked_lock = threading.Lock()
+
+
+def checked(job: RLTrainingJob, profile: PodProfile) -> list[str]:
+    """``violations(job, profile)``, remembered for the same job (uid, name, labels, annotations) with the
+    same spec and profile.
+
+    Most reconciles (a pod scheduled, ready, a status written) see none of those change, and the check
+    builds and walks the whole worker pod (about a millisecond of the interpreter, in every reconcile);
+    the key is the spec itself (its JSON: microseconds), not ``metadata.generation``, so nothing but equal
+    input shares a verdict. Reconcile threads share the memory.
+    """
+    meta = job.metadata
+    key = ((meta.model_extra or {}).get("uid"), meta.namespace, meta.name, tuple(sorted(meta.labels.items())),
+           tuple(sorted(meta.annotations.items())), job.spec.model_dump_json(), profile)
+    with _checked_lock:
+        found = _checked.get(key)
+        if found is not None:
+            _checked.move_to_end(key)
+            return list(found)
+    found = tuple(violations(job, profile))
+    with _checked_lock:
+        _checked[key] = found
+        while len(_checked) > CHECKED_KEPT:
+            _checked.popitem(last=False)
+    return list(found)
 
 
 # ----------------------------------------------------------------------- references

@@ -28,7 +28,7 @@ from rljob_operator.decisions.plan import (
     transition_event,
     whole,
 )
-from rljob_operator.decisions.policy import PodProfile, violations
+from rljob_operator.decisions.policy import PodProfile, checked
 from rljob_operator.decisions.scaling import (
     Capacity,
     Resize,
@@ -138,7 +138,7 @@ class Situation:
     @derived
     def violations(self) -> list[str]:
         """Fields of the job the platform's pod profile does not allow (``policy.violations``)."""
-        found = violations(self.job, self.profile) if self.profile is not None else []
+        found = checked(self.job, self.profile) if self.profile is not None else []
         return found + [v for g in self.gates for v in g.gate.violations(self.job, g.view)]
 
     @derived
