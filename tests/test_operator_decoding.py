@@ -26,10 +26,10 @@ def test_loads_decodes_what_the_standard_library_decodes_to_the_same_objects() -
 
 
 def test_kopf_decodes_its_watch_streams_with_loads_once_the_pod_watch_starts() -> None:
-    """``podwatch.decode_watches_fast`` swaps the ``json`` that kopf's ``api.stream`` decodes lines with:
+    """``streams.decode_watches_fast`` swaps the ``json`` that kopf's ``api.stream`` decodes lines with:
     this fails the day the locked kopf decodes them otherwise (the swap would then do nothing)."""
     from kopf._cogs.clients import api as kopf_api
-    from rljob_operator.cluster.podwatch import decode_watches_fast
+    from rljob_operator.cluster.streams import decode_watches_fast
 
     assert "json.loads(line" in inspect.getsource(kopf_api.stream)
     original = kopf_api.json

@@ -1076,13 +1076,11 @@ def test_the_watch_queues_a_job_for_every_event_but_the_operators_own_status_wri
 
     queued: list[Any] = []
     watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), lambda key: None)
-    handler = next(h for h in watch.registry._watching.get_all_handlers() if h.id == "rltrainingjob_event")
     job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1", "generation": 1}, "spec": {}}
     written = {**job, "metadata": {**job["metadata"], "resourceVersion": "2"}, "status": {"phase": "Running"}}
 
     def event(type: str | None, body: dict[str, Any]) -> None:
-        asyncio.run(handler.fn(type=type, name="j", namespace="ns", event={"type": type, "object": body},
-                               worker_pods={}))
+        watch.job_stream.handle(None, type, body)  # the job stream's event (type None: listed)
 
     key = JobKey("ns", "j")
     event(None, job)
@@ -1102,15 +1100,14 @@ def test_a_new_job_is_queued_as_urgent_a_job_with_a_status_as_an_event() -> None
 
     queued: list[dict[str, Any]] = []
     watch = JobWatch(Configuration(), lambda key, **kw: queued.append({"key": key, **kw}), lambda key: None)
-    handler = next(h for h in watch.registry._watching.get_all_handlers() if h.id == "rltrainingjob_event")
     job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1", "generation": 1}, "spec": {}}
 
     def event(type: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        asyncio.run(handler.fn(type=type, name="j", namespace="ns", event={"type": type, "object": body},
-                               worker_pods={}))
+        watch.job_stream.handle(None, type, body)
         return queued[-1]
 
     key = JobKey("ns", "j")
+    assert event(None, job) == {"key": key, "urgent": True}  # listed: not deleted
     assert event("ADDED", job) == {"key": key, "urgent": True}
     assert event("MODIFIED", {**job, "status": None}) == {"key": key, "urgent": True}  # null: none yet
     edited = {**job, "metadata": {**job["metadata"], "resourceVersion": "3", "generation": 2},
@@ -1201,6 +1198,75 @@ def test_the_pod_watch_reads_the_stream_of_the_locked_kopf_and_stops_the_operato
     assert "403 Forbidden" in repr(asyncio.run(ended()).failure)
 
 
+def test_the_job_stream_hands_on_as_deleted_the_jobs_a_relisting_does_not_show() -> None:
+    """A job deleted while the stream was away (the relisting after 410 Gone does not show it) is
+    forgotten at the end of that listing, in its namespace only, as a DELETED event would."""
+    from kubernetes.client import Configuration
+    from rljob_operator.cluster.handlers import JobWatch
+
+    queued: list[Any] = []
+    forgotten: list[JobKey] = []
+    watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), forgotten.append,
+                     namespaces=["team-a", "team-b"])
+
+    def job(ns: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": ns, "resourceVersion": "1"}, "spec": {},
+                "status": {"phase": "Running"}}
+
+    a1, a2, b1 = JobKey("team-a", "one"), JobKey("team-a", "two"), JobKey("team-b", "one")
+    for key in (a1, a2, b1):
+        watch.job_stream.handle(key.namespace, None, job(key.namespace, key.name))
+    watch.job_stream.listed("team-a")
+    watch.job_stream.listed("team-b")
+    assert queued == [a1, a2, b1] and watch.known == {a1, a2, b1} and not forgotten
+    assert watch.jobs.get(a2) is not None
+    # team-a's stream was away (410 Gone): its relisting shows only "one"; team-b is not touched.
+    watch.job_stream.handle("team-a", None, job("team-a", "one"))
+    watch.job_stream.listed("team-a")
+    assert forgotten == [a2] and watch.known == {a1, b1} and watch.jobs.get(a2) is None
+    assert queued[-2:] == [a1, a2]  # the deleted job is reconciled once more (its metrics cleared)
+    watch.job_stream.listed("team-a")  # a listing that showed nothing: every job of team-a is gone
+    assert forgotten == [a2, a1] and watch.known == {b1} and watch.job_stream.keys == {b1}
+
+
+def test_the_streams_read_kopfs_events_and_a_job_stream_that_ends_stops_the_operator(monkeypatch: Any) -> None:
+    """Both streams read kopf's stream the same way (listing, its end, bookmarks, events) and an error
+    in one event is logged, never ends the stream; one that ends on its own is reported by ``stream_failed``."""
+    from kopf._cogs.clients import watching
+    from kubernetes.client import Configuration
+    from rljob_operator.cluster import streams
+    from rljob_operator.cluster.handlers import JobWatch
+
+    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1"}, "spec": {}}
+    seen: list[tuple[JobKey, dict[str, Any]]] = []
+
+    def enqueue(key: JobKey, **kw: Any) -> None:
+        if key.name == "broken":
+            raise ValueError("a handler's error")
+        seen.append((key, kw))
+
+    async def infinite_watch(settings: Any, resource: Any, namespace: Any) -> Any:
+        assert resource is streams.JOBS and namespace is None
+        yield {"type": None, "object": job}
+        yield watching.Bookmark.LISTED
+        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}}
+        yield {"type": "ADDED", "object": {"metadata": {"name": "broken", "namespace": "ns"}}}  # logged
+        yield {"type": "DELETED", "object": job}
+        raise RuntimeError("403 Forbidden")
+
+    async def run() -> tuple[JobWatch, Any]:
+        watch = JobWatch(Configuration(), enqueue, lambda key: None)
+        watch.job_stream.start(None)  # type: ignore[arg-type]
+        return watch, await asyncio.wait_for(watch.stream_failed(), 5)
+
+    monkeypatch.setattr(watching, "infinite_watch", infinite_watch)
+    watch, stream = asyncio.run(run())
+    assert stream is watch.job_stream and "403 Forbidden" in repr(stream.failure) and not watch.pods.failed.is_set()
+    key = JobKey("ns", "j")
+    assert seen == [(key, {"urgent": True}), (key, {"urgent": False})]  # listed (new), deleted
+    assert watch.job_stream.keys == {JobKey("ns", "broken")} and watch.jobs.get(key) is None
+
+
 def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does_not_keep() -> None:
     import kopf
     from kubernetes.client import Configuration
@@ -1216,6 +1282,7 @@ def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does
     # Every handler of a watch event is a coroutine: kopf runs a plain function in its thread pool.
     per_event = [*watch.registry._watching.get_all_handlers(), *watch.registry._indexing.get_all_handlers()]
     assert len(per_event) >= 4 and all(inspect.iscoroutinefunction(h.fn) for h in per_event)
+    assert "rltrainingjob_event" not in {h.id for h in per_event}  # the jobs: kopf's stream (streams.JobStream)
 
     @kopf.on.update("rljob.dev", "v1alpha1", "rltrainingjobs", registry=watch.registry, id="an_update_handler")
     def an_update_handler(**_: Any) -> None: ...

@@ -1,12 +1,16 @@
-"""kopf handlers: watch RLTrainingJobs (and, through ``podwatch``, their worker pods), and queue the
-job for a reconcile.
+"""The watches of the RLTrainingJobs and their worker pods (kopf's streams, ``streams``/``podwatch``)
+and of what else the operator follows (kopf handlers), each event queueing a job for a reconcile.
 
 Handlers stay short: every event (a job created, edited, its status written; a worker pod
 scheduled, ready, exited) only adds the job's key to the work queue, and the queue runs
 :class:`~rljob_operator.cluster.reconciler.Reconciler` serially per job. Two kinds of event wait:
 a pod's that only changes what the status reports is queued a moment later, with the others of
 its gang (``STATUS_NEWS_SECONDS``); the job's own status write, which the watch shows back, is
-not queued at all (``JobCache``, which keeps the jobs the watch shows for the reconciler). No handler
+not queued at all (``JobCache``, which keeps the jobs the watch shows for the reconciler). The jobs
+and the pods are not kopf handlers: kopf's per-object machinery did nothing for them but cost CPU,
+so ``JobStream`` and ``PodWatch`` read kopf's own watch streams, started and stopped by the
+``watch_streams`` startup and cleanup activities. kopf keeps its login, the Nodes, the gates' objects
+and the RLExperiments (``experiments``). No handler
 needs a finalizer (kopf timers and daemons would add one and block ``kubectl delete`` while
 the operator is down); deadlines and TTLs are delayed re-queues, and a periodic resync
 catches anything a watch missed.
@@ -21,9 +25,9 @@ from typing import Any, cast
 
 import kopf
 
-from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.podwatch import PODS, PodWatch
+from rljob_operator.cluster.streams import JobStream, ResourceStream
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.integrations.client import GateWatch
@@ -136,28 +140,25 @@ class JobWatch:
         self.registry = kopf.OperatorRegistry()
         self.pods = PodWatch(namespaces or [], self.pod_event)
         """The worker pods by job (``PodWatch``: kopf's stream without kopf's per-object machinery)."""
+        self.job_stream = JobStream(namespaces or [], self.job_event)
+        """The RLTrainingJobs, read the same way."""
+        self.streams: tuple[ResourceStream, ...] = (self.job_stream, self.pods)
         self.gone_nodes: dict[str, float] = {}
         """Nodes the watch saw deleted (and not created again since): name → when (monotonic)."""
         registry = self.registry
 
-        @kopf.on.startup(registry=registry, id="worker_pod_watch")
-        async def worker_pod_watch(settings: kopf.OperatorSettings, **_: Any) -> None:
-            self.pods.start(settings)  # a task of kopf's: it holds kopf's credentials
+        @kopf.on.startup(registry=registry, id="watch_streams")
+        async def watch_streams(settings: kopf.OperatorSettings, **_: Any) -> None:
+            for stream in self.streams:
+                stream.start(settings)  # a task of kopf's: it holds kopf's credentials
 
-        @kopf.on.cleanup(registry=registry, id="worker_pod_watch_stop")
-        async def worker_pod_watch_stop(**_: Any) -> None:
-            await self.pods.stop()
+        @kopf.on.cleanup(registry=registry, id="watch_streams_stop")
+        async def watch_streams_stop(**_: Any) -> None:
+            await asyncio.gather(*(stream.stop() for stream in self.streams))
 
         @kopf.on.login(registry=registry, id="rljob_login")
         def rljob_login(**_: Any) -> kopf.ConnectionInfo:
             return connection_info(configuration)
-
-        @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="rltrainingjob_event")
-        async def rltrainingjob_event(type: str, name: str, namespace: str | None, event: Mapping[str, Any],
-                                      **kw: Any) -> None:
-            key, deleted = JobKey(namespace or "", name), type == "DELETED"
-            quiet = self.jobs.seen(key, None if deleted else dict(event["object"]))
-            self.job_changed(key, deleted=deleted, quiet=quiet, new=not deleted and not event["object"].get("status"))
 
         if watch_nodes:  # a Node deleted: the gangs with a worker there are lost now, not after pod GC
             @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
@@ -185,6 +186,22 @@ class JobWatch:
         Called from reconcile threads: ``list()`` of a dict's values is one step for the GIL.
         """
         return self.pods.store.pods(namespace, name)
+
+    async def stream_failed(self) -> ResourceStream:
+        """Wait until a stream ends on its own; that stream (its ``failure`` says why)."""
+        waits = {asyncio.ensure_future(stream.failed.wait()): stream for stream in self.streams}
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return waits[done.pop()]
+
+    def job_event(self, type: str | None, key: JobKey, job: Mapping[str, Any]) -> None:
+        """An RLTrainingJob's event (type None: listed, not deleted): the cache first, then the queue."""
+        deleted = type == "DELETED"
+        quiet = self.jobs.seen(key, None if deleted else dict(job))
+        self.job_changed(key, deleted=deleted, quiet=quiet, new=not deleted and not job.get("status"))
 
     def pod_event(self, type: str | None, key: JobKey, pod: dict[str, Any], others: list[dict[str, Any]]) -> None:
         """A worker pod's event (``others``: its job's pods after it): a gang decision is queued now,

@@ -1,17 +1,8 @@
 """The watch of the operator's worker pods: a store of them by job, and each event handed on once.
 
-The pods were a kopf index plus a kopf ``on.event`` handler. For every pod event kopf ran its
-per-object machinery: a worker task and queue per pod, the event's causes, handler invocation with
-its keyword views, the index's handler state, an object logger. In a burst of 100 jobs (1,200 pod
-events) that cost more of the operator's one interpreter than every reconcile together
-(``bench/burst_floor.py``, profiled: bench/README.md). The pods need none of it: no handler state,
-no finalizer, no patch. So this reads kopf's own watch stream (its paginated listing,
-resourceVersion continuation, relisting after 410 Gone, bookmarks, reconnects and the credentials
-of ``on.login``) and keeps the store itself.
-
-kopf exports no such stream: ``watching.infinite_watch`` is kopf's internal API (checked for the
-locked kopf by ``tests/test_operator_unit.py``). It must run in a task kopf started (an
-``on.startup`` activity's), which carries kopf's credentials.
+The pods were a kopf index plus a kopf ``on.event`` handler; like the RLTrainingJobs now, they are
+read from kopf's own watch stream without kopf's per-object machinery (``streams.ResourceStream``:
+why, and what of kopf's internal API it uses), with the label selector of ``kopf_settings``.
 
 What the store promises the reconciler, as kopf's index did: before the first listing of every
 watched namespace ended, ``pods()`` answers None (the reconciler then lists the job's pods itself);
@@ -22,40 +13,20 @@ dropped at the end of that listing and handed on as DELETED.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import types
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
-import kopf
-from kopf._cogs.clients import api as kopf_api
-from kopf._cogs.clients import watching
 from kopf._cogs.structs import references
 
-from rljob_operator.cluster.kube import loads
+from rljob_operator.cluster.streams import ResourceStream
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.observed import slim_pod
 from rljob_operator.names import LABEL_JOB
-
-log = logging.getLogger("rljob.podwatch")
 
 #: What ``kopf_settings`` gives the job label selector to; what this module watches.
 PODS = references.Resource("", "v1", "pods", kind="Pod", namespaced=True, verbs=frozenset({"list", "watch"}))
 #: ``on_event(type, key, pod, others)``: ``pod`` slimmed, ``others`` the job's pods after the event.
 OnEvent = Callable[[str | None, JobKey, dict[str, Any], list[dict[str, Any]]], None]
-
-
-def decode_watches_fast() -> None:
-    """Have kopf decode its watch streams' lines with ``kube.loads`` (orjson) instead of ``json.loads``.
-
-    kopf's ``api.stream`` decodes each line with the module ``json`` it imported; decoding the worker pods'
-    events was a third of the event loop's time in a burst of 100 jobs (``bench/README.md``). kopf's
-    internals again (checked for the locked kopf by ``tests/test_operator_unit.py``); idempotent.
-    """
-    if getattr(kopf_api.json, "loads", None) is not loads:
-        kopf_api.json = cast(Any, types.SimpleNamespace(**{**vars(json), "loads": loads}))
 
 
 class PodStore:
@@ -123,54 +94,24 @@ class PodStore:
         return gone
 
 
-class PodWatch:
+class PodWatch(ResourceStream):
     """One kopf watch stream per scope feeding a ``PodStore`` and ``on_event``."""
 
+    resource = PODS
+    what = "pod watch"
+
     def __init__(self, namespaces: list[str], on_event: OnEvent) -> None:
-        self.store = PodStore(namespaces or [None])
+        super().__init__(namespaces)
+        self.store = PodStore(self.scopes)
         self.on_event = on_event
-        self.tasks: list[asyncio.Task[None]] = []
-        self.failure: BaseException | None = None
-        self.failed = asyncio.Event()
-        """Set when a stream ended on its own (``failure`` says why): the operator must not go on blind."""
-
-    def start(self, settings: kopf.OperatorSettings) -> None:
-        """Start the streams, from a task kopf started (its credentials are in the task's context)."""
-        decode_watches_fast()
-        self.tasks = [asyncio.create_task(self._stream(settings, scope), name=f"pod watch {scope or 'cluster'}")
-                      for scope in sorted(self.store.scopes, key=str)]
-        for task in self.tasks:
-            task.add_done_callback(self._ended)
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        self.failure = task.exception() or RuntimeError(f"{task.get_name()} ended")
-        self.failed.set()
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    async def _stream(self, settings: kopf.OperatorSettings, scope: str | None) -> None:
-        stream = watching.infinite_watch(settings=settings, resource=PODS, namespace=cast(Any, scope))
-        async for event in stream:
-            if event is watching.Bookmark.LISTED:
-                for key, pod in self.store.end_listing(scope):
-                    self.on_event("DELETED", key, pod, self.store.job_pods(key))
-                continue
-            if isinstance(event, watching.Bookmark) or event.get("type") == "BOOKMARK":
-                continue
-            self.handle(scope, event.get("type"), event["object"])
 
     def handle(self, scope: str | None, type: str | None, body: Mapping[str, Any]) -> None:
-        """One event: the store first, then ``on_event`` (an error there is logged, never ends the watch)."""
+        """One event: the store first, then ``on_event``."""
         applied = self.store.apply(scope, type, body)
-        if applied is None:
-            return
-        key, pod = applied
-        try:
+        if applied is not None:
+            key, pod = applied
             self.on_event(type, key, pod, self.store.job_pods(key))
-        except Exception:
-            log.exception("pod event of %s not handled", key)
+
+    def listed(self, scope: str | None) -> None:
+        for key, pod in self.store.end_listing(scope):
+            self.on_event("DELETED", key, pod, self.store.job_pods(key))

@@ -232,7 +232,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
     stop_wait = asyncio.create_task(stopping.wait())
     ready_wait = asyncio.create_task(ready_flag.wait())
-    pods_failed = asyncio.create_task(watch.pods.failed.wait())  # the pod watch ended: not blind
+    stream_failed = asyncio.create_task(watch.stream_failed())  # the job or pod watch ended: not blind
     background = [asyncio.create_task(watch.resync(s.resync_seconds))]
     kopf_task = asyncio.create_task(kopf.operator(
         registry=watch.registry,
@@ -246,13 +246,14 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
         stop_flag=stop_flag,
         ready_flag=ready_flag,
     ))
-    await asyncio.wait([kopf_task, ready_wait, holding, stop_wait, pods_failed], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([kopf_task, ready_wait, holding, stop_wait, stream_failed], return_when=asyncio.FIRST_COMPLETED)
     _install_signals(stopping)  # kopf installed its own; ours stop it through stop_flag
-    await asyncio.wait([kopf_task, holding, stop_wait, pods_failed], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([kopf_task, holding, stop_wait, stream_failed], return_when=asyncio.FIRST_COMPLETED)
     lost = holding.done()
-    code = 1 if lost or pods_failed.done() or (kopf_task.done() and not stopping.is_set()) else 0
-    if pods_failed.done():
-        log.error("stopping: the pod watch ended: %r", watch.pods.failure, exc_info=watch.pods.failure)
+    code = 1 if lost or stream_failed.done() or (kopf_task.done() and not stopping.is_set()) else 0
+    if stream_failed.done():
+        failure = stream_failed.result().failure
+        log.error("stopping: the %s ended: %r", stream_failed.result().what, failure, exc_info=failure)
     if kopf_task.done() and not stopping.is_set():  # kopf ended on its own: say why, never exit mute
         error = None if kopf_task.cancelled() else kopf_task.exception()
         log.error("stopping: the watches ended%s", f": {error!r}" if error else "", exc_info=error)
@@ -260,7 +261,7 @@ async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Stat
         log.error("stopping: this replica no longer holds the lease")
         await queue.stop()  # first: no reconcile may start while kopf winds down
 
-    for task in [*background, holding, stop_wait, ready_wait, pods_failed]:
+    for task in [*background, holding, stop_wait, ready_wait, stream_failed]:
         task.cancel()
     stop_flag.set()
     # kopf waits up to 5 s for tasks started while it ran (in-flight HTTP handlers, say); a
