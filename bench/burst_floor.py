@@ -26,8 +26,8 @@ queue waits per tier.
 
 The bare floor of ``bench/reaction_floor.py`` (each job's 4 pods and nothing else, 32 threads)
 runs beside them, so one run shows what the essentials cost and what the operator adds. Two floors
-with essentials by default: W:R = 16:8, the operator's own concurrency (16 reconcile workers, 8 request
-threads), and 32:32; the ratio is taken against the lower of the two.
+with essentials by default: W:R = 16:8 (the operator's concurrency until 2026-12-03: 16 reconcile
+workers; it now runs 32) and 32:32; the ratio is taken against the lower of the two.
 
     python -m bench.burst_floor [--jobs 100] [--repeats 2] [--floor-threads 16:8 32:32] [--against REV]
 
@@ -315,8 +315,8 @@ def main() -> None:
     p.add_argument("--node-grace", type=int, default=40)
     p.add_argument("--kwok-parallelism", type=int, default=4)
     p.add_argument("--floor-threads", nargs="+", default=["16:8", "32:32"],
-                   help="floors with essentials to run, each WORKERS:REQUESTS threads (16:8 is the operator's "
-                        "concurrency)")
+                   help="floors with essentials to run, each WORKERS:REQUESTS threads (32:32 is nearer the "
+                        "operator's 32 reconcile workers)")
     p.add_argument("--bare", type=int, default=32, metavar="THREADS",
                    help="also the bare floor of bench/reaction_floor.py (4 pods per job, nothing else) with this "
                         "many pod threads (0: not)")
