@@ -191,6 +191,38 @@ class RecordingHeartbeat:
         self.sent.append(body)
 
 
+def test_a_scrape_never_shows_one_evaluations_step_with_anothers_values() -> None:
+    """A scrape that arrives while an evaluation is being recorded waits for all of it: it showed the new
+    step with the old values (a race a test's scrape loop once caught)."""
+    import threading
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from rljob_trainer.telemetry import TrainerMetrics
+
+    metrics = TrainerMetrics()
+    metrics.observe_eval(40, {"eval/exact_match": 0.25})
+    scraped: list[str] = []
+
+    def scrape() -> None:
+        body = metrics.app({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET"}, lambda status, headers: None)
+        scraped.append(b"".join(body).decode())
+
+    real_set = metrics.eval_step.set
+    scraper = threading.Thread(target=scrape)
+
+    def set_step_then_scrape(value: float) -> None:  # a scrape between the step and the values
+        real_set(value)
+        scraper.start()
+        scraper.join(timeout=0.5)
+        assert scraper.is_alive(), "the scrape did not wait for the evaluation"
+
+    metrics.eval_step.set = set_step_then_scrape  # type: ignore[method-assign]
+    metrics.observe_eval(80, {"eval/exact_match": 0.5})
+    scraper.join(timeout=5)
+    samples = {s.name: s.value for f in text_string_to_metric_families(scraped[0]) for s in f.samples}
+    assert (samples["rljob_trainer_eval_step"], samples["rljob_trainer_eval"]) == (80, 0.5), samples
+
+
 def test_an_evaluation_is_reported_to_every_sink_and_the_heartbeat_validates(tmp_path: Any) -> None:
     from rljob_trainer.evaluation import EvalReporter
     from rljob_trainer.telemetry import TrainerMetrics

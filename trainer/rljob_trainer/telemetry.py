@@ -72,6 +72,8 @@ class TrainerMetrics:
                           ["metric"], registry=r)
         self.eval_step = Gauge("rljob_trainer_eval_step", "Step of the latest evaluation.", registry=r)
         self.ready = threading.Event()
+        self._scrape_lock = threading.Lock()
+        """Held by a scrape and by ``observe_eval``: a scrape never shows one evaluation's step with another's values."""
         self._server: WSGIServer | None = None
         self.port: int | None = None
 
@@ -84,7 +86,8 @@ class TrainerMetrics:
             ok = self.ready.is_set()
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [b"ready\n" if ok else b"starting\n"]
-        return make_wsgi_app(self.registry)(environ, start_response)
+        with self._scrape_lock:  # the body is generated within the call
+            return make_wsgi_app(self.registry)(environ, start_response)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         self._server = make_server(
@@ -122,10 +125,11 @@ class TrainerMetrics:
         self.ready.set()
 
     def observe_eval(self, step: int, values: dict[str, float]) -> None:
-        """An evaluation's values, labelled by metric name without the ``eval/`` prefix."""
-        self.eval_step.set(step)
-        for name, value in values.items():
-            self.eval.labels(metric=name.removeprefix("eval/")).set(float(value))
+        """An evaluation's values, labelled by metric name without the ``eval/`` prefix, and its step, together."""
+        with self._scrape_lock:
+            self.eval_step.set(step)
+            for name, value in values.items():
+                self.eval.labels(metric=name.removeprefix("eval/")).set(float(value))
 
     def _observe_gpus(self) -> None:
         import torch
