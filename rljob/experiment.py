@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import curve_from_logs, objective_value, thin
 from rljob_operator.experiments.pruning import should_prune
 from rljob_operator.experiments.search import next_params
 from rljob_operator.experiments.trials import Trial, arm_trials, search_trial, trial_manifest
 
+from rljob import yamltext
 from rljob.contract.experiment import (
     MAX_CURVE_POINTS,
     CurvePoint,
@@ -174,7 +174,7 @@ class LocalRunner:
         folder = self.out / "trials" / trial.name
         folder.mkdir(parents=True, exist_ok=True)
         manifest = folder.parent / f"{trial.name}.yaml"
-        manifest.write_text(yaml.safe_dump(trial_manifest(self.experiment, trial), sort_keys=False))
+        manifest.write_text(yamltext.dump(trial_manifest(self.experiment, trial), sort_keys=False))
         log = folder.parent / f"{trial.name}.log"
         # A folder from an earlier run of this experiment is kept: like `rljob train`, the trial resumes
         # from its newest checkpoint, and the metrics log already holds the curve up to there.

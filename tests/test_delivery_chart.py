@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.yaml_go import go_differences
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "rljob"
 MANIFESTS = REPO / "manifests"
@@ -144,6 +146,18 @@ def test_every_rendered_object_has_the_standard_labels(name: str, args: list[str
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         if d["kind"] not in CLUSTER_SCOPED:
             assert d["metadata"].get("namespace"), f"{d['kind']}/{d['metadata']['name']} has no namespace"
+
+
+@pytest.mark.parametrize("name,args", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_what_helm_renders_reads_the_same_to_helm_as_to_these_tests(name: str, args: list[str]) -> None:
+    """Helm parses its output with go-yaml v2, which reads a plain ``n`` or ``y`` as a boolean: such a key in
+    a CRD is a property ``"false"`` on the cluster (tests/test_yaml_text.py); the kustomize builds too."""
+    out = helm("template", "rljob", str(CHART), "--namespace", "rljob-system", "--kube-version", KUBE_VERSION, *args)
+    assert go_differences(out.stdout) == []
+    if name == "default":
+        for overlay in ("cluster-wide", "single-namespace"):
+            built = run([str(bin_dir() / "kubectl"), "kustomize", str(MANIFESTS / "overlays" / overlay)])
+            assert go_differences(built.stdout) == [], overlay
 
 
 @pytest.mark.parametrize("name,args", VARIANTS, ids=[v[0] for v in VARIANTS])

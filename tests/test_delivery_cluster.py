@@ -110,6 +110,29 @@ def hand_crd_to_release(kube: Any, release: str, namespace: str) -> None:
                 raise
 
 
+def property_paths(schema: dict[str, Any], at: str = "") -> set[str]:
+    """Every property of a JSON schema, as a path (``status.arms[].n``)."""
+    out = set()
+    for name, sub in (schema.get("properties") or {}).items():
+        out |= {f"{at}{name}"} | property_paths(sub, f"{at}{name}.")
+    if "items" in schema:
+        out |= property_paths(schema["items"], f"{at[:-1]}[]." if at else "[].")
+    return out
+
+
+def assert_crds_as_generated(kube: Any) -> None:
+    """The CRDs on the cluster have every property the models generate, and no other (a key Go's YAML reads
+    otherwise than ours, as a plain ``n`` once was, would be a property ``false`` here)."""
+    from rljob_operator.crd import crd_manifest, experiment_crd_manifest
+
+    for path, generated in ((CRD_PATH, crd_manifest()), (EXPERIMENT_CRD_PATH, experiment_crd_manifest())):
+        installed = kube.request("GET", path)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        want = property_paths(generated["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+        got = property_paths(installed)
+        assert got == want, f"{path}: missing {sorted(want - got)}, unexpected {sorted(got - want)}"
+    assert "status.arms[].n" in want
+
+
 @contextlib.contextmanager
 def chart_installed(control_plane: Any, kube: Any, home: Path, release: str, operator_ns: str, jobs_ns: str,
                     *values: str) -> Iterator[None]:
@@ -264,6 +287,7 @@ def test_helm_install_deploys_and_explains_itself(release: Release, control_plan
         assert "RLTrainingJobs in every namespace." in notes
     crd = kube.request("GET", CRD_PATH)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert_crds_as_generated(kube)
     assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == release.name
     trainer_sa = kube.request("GET", f"/api/v1/namespaces/{release.jobs_namespace}/serviceaccounts/rljob-trainer")
     assert trainer_sa["automountServiceAccountToken"] is False
@@ -465,6 +489,7 @@ def test_kubectl_apply_k_installs_each_overlay(overlay: str, namespace: str, con
     try:
         kubectl(control_plane, "apply", "-k", path)
         kubectl(control_plane, "apply", "-k", path)  # GitOps tools re-apply all the time
+        assert_crds_as_generated(kube)
 
         def pods() -> list[dict[str, Any]]:
             items = kube.list_pods(namespace, "app.kubernetes.io/component=operator")
