@@ -36,7 +36,7 @@ def test_retryable_crash_restarts_the_whole_gang_as_a_new_generation() -> None:
     assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"] and plan.create_pods == []
     assert s["lastFailure"] == {"worker": "train-worker-1", "reason": "WorkerFailed", "exitCode": 1,
                                 "message": "train-worker-1 exited with code 1: boom", "time": rfc3339(NOW),
-                                "disruption": False}
+                                "disruption": False, "replacedPods": []}
     assert s["nextRestartTime"] == rfc3339(NOW + timedelta(seconds=5))
     assert plan.gang_restart == "WorkerFailed"
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "WorkerFailed")]
@@ -220,6 +220,26 @@ def test_an_elastic_job_replaces_only_its_failed_worker_and_counts_a_restart() -
                          {**pod_json(job, 1), "metadata": {**pod_json(job, 1)["metadata"], "uid": "pod-1-new"}},
                          pod_json(job, 2), later=30)
     assert running.status["phase"] == "Running" and running.delete_pods == [] and running.create_pods == []
+
+
+def test_replaced_pods_name_only_the_pods_still_to_be_told_apart() -> None:
+    """A second in-place failure while the first replaced pod is still seen keeps that pod's UID (it is
+    stale, not a third failure); once gone it is dropped; a gang restart replaces no pod in place, and
+    its record says so (no UIDs left over from the earlier failure)."""
+    job = make_job(3, spec=ELASTIC, status=RUNNING)
+    first = plan_after(job, pod_json(job, 0), failed_worker(job, 1), pod_json(job, 2)).status
+    assert first["lastFailure"]["replacedPods"] == ["pod-1-0"]
+    replacing = make_job(3, spec=ELASTIC, status=first)
+    second = plan_after(replacing, pod_json(job, 0), failed_worker(job, 1), failed_worker(job, 1, index=2), later=1)
+    assert second.delete_pods == ["train-worker-1", "train-worker-2"] and second.status["restarts"] == 2
+    assert second.status["lastFailure"]["replacedPods"] == ["pod-1-0", "pod-2-0"]
+    gone = plan_after(replacing, pod_json(job, 0), failed_worker(job, 1, index=2), later=1).status
+    assert gone["lastFailure"]["replacedPods"] == ["pod-2-0"]
+    # Worker 0 fails (it hosts the rendezvous store): the whole gang restarts.
+    restart = plan_after(make_job(3, spec=ELASTIC, status=second.status), failed_worker(job, 1, index=0),
+                         pod_json(job, 2), later=2)
+    assert restart.gang_restart is not None and restart.status["lastFailure"]["worker"] == "train-worker-0"
+    assert restart.status["lastFailure"]["replacedPods"] == []
 
 
 def test_a_lost_worker_of_an_elastic_job_is_replaced_in_place_as_a_disruption() -> None:

@@ -100,9 +100,9 @@ def test_plan_invalid_writes_the_invalid_spec_fields_through_the_builder() -> No
 
 
 def test_a_new_failure_record_writes_what_was_decided_and_a_carried_one_is_written_whole() -> None:
-    """status_patch writes the fields a decision set (a null clears one): a new lastFailure leaves
-    replacedPods alone, as the merge patch always did; a record carried from the stored status goes
-    back whole, defaults and nulls included."""
+    """status_patch writes the fields a decision set (a null clears one): a record built without
+    replacedPods leaves it alone; a record carried from the stored status goes back whole, defaults
+    and nulls included."""
     new = StatusDraft("Restarting", "WorkerFailed", "m",
                       last_failure=LastFailure(worker="train-worker-1", reason="WorkerFailed", exit_code=None))
     body = status_patch(job_status(new, job_name="train", observed_generation=1, previous_conditions=[], now=NOW))

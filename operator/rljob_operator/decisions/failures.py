@@ -79,8 +79,10 @@ def plan_failure(ctx: Situation) -> Plan | None:
     policy, prev, now = ctx.job.spec.run_policy, ctx.prev, ctx.now
     events = ctx.lead_events + ([Event("Warning", fault.reason, fault.message)] if fault.stalled else [])
     d = ctx.draft()
+    # replacedPods written empty: a gang restart or the end replaces no pod in place (_replace_in_place fills it).
     d.last_failure = LastFailure(worker=fault.worker, reason=fault.reason, exit_code=fault.exit_code,
-                                 message=fault.message, time=rfc3339(now), disruption=fault.verdict.disruption)
+                                 message=fault.message, time=rfc3339(now), disruption=fault.verdict.disruption,
+                                 replaced_pods=[])
     active = ctx.stale_deletions + [p.name for p in ctx.current if p.active]
     if not fault.verdict.restart:
         d.phase, d.reason, d.completion_time = Phase.failed.value, fault.reason, rfc3339(now)
@@ -122,13 +124,17 @@ def _replace_in_place(ctx: Situation, d: StatusDraft, fault: Fault, events: list
     Counted as a gang restart is (``restarts`` or ``disruptions``, ``lastFailure``, the Warning),
     without the backoff: the surviving workers wait for the replacement in the rendezvous. The
     replaced pods' UIDs go to ``lastFailure.replacedPods`` first, so a later reconcile that still
-    sees a replaced pod (the watch lags, the operator restarted) takes it for stale, not a new failure.
+    sees a replaced pod (the watch lags, the operator restarted) takes it for stale, not a new failure;
+    so do those an earlier replacement named that are still seen (a second failure while the first
+    replaced pod terminates).
     """
     prev, name = ctx.prev, ctx.job.metadata.name
     counted = _count(ctx, d, fault)
     pods = [ctx.by_index[i] for i in faulty if i in ctx.by_index]
     assert d.last_failure is not None
-    d.last_failure.replaced_pods = [p.uid for p in pods if p.uid]
+    seen = {p.uid for p in ctx.owned}
+    earlier = [uid for uid in (prev.last_failure.replaced_pods if prev.last_failure else []) if uid in seen]
+    d.last_failure.replaced_pods = earlier + [p.uid for p in pods if p.uid and p.uid not in earlier]
     workers = ", ".join(worker_name(name, i) for i in faulty)
     d.next_restart_time = None
     d.phase, d.reason, d.reconciling = Phase.restarting.value, fault.reason, True
