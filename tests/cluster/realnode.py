@@ -72,6 +72,11 @@ FIREWALL_CHAIN = "KUBE-FIREWALL"
 HOST_LOG_DIR = Path("/var/log/containers")
 #: containerd 1.6 puts its shims' sockets here whatever its own state folder.
 SHIM_SOCKET_DIR = Path("/run/containerd/s")
+#: kubelet's device manager serves its socket here whatever ``--root-dir`` says (the device-plugin API
+#: fixes the path); removed at teardown, with the parent, if the node made them.
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+#: What the device manager leaves in :data:`DEVICE_PLUGIN_DIR`: its socket and its checkpoint.
+DEVICE_PLUGIN_FILES = ("kubelet.sock", "kubelet_internal_checkpoint")
 
 
 class RealNodeError(RuntimeError):
@@ -198,7 +203,8 @@ def save_host_settings(state: RealNodeState) -> None:
         if with_value.exists():
             state.sysctls[name] = with_value.read_text().strip()
     cgroups = [hierarchy / CGROUP_PARENT for hierarchy in Path("/sys/fs/cgroup").iterdir() if hierarchy.is_dir()]
-    state.created_paths = [str(p) for p in (HOST_LOG_DIR, SHIM_SOCKET_DIR, SHIM_SOCKET_DIR.parent, *cgroups)
+    state.created_paths = [str(p) for p in (HOST_LOG_DIR, SHIM_SOCKET_DIR, SHIM_SOCKET_DIR.parent,
+                                            DEVICE_PLUGIN_DIR, DEVICE_PLUGIN_DIR.parent, *cgroups)
                            if not p.exists()]
     chains = subprocess.run(["iptables", "-t", "filter", "-S"], capture_output=True, text=True, check=False).stdout
     state.created_firewall_chain = f"-N {FIREWALL_CHAIN}" not in chains.splitlines()
@@ -648,6 +654,9 @@ def _restore_host(state: RealNodeState) -> None:
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
             continue
+        if path == str(DEVICE_PLUGIN_DIR):  # the folder is ours: so are the device manager's files in it
+            for name in DEVICE_PLUGIN_FILES:
+                Path(path, name).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty (someone else uses it now) or already gone
             Path(path).rmdir()
 
