@@ -25,7 +25,8 @@ class ManifestDumper(yaml.SafeDumper):
     """``SafeDumper`` that quotes :data:`GO_ONLY_BOOLEANS`."""
 
 
-ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(f"^(?:{'|'.join(GO_ONLY_BOOLEANS)})$"),
+                                      list(GO_ONLY_BOOLEANS))
 
 
 def dump(data: Any, **options: Any) -> str:

@@ -197,7 +197,8 @@ def status_patch(status: BaseModel, fields: Collection[str] | None = None) -> di
     """The merge patch of a typed status (camelCase JSON): the one place a status model becomes a patch.
 
     Every field the decision set is written, a None too (a null clears the field); one it left unset
-    is not (a job's ``progress``, an experiment's standings when it only fails). ``fields``: only these (camelCase), in that order.
+    is not (a job's ``progress``, an experiment's standings when it only fails). ``fields``: only these
+    (camelCase), in that order.
     """
     body = status.model_dump(by_alias=True, mode="json", exclude_unset=True)
     return body if fields is None else {k: body[k] for k in fields}
