@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS=0 runs every test in one process, in file order.
 PYTEST_WORKERS ?= 2
 # The shared venv holds dependencies only; the code comes from this checkout.
-export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+export PYTHONPATH := $(CURDIR)/contract:$(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo test test-fast lint typecheck crd check-crd bench clean
@@ -31,8 +31,8 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 	$(PY) -m pytest -m "not trainer and not cluster and not s3 and not images" $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
-	.venv/bin/ruff check rljob operator trainer tests bench charts/rljob/hack
-	.venv/bin/mypy rljob operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/storage_backends \
+	.venv/bin/ruff check rljob contract operator trainer tests bench charts/rljob/hack
+	.venv/bin/mypy rljob contract/rljob_contract operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/storage_backends \
 		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py \
 		trainer/rljob_trainer/evaluation.py
 

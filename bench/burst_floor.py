@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from rljob_contract.job import parse_job
 from rljob_operator.cluster.kube import FIELD_MANAGER, Kube
 from rljob_operator.cluster.reconciler import EVENT_THREADS
 from rljob_operator.decisions.children import JobNetwork
@@ -87,7 +88,6 @@ from bench.operator_scale import (
     source_state,
 )
 from bench.reaction_floor import floor_burst as bare_burst
-from rljob.contract.job import parse_job
 
 #: The restated target: the operator's apply → pods created p99 over the floor's with essentials.
 TARGET_RATIO = 1.5

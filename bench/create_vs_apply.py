@@ -32,17 +32,17 @@ import psutil
 
 from bench.common import REPO, write_result
 
-for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
+for _folder in ("contract", "operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
     if str(REPO / _folder) not in sys.path:
         sys.path.insert(0, str(REPO / _folder))
 
 from kubernetes.client.exceptions import ApiException  # noqa: E402
+from rljob_contract.job import parse_job  # noqa: E402
 from rljob_operator.cluster.kube import FIELD_MANAGER, Kube  # noqa: E402
 from rljob_operator.decisions.children import desired_configmap, desired_service, desired_worker_pods  # noqa: E402
 from rljob_operator.names import StatusEndpoint  # noqa: E402
 
 from bench.operator_scale import install_crd  # noqa: E402
-from rljob.contract.job import parse_job  # noqa: E402
 from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
 from tests.operator_helpers import job_manifest  # noqa: E402
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.common import REPO, write_result
 
-for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
+for _folder in ("contract", "operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
     if str(REPO / _folder) not in sys.path:
         sys.path.insert(0, str(REPO / _folder))
 

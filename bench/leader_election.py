@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.common import REPO, write_result
 
-for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
+for _folder in ("contract", "operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
     if str(REPO / _folder) not in sys.path:
         sys.path.insert(0, str(REPO / _folder))
 
@@ -133,7 +133,7 @@ class Candidate:
         self.log = log_dir / f"{name}.log"
         self.err = log_dir / f"{name}.err"
         cmd = [sys.executable, "-m", "bench.leader_election", "candidate", impl, str(kubeconfig), namespace, name]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO)])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "contract"), str(REPO / "operator"), str(REPO / "trainer"), str(REPO)])}
         with open(self.log, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env)
 

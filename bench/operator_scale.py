@@ -74,7 +74,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import REPO, write_result
 
-for _folder in ("operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
+for _folder in ("contract", "operator", "trainer"):  # as the Makefile's PYTHONPATH, for a bare `python -m bench...`
     if str(REPO / _folder) not in sys.path:
         sys.path.insert(0, str(REPO / _folder))
 
@@ -466,7 +466,7 @@ class OperatorProcess(helpers.OperatorProcess):
         super().__init__(kubeconfig, namespace, log, identity=f"bench-{namespace}")
         self.args += ["--operator-namespace", OPERATOR_NAMESPACE]
         self.source = source
-        path = os.pathsep.join([str(source / "operator"), str(source / "trainer"), str(source)]
+        path = os.pathsep.join([str(source / "contract"), str(source / "operator"), str(source / "trainer"), str(source)]
                                + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
         # Production settings but for the pod profile's images: the tests' fake trainer image (KWOK
         # never pulls it), as in the tests, so the jobs are built rather than refused (PolicyViolation).

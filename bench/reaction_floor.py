@@ -57,6 +57,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psutil
+from rljob_contract.job import parse_job
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.decisions.children import desired_service, desired_worker_pod
 from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX, worker_name
@@ -86,7 +87,6 @@ from bench.operator_scale import (
     percentile,
     pod_ready,
 )
-from rljob.contract.job import parse_job
 from tests.cluster.waiting import wait_for
 
 

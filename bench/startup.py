@@ -49,7 +49,7 @@ def has_bytecode() -> bool:
 
 
 def timed_import(code: str, side: str, empty_prefix: str) -> float:
-    env = bench_env(PYTHONPATH=os.pathsep.join(str(REPO / p) for p in ("operator", "trainer", ".")),
+    env = bench_env(PYTHONPATH=os.pathsep.join(str(REPO / p) for p in ("contract", "operator", "trainer", ".")),
                     PYTHONWARNINGS="ignore")
     if side == "source":
         env.update({"PYTHONPYCACHEPREFIX": empty_prefix, "PYTHONDONTWRITEBYTECODE": "1"})

@@ -12,7 +12,7 @@ check-chart-crds: $(PY) ## Fail when the chart's or kustomize's CRD drifted from
 	$(PY) -m rljob crd | $(PY) charts/rljob/hack/gen_crds.py --check
 	$(PY) -m rljob crd --kind RLExperiment | $(PY) charts/rljob/hack/gen_crds.py --check
 
-admission-policies: $(PY) ## Regenerate the admission policies' reference checks from rljob/contract/references.py
+admission-policies: $(PY) ## Regenerate the admission policies' reference checks from contract/rljob_contract/references.py
 	$(PY) charts/rljob/hack/gen_admission.py
 
 check-admission-policies: $(PY) ## Fail when the admission policies' reference checks drifted from the table

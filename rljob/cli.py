@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rljob.contract.job import KIND as JOB
-from rljob.contract.job import ManifestError, load_job, parse_job, read_documents
-from rljob.contract.pod import EXIT_PERMANENT, METRICS_PORT_ENV
-from rljob.contract.spec import DEFAULT_BEST_METRIC
+from rljob_contract.job import KIND as JOB
+from rljob_contract.job import ManifestError, load_job, parse_job, read_documents
+from rljob_contract.pod import EXIT_PERMANENT, METRICS_PORT_ENV
+from rljob_contract.spec import DEFAULT_BEST_METRIC
 
 if TYPE_CHECKING:
     from rljob_operator.settings import OperatorSettings
@@ -43,8 +43,8 @@ EXTRA_OF_MODULE = {
 
 def _validate_file(path: str) -> list[str]:
     """``kind/name`` of every RLTrainingJob and RLExperiment in a file; ManifestError on the first bad one."""
-    from rljob.contract.experiment import KIND as EXPERIMENT
-    from rljob.contract.experiment import parse_experiment
+    from rljob_contract.experiment import KIND as EXPERIMENT
+    from rljob_contract.experiment import parse_experiment
 
     parsers: dict[str, Callable[[Any, str], Any]] = {JOB: parse_job, EXPERIMENT: parse_experiment}
     found = []
@@ -111,7 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     """Run an RLExperiment's trials on this machine (``rljob.experiment``)."""
-    from rljob.contract.experiment import load_experiment
+    from rljob_contract.experiment import load_experiment
 
     try:
         experiment = load_experiment(args.manifest)

@@ -22,14 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from rljob_operator.experiments.leaderboard import standings
-from rljob_operator.experiments.objective import curve_from_logs, objective_value, thin
-from rljob_operator.experiments.pruning import should_prune
-from rljob_operator.experiments.search import next_params
-from rljob_operator.experiments.trials import Trial, arm_trials, search_trial, trial_manifest
-
-from rljob import yamltext
-from rljob.contract.experiment import (
+from rljob_contract import yamltext
+from rljob_contract.experiment import (
     MAX_CURVE_POINTS,
     CurvePoint,
     ExperimentPhase,
@@ -38,7 +32,12 @@ from rljob.contract.experiment import (
     TrialPhase,
     TrialStatus,
 )
-from rljob.contract.pod import METRICS_LOG, PROGRESS_ENV
+from rljob_contract.pod import METRICS_LOG, PROGRESS_ENV
+from rljob_operator.experiments.leaderboard import standings
+from rljob_operator.experiments.objective import curve_from_logs, objective_value, thin
+from rljob_operator.experiments.pruning import should_prune
+from rljob_operator.experiments.search import next_params
+from rljob_operator.experiments.trials import Trial, arm_trials, search_trial, trial_manifest
 
 #: How often running trials' metrics logs are read.
 POLL_SECONDS = 1.0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 _REPO = Path(__file__).resolve().parents[1]
-_PATHS = [str(_REPO / "operator"), str(_REPO / "trainer"), str(_REPO)]
+_PATHS = [str(_REPO / "contract"), str(_REPO / "operator"), str(_REPO / "trainer"), str(_REPO)]
 for _p in reversed(_PATHS):
     if _p in sys.path:
         sys.path.remove(_p)

@@ -8,17 +8,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rljob_operator.decisions.curve import MAX_CURVE_POINTS as JOB_CURVE_POINTS
-from rljob_operator.decisions.experiments import plan_experiment
-from rljob_operator.experiments.trials import MAX_TRIAL_NAME_LENGTH
-
-from rljob.contract.experiment import (
+from rljob_contract.experiment import (
     MAX_CONFLICTS_LISTED,
     MAX_TRIAL_CHECKPOINT,
     MAX_TRIALS,
     PARAMS_BUDGET,
     parse_experiment,
 )
+from rljob_operator.decisions.curve import MAX_CURVE_POINTS as JOB_CURVE_POINTS
+from rljob_operator.decisions.experiments import plan_experiment
+from rljob_operator.experiments.trials import MAX_TRIAL_NAME_LENGTH
 
 #: The longest-printing float JSON has (and the API server keeps as written).
 LONG_FLOAT = -1.2345678901234567e-300

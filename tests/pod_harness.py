@@ -34,7 +34,7 @@ PodProcess = tuple[subprocess.Popen[bytes], Any, Path]
 def _secret_volumes(kube: Any, namespace: str, pod: dict[str, Any], root: Path) -> Path:
     """The pod's Secret volumes mounted under the storage-credentials folder, written below ``root`` as a
     kubelet writes them (one file per key); returns ``root`` (the folder the pod sees as CREDENTIALS_DIR)."""
-    from rljob.contract import pod as contract
+    from rljob_contract import pod as contract
 
     container = pod["spec"]["containers"][0]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}

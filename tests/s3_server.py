@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from rljob.contract.pod import RESUME_CHECKPOINT_ENV
+from rljob_contract.pod import RESUME_CHECKPOINT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 #: Credentials and region for the fake endpoint (moto accepts any unless auth is enforced).

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client import Configuration
+from rljob_contract.job import RLTrainingJob, RLTrainingJobStatus, parse_job
 from rljob_operator.cluster import runner
 from rljob_operator.cluster.handlers import JobWatch, check_handlers
 from rljob_operator.cluster.kube import Kube
@@ -22,7 +23,6 @@ from rljob_operator.integrations.client import GateWatch, Integration, PatchStat
 from rljob_operator.integrations.gate import Gated, Hold, Outcome, Verdict
 from rljob_operator.settings import OperatorSettings
 
-from rljob.contract.job import RLTrainingJob, RLTrainingJobStatus, parse_job
 from tests.operator_helpers import job_manifest
 from tests.test_operator_plans import RecordingKube
 from tests.test_operator_unit import NOW, UID, observe, pod_json

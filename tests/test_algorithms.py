@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 import trl
 import yaml
+from rljob_contract import trl_fields
+from rljob_contract.pod import ConfigError, dump_config, load_config
+from rljob_contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TRL_SCHEMAS, TrainerConfig, check_options
 from rljob_trainer.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
 from rljob_trainer.worker import build_trl_config
-
-from rljob.contract import trl_fields
-from rljob.contract.pod import ConfigError, dump_config, load_config
-from rljob.contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TRL_SCHEMAS, TrainerConfig, check_options
 
 REPO = Path(__file__).resolve().parents[1]
 STRATEGIES = ALGORITHMS["grpo"].strategies

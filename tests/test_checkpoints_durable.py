@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from rljob_contract.job import ManifestError, RLTrainingJob, parse_job
+from rljob_contract.spec import TrainerConfig
 from rljob_operator import crd
 from rljob_operator.decisions.checkpoints import CONDITION, EVENT_REASON, durability, mounted_location
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod, desired_worker_pods
@@ -24,8 +26,6 @@ from rljob_trainer.checkpoints.plan import location_for, storage_plan
 from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage_backends.pvc import parse_claim
 
-from rljob.contract.job import ManifestError, RLTrainingJob, parse_job
-from rljob.contract.spec import TrainerConfig
 from tests.operator_helpers import deep_update, job_manifest
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import requests
+from rljob_contract.job import API_VERSION, KIND, ManifestError, parse_job
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.checkpoints import publisher as upload
 from rljob_trainer.checkpoints import resume
@@ -28,7 +29,6 @@ from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage import credentials_from_env
 
 from rljob import cli
-from rljob.contract.job import API_VERSION, KIND, ManifestError, parse_job
 from tests.s3_server import (  # noqa: F401 - fixtures register by import
     S3_ENV,
     EndpointProxy,
@@ -179,11 +179,10 @@ def test_mounted_credentials_become_a_private_credentials_file_and_mirror_keys(
     import stat
 
     import boto3
+    from rljob_contract.spec import TrainerConfig
     from rljob_trainer.checkpoints.plan import storage_plan
     from rljob_trainer.errors import PermanentError
     from rljob_trainer.storage import credentials_from_folder, use_mounted_credentials
-
-    from rljob.contract.spec import TrainerConfig
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                 "AWS_SHARED_CREDENTIALS_FILE"):

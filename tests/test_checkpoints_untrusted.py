@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_contract.pod import RESUME_WARNINGS_ENV
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.checkpoints import resume
 from rljob_trainer.checkpoints import s3 as s3_store
 from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage import UnsafePath, download_prefix, safe_relpath
 
-from rljob.contract.pod import RESUME_WARNINGS_ENV
 from tests.s3_server import (  # noqa: F401 - fixtures register by import
     S3_ENV,
     MotoServer,

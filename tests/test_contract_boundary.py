@@ -1,6 +1,6 @@
-"""The contract (``rljob.contract``, the pod's side in ``rljob.contract.pod``): one place, no torch.
+"""The contract (``rljob_contract``, the pod's side in ``rljob_contract.pod``): one place, no torch.
 
-* ``trainer/`` never imports ``rljob_operator``; ``rljob/contract/`` imports neither program but the
+* ``trainer/`` never imports ``rljob_operator``; ``contract/rljob_contract/`` imports neither program but the
   trainer's torch-free registries; ``operator/`` imports from the trainer only those registries.
 * No ``RLJOB_*`` name is spelled outside the contract (in operator/, trainer/ and the CLI).
 * Importing the contract, or the operator's runner, imports no torch, TRL or transformers.
@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_contract import pod as contract
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server.statusapi import StatusAPI
 from rljob_trainer import errors
 
-from rljob.contract import pod as contract
 from tests.operator_helpers import REPO, job_manifest
 
 #: What the operator may import from the trainer (the algorithm registry is torch-free data, for the CRD;
 #: the storage backends' registry is stdlib-only, for pod volumes, durability, references and the CRD);
-#: the contract itself is ``rljob.contract``, which both import.
+#: the contract itself is ``rljob_contract``, which both import.
 OPERATOR_MAY_IMPORT = {"rljob_trainer.builtin.rewards", "rljob_trainer.algorithms", "rljob_trainer.storage_backends"}
 #: A string literal that *is* an RLJOB_ variable name or prefix (prose mentioning one is documentation).
 ENV_LITERAL = re.compile(r"RLJOB_[A-Za-z0-9_{}]*")
@@ -69,7 +69,7 @@ def test_the_trainer_never_imports_the_operator() -> None:
 
 
 def test_the_contract_imports_neither_program_but_the_trainers_torch_free_registries() -> None:
-    offenders = [f"{path}:{line}: {module}" for path, tree in _sources("rljob/contract")
+    offenders = [f"{path}:{line}: {module}" for path, tree in _sources("contract/rljob_contract")
                  for line, module in _imports(tree)
                  if module.split(".")[0] in {"rljob_operator", "kubernetes", "kopf", "torch", "trl", "transformers"}
                  or (module.split(".")[0] == "rljob_trainer"
@@ -90,8 +90,8 @@ def test_the_operator_imports_only_the_trainers_contract_config_and_reward_regis
 
 def test_rljob_variable_names_are_spelled_only_in_the_contract() -> None:
     found = []
-    for path, tree in _sources("operator", "trainer", "rljob"):
-        if path == "rljob/contract/pod.py":
+    for path, tree in _sources("contract", "operator", "trainer", "rljob"):
+        if path == "contract/rljob_contract/pod.py":
             continue
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
@@ -99,7 +99,7 @@ def test_rljob_variable_names_are_spelled_only_in_the_contract() -> None:
             if not ENV_LITERAL.fullmatch(node.value) or (path, node.value) in NOT_THE_POD_CONTRACT:
                 continue
             found.append(f"{path}:{node.lineno}: {node.value!r}")
-    assert found == [], "use the names in rljob.contract.pod"
+    assert found == [], "use the names in rljob_contract.pod"
 
 
 def test_checkpoints_use_the_contracts_mirror_prefix() -> None:
@@ -113,7 +113,7 @@ def test_the_contract_and_the_operator_import_without_torch() -> None:
     code = (
         "import json, sys\n"
         "before = set(sys.modules)\n"
-        "import rljob.contract.job, rljob.contract.experiment, rljob.contract.references\n"
+        "import rljob_contract.job, rljob_contract.experiment, rljob_contract.references\n"
         "contract = sorted({m.split('.')[0] for m in set(sys.modules) - before})\n"
         "import rljob_operator.cluster.runner\n"
         "print(json.dumps({'contract': contract, 'all': sorted(sys.modules)}))\n"
@@ -130,7 +130,7 @@ def test_the_contract_and_the_operator_import_without_torch() -> None:
 
 
 def _job(**spec: Any) -> Any:
-    from rljob.contract.job import parse_job
+    from rljob_contract.job import parse_job
 
     doc = job_manifest("train", 3, spec or None, namespace="team-a")
     doc["metadata"]["uid"] = "0123456789abcdef"
@@ -229,8 +229,8 @@ def test_exit_codes_are_defined_only_in_the_contract() -> None:
     assert (contract.EXIT_OK, contract.EXIT_PERMANENT, contract.EXIT_CUDA_OOM) == (0, 78, 200)
     assert contract.EXIT_SIGTERM_CHECKPOINTED == contract.exit_code_for_signal(15) == 143
     assert errors.EXIT_PERMANENT == contract.EXIT_PERMANENT  # errors re-exports them for the trainer
-    defined = [f"{path}:{node.lineno}" for path, tree in _sources("operator", "trainer", "rljob")
-               if path != "rljob/contract/pod.py"
+    defined = [f"{path}:{node.lineno}" for path, tree in _sources("contract", "operator", "trainer", "rljob")
+               if path != "contract/rljob_contract/pod.py"
                for node in ast.walk(tree) if isinstance(node, ast.Assign | ast.AnnAssign)
                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
                if isinstance(target, ast.Name) and target.id.startswith("EXIT_")]
@@ -238,15 +238,14 @@ def test_exit_codes_are_defined_only_in_the_contract() -> None:
 
 
 def test_the_best_metric_default_is_spelled_once() -> None:
+    from rljob_contract.spec import DEFAULT_BEST_METRIC, CheckpointSpec
     from rljob_trainer.checkpoints.retention import RetentionPolicy
-
-    from rljob.contract.spec import DEFAULT_BEST_METRIC, CheckpointSpec
 
     assert CheckpointSpec().best_metric == RetentionPolicy(keep_last=1).best_metric == DEFAULT_BEST_METRIC
     # A literal default next to a best-metric name anywhere but the contract's one constant.
     literal = re.compile(r"""(?:best[-_]metric|bestMetric)["']?[^\n=]{0,30}=\s*(?:Field\()?["'][^"']+["']""")
-    found = [f"{path}:{text.count(chr(10), 0, m.start()) + 1}" for root in ("operator", "trainer", "rljob")
+    found = [f"{path}:{text.count(chr(10), 0, m.start()) + 1}" for root in ("contract", "operator", "trainer", "rljob")
              for file in sorted((REPO / root).rglob("*.py"))
              for path, text in [(file.relative_to(REPO).as_posix(), file.read_text(encoding="utf-8"))]
              for m in literal.finditer(text)]
-    assert found == [], "use rljob.contract.spec.DEFAULT_BEST_METRIC"
+    assert found == [], "use rljob_contract.spec.DEFAULT_BEST_METRIC"

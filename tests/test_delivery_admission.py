@@ -435,10 +435,11 @@ def _experiment_of(job: dict[str, Any], overrides: dict[str, Any] | None = None)
 @pytest.mark.cluster
 def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names(
         policy: None, tenant: Any, control_plane: Any, namespace: str) -> None:
-    """Each field of the table (rljob.contract.references), in a job and in an experiment's template, naming an
+    """Each field of the table (rljob_contract.references), in a job and in an experiment's template, naming an
     object of another team: refused for a user without the right, naming the field; admitted with it. An arm
     may not set a field holding references in either spelling."""
-    from rljob.contract import references
+    from rljob_contract import references
+
     from tests.test_references import OTHER, reference_spec
 
     user = f"system:serviceaccount:{namespace}:{TENANT}"

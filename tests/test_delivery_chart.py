@@ -623,10 +623,10 @@ def test_network_policies_are_on_by_default_and_admit_only_trainers_and_promethe
 
 def _jobs_policy(*helm_args: str) -> dict[str, Any]:
     """The spec of the NetworkPolicy the chart's operator (its rendered settings) gives a job."""
+    from rljob_contract.job import parse_job
     from rljob_operator.decisions.children import JobNetwork, desired_network_policy
     from rljob_operator.settings import OperatorSettings
 
-    from rljob.contract.job import parse_job
     from tests.operator_helpers import job_manifest
 
     env = {k: v for k, v in operator_env(one(helm_template(*helm_args), "Deployment")).items() if isinstance(v, str)}

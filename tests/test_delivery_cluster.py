@@ -451,10 +451,9 @@ def test_operator_with_the_charts_identity_reconciles_a_job(release: Release, co
 def test_trainer_pods_meet_the_restricted_pod_security_standard(namespace: str, kube: Any) -> None:
     """A worker pod as the operator builds it, dry-run into a namespace enforcing "restricted"."""
     from kubernetes.client.exceptions import ApiException
+    from rljob_contract.job import parse_job
     from rljob_operator.decisions.children import desired_worker_pod
     from rljob_operator.names import StatusEndpoint
-
-    from rljob.contract.job import parse_job
 
     kube.request("PATCH", f"/api/v1/namespaces/{namespace}", {"metadata": {"labels": RESTRICTED}},
                  content_type="application/merge-patch+json")

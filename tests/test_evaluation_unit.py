@@ -7,13 +7,13 @@ from typing import Any
 
 import datasets
 import pytest
+from rljob_contract.job import ManifestError, parse_job
+from rljob_contract.spec import EvaluationSpec, RewardSpec
 from rljob_trainer.builtin.tasks import builtin_rows
 from rljob_trainer.data import split_held_out, training_and_eval_prompts
 from rljob_trainer.errors import PermanentError
 from rljob_trainer.evaluation import EvalSet, Scorer, eval_summary, pass_at_k
 
-from rljob.contract.job import ManifestError, parse_job
-from rljob.contract.spec import EvaluationSpec, RewardSpec
 from tests.trainer_helpers import deep_update, quickstart_doc
 
 
@@ -224,10 +224,9 @@ def test_a_scrape_never_shows_one_evaluations_step_with_anothers_values() -> Non
 
 
 def test_an_evaluation_is_reported_to_every_sink_and_the_heartbeat_validates(tmp_path: Any) -> None:
+    from rljob_contract.pod import HeartbeatBody
     from rljob_trainer.evaluation import EvalReporter
     from rljob_trainer.telemetry import TrainerMetrics
-
-    from rljob.contract.pod import HeartbeatBody
 
     metrics, heartbeat, history = TrainerMetrics(), RecordingHeartbeat(), [{"step": 3, "reward": 0.5}]
     reporter = EvalReporter(metrics, heartbeat, tmp_path / "metrics.jsonl", str(tmp_path / "tb"), "eval/exact_match")
@@ -300,7 +299,7 @@ def experiment_doc(metric: str, evaluation: dict[str, Any] | None) -> dict[str, 
 
 
 def test_an_experiment_objective_may_be_an_evaluation_metric_of_its_template() -> None:
-    from rljob.contract.experiment import parse_experiment
+    from rljob_contract.experiment import parse_experiment
 
     parse_experiment(experiment_doc("eval/exact_match", EVAL_SECTION), "x.yaml")
     with pytest.raises(ManifestError, match=r"spec.objective.metric: 'eval/exact_match' is an evaluation metric"):
@@ -308,10 +307,9 @@ def test_an_experiment_objective_may_be_an_evaluation_metric_of_its_template() -
 
 
 def test_an_eval_objective_reads_the_eval_lines_of_metrics_jsonl_and_the_eval_points_of_the_status_curve() -> None:
+    from rljob_contract.experiment import ObjectiveSpec
     from rljob_operator.decisions.curve import curve_point, merge_curve, series
     from rljob_operator.experiments.objective import curve_from_logs, objective_value
-
-    from rljob.contract.experiment import ObjectiveSpec
 
     # metrics.jsonl as rank 0 writes it: training lines every step, an evaluation line every 10 (#33).
     records = [{"step": s, "reward": s / 30, "loss": 0.1} for s in range(1, 31)]
@@ -364,8 +362,9 @@ def test_conversational_prompts_give_reward_metrics_message_completions_as_train
 
 
 def test_the_evaluation_section_survives_the_configmap_round_trip(tmp_path: Any) -> None:
-    from rljob.contract.job import load_job
-    from rljob.contract.pod import dump_config, load_config
+    from rljob_contract.job import load_job
+    from rljob_contract.pod import dump_config, load_config
+
     from tests.trainer_helpers import REPO
 
     cfg = load_job(REPO / "examples" / "held-out.yaml").trainer_config(output_dir="/workspace/output")
@@ -409,7 +408,7 @@ def held_out_ab(**spec: Any) -> dict[str, Any]:
 ])
 def test_pruning_on_an_eval_objective_needs_every_rung_to_be_an_evaluation_step(spec: dict[str, Any],
                                                                                  expected: str | None) -> None:
-    from rljob.contract.experiment import parse_experiment
+    from rljob_contract.experiment import parse_experiment
 
     doc = held_out_ab(**spec)
     if expected is None:
@@ -427,9 +426,8 @@ GAMEABLE = [(0, 0.234375), (20, 0.03125), (40, 0.0), (60, 0.0)]
 
 
 def test_the_median_rule_on_an_eval_objective_judges_the_evaluation_logged_at_the_rung() -> None:
+    from rljob_contract.experiment import EarlyStoppingSpec, ObjectiveSpec
     from rljob_operator.experiments.pruning import should_prune
-
-    from rljob.contract.experiment import EarlyStoppingSpec, ObjectiveSpec
 
     objective = ObjectiveSpec(metric="eval/exact_match", reduce="lastMean", k=1)
     rule = EarlyStoppingSpec(minSteps=20, interval=20, minTrials=1)

@@ -16,8 +16,8 @@ import pytest
 import requests
 import yaml
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.experiment import parse_experiment
 
-from rljob.contract.experiment import parse_experiment
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
     annotate_pod,

@@ -8,17 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from rljob_operator.decisions.conditions import condition
-from rljob_operator.decisions.experiments import (
-    ExperimentPlan,
-    invalid_experiment,
-    plan_experiment,
-    record_uids,
-    refused_trial,
-)
-from rljob_operator.decisions.policy import PodProfile
-
-from rljob.contract.experiment import (
+from rljob_contract.experiment import (
     MAX_CONFLICTS_LISTED,
     MAX_TRIAL_CHECKPOINT,
     MAX_TRIAL_MESSAGE,
@@ -29,7 +19,17 @@ from rljob.contract.experiment import (
     curve_points_per_trial,
     parse_experiment,
 )
-from rljob.contract.job import ManifestError
+from rljob_contract.job import ManifestError
+from rljob_operator.decisions.conditions import condition
+from rljob_operator.decisions.experiments import (
+    ExperimentPlan,
+    invalid_experiment,
+    plan_experiment,
+    record_uids,
+    refused_trial,
+)
+from rljob_operator.decisions.policy import PodProfile
+
 from tests.experiment_maxima import largest_status
 
 NOW = "2026-01-01T00:00:00Z"

@@ -7,21 +7,20 @@ import json
 from typing import Any
 
 import pytest
-from rljob_operator.experiments.leaderboard import standings
-from rljob_operator.experiments.objective import objective_value, thin
-from rljob_operator.experiments.pruning import should_prune
-from rljob_operator.experiments.search import next_params
-from rljob_operator.experiments.stats import compare, mean_ci95
-from rljob_operator.experiments.trials import MAX_TRIAL_NAME_LENGTH, arm_trials, search_trial, trial_name
-
-from rljob.contract.experiment import (
+from rljob_contract.experiment import (
     EarlyStoppingSpec,
     ObjectiveSpec,
     RLExperiment,
     TrialStatus,
     parse_experiment,
 )
-from rljob.contract.job import ManifestError
+from rljob_contract.job import ManifestError
+from rljob_operator.experiments.leaderboard import standings
+from rljob_operator.experiments.objective import objective_value, thin
+from rljob_operator.experiments.pruning import should_prune
+from rljob_operator.experiments.search import next_params
+from rljob_operator.experiments.stats import compare, mean_ci95
+from rljob_operator.experiments.trials import MAX_TRIAL_NAME_LENGTH, arm_trials, search_trial, trial_name
 
 AB: dict[str, Any] = {
     "apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "metadata": {"name": "lr-ab"},
@@ -283,7 +282,7 @@ def test_the_experiments_core_imports_without_torch_kopf_optuna_or_scipy() -> No
     import subprocess
     import sys
 
-    code = ("import sys, rljob.contract.experiment, rljob_operator.experiments.trials, "
+    code = ("import sys, rljob_contract.experiment, rljob_operator.experiments.trials, "
             "rljob_operator.experiments.leaderboard, rljob_operator.experiments.pruning, "
             "rljob_operator.experiments.search, rljob_operator.experiments.stats; "
             "print(sorted(m for m in ('torch', 'kopf', 'optuna', 'scipy', 'transformers') if m in sys.modules))")
@@ -323,7 +322,8 @@ def test_runner_reads_only_whole_metric_lines_and_keeps_the_last_of_a_step(
 def test_leaderboard_table_and_curves_from_a_status(tmp_path: Any) -> None:
     from pathlib import Path
 
-    from rljob.contract.experiment import CurvePoint, RLExperimentStatus
+    from rljob_contract.experiment import CurvePoint, RLExperimentStatus
+
     from rljob.experiment import leaderboard_table, plot_curves
 
     exp = RLExperiment.model_validate(AB)
@@ -369,9 +369,8 @@ def test_trials_at_once_share_the_cores_instead_of_each_taking_them_all() -> Non
 
 
 def test_record_point_grows_a_bounded_curve_and_follows_the_objective() -> None:
+    from rljob_contract.experiment import MAX_CURVE_POINTS
     from rljob_operator.experiments.objective import record_point
-
-    from rljob.contract.experiment import MAX_CURVE_POINTS
 
     trial = TrialStatus(name="t0", number=0, seed=0)
     for step in range(1, 301):
@@ -385,7 +384,8 @@ def test_record_point_grows_a_bounded_curve_and_follows_the_objective() -> None:
 def test_summary_json_is_the_experiment_with_its_status(tmp_path: Any) -> None:
     from pathlib import Path
 
-    from rljob.contract.experiment import RLExperimentStatus
+    from rljob_contract.experiment import RLExperimentStatus
+
     from rljob.experiment import write_outputs
 
     exp = RLExperiment.model_validate(AB)
@@ -404,7 +404,7 @@ def test_summary_json_is_the_experiment_with_its_status(tmp_path: Any) -> None:
 def test_the_example_experiments_are_valid(name: str) -> None:
     from pathlib import Path
 
-    from rljob.contract.experiment import load_experiment
+    from rljob_contract.experiment import load_experiment
 
     exp = load_experiment(Path(__file__).resolve().parents[1] / "examples" / "experiments" / name)
     assert exp.spec.total_trials == 6

@@ -273,7 +273,7 @@ def test_what_still_restarts_the_whole_gang_of_an_elastic_job() -> None:
 
 
 def test_a_survivor_that_only_lost_its_peer_is_not_the_failure() -> None:
-    from rljob.contract.pod import EXIT_PEER_LOST
+    from rljob_contract.pod import EXIT_PEER_LOST
 
     job = make_job(3, spec={**ELASTIC, "runPolicy": {"restartPolicy": "ExitCode"}}, status=RUNNING)
     # Worker 2's agent gave up waiting (EXIT_PEER_LOST) after worker 1 crashed: worker 1 is the culprit,

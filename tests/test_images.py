@@ -94,9 +94,8 @@ def built_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def _quickstart_pod(spec: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Worker 0 of the quickstart (``spec`` merged into its spec) and its ConfigMap, as the operator
     renders them (no status API)."""
+    from rljob_contract.job import parse_job
     from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
-
-    from rljob.contract.job import parse_job
 
     doc = deep_update(yaml.safe_load(QUICKSTART.read_text()), {"spec": spec or {}})
     doc["metadata"].update(namespace="team-a", uid="7f1c2a52-0000-4000-8000-000000000001", generation=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rljob_contract.job import RLTrainingJob, parse_job
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations.gate import Gated
@@ -19,7 +20,6 @@ from rljob_operator.integrations.kueue.decide import (
 )
 from rljob_operator.times import rfc3339
 
-from rljob.contract.job import RLTrainingJob, parse_job
 from tests.operator_helpers import job_manifest
 from tests.test_operator_unit import NOW, UID, observe, pod_json
 

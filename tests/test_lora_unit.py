@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from rljob_contract.job import ManifestError, parse_job
+from rljob_contract.spec import TrainerConfig
 from rljob_trainer.algorithms import ALGORITHMS
 from rljob_trainer.checkpoints.export import base_identity
 from rljob_trainer.checkpoints.manifest import MANIFEST, build_manifest
 from rljob_trainer.worker import build_trl_config, peft_config, run_alone_when_alone
 
-from rljob.contract.job import ManifestError, parse_job
-from rljob.contract.spec import TrainerConfig
 from tests.operator_helpers import job_manifest
 
 

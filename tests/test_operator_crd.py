@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.job import RLTrainingJobSpec, parse_job
 
-from rljob.contract.job import RLTrainingJobSpec, parse_job
 from tests.operator_helpers import INVALID_MANIFESTS, create_job, get_job, invalid_manifest, job_manifest
 from tests.schema_mutations import UNKNOWN_KEY, quickstart_mutations
 from tests.trainer_helpers import quickstart_doc

@@ -71,10 +71,9 @@ def _pods_of(kube: Any, namespace: str, counts: dict[str, int]) -> list[dict[str
 
 def test_every_job_gets_a_network_policy_admitting_only_its_own_pods(kube: Any, namespace: str,
                                                                      operator: Any) -> None:
+    from rljob_contract.job import parse_job
     from rljob_operator.decisions.children import JobNetwork, desired_network_policy
     from rljob_operator.decisions.egress import Egress
-
-    from rljob.contract.job import parse_job
 
     op = operator(env=NETWORK_ENV)
     create_job(kube, namespace, job_manifest("net-a", replicas=2))

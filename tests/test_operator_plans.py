@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.job import FINISHED_PHASES, LastFailure, Phase, RLTrainingJobStatus
 from rljob_operator.cluster.kube import ChildConflict
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.decisions import plan as plan_module
@@ -30,7 +31,6 @@ from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import CONFLICT_REQUEUE_SECONDS, Refusal, plan_for_refusal
 from rljob_operator.times import rfc3339
 
-from rljob.contract.job import FINISHED_PHASES, LastFailure, Phase, RLTrainingJobStatus
 from tests.operator_helpers import job_manifest
 from tests.test_operator_unit import ENDPOINT, NOW, UID, make_job, observe, pod_json
 

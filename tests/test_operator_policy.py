@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.job import DEFAULT_IMAGE, ManifestError, parse_job
 from rljob_operator.decisions.lifecycle import plan_reconcile
 from rljob_operator.decisions.plan import Plan
 from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.decisions.refusals import Refusal, plan_for_refusal
 from rljob_operator.settings import OperatorSettings
 
-from rljob.contract.job import DEFAULT_IMAGE, ManifestError, parse_job
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import (
     create_job,

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import requests
+from rljob_contract.pod import heartbeat_path
 from rljob_operator.cluster.events import COMBINED_PREFIX, EventLimits
 from rljob_trainer.heartbeat import Heartbeat
 
-from rljob.contract.pod import heartbeat_path
 from tests.cluster.waiting import wait_for
 from tests.operator_helpers import create_job, events_for, get_job, job_manifest, token_for, wait_phase
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from rljob_contract.job import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
+from rljob_contract.spec import TrainerConfig
 from rljob_operator import crd
 from rljob_operator.cluster import runner
 from rljob_operator.cluster.workqueue import JobKey, WorkQueue
@@ -39,8 +41,6 @@ from rljob_operator.names import (
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
-from rljob.contract.job import ManifestError, RLTrainingJob, RLTrainingJobSpec, parse_job
-from rljob.contract.spec import TrainerConfig
 from tests.operator_helpers import INVALID_MANIFESTS, REPO, deep_update, invalid_manifest, job_manifest
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -940,7 +940,7 @@ def test_in_a_cluster_replicas_share_one_certificate_secret(monkeypatch: pytest.
 
 
 def test_storage_credentials_come_from_secrets_mounted_as_files_never_environment() -> None:
-    from rljob.contract import pod as contract
+    from rljob_contract import pod as contract
 
     job = make_job(spec={"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-creds",
                                         "mirrors": [{"location": "s3://backup/run"},

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from rljob_contract.job import Progress
+from rljob_contract.pod import MAX_HEARTBEAT_METRICS, HeartbeatBody, finite_metrics
 from rljob_operator.decisions.curve import MAX_CURVE_POINTS, curve_point, decimate, merge_curve, series
-
-from rljob.contract.job import Progress
-from rljob.contract.pod import MAX_HEARTBEAT_METRICS, HeartbeatBody, finite_metrics
 
 
 def _run(steps: range, curve: list | None = None) -> list:

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-
-from rljob.contract.job import RLTrainingJobSpec
+from rljob_contract.job import RLTrainingJobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +62,7 @@ def test_readme_and_docs_link_only_files_inside_the_repository() -> None:
 
 
 def test_readme_experiment_reference_names_every_experiment_spec_field() -> None:
-    from rljob.contract.experiment import RLExperimentSpec
+    from rljob_contract.experiment import RLExperimentSpec
 
     readme = (REPO / "README.md").read_text()
     reference = readme.split("### RLExperiment", 1)[1].split("\n## ", 1)[0]

@@ -6,7 +6,7 @@
   checked against Kubernetes' own schema.
 * Null is not absent: the ``podTemplate`` merge keeps every field the operator sets when the template
   says null, {}, [] or nothing, and the pod profile judges the pod as built.
-* One table: ``rljob.contract.references`` lists every reference field; the admission policies are
+* One table: ``rljob_contract.references`` lists every reference field; the admission policies are
   generated from it (the committed ones must equal the generated), the operator's checks read it, and
   the ``cluster`` tests walk the API server's PodSpec for reference fields the table lacks and try every
   field of the table on the real admission policy as a user with no rights on what it names.
@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 import yaml
 from pydantic.alias_generators import to_snake
+from rljob_contract import references as refs
+from rljob_contract.experiment import parse_experiment
+from rljob_contract.job import ManifestError, load_job, parse_job
+from rljob_contract.pod import ConfigError, load_config
 from rljob_operator.decisions import policy
 from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.policy import PodProfile, violations
 
-from rljob.contract import references as refs
-from rljob.contract.experiment import parse_experiment
-from rljob.contract.job import ManifestError, load_job, parse_job
-from rljob.contract.pod import ConfigError, load_config
 from tests.operator_helpers import job_manifest
 from tests.test_delivery_chart import REPO
 from tests.trainer_helpers import deep_update

@@ -11,12 +11,12 @@ import re
 from typing import Any
 
 import pytest
+from rljob_contract import experiment, job, spec
+from rljob_contract.experiment import parse_experiment
+from rljob_contract.job import ManifestError, parse_job
+from rljob_contract.rules import Rule, cel_rules
 from rljob_operator import crd
 
-from rljob.contract import experiment, job, spec
-from rljob.contract.experiment import parse_experiment
-from rljob.contract.job import ManifestError, parse_job
-from rljob.contract.rules import Rule, cel_rules
 from tests.operator_helpers import job_manifest
 from tests.trainer_helpers import deep_update
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.rules import Rule
 
-from rljob.contract.rules import Rule
 from tests.operator_helpers import job_manifest
 from tests.test_rules import (
     EXPERIMENT_CASES,

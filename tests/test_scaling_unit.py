@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
+from rljob_contract.job import RLTrainingJob, parse_job
+from rljob_contract.spec import accumulation_for
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
@@ -14,8 +16,6 @@ from rljob_operator.decisions.scaling import Capacity
 from rljob_operator.names import CONFIG_KEY
 from rljob_operator.times import rfc3339
 
-from rljob.contract.job import RLTrainingJob, parse_job
-from rljob.contract.spec import accumulation_for
 from tests.operator_helpers import job_manifest
 from tests.test_operator_unit import NOW, UID, env_of, observe, pod_json
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
+from rljob_contract.job import ManifestError, parse_job
+from rljob_contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig, python_type
+from rljob_contract.trl_fields import TRL_FIELDS
 from rljob_trainer.builtin import rewards
 
-from rljob.contract.job import ManifestError, parse_job
-from rljob.contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig, python_type
-from rljob.contract.trl_fields import TRL_FIELDS
 from tests.schema_mutations import quickstart_mutations
 from tests.trainer_helpers import REPO, deep_update, quickstart_doc, run_rljob, write_manifest
 

@@ -85,10 +85,9 @@ def test_an_owner_reference_that_is_not_the_controller_makes_no_worker() -> None
 def test_a_heartbeat_becomes_progress_under_the_status_models_names_finite_values_only() -> None:
     from datetime import UTC, datetime
 
+    from rljob_contract.job import Progress
+    from rljob_contract.pod import HeartbeatBody
     from rljob_operator.server.statusapi import REPORTED_FIELDS, heartbeat_progress
-
-    from rljob.contract.job import Progress
-    from rljob.contract.pod import HeartbeatBody
 
     # Every field the heartbeat and status.progress share is carried, with no table to keep in step.
     assert REPORTED_FIELDS == ("reward", "loss", "checkpoint", "best_checkpoint", "best_metric")

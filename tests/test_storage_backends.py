@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from rljob_contract.spec import CheckpointSpec, TrainerConfig, location_rules
 from rljob_operator.decisions.checkpoints import claim_volumes, durability, mounted_location
 from rljob_trainer import storage_backends
 from rljob_trainer.checkpoints.compare import split_checkpoint_uri
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.plan import location_for, storage_plan
 from rljob_trainer.storage_backends import FOLDER, PVC, S3, StorageBackend, backend_for, check_location
-
-from rljob.contract.spec import CheckpointSpec, TrainerConfig, location_rules
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,9 +116,9 @@ def test_a_registered_backend_is_used_everywhere_without_other_changes(shelf: _S
 
 
 def test_the_registry_and_the_config_load_without_boto3_or_torch() -> None:
-    code = ("import sys, rljob.contract.spec, rljob_trainer.storage_backends, rljob_operator.crd; "
+    code = ("import sys, rljob_contract.spec, rljob_trainer.storage_backends, rljob_operator.crd; "
             "print(sorted(m for m in ('boto3', 'botocore', 'torch') if m in sys.modules))")
-    env_path = f"{REPO}/operator:{REPO}/trainer:{REPO}"
+    env_path = f"{REPO}/contract:{REPO}/operator:{REPO}/trainer:{REPO}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "[]"

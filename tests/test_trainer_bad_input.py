@@ -52,7 +52,7 @@ STATIC_CASES = [
     ("malformed-reward-ref", training(rewards=[{"name": "my module:fn"}]), "spec.training.rewards[0].name"),
     ("empty-rewards", training(rewards=[]), "spec.training.rewards"),
     ("managed-trl-field", training(trl={"max_steps": 5}), "spec.training.trl"),
-    # Checked against the generated TRL fields (rljob.contract.trl_fields), no longer at pre-flight.
+    # Checked against the generated TRL fields (rljob_contract.trl_fields), no longer at pre-flight.
     ("unknown-trl-field", training(trl={"not_a_field": 1}),
      "spec.training.trl.not_a_field: not a field of TRL's GRPOConfig"),
     ("wrong-type-trl-field", training(trl={"temperature": "hot"}), "spec.training.trl.temperature"),

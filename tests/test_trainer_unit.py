@@ -9,6 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from rljob_contract.job import API_VERSION, KIND, ManifestError, parse_job
+from rljob_contract.pod import EXIT_PEER_LOST
+from rljob_contract.spec import RewardSpec
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.builtin import rewards as builtin
 from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, PermanentError, is_cuda_oom, is_peer_loss
@@ -22,10 +25,6 @@ from rljob_trainer.launch import (
     recorded_exit_codes,
 )
 from rljob_trainer.rewards import RewardFunctionError, checked_reward, resolve_rewards
-
-from rljob.contract.job import API_VERSION, KIND, ManifestError, parse_job
-from rljob.contract.pod import EXIT_PEER_LOST
-from rljob.contract.spec import RewardSpec
 
 
 def make_checkpoint(root: Path, step: int, reward: float | None = None, seal: bool = True) -> Path:
@@ -374,7 +373,7 @@ def test_manifest_errors_list_every_problem_with_its_path() -> None:
 
 
 def test_trainer_config_round_trips_through_json() -> None:
-    from rljob.contract.spec import TrainerConfig
+    from rljob_contract.spec import TrainerConfig
 
     job = parse_job({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
                      "spec": {"workers": {"replicas": 2, "procsPerWorker": 4}, "training": {"batchSize": 4}}})

@@ -10,8 +10,8 @@ from __future__ import annotations
 import subprocess
 
 import yaml
+from rljob_contract import yamltext
 
-from rljob import yamltext
 from tests.cluster.binaries import REPO_ROOT
 from tests.yaml_go import go_differences
 

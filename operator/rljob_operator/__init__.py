@@ -1,10 +1,10 @@
 """rljob's operator: reconciles RLTrainingJob resources into torchrun gangs of GPU pods.
 
-Importing this package, and ``rljob.contract.job``, must not import torch.
+Importing this package, and ``rljob_contract.job``, must not import torch.
 
 Modules, by responsibility (pure ones take no cluster and no clock):
 
-* ``rljob.contract`` (pure, outside this package): the pydantic models, the single source of truth;
+* ``rljob_contract`` (pure, outside this package): the pydantic models, the single source of truth;
   ``crd`` (pure): the CRDs from them.
 * ``decisions/`` (pure): ``children`` (ConfigMap, headless Service and worker pods from a spec),
   ``observed`` (pods as observed, failure reasons), ``conditions`` (kstatus), ``plan`` (Plan and

@@ -23,8 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from rljob.contract.job import Phase
+from rljob_contract.job import Phase
 
 RECONCILE_SECONDS = Histogram(
     "rljob_operator_reconcile_duration_seconds",

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rljob.contract.job import API_VERSION, KIND, RLTrainingJob
+from rljob_contract.job import API_VERSION, KIND, RLTrainingJob
 
 # The config mount, the trainer command and the mirror credential prefix are the trainer's contract,
 # re-exported here beside the names the operator chooses itself.
-from rljob.contract.pod import CONFIG_DIR as CONFIG_DIR
-from rljob.contract.pod import CONFIG_KEY as CONFIG_KEY
-from rljob.contract.pod import TRAINER_COMMAND as TRAINER_COMMAND
-from rljob.contract.pod import heartbeat_path
+from rljob_contract.pod import CONFIG_DIR as CONFIG_DIR
+from rljob_contract.pod import CONFIG_KEY as CONFIG_KEY
+from rljob_contract.pod import TRAINER_COMMAND as TRAINER_COMMAND
+from rljob_contract.pod import heartbeat_path
 
 LABEL_JOB = "rljob.dev/job"
 LABEL_WORKER_INDEX = "rljob.dev/worker-index"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write ``rljob/contract/trl_fields.py``: the fields of TRL's GRPOConfig and RLOOConfig.
+"""Write ``contract/rljob_contract/trl_fields.py``: the fields of TRL's GRPOConfig and RLOOConfig.
 
     python trainer/hack/gen_trl_fields.py            # write it (make trl-fields)
     python trainer/hack/gen_trl_fields.py --check    # exit 1 when it differs from the installed TRL
@@ -7,7 +7,7 @@
 ``rljob validate`` and the operator check ``spec.training.trl`` against these fields without
 importing torch or TRL, so the table is generated here, at build time, from the installed TRL
 (the version the trainer image pins), and committed. Each field's type becomes a small JSON
-schema (the vocabulary ``rljob.contract.spec.python_type`` and ``rljob_operator.crd`` read):
+schema (the vocabulary ``rljob_contract.spec.python_type`` and ``rljob_operator.crd`` read):
 ``type`` boolean/integer/number/string/array/object, ``enum``, ``items``, ``minItems``/``maxItems``,
 ``additionalProperties``, ``anyOf`` (unions), ``nullable``. A type that cannot be written in a
 manifest (a Python object) is recorded as ``{"unsupported": "<type>"}``.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-OUTPUT = REPO / "rljob/contract/trl_fields.py"
+OUTPUT = REPO / "contract/rljob_contract/trl_fields.py"
 sys.path.insert(0, str(REPO / "trainer"))
 from rljob_trainer.algorithms import CONFIG_CLASSES  # noqa: E402 - the algorithms' TRL config classes
 
@@ -116,9 +116,9 @@ def collect() -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
                 schema["enum"] = list(choices)
             entry = fields.setdefault(f.name, {"schema": schema, "algorithms": [], "description": describe(f)})
             if entry["schema"] != schema:
-                # rljob.contract.spec and rljob_operator.crd would need a per-algorithm type.
+                # rljob_contract.spec and rljob_operator.crd would need a per-algorithm type.
                 raise SystemExit(f"gen_trl_fields: {f.name} has different types in GRPOConfig and RLOOConfig: "
-                                 f"{entry['schema']} vs {schema}; teach rljob/contract/spec.py and crd.py about it")
+                                 f"{entry['schema']} vs {schema}; teach contract/rljob_contract/spec.py and crd.py about it")
             entry["algorithms"].append(algorithm)
     versions = {"trl": trl.__version__, "transformers": transformers.__version__}
     return versions, dict(sorted(fields.items()))

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rljob.contract.spec import DatasetSpec, TrainingSpec
+from rljob_contract.spec import DatasetSpec, TrainingSpec
+
 from rljob_trainer.builtin.tasks import BUILTIN_TASKS, builtin_rows
 from rljob_trainer.errors import PermanentError
 

@@ -1,4 +1,4 @@
-"""Error reporting, by the exit codes of the trainer's contract with the operator (``rljob.contract.pod``).
+"""Error reporting, by the exit codes of the trainer's contract with the operator (``rljob_contract.pod``).
 
 * ``EXIT_OK`` (0): training finished.
 * ``EXIT_PERMANENT`` (78, sysexits' EX_CONFIG): bad config, missing data, a reward function
@@ -17,11 +17,11 @@ import os
 import sys
 
 # Re-exported: the codes and names are the contract's; this module reports errors by them.
-from rljob.contract.pod import ERROR_FILE_ENV as ERROR_FILE_ENV
-from rljob.contract.pod import EXIT_CUDA_OOM as EXIT_CUDA_OOM
-from rljob.contract.pod import EXIT_OK as EXIT_OK
-from rljob.contract.pod import EXIT_PERMANENT as EXIT_PERMANENT
-from rljob.contract.pod import TERMINATION_LOG_ENV, LocatedError
+from rljob_contract.pod import ERROR_FILE_ENV as ERROR_FILE_ENV
+from rljob_contract.pod import EXIT_CUDA_OOM as EXIT_CUDA_OOM
+from rljob_contract.pod import EXIT_OK as EXIT_OK
+from rljob_contract.pod import EXIT_PERMANENT as EXIT_PERMANENT
+from rljob_contract.pod import TERMINATION_LOG_ENV, LocatedError
 
 TERMINATION_LOG = "/dev/termination-log"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob.contract.spec import (
+from rljob_contract.spec import (
     EVAL_PREFIX,
     TEXT_METRICS,
     Decoding,
@@ -25,6 +25,7 @@ from rljob.contract.spec import (
     EvaluationSpec,
     RewardSpec,
 )
+
 from rljob_trainer.errors import PermanentError
 
 WHERE = "spec.training.evaluation"
@@ -276,7 +277,8 @@ class EvalReporter:
         self._writer: Any = None
 
     def report(self, step: int, values: dict[str, float], log_history: list[dict[str, Any]] | None) -> None:
-        from rljob.contract.pod import finite_metrics
+        from rljob_contract.pod import finite_metrics
+
         from rljob_trainer.telemetry import append_metrics
 
         if log_history is not None:

@@ -2,7 +2,7 @@
 
 The operator sets ``RLJOB_STATUS_URL`` (``https://…/api/v1/namespaces/NS/rltrainingjobs/NAME/heartbeat``),
 ``RLJOB_TOKEN_FILE`` (a projected, audience-bound service-account token) and optionally
-``RLJOB_STATUS_CA_FILE``; the body is ``rljob.contract.pod.HeartbeatBody``, which the status
+``RLJOB_STATUS_CA_FILE``; the body is ``rljob_contract.pod.HeartbeatBody``, which the status
 API validates. Heartbeats are sent from a background thread; a failure is logged and never stops
 training.
 
@@ -29,8 +29,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from pydantic import ValidationError
-
-from rljob.contract.pod import (
+from rljob_contract.pod import (
     MAX_HEARTBEAT_WARNINGS,
     POD_NAME_ENV,
     RESUME_WARNINGS_ENV,

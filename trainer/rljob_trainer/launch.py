@@ -3,7 +3,7 @@
 ``rljob train MANIFEST`` (a laptop) and the in-pod entrypoint
 (``python -m rljob_trainer.launch --config /etc/rljob/trainer.yaml``) both end in ``launch()``.
 In a pod the operator sets the node's place in the gang through the environment
-(``rljob.contract.pod``: gang size, node rank, processes per node, rendezvous endpoint and id,
+(``rljob_contract.pod``: gang size, node rank, processes per node, rendezvous endpoint and id,
 output folder), and mounts the config the operator wrote with ``contract.dump_config``.
 
 The exit code of the whole node is the most telling of its ranks' codes: permanent (78)
@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob.contract import pod as contract
-from rljob.contract.pod import EXIT_CUDA_OOM, EXIT_PERMANENT, EXIT_RETRYABLE
-from rljob.contract.spec import TrainerConfig
+from rljob_contract import pod as contract
+from rljob_contract.pod import EXIT_CUDA_OOM, EXIT_PERMANENT, EXIT_RETRYABLE
+from rljob_contract.spec import TrainerConfig
+
 from rljob_trainer.errors import PermanentError, report_fatal, write_termination_message
 from rljob_trainer.known_warnings import silence_known_warnings
 from rljob_trainer.storage import use_mounted_credentials

@@ -13,7 +13,8 @@ import contextlib
 import os
 import signal
 
-from rljob.contract.pod import PARENT_PID_ENV
+from rljob_contract.pod import PARENT_PID_ENV
+
 from rljob_trainer.worker import die_with_parent
 
 

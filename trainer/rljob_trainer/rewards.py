@@ -9,7 +9,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from rljob.contract.spec import EvalMetricSpec, RewardSpec
+from rljob_contract.spec import EvalMetricSpec, RewardSpec
+
 from rljob_trainer.builtin.rewards import BUILTIN_REWARDS
 from rljob_trainer.errors import PermanentError, is_cuda_oom
 

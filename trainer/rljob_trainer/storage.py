@@ -120,7 +120,7 @@ _MAX_CREDENTIAL_BYTES = 16 << 10
 
 def credentials_from_folder(folder: Path, field: str = "spec.checkpoint.credentialsSecret") -> dict[str, str] | None:
     """boto3's credential arguments from a mounted Secret (one file per key, as a kubelet writes a
-    ``secret`` volume: :data:`rljob.contract.pod.CREDENTIALS_DIR`), or None when the folder holds no
+    ``secret`` volume: :data:`rljob_contract.pod.CREDENTIALS_DIR`), or None when the folder holds no
     key pair. A value that is not one line of text is refused (PermanentError naming ``field`` and the file)."""
     out: dict[str, str] = {}
     for key, argument in CREDENTIAL_FILES.items():

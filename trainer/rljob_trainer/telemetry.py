@@ -20,9 +20,8 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from rljob_contract.pod import finite_metrics
 from transformers import TrainerCallback
-
-from rljob.contract.pod import finite_metrics
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from rljob.contract.pod import (
+from rljob_contract.pod import (
     ERROR_DIR_ENV,
     ERROR_FILE_ENV,
     EXIT_CUDA_OOM,
@@ -32,7 +32,8 @@ from rljob.contract.pod import (
     exit_code_for_signal,
     validate_document,
 )
-from rljob.contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig
+from rljob_contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig
+
 from rljob_trainer.algorithms import ALGORITHMS
 from rljob_trainer.errors import PermanentError, is_cuda_oom, is_peer_loss, report_fatal
 from rljob_trainer.known_warnings import silence_known_warnings
@@ -91,7 +92,7 @@ def build_trl_config(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, u
     # silently overridden by the user's trl below.
     unlisted = sorted(set(kwargs) - MANAGED_TRL_FIELDS.keys() - TRL_DEFAULTS)
     if unlisted:
-        raise RuntimeError(f"trl_arguments sets {unlisted}: add them to rljob.contract.spec.MANAGED_TRL_FIELDS")
+        raise RuntimeError(f"trl_arguments sets {unlisted}: add them to rljob_contract.spec.MANAGED_TRL_FIELDS")
     # The strategy's TRL fields: the models refuse them under trl next to the strategy.
     kwargs.update(ALGORITHMS[cfg.training.algorithm].trl_arguments(cfg.training.strategy))
     kwargs.update(cfg.training.trl)

@@ -4,7 +4,7 @@
     python charts/rljob/hack/gen_admission.py           # write both
     python charts/rljob/hack/gen_admission.py --check   # exit 1 on drift
 
-The checks come from the one table of reference fields (``rljob/contract/references.py``,
+The checks come from the one table of reference fields (``contract/rljob_contract/references.py``,
 rendered as CEL by ``rljob_operator.admission``); this script replaces the lines between the
 ``BEGIN generated`` and ``END generated`` comments of ``charts/rljob/templates/admission-policies.yaml``
 and ``manifests/base/admission-policies.yaml`` and leaves the rest of each file as written.
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(new, encoding="utf-8")
     if args.check and drifted:
         names = ", ".join(str(p.relative_to(REPO)) for p in drifted)
-        print(f"{names}: drifted from rljob/contract/references.py: run 'make generate'", file=sys.stderr)
+        print(f"{names}: drifted from contract/rljob_contract/references.py: run 'make generate'", file=sys.stderr)
         return 1
     return 0
 

@@ -24,9 +24,9 @@ from urllib.parse import quote
 
 import kopf
 from kubernetes.client.exceptions import ApiException
+from rljob_contract import experiment as exp_api
+from rljob_contract.job import GROUP, PLURAL, VERSION, ManifestError
 
-from rljob.contract import experiment as exp_api
-from rljob.contract.job import GROUP, PLURAL, VERSION, ManifestError
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.cluster.workqueue import ExperimentKey
 from rljob_operator.decisions.experiments import (

@@ -24,8 +24,8 @@ import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.job import GROUP, PLURAL, VERSION
 
-from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator import metrics
 from rljob_operator.decisions.refusals import namespace_terminating
 from rljob_operator.names import ANNOTATION_CREATED_FOR, LABEL_MANAGED_BY, MANAGED_BY

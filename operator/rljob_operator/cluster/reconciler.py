@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.job import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
 
-from rljob.contract.job import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache

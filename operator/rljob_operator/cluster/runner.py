@@ -75,7 +75,7 @@ async def _serve(app: web.Application, host: str, port: int, ssl_context: object
 
 
 #: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing):
-#: no retry helps. (Not a trainer exit code: those live in rljob.contract.pod.)
+#: no retry helps. (Not a trainer exit code: those live in rljob_contract.pod.)
 UNWORKABLE_SETTING_STATUS = 2
 
 

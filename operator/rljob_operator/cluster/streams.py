@@ -32,8 +32,8 @@ import kopf
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import watching
 from kopf._cogs.structs import references
+from rljob_contract.job import GROUP, PLURAL, VERSION
 
-from rljob.contract.job import GROUP, PLURAL, VERSION
 from rljob_operator.cluster.kube import loads
 from rljob_operator.cluster.workqueue import JobKey
 

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rljob_contract import pod as contract
+from rljob_contract.spec import CheckpointSpec
 from rljob_trainer.storage_backends import PodVolume, backend_for
 
-from rljob.contract import pod as contract
-from rljob.contract.spec import CheckpointSpec
 from rljob_operator.names import CLAIMS_DIR, CONTAINER, OUTPUT_DIR
 
 #: The condition that says whether checkpoints survive a gang restart, and its two reasons.

@@ -5,7 +5,7 @@ A job owns a ConfigMap and a headless Service, both named after the job, a Netwo
 after a crash finds what it made and never makes a second copy; ownerReferences let the
 garbage collector delete everything with the job.
 
-The pods follow the trainer's in-pod contract (``rljob.contract.pod``): the command
+The pods follow the trainer's in-pod contract (``rljob_contract.pod``): the command
 ``python -m rljob_trainer.launch --config /etc/rljob/trainer.yaml``, the ``RLJOB_*``
 rendezvous environment (c10d hosted by worker 0, reached through the headless Service),
 ``restartPolicy: Never`` (the operator restarts whole gangs), GPU requests equal to limits,
@@ -21,8 +21,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob.contract import pod as contract
-from rljob.contract.job import RLTrainingJob
+from rljob_contract import pod as contract
+from rljob_contract.job import RLTrainingJob
+
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.decisions.egress import Egress, egress_rules
 from rljob_operator.decisions.restarts import in_place_restarts

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from rljob.contract.job import Condition, Phase
+from rljob_contract.job import Condition, Phase
+
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import Durability
 from rljob_operator.times import rfc3339

@@ -25,9 +25,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rljob.contract.job import MAX_CURVE_POINTS
-from rljob.contract.pod import MAX_HEARTBEAT_METRICS
-from rljob.contract.spec import EVAL_PREFIX
+from rljob_contract.job import MAX_CURVE_POINTS
+from rljob_contract.pod import MAX_HEARTBEAT_METRICS
+from rljob_contract.spec import EVAL_PREFIX
 
 
 def _finite(value: Any) -> float | None:

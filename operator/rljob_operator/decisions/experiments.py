@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob.contract import experiment as exp_api
-from rljob.contract.experiment import (
+from rljob_contract import experiment as exp_api
+from rljob_contract.experiment import (
     FINISHED_TRIAL_PHASES,
     MAX_CONFLICTS_LISTED,
     CurvePoint,
@@ -37,7 +37,8 @@ from rljob.contract.experiment import (
     bounded_message,
     curve_points_per_trial,
 )
-from rljob.contract.job import API_VERSION, Condition, RLTrainingJob
+from rljob_contract.job import API_VERSION, Condition, RLTrainingJob
+
 from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.curve import series
 from rljob_operator.decisions.plan import Event, status_patch

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from rljob.contract.job import LastFailure, Phase
+from rljob_contract.job import LastFailure, Phase
+
 from rljob_operator.decisions.observed import failure_message, failure_reason, first_failure
 from rljob_operator.decisions.plan import Event, Plan, StatusDraft, status_patch, whole
 from rljob_operator.decisions.restarts import (

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from rljob.contract.job import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus
+from rljob_contract.job import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus
+
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
 from rljob_operator.decisions.failures import plan_failure
 from rljob_operator.decisions.observed import ObservedPod

@@ -6,7 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rljob.contract.pod import EXIT_CUDA_OOM, EXIT_PEER_LOST, EXIT_PERMANENT
+from rljob_contract.pod import EXIT_CUDA_OOM, EXIT_PEER_LOST, EXIT_PERMANENT
+
 from rljob_operator.names import (
     ANNOTATION_JOB_GENERATION,
     ANNOTATION_SPEC_HASH,

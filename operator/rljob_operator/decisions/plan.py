@@ -20,8 +20,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-
-from rljob.contract.job import (
+from rljob_contract.job import (
     LastFailure,
     OomRecovery,
     Phase,
@@ -30,6 +29,7 @@ from rljob.contract.job import (
     ScalingStatus,
     WorkersStatus,
 )
+
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import EPHEMERAL, EVENT_REASON, Durability
 from rljob_operator.decisions.children import (

@@ -30,8 +30,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rljob.contract.job import DEFAULT_IMAGE, RLTrainingJob
-from rljob.contract.references import SECRET, SERVICE_ACCOUNT, references
+from rljob_contract.job import DEFAULT_IMAGE, RLTrainingJob
+from rljob_contract.references import SECRET, SERVICE_ACCOUNT, references
+
 from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.podschema import unknown_fields
 from rljob_operator.names import CONTAINER
@@ -110,7 +111,7 @@ def violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
     """Every field of ``job`` that asks for more than ``profile`` allows, as ``<field path>: why``.
 
     Empty when the job may run. Checks each field the job sets, naming it (the references by the one
-    table, ``rljob.contract.references``), then the worker pod as the operator builds it, with
+    table, ``rljob_contract.references``), then the worker pod as the operator builds it, with
     ``workers.podTemplate`` merged, so nothing the operator builds escapes the profile.
     """
     spec, workers = job.spec, job.spec.workers

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rljob.contract.job import Phase
+from rljob_contract.job import Phase
+
 from rljob_operator.decisions.plan import (
     QUOTA_FIELDS,
     REJECTED_POD_FIELDS,

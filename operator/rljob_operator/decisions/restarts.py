@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from rljob.contract.job import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
-from rljob.contract.pod import EXIT_PEER_LOST, EXIT_PERMANENT
+from rljob_contract.job import OomRecovery, RestartPolicy, RLTrainingJob, RLTrainingJobStatus
+from rljob_contract.pod import EXIT_PEER_LOST, EXIT_PERMANENT
+
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.times import parse_time
 

@@ -27,8 +27,8 @@ from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
+from rljob_contract.job import RLTrainingJob, ScalingPolicy, ScalingStatus
 
-from rljob.contract.job import RLTrainingJob, ScalingPolicy, ScalingStatus
 from rljob_operator.names import LABEL_JOB
 from rljob_operator.times import parse_time, rfc3339
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
-from rljob.contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy, ScalingStatus
+from rljob_contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy, ScalingStatus
+
 from rljob_operator.decisions.checkpoints import Durability, durability
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod

@@ -4,7 +4,7 @@ Everything here is a function of the experiment's spec and what is stored (its s
 trials' curves); nothing keeps memory between calls, so the operator can rebuild every
 decision after a restart and ``rljob experiment`` runs the same file on one machine.
 
-* ``rljob.contract.experiment`` (the contract, outside this package): the pydantic models (spec,
+* ``rljob_contract.experiment`` (the contract, outside this package): the pydantic models (spec,
   status) and ``load_experiment``.
 * ``trials``: an experiment → its trials' names, labels and full RLTrainingJob specs.
 * ``objective``: a trial's curve → one number.  ``stats``: mean ± 95 % interval, Welch's t-test.

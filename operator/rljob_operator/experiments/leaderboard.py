@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rljob.contract.experiment import (
+from rljob_contract.experiment import (
     FINISHED_TRIAL_PHASES,
     ArmStatus,
     BestTrial,
@@ -20,6 +20,7 @@ from rljob.contract.experiment import (
     TrialStatus,
     Winner,
 )
+
 from rljob_operator.experiments.objective import sort_key
 from rljob_operator.experiments.stats import compare, mean_ci95
 

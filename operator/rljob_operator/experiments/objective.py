@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rljob.contract.experiment import (
+from rljob_contract.experiment import (
     MAX_CURVE_POINTS,
     CurvePoint,
     Direction,

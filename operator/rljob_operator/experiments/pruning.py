@@ -19,7 +19,8 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rljob.contract.experiment import EarlyStoppingSpec, ObjectiveSpec
+from rljob_contract.experiment import EarlyStoppingSpec, ObjectiveSpec
+
 from rljob_operator.experiments.objective import Curve, clean_curve, is_better, objective_value
 
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from rljob.contract.experiment import (
+from rljob_contract.experiment import (
     Direction,
     ParameterType,
     RLExperimentSpec,
@@ -24,6 +24,7 @@ from rljob.contract.experiment import (
     TrialPhase,
     TrialStatus,
 )
+
 from rljob_operator.experiments.objective import objective_value
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob.contract.experiment import (
+from rljob_contract.experiment import (
     Arm,
     RLExperiment,
     RLExperimentSpec,
@@ -20,8 +20,8 @@ from rljob.contract.experiment import (
     set_path,
     template_document,
 )
-from rljob.contract.job import API_VERSION, KIND, MAX_NAME_LENGTH, RLTrainingJobSpec
-from rljob.contract.pod import validate_document
+from rljob_contract.job import API_VERSION, KIND, MAX_NAME_LENGTH, RLTrainingJobSpec
+from rljob_contract.pod import validate_document
 
 LABEL_EXPERIMENT = "rljob.dev/experiment"
 LABEL_ARM = "rljob.dev/arm"

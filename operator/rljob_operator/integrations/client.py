@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rljob.contract.job import RLTrainingJob
+from rljob_contract.job import RLTrainingJob
+
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.integrations.gate import Gated
 from rljob_operator.names import LABEL_JOB

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from rljob.contract.job import RLTrainingJob, RLTrainingJobStatus
+from rljob_contract.job import RLTrainingJob, RLTrainingJobStatus
+
 from rljob_operator.decisions.policy import PodProfile
 
 View = TypeVar("View")

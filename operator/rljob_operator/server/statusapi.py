@@ -1,8 +1,8 @@
 """The status API (HTTPS, in the operator): trainers' heartbeats in, a job's status out.
 
-``POST /api/v1/namespaces/{ns}/rltrainingjobs/{name}/heartbeat`` (``rljob.contract.pod.heartbeat_path``)
+``POST /api/v1/namespaces/{ns}/rltrainingjobs/{name}/heartbeat`` (``rljob_contract.pod.heartbeat_path``)
     Body ``{step, reward, loss, checkpoint, best_checkpoint, best_metric, final, ...}``
-    (``rljob.contract.pod.HeartbeatBody``) from the trainer's rank 0, with
+    (``rljob_contract.pod.HeartbeatBody``) from the trainer's rank 0, with
     ``Authorization: Bearer <projected service-account token>``. TokenReview must accept the
     token for the audience ``rljob-status``; the token must be bound to a pod (the
     ``authentication.kubernetes.io/pod-name``/``pod-uid`` extras a kubelet-projected token
@@ -64,9 +64,9 @@ from aiohttp import web
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
+from rljob_contract.job import API_VERSION, GROUP, KIND, PLURAL, VERSION, EvaluationProgress, Progress
+from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path
 
-from rljob.contract.job import API_VERSION, GROUP, KIND, PLURAL, VERSION, EvaluationProgress, Progress
-from rljob.contract.pod import EvalReport, HeartbeatBody, heartbeat_path
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.kube import Kube

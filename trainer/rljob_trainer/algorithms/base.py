@@ -1,6 +1,6 @@
 """What an algorithm module declares: the shape the registry (``rljob_trainer.algorithms``) holds.
 
-Pure data and small functions, importable without torch or TRL: the schema (``rljob.contract.spec``),
+Pure data and small functions, importable without torch or TRL: the schema (``rljob_contract.spec``),
 the CRD (``rljob_operator.crd``) and ``rljob validate`` read it; only :meth:`Algorithm.trl_classes`
 imports TRL, on a worker.
 """
@@ -33,7 +33,7 @@ class Algorithm:
     ``config_class``/``trainer_class``: TRL's classes, by name (``trl_fields`` lists the config's fields).
     ``strategies``: the values ``spec.training.strategy`` takes with this algorithm (none: it takes none).
     ``whole_groups``: a generation batch must hold whole groups of ``numGenerations``
-    (``rljob.contract.spec.check_generation_batch``, and the rules in ``rljob.contract.job``).
+    (``rljob_contract.spec.check_generation_batch``, and the rules in ``rljob_contract.job``).
     """
 
     name: str

@@ -81,7 +81,7 @@ def digit_match(
 
 
 #: The options each built-in takes in the manifest's ``kwargs``: name → schema of the value (the
-#: vocabulary of ``rljob.contract.trl_fields``). The models and the CRD refuse other keys and wrong
+#: vocabulary of ``rljob_contract.trl_fields``). The models and the CRD refuse other keys and wrong
 #: types; a unit test keeps these equal to the functions' keyword parameters and their defaults.
 BUILTIN_REWARD_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
     "repeat_char": {

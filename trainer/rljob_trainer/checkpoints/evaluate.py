@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob.contract.spec import DatasetSpec, EvaluationSpec, TrainerConfig
+from rljob_contract.spec import DatasetSpec, EvaluationSpec, TrainerConfig
+
 from rljob_trainer.errors import PermanentError
 
 

@@ -42,8 +42,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from rljob_contract.pod import format_validation_error
 
-from rljob.contract.pod import format_validation_error
 from rljob_trainer.storage import UnsafePath, safe_relpath
 from rljob_trainer.storage_backends.s3 import multipart_etag, s3_part_size
 

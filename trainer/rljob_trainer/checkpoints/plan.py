@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob.contract.pod import CREDENTIALS_DIR_ENV, credentials_folder, mirror_env_prefix
-from rljob.contract.pod import MIRROR_ENV_PREFIX as MIRROR_ENV_PREFIX  # re-exported
+from rljob_contract.pod import CREDENTIALS_DIR_ENV, credentials_folder, mirror_env_prefix
+from rljob_contract.pod import MIRROR_ENV_PREFIX as MIRROR_ENV_PREFIX  # re-exported
+
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.s3 import MiB, TransferSettings
 from rljob_trainer.storage import credentials_from_env, credentials_from_folder

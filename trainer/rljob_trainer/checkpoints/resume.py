@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rljob.contract.pod import RESUME_CHECKPOINT_ENV, RESUME_WARNINGS_ENV
+from rljob_contract.pod import RESUME_CHECKPOINT_ENV, RESUME_WARNINGS_ENV
+
 from rljob_trainer.checkpoints.locations import CorruptCheckpoint, Listing, Location, StorageError
 from rljob_trainer.checkpoints.manifest import (
     MANIFEST,

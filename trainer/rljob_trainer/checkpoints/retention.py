@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rljob.contract.spec import DEFAULT_BEST_METRIC
+from rljob_contract.spec import DEFAULT_BEST_METRIC
+
 from rljob_trainer.checkpoints.manifest import CheckpointInfo, step_of
 
 

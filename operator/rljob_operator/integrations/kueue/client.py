@@ -13,8 +13,8 @@ from typing import Any
 from urllib.parse import quote
 
 from kubernetes.client.exceptions import ApiException
+from rljob_contract.job import RLTrainingJob
 
-from rljob.contract.job import RLTrainingJob
 from rljob_operator.cluster.kube import FIELD_MANAGER, Kube
 from rljob_operator.integrations.client import GateWatch, PatchStatus
 from rljob_operator.integrations.gate import Gated

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rljob.contract.job import RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
+from rljob_contract.job import RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
+
 from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.policy import PodProfile, flavor_violations
 from rljob_operator.integrations.gate import Hold, Outcome, Verdict

@@ -2,10 +2,10 @@
 
 The CRD in ``crds/`` and in the Helm chart is generated from these models (``rljob crd``,
 ``rljob_operator.crd``). ``spec.training`` and ``spec.checkpoint`` are the trainer's schema
-(``rljob.contract.spec``); this module embeds them beside the cluster fields
+(``rljob_contract.spec``); this module embeds them beside the cluster fields
 (``image``, ``workers``, ``runPolicy``) and the status the operator writes.
 
-Every cross-field rule is one :class:`rljob.contract.rules.Rule` (``SPEC_RULES``, ``WORKER_RULES``
+Every cross-field rule is one :class:`rljob_contract.rules.Rule` (``SPEC_RULES``, ``WORKER_RULES``
 here, the trainer schema's beside its models): the validators and the CRD's CEL both come from it,
 so the API server rejects the same manifests ``rljob validate`` does.
 """
@@ -21,9 +21,9 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from rljob_trainer.algorithms import ALGORITHMS
 
-from rljob.contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
-from rljob.contract.rules import Rule, enforce
-from rljob.contract.spec import (
+from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
+from rljob_contract.rules import Rule, enforce
+from rljob_contract.spec import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_MODELS,
     EVAL_PREFIX,
@@ -340,7 +340,7 @@ _CHECKED_BY = "check_generation_batch / check_elastic_generation"
 #: The generation-batch rules (spec.check_generation_batch / check_elastic_generation say them with the
 #: numbers) hold for algorithms whose generation batches hold whole groups of numGenerations (every one so far).
 if not all(a.whole_groups for a in ALGORITHMS.values()):
-    raise NotImplementedError("rljob.contract.job: the numGenerations rules below assume whole groups; guard them "
+    raise NotImplementedError("rljob_contract.job: the numGenerations rules below assume whole groups; guard them "
                               "with self.training.algorithm for an algorithm without (docs/architecture.md)")
 
 

@@ -8,11 +8,11 @@ object of the namespace is listed here, once. From this table come:
   ``manifests/base/admission-policies.yaml``; a test fails on drift);
 * the operator's own checks (``decisions.policy``: Secrets under ``allowSecretReferences``,
   ServiceAccounts under ``allowedServiceAccounts``) and the fields an experiment's arm may not
-  override (``rljob.contract.experiment``);
+  override (``rljob_contract.experiment``);
 * ``tests/test_references.py`` walks the PodSpec of the API server's OpenAPI document and fails when
   Kubernetes has a reference field this table lacks.
 
-Paths are camelCase, as the API (and :func:`rljob.contract.pod.validate_document`) spells them;
+Paths are camelCase, as the API (and :func:`rljob_contract.pod.validate_document`) spells them;
 ``[]`` marks a list, whose items are labelled by their ``name`` (``location`` for mirrors).
 """
 

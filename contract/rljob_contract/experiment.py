@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from rljob.contract.job import (
+from rljob_contract.job import (
     API_VERSION,
     Condition,
     ManifestError,
@@ -29,10 +29,10 @@ from rljob.contract.job import (
     StatusModel,
     read_documents,
 )
-from rljob.contract.pod import format_validation_error, validate_document
-from rljob.contract.references import override_roots, scheme_overrides
-from rljob.contract.rules import Rule, enforce
-from rljob.contract.spec import EVAL_PREFIX, Model, TrainingSpec, check_eval_metric
+from rljob_contract.pod import format_validation_error, validate_document
+from rljob_contract.references import override_roots, scheme_overrides
+from rljob_contract.rules import Rule, enforce
+from rljob_contract.spec import EVAL_PREFIX, Model, TrainingSpec, check_eval_metric
 
 KIND = "RLExperiment"
 PLURAL = "rlexperiments"
@@ -141,7 +141,7 @@ def reference_overrides(overrides: dict[str, Any]) -> list[str]:
     """The fields of an arm's ``overrides`` that would name a Secret, ConfigMap, ServiceAccount or claim.
 
     Arms may not: references are checked against the experiment's creator in ``spec.template``
-    (the admission policy; ``rljob.contract.references`` lists them), and trials are created by the operator.
+    (the admission policy; ``rljob_contract.references`` lists them), and trials are created by the operator.
     """
     def at(path: str) -> Any:
         section, field = path.split(".")

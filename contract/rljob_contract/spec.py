@@ -34,8 +34,8 @@ from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARD
 from rljob_trainer.storage_backends import PVC, StorageBackend, backends
 from rljob_trainer.storage_backends import check_location as _check_location
 
-from rljob.contract.rules import Rule, cel_list, enforce
-from rljob.contract.trl_fields import TRL_FIELDS, TRL_VERSION
+from rljob_contract.rules import Rule, cel_list, enforce
+from rljob_contract.trl_fields import TRL_FIELDS, TRL_VERSION
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny",)

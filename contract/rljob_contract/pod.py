@@ -11,9 +11,9 @@ and nowhere else:
   ``rljob validate`` and the trainer's config loader say the same thing).
 
 Only the standard library, pydantic and PyYAML may be imported here (and the trainer's torch-free
-schema, ``rljob.contract.spec``): the operator image has no torch, TRL, transformers or boto3.
+schema, ``rljob_contract.spec``): the operator image has no torch, TRL, transformers or boto3.
 ``tests/test_contract_boundary.py`` enforces that, and that the programs depend on each other only
-through ``rljob.contract`` (the operator may import beyond it only the trainer's algorithm registry
+through ``rljob_contract`` (the operator may import beyond it only the trainer's algorithm registry
 and ``rljob_trainer.builtin.rewards``; nothing in the trainer imports the operator).
 """
 
@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from rljob.contract.spec import TrainerConfig
+from rljob_contract.spec import TrainerConfig
 
 # ------------------------------------------------------------------------ environment
 # Set by the operator on every worker container (``rljob_operator.decisions.children.worker_env``).
