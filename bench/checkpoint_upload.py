@@ -85,7 +85,7 @@ def checkpoint_files(folder: Path, total_mib: int) -> Path:
 def throughput(server: Any, bucket: str, total_mib: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
     from rljob_trainer import checkpoints as ck
 
-    from tests.s3_server import client
+    from tests.support.s3_server import client
 
     folder = checkpoint_files(tmp / "files", total_mib)
     size = sum(p.stat().st_size for p in folder.iterdir())
@@ -116,7 +116,7 @@ def throughput(server: Any, bucket: str, total_mib: int, repeats: int, tmp: Path
 
 
 def main() -> None:
-    from tests.s3_server import S3_ENV, MotoServer
+    from tests.support.s3_server import S3_ENV, MotoServer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)

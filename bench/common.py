@@ -16,7 +16,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-PLAIN = REPO / "tests" / "plain_trl_grpo.py"
+PLAIN = REPO / "tests" / "support" / "plain_trl_grpo.py"
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -83,11 +83,11 @@ from rljob_operator.crd import CRD_NAME, crd_manifest  # noqa: E402
 from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX  # noqa: E402
 from rljob_operator.settings import OperatorSettings  # noqa: E402
 
-from tests import operator_helpers as helpers  # noqa: E402
 from tests.cluster import fake_pods  # noqa: E402
 from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
 from tests.cluster.nodes import GpuNodeShape  # noqa: E402
 from tests.cluster.waiting import wait_for  # noqa: E402
+from tests.support import operator as helpers  # noqa: E402
 
 WORKERS = 4
 NODES = 100

@@ -27,4 +27,4 @@ promtool-test: ## promtool check and unit-test the alerting rules
 	bin=$(DELIVERY_BIN) && cd charts/rljob/tests && $$bin/promtool test rules alerts_test.yaml
 
 test-delivery: $(PY) ## Chart, kustomize, RBAC, alert and dashboard tests (some need the control plane)
-	$(PY) -m pytest tests/test_delivery_*.py $(PYTEST_ARGS)
+	$(PY) -m pytest tests/delivery/ $(PYTEST_ARGS)

@@ -18,4 +18,4 @@ operator-image: ## Build localhost/rljob-operator:dev only
 	tools/images/build.sh operator
 
 test-images: venv images ## Build both images and run them under their pods' restrictions (pytest -m images)
-	$(PY) -m pytest -m images tests/test_images.py $(PYTEST_ARGS)
+	$(PY) -m pytest -m images tests/delivery/test_images.py $(PYTEST_ARGS)

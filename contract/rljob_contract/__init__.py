@@ -12,5 +12,5 @@ operator↔trainer-pod contract (the trainer's config schema, environment, heart
 Only the standard library, pydantic, PyYAML and the trainer's torch-free registries
 (``rljob_trainer.algorithms``, ``rljob_trainer.builtin.rewards``) may be imported here: the operator
 image has no torch, and the contract never imports ``rljob_operator`` or ``kubernetes``
-(``tests/test_contract_boundary.py``).
+(``tests/contract/test_boundary.py``).
 """

@@ -9,7 +9,7 @@ object of the namespace is listed here, once. From this table come:
 * the operator's own checks (``decisions.policy``: Secrets under ``allowSecretReferences``,
   ServiceAccounts under ``allowedServiceAccounts``) and the fields an experiment's arm may not
   override (``rljob_contract.experiment``);
-* ``tests/test_references.py`` walks the PodSpec of the API server's OpenAPI document and fails when
+* ``tests/contract/test_references.py`` walks the PodSpec of the API server's OpenAPI document and fails when
   Kubernetes has a reference field this table lacks.
 
 Paths are camelCase, as the API (and :func:`rljob_contract.pod.validate_document`) spells them;

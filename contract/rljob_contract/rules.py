@@ -10,7 +10,7 @@ A :class:`Rule` sits next to the model it guards (``spec.EVALUATION_RULES`` besi
   validator or a ``check_*`` function that says more, e.g. with the numbers), and ``holds`` says the
   same thing as the CEL.
 
-``tests/test_rules_cluster.py`` checks every rule case by case: a document that breaks it and one that
+``tests/contract/test_rules_cluster.py`` checks every rule case by case: a document that breaks it and one that
 keeps it are refused or accepted alike by the models and by the real API server's CEL, both naming
 the field.
 """

@@ -1,7 +1,7 @@
 """The README's table of operator settings, rendered from their declarations (``settings.py``).
 
 ``operator/hack/gen_settings.py`` writes it between the ``BEGIN generated`` and ``END generated``
-lines of README.md (``make generate``); ``tests/test_settings.py`` checks it.
+lines of README.md (``make generate``); ``tests/operator/test_settings.py`` checks it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # Write the images' locks: tools/images/<image>.lock is the part of requirements.lock that the
 # trainer (or operator) extra needs, with every wheel's hash, so an image installs exactly the
 # versions the tests ran (`pip install --require-hashes`). requirements.lock is the constraint:
-# a version here can never differ from the tests' (tests/test_images.py checks it offline).
+# a version here can never differ from the tests' (tests/delivery/test_images.py checks it offline).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 for image in trainer operator; do

@@ -11,7 +11,7 @@ paginated listing, resourceVersion continuation, relisting after 410 Gone, bookm
 the credentials of ``on.login``) per scope, a namespace or the cluster, and hands each event on.
 
 kopf exports no such stream: ``watching.infinite_watch`` is kopf's internal API (checked for the
-locked kopf by ``tests/test_operator_unit.py``). It must run in a task kopf started (an
+locked kopf by ``tests/operator/test_operator_unit.py``). It must run in a task kopf started (an
 ``on.startup`` activity's), which carries kopf's credentials. A stream that ends on its own (say
 403 Forbidden) sets ``failed``: the runner then stops the operator, which must not go on blind.
 
@@ -51,7 +51,7 @@ def decode_watches_fast() -> None:
 
     kopf's ``api.stream`` decodes each line with the module ``json`` it imported; decoding the worker pods'
     events was a third of the event loop's time in a burst of 100 jobs (``bench/README.md``). kopf's
-    internals again (checked for the locked kopf by ``tests/test_operator_unit.py``); idempotent.
+    internals again (checked for the locked kopf by ``tests/operator/test_operator_unit.py``); idempotent.
     """
     if getattr(kopf_api.json, "loads", None) is not loads:
         kopf_api.json = cast(Any, types.SimpleNamespace(**{**vars(json), "loads": loads}))

@@ -3,7 +3,7 @@
 //
 //	luahealth health.lua < objects.json   # a JSON array of objects in, a JSON array of health out
 //
-// tests/test_delivery_gitops.py uses it for manifests/gitops/argocd/health/**/health_test.yaml.
+// tests/delivery/test_gitops.py uses it for manifests/gitops/argocd/health/**/health_test.yaml.
 package main
 
 import (

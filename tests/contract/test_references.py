@@ -1,0 +1,330 @@
+"""Tenant isolation (issue #30, points 1-3): one spelling, null is not absent, one table of references.
+
+* One spelling: every entry point (a manifest, an experiment's arm merged into its template, a trainer
+  config, ``rljob train``'s file) reads camelCase only; ``pod_template`` is an unknown field whose error
+  names ``podTemplate``, and the free-form pod fields (``podTemplate``, volumes, env's valueFrom) are
+  checked against Kubernetes' own schema.
+* Null is not absent: the ``podTemplate`` merge keeps every field the operator sets when the template
+  says null, {}, [] or nothing, and the pod profile judges the pod as built.
+* One table: ``rljob_contract.references`` lists every reference field; the admission policies are
+  generated from it (the committed ones must equal the generated), the operator's checks read it, and
+  the ``cluster`` tests walk the API server's PodSpec for reference fields the table lacks and try every
+  field of the table on the real admission policy as a user with no rights on what it names.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic.alias_generators import to_snake
+from rljob_contract import references as refs
+from rljob_contract.experiment import parse_experiment
+from rljob_contract.job import ManifestError, load_job, parse_job
+from rljob_contract.pod import ConfigError, load_config
+from rljob_operator.decisions import policy
+from rljob_operator.decisions.children import desired_worker_pod
+from rljob_operator.decisions.policy import PodProfile, violations
+
+from tests.delivery.test_chart import REPO
+from tests.support.operator import job_manifest
+from tests.support.trainer import deep_update
+
+PROFILE = PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",))
+OTHER = "other-team"
+#: The item a list gets, by the list's field (its label key set so refusals can name it).
+_ITEMS = {"mirrors": {"location": "s3://bucket/mirror"}, "envFrom": {}, "sources": {}}
+
+
+def reference_spec(ref: refs.Reference, name: str = OTHER) -> tuple[dict[str, Any], str]:
+    """(a job spec patch naming ``name`` at ``ref``'s field, the field as the admission policy labels it)."""
+    parts = ref.path.split(".")
+    spec = _build(parts, f"{ref.scheme}{name}/run" if ref.scheme else name, ref)
+    if parts[0] == "checkpoint":
+        spec = deep_update({"checkpoint": {"storage": "s3://bucket/ckpt"}}, spec)
+    return spec, "spec." + _label(spec, parts)
+
+
+def _build(parts: list[str], leaf: str, ref: refs.Reference) -> dict[str, Any]:
+    key = parts[0].removesuffix("[]")
+    value: Any = _build(parts[1:], leaf, ref) if len(parts) > 1 else leaf
+    if len(parts) == 2 and ref.kind == refs.TYPED:
+        value["kind"] = "PersistentVolumeClaim"
+    if parts[0].endswith("[]"):
+        value = [{**copy.deepcopy(_ITEMS.get(key, {"name": "item"})), **value}]
+    return {key: value}
+
+
+def _label(value: Any, parts: list[str]) -> str:
+    out = []
+    for part in parts:
+        key = part.removesuffix("[]")
+        value = value[key]
+        if part.endswith("[]"):
+            label = _ITEMS.get(key, {"name": None})
+            label_key = next(iter(label), None)
+            value = value[0]
+            key += f"[{label_key}={value[label_key]}]" if label_key else "[]"
+        out.append(key)
+    return ".".join(out)
+
+
+CASES = [pytest.param(ref, id=ref.path) for ref in refs.JOB_REFERENCES]
+
+
+# -------------------------------------------------------------------------------- the table
+
+
+def test_the_committed_admission_policies_are_generated_from_the_table() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_admission", REPO / "charts/rljob/hack/gen_admission.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    for path in gen.FILES:
+        text = path.read_text()
+        assert gen.rendered(text, path) == text, f"{path} drifted from the table: run 'make generate'"
+    # Every reference field has its own validation, and arms have theirs.
+    policy_doc = next(yaml.safe_load_all((REPO / "manifests/base/admission-policies.yaml").read_text()))
+    assert len(policy_doc["spec"]["validations"]) == len(refs.JOB_REFERENCES) + 1
+
+
+@pytest.mark.parametrize("ref", CASES)
+def test_each_reference_of_the_table_is_found_where_a_job_names_it(ref: refs.Reference) -> None:
+    spec, _ = reference_spec(ref)
+    job = parse_job(job_manifest("refs", spec=spec))
+    found = refs.references(job.spec.model_dump(by_alias=True, mode="json"))
+    assert [(f.kind, f.name) for f in found] == [(ref.kind, OTHER)], found
+
+
+@pytest.mark.parametrize("ref", [pytest.param(r, id=r.path) for r in refs.JOB_REFERENCES
+                                 if r.kind in (refs.SECRET, refs.SERVICE_ACCOUNT)])
+def test_the_pod_profile_checks_every_secret_and_service_account_of_the_table(ref: refs.Reference) -> None:
+    """A ServiceAccount the profile does not allow, and (with allowSecretReferences false) any Secret, is refused
+    wherever the table says a job can name it, naming that field."""
+    spec, _ = reference_spec(ref)
+    job = parse_job(job_manifest("refs", spec=spec))
+    no_secrets = PodProfile(allowed_images=PROFILE.allowed_images, allow_secret_references=False)
+    allowed = PodProfile(allowed_images=PROFILE.allowed_images, allowed_service_accounts=(OTHER,))
+    refused, permitted = (no_secrets, PROFILE) if ref.kind == refs.SECRET else (PROFILE, allowed)
+    named = [p.split(": ")[0] for p in violations(job, refused) if f"'{OTHER}'" in p]
+    assert [n.replace("[0]", "") for n in named] == ["spec." + ref.path.replace("[]", "")], named
+    assert [p for p in violations(job, permitted) if f"'{OTHER}'" in p] == []
+
+
+# ----------------------------------------------------------------------------- one spelling
+
+#: Typed fields whose Python spelling differs: each must be an unknown field naming the API's spelling.
+SNAKE_FIELDS = [("workers", "serviceAccountName"), ("workers", "podTemplate"), ("checkpoint", "credentialsSecret")]
+
+
+@pytest.mark.parametrize("section,field", SNAKE_FIELDS)
+def test_the_python_spelling_of_a_field_is_refused_naming_the_api_spelling(
+        section: str, field: str, tmp_path: Path) -> None:
+    value: Any = {"spec": {}} if field == "podTemplate" else OTHER
+    doc = job_manifest("snake", spec=deep_update({"checkpoint": {"storage": "s3://b/c"}}, {section: {to_snake(field): value}}))
+    expected = f"spec.{section}.{to_snake(field)}: unknown field (field names are camelCase: write {field!r})"
+    with pytest.raises(ManifestError) as err:
+        parse_job(doc)
+    assert expected in err.value.problems
+    # rljob train reads its file through the same parse.
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ManifestError) as err:
+        load_job(path)
+    assert expected in err.value.problems
+
+
+def test_the_trainer_config_file_takes_the_api_spelling_only(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.yaml"
+    path.write_text(yaml.safe_dump({"jobName": "x", "checkpoint": {"storage": "s3://b/c", "credentials_secret": "s"}}))
+    with pytest.raises(ConfigError, match="checkpoint.credentials_secret: unknown field .*'credentialsSecret'"):
+        load_config(path)
+
+
+#: The pod-level references of the table, each spelled the Python way inside podTemplate or volumes.
+SNAKE_POD = [pytest.param(ref, id=ref.path) for ref in refs.JOB_REFERENCES
+             if ref.path.startswith("workers.") and any(to_snake(p) != p for p in ref.path.split(".")[2:])]
+
+
+@pytest.mark.parametrize("ref", SNAKE_POD)
+def test_a_python_spelling_inside_the_free_form_pod_fields_is_refused(ref: refs.Reference) -> None:
+    """podTemplate, volumes and env's valueFrom are free-form in the CRD: Kubernetes' own schema checks them."""
+    parts = ref.path.split(".")
+    at = next(i for i, p in enumerate(parts) if i >= 2 and to_snake(p.removesuffix("[]")) != p.removesuffix("[]"))
+    spelled = refs.Reference(".".join([*parts[:at], to_snake(parts[at]), *parts[at + 1:]]), ref.kind)
+    spec, _ = reference_spec(spelled)
+    try:
+        problems = violations(parse_job(job_manifest("snake", spec=spec)), PROFILE)
+    except ManifestError as e:  # a typed field on the way (env[].valueFrom): refused when parsed
+        problems = e.problems
+    camel = parts[at].removesuffix("[]")
+    assert any(f".{to_snake(camel)}: unknown field (field names are camelCase: write {camel!r})" in p
+               for p in problems), problems
+
+
+def _experiment(overrides: dict[str, Any]) -> dict[str, Any]:
+    template = job_manifest("t")["spec"]
+    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "metadata": {"name": "e"},
+            "spec": {"template": template, "arms": [{"name": "a", "overrides": overrides}]}}
+
+
+@pytest.mark.parametrize("root", refs.override_roots())
+@pytest.mark.parametrize("spelling", ["camel", "snake", "null"])
+def test_an_arm_may_not_override_a_field_holding_references_in_any_spelling(root: str, spelling: str) -> None:
+    section, field = root.split(".")
+    key = to_snake(field) if spelling == "snake" else field
+    value = None if spelling == "null" else {"spec": {"serviceAccountName": OTHER}} if field == "podTemplate" \
+        else [] if field in ("env", "volumes", "mirrors") else OTHER
+    with pytest.raises(ManifestError) as err:
+        parse_experiment(_experiment({section: {key: value}}))
+    where = f"spec.arms[0].overrides.{section}.{key}: "
+    if spelling == "snake" and key != field:
+        assert f"{where}unknown field (field names are camelCase: write {field!r})" in err.value.problems
+    else:
+        assert any(p.startswith(where + "an arm may not set") for p in err.value.problems), err.value.problems
+
+
+def test_an_arm_may_override_storage_but_not_with_a_claim() -> None:
+    parse_experiment(_experiment({"checkpoint": {"storage": "s3://bucket/arm-a"}}))
+    with pytest.raises(ManifestError, match=re.escape("spec.arms[0].overrides.checkpoint.storage: an arm may not set")):
+        parse_experiment(_experiment({"checkpoint": {"storage": f"pvc://{OTHER}/run"}}))
+
+
+# --------------------------------------------------------------------------- null is not absent
+
+#: (where in the built pod, the operator's value): the fields it sets for safety.
+SAFETY = [
+    (("automountServiceAccountToken",), False),
+    (("securityContext",), None),
+    (("securityContext", "runAsNonRoot"), True),
+    (("securityContext", "seccompProfile"), {"type": "RuntimeDefault"}),
+    (("securityContext", "seccompProfile", "type"), "RuntimeDefault"),
+    (("containers", 0, "securityContext"), None),
+    (("containers", 0, "securityContext", "allowPrivilegeEscalation"), False),
+    (("containers", 0, "securityContext", "capabilities"), {"drop": ["ALL"]}),
+    (("containers", 0, "securityContext", "capabilities", "drop"), ["ALL"]),
+    (("containers", 0, "securityContext", "readOnlyRootFilesystem"), True),
+]
+_NOTHING = object()
+
+
+def _template_at(path: tuple[str | int, ...], value: Any) -> dict[str, Any]:
+    """A podTemplate.spec setting ``path`` to ``value`` (the container by its name)."""
+    out: Any = value
+    for part in reversed(path):
+        out = [{"name": "trainer", **out}] if isinstance(part, int) else {part: out}
+    return out  # type: ignore[no-any-return]
+
+
+def _at(value: Any, path: tuple[str | int, ...]) -> Any:
+    for part in path:
+        value = value[part]
+    return value
+
+
+@pytest.mark.parametrize("path", [p for p, _ in SAFETY], ids=[".".join(map(str, p)) for p, _ in SAFETY])
+@pytest.mark.parametrize("empty", [None, {}, [], "", _NOTHING], ids=["null", "object", "list", "string", "absent"])
+def test_an_empty_template_value_never_removes_a_safety_field(path: tuple[str | int, ...], empty: Any) -> None:
+    plain = desired_worker_pod(parse_job(job_manifest("plain")), 0, 0)["spec"]
+    template = {} if empty is _NOTHING else _template_at(path, empty)
+    job = parse_job(job_manifest("empty", spec={"workers": {"podTemplate": {"spec": template}}}))
+    built = desired_worker_pod(job, 0, 0)["spec"]
+    for where, value in SAFETY:
+        assert _at(built, where) == _at(plain, where), (where, _at(built, where))
+        if value is not None:
+            assert _at(built, where) == value
+    assert violations(job, PROFILE) == []
+
+
+def test_dropped_capabilities_are_added_to_all_never_replace_it() -> None:
+    job = parse_job(job_manifest("drop", spec={"workers": {"podTemplate": {"spec": _template_at(
+        ("containers", 0, "securityContext", "capabilities", "drop"), ["NET_RAW"])}}}))
+    drop = desired_worker_pod(job, 0, 0)["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"]
+    assert drop == ["ALL", "NET_RAW"]
+
+
+def _without(*path: str | int) -> Any:
+    def mutate(pod: dict[str, Any]) -> None:
+        del _at(pod, path[:-1])[path[-1]]
+    return mutate
+
+
+@pytest.mark.parametrize("field,mutate", [
+    ("runAsNonRoot", _without("securityContext", "runAsNonRoot")),
+    ("seccompProfile.type", _without("securityContext", "seccompProfile")),
+    ("allowPrivilegeEscalation", _without("containers", 0, "securityContext", "allowPrivilegeEscalation")),
+    ("capabilities.drop", _without("containers", 0, "securityContext", "capabilities", "drop")),
+])
+def test_the_profile_judges_the_built_pod_whatever_merged_it(field: str, mutate: Any) -> None:
+    """A pod that lacks what restricted requires is refused however it came to lack it (not only when a
+    template field says so): the check reads the merged pod, positively."""
+    pod = desired_worker_pod(parse_job(job_manifest("plain")), 0, 0)["spec"]
+    assert policy._built_pod(pod, PROFILE, None) == []
+    mutate(pod)
+    problems = policy._built_pod(pod, PROFILE, None)
+    assert [p.split(": ")[0] for p in problems] == [
+        f"spec.workers.podTemplate.spec.containers[name=trainer].securityContext.{field}"], problems
+    assert policy._built_pod(pod, PodProfile(level="baseline"), None) == []
+
+
+# ------------------------------------------------------------------ on the real control plane
+
+#: PodSpec fields that name something without granting a namespace object, and why they are not in the table.
+NOT_REFERENCES = {
+    # A cluster-scoped bundle of public trust anchors (certificates): nothing of another team's to read.
+    "volumes[].projected.sources[].clusterTrustBundle.name",
+    # The claim template's metadata may hold labels and annotations only: pod validation refuses the rest.
+    "volumes[].ephemeral.volumeClaimTemplate.metadata.ownerReferences[].name",
+}
+#: Types whose ``name`` names another object; fields with these names name one themselves.
+_REFERENCE_SUFFIXES = ("Reference", "KeySelector", "EnvSource", "Projection", "VolumeSource")
+_NAME_FIELDS = {"serviceAccount", "claimName"}
+#: Fields named so name an object of the namespace. Not here, on purpose: nodeName, schedulerName, hostname
+#: (not objects) and priorityClassName, runtimeClassName (cluster-scoped classes the platform defines).
+_NAME_SUFFIXES = ("AccountName", "SecretName", "secretName", "ClaimName", "ClaimTemplateName", "GroupName")
+
+
+def _ref_of(prop: dict[str, Any]) -> str | None:
+    for candidate in (prop, *(prop.get("allOf") or [])):
+        if "$ref" in candidate:
+            return str(candidate["$ref"]).rsplit("/", 1)[-1]
+    return None
+
+
+def pod_reference_fields(schemas: dict[str, Any], type_name: str = "io.k8s.api.core.v1.PodSpec",
+                         path: str = "", seen: tuple[str, ...] = ()) -> set[str]:
+    """Every field under PodSpec (``volumes[].secret.secretName``) that names an object, by the rules above."""
+    out: set[str] = set()
+    schema = schemas[type_name]
+    short = type_name.rsplit(".", 1)[-1]
+    for key, prop in (schema.get("properties") or {}).items():
+        where = f"{path}.{key}" if path else key
+        if key in _NAME_FIELDS or key.endswith(_NAME_SUFFIXES) or (key == "name" and short.endswith(_REFERENCE_SUFFIXES)):
+            out.add(where)
+        if prop.get("type") == "array":
+            prop, where = prop.get("items") or {}, where + "[]"
+        child = _ref_of(prop)
+        if child and child not in seen and child in schemas:
+            out |= pod_reference_fields(schemas, child, where, (*seen, child))
+    return out
+
+
+@pytest.mark.cluster
+def test_the_table_has_every_reference_field_of_the_api_servers_pod_spec(kube: Any) -> None:
+    """Walks io.k8s.api.core.v1.PodSpec of the API server the tests run (its OpenAPI v3 document): a
+    Kubernetes release that adds a field naming a Secret, ConfigMap, ServiceAccount or claim fails here
+    until the table (and so the admission policies and the profile) knows it."""
+    schemas = kube.request("GET", "/openapi/v3/api/v1")["components"]["schemas"]
+    found = pod_reference_fields(schemas)
+    # The walk finds what the table was written from (a walk that found nothing would prove nothing).
+    assert {"volumes[].csi.nodePublishSecretRef.name", "containers[].env[].valueFrom.secretKeyRef.name",
+            "serviceAccountName", "volumes[].persistentVolumeClaim.claimName"} <= found
+    table = {r.path for r in refs.POD_REFERENCES}
+    assert found - NOT_REFERENCES - table == set(), "reference fields the table lacks"
+    assert table - found == set(), "fields in the table the API server does not have"

@@ -1,0 +1,224 @@
+"""Every rule of the contract, case by case: a document that breaks it and one that keeps it.
+
+The models' side is checked here; ``tests/contract/test_rules_cluster.py`` sends the same documents to a real API
+server and checks that its CEL agrees (refused with the rule's message / accepted).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import pytest
+from rljob_contract import experiment, job, spec
+from rljob_contract.experiment import parse_experiment
+from rljob_contract.job import ManifestError, parse_job
+from rljob_contract.rules import Rule, cel_rules
+from rljob_operator import crd
+
+from tests.support.operator import job_manifest
+from tests.support.trainer import deep_update
+
+#: Every rule list, as crd.py reads them.
+JOB_RULES: list[Rule] = [*job.ROOT_RULES, *job.SPEC_RULES, *spec.LORA_RULES, *job.WORKER_RULES, *spec.TRAINING_RULES,
+                         *spec.EVALUATION_RULES, *spec.dataset_rules("spec.training.evaluation.dataset"),
+                         *spec.EVAL_METRIC_RULES, *spec.dataset_rules("spec.training.dataset"), *spec.REWARD_RULES,
+                         *spec.CHECKPOINT_RULES, *spec.MIRROR_RULES]
+EXPERIMENT_RULES: list[Rule] = [*experiment.EXPERIMENT_RULES, *experiment.PARAMETER_RULES,
+                                *experiment.OBJECTIVE_RULES]
+
+HELD_OUT = {"heldOutFraction": 0.2}
+ELASTIC = {"minReplicas": 1, "maxReplicas": 4}
+
+#: Rule name → (patch of the job's spec that breaks it, one that keeps it). The job: 2 workers × 1
+#: process, batchSize 4, numGenerations 4 (a generation batch of 8).
+JOB_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "spec.training.numGenerations: whole groups": ({"training": {"numGenerations": 3}}, {"training": {"numGenerations": 8}}),
+    "spec.training.generationBatchSize: whole steps": ({"training": {"generationBatchSize": 12}},
+                                                       {"training": {"generationBatchSize": 16}}),
+    "spec.training.generationBatchSize: whole groups": ({"training": {"generationBatchSize": 8, "numGenerations": 16}},
+                                                        {"training": {"generationBatchSize": 16, "numGenerations": 16}}),
+    "spec.training.generationBatchSize: not elastic": ({"workers": ELASTIC, "training": {"generationBatchSize": 16}},
+                                                       {"workers": ELASTIC, "training": {"stepsPerGeneration": 1}}),
+    "spec.training.stepsPerGeneration: whole groups": ({"training": {"stepsPerGeneration": 1, "numGenerations": 16}},
+                                                       {"training": {"stepsPerGeneration": 2, "numGenerations": 16}}),
+    "spec.training.stepsPerGeneration: whole groups when elastic": (
+        {"workers": ELASTIC, "training": {"stepsPerGeneration": 1, "numGenerations": 8}},
+        {"workers": ELASTIC, "training": {"stepsPerGeneration": 2, "numGenerations": 8}}),
+    "spec.checkpoint.bestMetric: eval/ needs evaluation": (
+        {"checkpoint": {"bestMetric": "eval/exact_match"}},
+        {"checkpoint": {"bestMetric": "eval/exact_match"},
+         "training": {"evaluation": {**HELD_OUT, "metrics": [{"name": "exact_match"}]}}}),
+    "spec.workers: Capacity needs bounds": ({"autoscaling": {"policy": "Capacity"}},
+                                            {"autoscaling": {"policy": "Capacity"}, "workers": ELASTIC}),
+    "spec.workers: minReplicas ≤ maxReplicas": ({"workers": {"minReplicas": 4, "maxReplicas": 2}},
+                                               {"workers": {"minReplicas": 2, "maxReplicas": 4}}),
+    "spec.workers.resources: no GPU resource": ({"workers": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}},
+                                                {"workers": {"resources": {"limits": {"cpu": "1"}}}}),
+    "spec.training.lora.targetModules: all-linear alone": (
+        {"training": {"lora": {"targetModules": ["all-linear", "q_proj"]}}},
+        {"training": {"lora": {"targetModules": ["q_proj", "v_proj"]}}}),
+    "spec.training.model: a known built-in": ({"training": {"model": "builtin:huge"}}, {"training": {"model": "org/model"}}),
+    "spec.training: one generation knob": ({"training": {"generationBatchSize": 16, "stepsPerGeneration": 2}},
+                                           {"training": {"stepsPerGeneration": 2}}),
+    "spec.training.evaluation: dataset or heldOutFraction": ({"training": {"evaluation": {}}},
+                                                             {"training": {"evaluation": HELD_OUT}}),
+    "spec.training.evaluation.numGenerations: one when greedy": (
+        {"training": {"evaluation": {**HELD_OUT, "numGenerations": 2}}},
+        {"training": {"evaluation": {**HELD_OUT, "numGenerations": 2, "decoding": "sampled"}}}),
+    "spec.training.evaluation.passAtK: sampled": (
+        {"training": {"evaluation": {**HELD_OUT, "passAtK": [1]}}},
+        {"training": {"evaluation": {**HELD_OUT, "passAtK": [1, 2], "numGenerations": 2, "decoding": "sampled"}}}),
+    "spec.training.evaluation.passAtK: at most numGenerations": (
+        {"training": {"evaluation": {**HELD_OUT, "passAtK": [4], "numGenerations": 2, "decoding": "sampled"}}},
+        {"training": {"evaluation": {**HELD_OUT, "passAtK": [2], "numGenerations": 2, "decoding": "sampled"}}}),
+    "spec.training.evaluation.dataset.name: a known built-in": (
+        {"training": {"evaluation": {"dataset": {"name": "builtin:nope"}}}},
+        {"training": {"evaluation": {"dataset": {"name": "builtin:add-digits"}}}}),
+    "spec.training.evaluation.metrics[].name: a reward or text metric": (
+        {"training": {"evaluation": {**HELD_OUT, "metrics": [{"name": "nope"}]}}},
+        {"training": {"evaluation": {**HELD_OUT, "metrics": [{"name": "bleu"}]}}}),
+    "spec.training.dataset.name: a known built-in": ({"training": {"dataset": {"name": "builtin:nope"}}},
+                                                     {"training": {"dataset": {"name": "builtin:add-digits"}}}),
+    "spec.training.rewards[].name: built-in or package.module:function": (
+        {"training": {"rewards": [{"name": "nope"}]}}, {"training": {"rewards": [{"name": "exact_match"}]}}),
+    "spec.checkpoint.storage: the s3:// rule": ({"checkpoint": {"storage": "s3://"}},
+                                                      {"checkpoint": {"storage": "s3://bucket/run1"}}),
+    "spec.checkpoint.storage: the pvc:// rule": ({"checkpoint": {"storage": "pvc://Bad/run1"}},
+                                            {"checkpoint": {"storage": "pvc://claim/run1"}}),
+    "spec.checkpoint.mirrors[].location: the pvc:// rule": ({"checkpoint": {"mirrors": [{"location": "pvc://c/../x"}]}},
+                                                        {"checkpoint": {"mirrors": [{"location": "pvc://c/m"}]}}),
+}
+#: The one rule on the resource itself (metadata is untyped in the CRD).
+NAME_CASE = ("metadata.name: length", "j" * (job.MAX_NAME_LENGTH + 1), "j" * job.MAX_NAME_LENGTH)
+
+EVALUATED = {"training": {"evaluation": {**HELD_OUT, "everySteps": 10}}}
+ARM = {"name": "a", "overrides": {"training": {"learningRate": 0.001}}}
+LEARNING_RATE = {"name": "training.learningRate", "type": "float", "min": 1e-5, "max": 0.01}
+#: Rule name → (patch of an A/B experiment's spec that breaks it, one that keeps it; ``template`` is
+#: merged into the template).
+EXPERIMENT_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "spec: arms or search": ({"search": {"maxTrials": 2, "parameters": [LEARNING_RATE]}}, {}),
+    "spec.seeds: arms × seeds fit the status": (
+        {"arms": [{**ARM, "name": f"a{i}"} for i in range(6)], "seeds": 100},
+        {"arms": [{**ARM, "name": f"a{i}"} for i in range(5)], "seeds": 100}),
+    "spec.objective.metric: eval/ needs evaluation": ({"objective": {"metric": "eval/repeat_char"}},
+                                                      {"objective": {"metric": "eval/repeat_char"}, "template": EVALUATED}),
+    "spec.earlyStopping: rungs on the evaluation schedule": (
+        {"objective": {"metric": "eval/repeat_char"}, "template": EVALUATED, "earlyStopping": {"rungs": [15]}},
+        {"objective": {"metric": "eval/repeat_char"}, "template": EVALUATED, "earlyStopping": {"rungs": [20]}}),
+    "spec.search.parameters[].name: under training": (
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [{**LEARNING_RATE, "name": "learningRate"}]}},
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [LEARNING_RATE]}}),
+    "spec.search.parameters[]: a range needs min and max": (
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [{**LEARNING_RATE, "min": None}]}},
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [LEARNING_RATE]}}),
+    "spec.search.parameters[]: categorical takes no range": (
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [
+            {"name": "training.numGenerations", "type": "categorical", "values": [2, 4], "min": 1}]}},
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [
+            {"name": "training.numGenerations", "type": "categorical", "values": [2, 4]}]}}),
+    "spec.search.parameters[].max: above min": (
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [{**LEARNING_RATE, "min": 0.01, "max": 1e-5}]}},
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [LEARNING_RATE]}}),
+    "spec.search.parameters[].min: positive on a log scale": (
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [{**LEARNING_RATE, "min": 0.0, "log": True}]}},
+        {"arms": None, "search": {"maxTrials": 2, "parameters": [{**LEARNING_RATE, "log": True}]}}),
+    "spec.objective.step: atStep needs step": ({"objective": {"reduce": "atStep"}},
+                                               {"objective": {"reduce": "atStep", "step": 20}}),
+}
+
+
+def _without_nones(value: Any) -> Any:
+    """``None`` in a case means: leave the key out."""
+    if isinstance(value, dict):
+        return {k: _without_nones(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def job_doc(patch: dict[str, Any], name: str = "rule") -> dict[str, Any]:
+    return deep_update(job_manifest(name), {"spec": patch})
+
+
+def experiment_doc(patch: dict[str, Any], name: str = "rule") -> dict[str, Any]:
+    patch = copy.deepcopy(patch)
+    template = copy.deepcopy(job_manifest("t", replicas=1)["spec"])
+    template["training"]["maxSteps"] = 40
+    template = deep_update(template, patch.pop("template", {}))
+    spec_ = _without_nones({"template": template, "arms": [ARM], **patch})
+    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "metadata": {"name": name}, "spec": spec_}
+
+
+def named_field(rule: Rule) -> str:
+    """The field a refusal of ``rule`` names: its object's path and fieldPath (``[]`` for any index)."""
+    return rule.at + (rule.field_path or "") if rule.at else "metadata.name"
+
+
+def _names(problems: list[str], field: str) -> bool:
+    return any(re.sub(r"\[\d+\]", "[]", p).startswith(field) for p in problems)
+
+
+def test_every_rule_has_its_cases_and_the_crd_has_every_rule() -> None:
+    assert {r.name for r in JOB_RULES} == {*JOB_CASES, NAME_CASE[0]}
+    assert {r.name for r in EXPERIMENT_RULES} == set(EXPERIMENT_CASES)
+    crd_rules = [v for rules in crd.CEL_RULES.values() for v in rules]
+    assert all(r.cel_rule() in crd_rules for r in JOB_RULES)
+    crd_rules = [v for rules in crd.EXPERIMENT_CEL_RULES.values() for v in rules]
+    assert all(r.cel_rule() in crd_rules for r in EXPERIMENT_RULES)
+    # Each CEL message names the field its refusal is about.
+    assert [r.name for r in [*JOB_RULES, *EXPERIMENT_RULES]
+            if named_field(r).replace("[]", "").rsplit(".", 1)[-1] not in r.message] == []
+
+
+def test_a_rule_needs_a_refusal_or_the_check_that_enforces_it() -> None:
+    with pytest.raises(ValueError, match="rule r: give refusal"):
+        Rule("r", "spec", "true", "m", None, holds=lambda s: True)
+    with pytest.raises(ValueError, match="rule r: a rule with a refusal needs holds"):
+        Rule("r", "spec", "true", "m", None, holds=None, refusal="@x: no")
+    assert cel_rules([Rule("r", "spec", "true", "m", ".x", holds=None, enforced_by="f")]) == {
+        "spec": [{"rule": "true", "message": "m", "fieldPath": ".x"}]}
+
+
+def _at(model: Any, path: str) -> list[Any]:
+    """The objects at a rule's path (``[]``: each item)."""
+    objects = [model]
+    for part in [p for p in path.split(".") if p][1:] if path else []:
+        items = part.endswith("[]")
+        name = re.sub(r"(?<!^)([A-Z])", r"_\1", part.removesuffix("[]")).lower()
+        objects = [getattr(o, name) for o in objects]
+        objects = [i for o in objects for i in o] if items else [o for o in objects if o is not None]
+    return objects
+
+
+def _refused(parse: Any, doc: dict[str, Any]) -> list[str]:
+    try:
+        parse(doc)
+    except ManifestError as e:
+        return e.problems
+    return []
+
+
+#: kind → (its rules, its cases, a document from a patch, the parser).
+KINDS: dict[str, tuple[list[Rule], dict[str, Any], Any, Any]] = {
+    "job": (JOB_RULES, JOB_CASES, job_doc, parse_job),
+    "experiment": (EXPERIMENT_RULES, EXPERIMENT_CASES, experiment_doc, parse_experiment),
+}
+
+
+@pytest.mark.parametrize(("kind", "name"), [(k, n) for k, (_, cases, _, _) in KINDS.items() for n in sorted(cases)])
+def test_the_models_refuse_what_breaks_a_rule_naming_its_field_and_accept_what_keeps_it(kind: str, name: str) -> None:
+    rules, cases, doc, parse = KINDS[kind]
+    rule = next(r for r in rules if r.name == name)
+    breaks, keeps = cases[name]
+    problems = _refused(parse, doc(breaks))
+    assert _names(problems, named_field(rule)), problems
+    kept = _at(parse(doc(keeps)).spec, rule.at)
+    assert kept and (rule.holds is None or all(rule.holds(o) for o in kept))
+    assert rule.holds is not None or kind == "experiment"  # only the early-stopping schedule is too wide to restate
+
+
+def test_the_models_refuse_a_long_name() -> None:
+    rule = job.ROOT_RULES[0]
+    assert _names(_refused(parse_job, job_manifest(NAME_CASE[1])), "metadata.name")
+    assert rule.holds is not None and rule.holds(parse_job(job_manifest(NAME_CASE[2])))

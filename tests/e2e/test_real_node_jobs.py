@@ -1,0 +1,243 @@
+"""Jobs on the real node: the trainer image in real pods, through ``kubectl apply`` and the operator.
+
+The control plane has one real node (containerd, kubelet, kube-proxy, CoreDNS; ``tests/cluster/
+realnode.py``) beside its KWOK GPU nodes. The operator runs here as a process (as for a developer's
+``rljob operator``); the pods reach its status API and the S3 test server on their bridge's gateway
+address, over TLS for the heartbeats. What is asserted is what a user sees: the job's phase, the
+reward in its status, the pods' UIDs, the checkpoints in the bucket, the kubelet's own reasons.
+
+Run by ``make e2e`` (``pytest -m realnode``), never by ``make test``: it needs root, the Debian
+packages of ``tools/real-node-deps.sh`` and the real-node binaries.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.waiting import wait_for
+from tests.support.operator import create_job, get_job, job_pods, wait_for_events, wait_phase
+from tests.support.s3_server import MotoServer
+from tests.support.trainer import deep_update
+
+pytestmark = [pytest.mark.realnode, pytest.mark.cluster]
+
+TRAINER_IMAGE = "localhost/rljob-trainer:dev"
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+@pytest.fixture
+def real_node(control_plane: Any) -> Any:
+    """The session's control plane, which ``-m realnode`` starts with the real node (tests/cluster/fixtures.py)."""
+    assert control_plane.real_node is not None, "run with -m realnode (make e2e): the control plane has no real node"
+    return control_plane
+
+
+@pytest.fixture
+def bucket(real_node: Any, tmp_path: Any) -> Iterator[tuple[MotoServer, str]]:
+    """The S3 test server on the pods' gateway address, and a fresh bucket on it."""
+    server = MotoServer(host=real_node.real_node.gateway, log=tmp_path / "s3.log").start()
+    try:
+        yield server, server.create_bucket()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def real_operator(real_node: Any, operator: Any) -> Any:
+    """The operator, its status API on the gateway address (its certificate names it), the trainer image
+    allowed as a platform team allows its own registry's."""
+    return operator(status_host=real_node.real_node.gateway,
+                    env={"RLJOB_OPERATOR_ALLOWED_IMAGES": "localhost/rljob-trainer:*"})
+
+
+def real_job(name: str, endpoint: str | None, bucket_name: str | None,
+             spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The quickstart as two one-process workers on the real node, checkpoints in the bucket (if any)."""
+    doc = {
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": name},
+        "spec": {
+            "image": TRAINER_IMAGE,
+            "imagePullPolicy": "Never",  # loaded into the node's containerd; there is no registry
+            "workers": {"replicas": 2, "procsPerWorker": 1, "gpusPerWorker": 0,
+                        "nodeSelector": {"rljob.dev/real-node": "true"},
+                        "resources": {"limits": {"memory": "3Gi"}}},
+            "training": {
+                "model": "builtin:tiny",
+                "dataset": {"name": "builtin:repeat-char", "size": 2048},
+                "rewards": [{"name": "repeat_char", "kwargs": {"length": 6}}],
+                "batchSize": 16, "numGenerations": 8, "maxCompletionLength": 6,
+                "learningRate": 0.003, "maxSteps": 120, "seed": 0,
+                "trl": {"lr_scheduler_type": "constant", "temperature": 1.0},
+            },
+            "checkpoint": {"everySteps": 20, "keepLast": 2},
+        },
+    }
+    if bucket_name:
+        doc["spec"]["checkpoint"].update(storage=f"s3://{bucket_name}/{name}", endpointUrl=endpoint,
+                                         credentialsSecret="s3-keys")
+    return deep_update(doc, {"spec": spec}) if spec else doc
+
+
+def s3_secret(kube: Any, namespace: str) -> None:
+    kube.request("POST", kube.core_path(namespace, "secrets"), {
+        "metadata": {"name": "s3-keys"},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in S3_KEYS.items()}})
+
+
+def start_job(kube: Any, namespace: str, bucket: tuple[MotoServer, str], name: str,
+              spec: dict[str, Any]) -> None:
+    """A job checkpointing to the S3 test server, created and Running."""
+    server, bucket_name = bucket
+    s3_secret(kube, namespace)
+    create_job(kube, namespace, real_job(name, server.endpoint, bucket_name, spec))
+    wait_phase(kube, namespace, name, "Running", timeout=300)
+
+
+def pod_log(kube: Any, namespace: str, name: str, previous: bool = False) -> str:
+    """The container's log through the API server (which asks the kubelet: ``kubectl logs``)."""
+    from kubernetes import client
+
+    return str(client.CoreV1Api(kube.api_client).read_namespaced_pod_log(name, namespace, previous=previous))
+
+
+def progress(kube: Any, namespace: str, name: str) -> dict[str, Any]:
+    return (get_job(kube, namespace, name).get("status") or {}).get("progress") or {}
+
+
+def checkpoints_in(server: MotoServer, bucket_name: str, prefix: str) -> set[int]:
+    """Steps of the sealed checkpoints under ``prefix`` (a manifest is written last)."""
+    listed = server.client().list_objects_v2(Bucket=bucket_name, Prefix=f"{prefix}/")
+    return {int(o["Key"].split("checkpoint-")[1].split("/")[0]) for o in listed.get("Contents", [])
+            if o["Key"].endswith("/rljob-manifest.json")}
+
+
+def test_quickstart_gang_trains_in_real_pods_and_succeeds_with_the_reward_learned(
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, tmp_path: Path) -> None:
+    server, bucket_name = bucket
+    s3_secret(kube, namespace)
+    manifest = tmp_path / "quick.yaml"  # as a user applies it
+    manifest.write_text(yaml.safe_dump(real_job("quick", server.endpoint, bucket_name)))
+    subprocess.run([str(real_node.bin / "kubectl"), "--kubeconfig", str(real_node.admin_kubeconfig),
+                    "apply", "-n", namespace, "-f", str(manifest)], check=True, capture_output=True)
+    wait_phase(kube, namespace, "quick", "Running", timeout=300)
+    pods = job_pods(kube, namespace, "quick")
+    assert {p["spec"]["nodeName"] for p in pods} == {"rljob-real-node"}
+    # The probes are real: worker 0 turns Ready only once the trainer answers /readyz.
+    wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True"
+                         for c in (next(p for p in job_pods(kube, namespace, "quick")
+                                        if p["metadata"]["name"] == "quick-worker-0")["status"].get("conditions") or [])),
+             300, message="worker 0 Ready through its readiness probe")
+    # Heartbeats reached the status API over TLS while training ran (rank 0, on worker 0).
+    wait_for(lambda: (progress(kube, namespace, "quick").get("step") or 0) > 0, 300, message="a heartbeat")
+    job = wait_phase(kube, namespace, "quick", "Succeeded", timeout=900)
+    assert job["status"]["progress"]["step"] == 120
+    assert job["status"]["progress"]["reward"] >= 0.9, job["status"]["progress"]
+    assert checkpoints_in(server, bucket_name, "quick") == {100, 120}  # everySteps 20, keepLast 2
+    # Two torchrun nodes train only once they met: worker 1 found worker 0 by its DNS name through
+    # the headless Service (RLJOB_RDZV_ENDPOINT), so the steps above are the rendezvous's proof.
+
+
+def test_a_deleted_worker_restarts_the_gang_which_resumes_from_its_newest_checkpoint(
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
+    server, bucket_name = bucket
+    start_job(kube, namespace, bucket, "resume", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 10}})
+    saved = wait_for(lambda: checkpoints_in(server, bucket_name, "resume") or None, 600, message="a first checkpoint")
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "resume")}
+    kube.request("DELETE", kube.core_path(namespace, "pods", "resume-worker-1"))
+
+    def new_gang_running() -> dict[str, str] | None:
+        job = get_job(kube, namespace, "resume")
+        pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "resume")}
+        fresh = len(pods) == 2 and not set(pods.values()) & set(before.values())
+        return pods if fresh and job["status"].get("phase") == "Running" else None
+
+    after = wait_for(new_gang_running, 600, message="the gang restarted")
+    assert set(after) == set(before)  # the same workers, every pod new: the gang was restarted
+    job = get_job(kube, namespace, "resume")
+    assert job["status"]["restarts"] + job["status"]["disruptions"] == 1
+    log = wait_for(lambda: (text := pod_log(kube, namespace, "resume-worker-0")) and "resuming from" in text
+                   and text, 300, message="the new gang's resume")
+    resumed = int(re.search(r"resuming from \S*checkpoint-(\d+)", log).group(1))  # type: ignore[union-attr]
+    # From the bucket, at least as new as any checkpoint sealed before the worker was deleted.
+    assert resumed >= max(saved), (resumed, sorted(saved))
+    wait_for(lambda: (progress(kube, namespace, "resume").get("step") or 0) > resumed, 300,
+             message="training on after the resume")
+
+
+def test_suspend_stops_the_gang_with_sigterm_and_a_checkpoint_of_the_step_it_was_at(
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
+    """everySteps is beyond maxSteps: any checkpoint in the bucket is the one SIGTERM made."""
+    server, bucket_name = bucket
+    start_job(kube, namespace, bucket, "pause", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 1000}})
+    grace = job_pods(kube, namespace, "pause")[0]["spec"]["terminationGracePeriodSeconds"]
+    at = wait_for(lambda: (step := progress(kube, namespace, "pause").get("step") or 0) >= 5 and step, 300,
+                  message="training under way")
+    assert checkpoints_in(server, bucket_name, "pause") == set()
+    kube.request("PATCH", kube.job_path(namespace, "pause"), {"spec": {"runPolicy": {"suspend": True}}},
+                 content_type="application/merge-patch+json")
+    started = time.monotonic()
+    wait_for(lambda: not job_pods(kube, namespace, "pause"), grace + 60, message="the gang gone")
+    assert time.monotonic() - started < grace, "the pods outlived their grace period"
+    wait_phase(kube, namespace, "pause", "Suspended", timeout=60)
+    saved = checkpoints_in(server, bucket_name, "pause")
+    assert len(saved) == 1 and at <= min(saved) < 400, (at, sorted(saved))
+
+
+def test_a_worker_over_its_memory_limit_is_oom_killed_by_the_kernel_and_recovered_as_oom(
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
+    server, bucket_name = bucket
+    s3_secret(kube, namespace)
+    create_job(kube, namespace, real_job("oom", server.endpoint, bucket_name, {
+        "workers": {"resources": {"limits": {"memory": "200Mi"}}}, "runPolicy": {"backoffLimit": 1}}))
+
+    def oom_failure() -> dict[str, Any] | None:
+        status = get_job(kube, namespace, "oom").get("status") or {}
+        failure = status.get("lastFailure") or {}
+        return status if failure.get("reason") == "OOMKilled" else None
+
+    status = wait_for(oom_failure, 300, message="an OOMKilled worker")
+    assert status["lastFailure"]["exitCode"] == 137
+    assert status["oomRecovery"]["batchSize"] == 8  # halved, as the contract says
+    wait_for_events(kube, namespace, "oom", "OOMRecovery")
+
+
+def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to_success(
+        real_node: Any, kube: Any, tmp_path: Any) -> None:
+    """``helm install`` with the locally built operator image: the operator runs in a real pod on the real
+    node with its chart's security context and RBAC (in-cluster config through the ``kubernetes``
+    Service), and its trainer pods send heartbeats to its status API through its Service and DNS."""
+    from tests.delivery.test_install_cluster import chart_installed
+
+    suffix = tmp_path.name[-6:].lower().replace("_", "")
+    operator_ns, jobs = f"rljob-sys-{suffix}", f"rljob-team-{suffix}"
+    with chart_installed(real_node, kube, tmp_path / "helm", "rljob", operator_ns, jobs,
+                         "--set", "image.repository=localhost/rljob-operator", "--set", "image.tag=dev",
+                         "--set", "image.pullPolicy=Never", "--set", "replicaCount=1",
+                         "--set-string", "nodeSelector.rljob\\.dev/real-node=true",
+                         "--set", "podProfile.allowedImages={localhost/rljob-trainer:*}"):
+        selector = "app.kubernetes.io/instance=rljob,app.kubernetes.io/component=operator"
+
+        def operator_ready() -> dict[str, Any] | None:
+            pods = kube.list_pods(operator_ns, selector)
+            ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                            for c in p["status"].get("conditions") or [])]
+            return ready[0] if ready else None
+
+        pod = wait_for(operator_ready, 300, message="the operator pod Ready (its readiness probe)")
+        assert pod["spec"]["nodeName"] == "rljob-real-node"
+        create_job(kube, jobs, real_job("helm-job", None, None, {
+            "workers": {"serviceAccountName": "rljob-trainer"}, "training": {"maxSteps": 20}}))
+        job = wait_phase(kube, jobs, "helm-job", "Succeeded", timeout=900)
+        assert job["status"]["progress"]["step"] == 20  # heartbeats reached the in-cluster status API
+        assert job["status"]["progress"]["lastHeartbeat"]
+        log = pod_log(kube, operator_ns, pod["metadata"]["name"])
+        assert "Forbidden" not in log

@@ -1,0 +1,284 @@
+"""Kueue on the real control plane: the real Kueue manager (tests/cluster/kueue.py) admits,
+queues and preempts the gangs of labelled jobs; the operator follows (integrations/kueue/).
+
+Each test gets its own GPU nodes (labelled and tainted with a pool only this test uses), a
+ResourceFlavor that selects and tolerates them, a ClusterQueue with the quota under test and a
+LocalQueue in its namespace. Fake pods (kwok) play the workers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rljob_operator.names import CONFIG_KEY
+
+from tests.cluster.waiting import wait_for
+from tests.support.operator import (
+    annotate_pod,
+    create_job,
+    get_job,
+    job_manifest,
+    job_pods,
+    patch_spec,
+    wait_for_events,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.cluster
+
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+POOL = "rljob.dev/test-pool"
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Queues:
+    """A test's pool of GPU nodes and the Kueue objects that hand out its GPUs."""
+
+    def __init__(self, kube: Any, namespace: str, fake_gpu_nodes: Any) -> None:
+        self.kube, self.namespace, self.nodes = kube, namespace, fake_gpu_nodes
+        self.pool = f"p{uuid.uuid4().hex[:8]}"
+        self.flavor, self.cluster_queue = f"{self.pool}-flavor", f"{self.pool}-cq"
+        self.cluster_objects: list[str] = []
+
+    def create(self, gpus: int, *, preemption: bool = False, nodes: int = 2) -> None:
+        """Nodes of 8 GPUs (more than the quota: the quota is what limits), the flavor, the queues."""
+        for name in self.nodes.add(nodes, gpus=8, labels={POOL: self.pool}):
+            node = self.kube.request("GET", f"/api/v1/nodes/{name}")
+            taints = [*(node["spec"].get("taints") or []), {"key": POOL, "value": self.pool, "effect": "NoSchedule"}]
+            self.kube.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": taints}},
+                              content_type="application/merge-patch+json")
+        self._post("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": self.flavor}, "spec": {
+            "nodeLabels": {POOL: self.pool},
+            "tolerations": [{"key": POOL, "operator": "Equal", "value": self.pool, "effect": "NoSchedule"}]}})
+        spec: dict[str, Any] = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"], "flavors": [
+                {"name": self.flavor, "resources": [{"name": "cpu", "nominalQuota": "64"},
+                                                    {"name": "memory", "nominalQuota": "256Gi"},
+                                                    {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}],
+        }
+        if preemption:
+            spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+        self._post("clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": self.cluster_queue}, "spec": spec})
+        self.kube.request("POST", f"{KUEUE_API}/namespaces/{self.namespace}/localqueues", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "lq"},
+            "spec": {"clusterQueue": self.cluster_queue}})
+
+    def priority_class(self, name: str, value: int) -> str:
+        full = f"{self.pool}-{name}"
+        self._post("workloadpriorityclasses", {"kind": "WorkloadPriorityClass", "metadata": {"name": full},
+                                               "value": value})
+        return full
+
+    def _post(self, plural: str, body: dict[str, Any]) -> None:
+        self.kube.request("POST", f"{KUEUE_API}/{plural}", {"apiVersion": "kueue.x-k8s.io/v1beta2", **body})
+        self.cluster_objects.append(f"{plural}/{body['metadata']['name']}")
+
+    def cleanup(self) -> None:
+        for obj in reversed(self.cluster_objects):  # Kueue's finalizers let go once the namespace is gone
+            try:
+                self.kube.request("DELETE", f"{KUEUE_API}/{obj}")
+            except Exception as error:  # noqa: BLE001 - best effort, never masks the test's own failure
+                print(f"cleanup of {obj}: {error}")
+
+    def job(self, name: str, priority: str | None = None, **spec: Any) -> dict[str, Any]:
+        """2 workers × 2 GPUs in the LocalQueue; workers stop within 1 s of SIGTERM."""
+        labels = {"kueue.x-k8s.io/queue-name": "lq"}
+        if priority:
+            labels["kueue.x-k8s.io/priority-class"] = priority
+        doc = job_manifest(name, 2, {"workers": {"gpusPerWorker": 2, "podTemplate": {"spec": {
+            "terminationGracePeriodSeconds": 1}}}, "runPolicy": {"backoffBaseSeconds": 0}, **spec})
+        doc["metadata"]["labels"] = labels
+        return create_job(self.kube, self.namespace, doc)
+
+    def workloads(self, job: str | None = None) -> list[dict[str, Any]]:
+        selector = f"rljob.dev/job={job}" if job else "rljob.dev/job"
+        out = self.kube.request("GET", f"{KUEUE_API}/namespaces/{self.namespace}/workloads",
+                                query={"labelSelector": selector})
+        return list(out.get("items") or [])
+
+
+@pytest.fixture
+def queues(kube: Any, namespace: str, kueue: Any, fake_gpu_nodes: Any) -> Iterator[Queues]:
+    q = Queues(kube, namespace, fake_gpu_nodes)
+    try:
+        yield q
+    finally:
+        q.cleanup()
+
+
+def _live_pods(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [p for p in job_pods(kube, namespace, name) if not p["metadata"].get("deletionTimestamp")]
+
+
+def _running(kube: Any, namespace: str, name: str, timeout: float = 90) -> dict[str, Any]:
+    return wait_phase(kube, namespace, name, "Running", timeout)
+
+
+def _phases(kube: Any, namespace: str, names: list[str]) -> dict[str, str]:
+    return {n: (get_job(kube, namespace, n).get("status") or {}).get("phase", "") for n in names}
+
+
+def _assert_on_flavor(queues: Queues, pods: list[dict[str, Any]]) -> None:
+    """The pods carry the assigned flavor's node label and toleration, and run on its nodes."""
+    for pod in pods:
+        assert pod["spec"]["nodeSelector"][POOL] == queues.pool
+        assert {"key": POOL, "operator": "Equal", "value": queues.pool, "effect": "NoSchedule"} \
+            in pod["spec"]["tolerations"]
+        assert pod["spec"]["nodeName"] in queues.nodes.added
+
+
+def _ok_reconciles(operator: Any) -> float:
+    for line in operator.metrics_text().splitlines():
+        if line.startswith('rljob_operator_reconciles_total{result="ok"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _finish(kube: Any, namespace: str, name: str) -> None:
+    """Worker 0 exits 0 (the others would follow): the job succeeds."""
+    for pod in _live_pods(kube, namespace, name):
+        annotate_pod(kube, namespace, pod["metadata"]["name"], {"rljob.dev/fake-exit-code": "0"})
+    wait_phase(kube, namespace, name, "Succeeded", 60)
+
+
+def test_quota_of_two_gangs_queues_the_third_until_the_first_finishes(kube: Any, namespace: str, queues: Queues,
+                                                                      operator: Any) -> None:
+    queues.create(gpus=8)
+    operator()
+    names = ["q-a", "q-b", "q-c"]
+    for name in names:  # one at a time: Kueue's queue is first come, first served
+        queues.job(name)
+        wait_for(lambda name=name: queues.workloads(name), 30, message=f"{name}'s Workload")
+    wait_for(lambda: sorted(_phases(kube, namespace, names).values()) == ["Queued", "Running", "Running"], 90,
+             message="two jobs running, one queued")
+    queued = next(n for n, phase in _phases(kube, namespace, names).items() if phase == "Queued")
+    assert queued == "q-c"
+    status = get_job(kube, namespace, queued)["status"]
+    # Kueue's own words: the gang (4 GPUs) does not fit in the 0 GPUs left.
+    assert status["reason"] == "Pending" and "nvidia.com/gpu" in status["message"], status
+    assert job_pods(kube, namespace, queued) == []  # all or nothing: not one worker of it exists
+    reconciling = next(c for c in status["conditions"] if c["type"] == "Reconciling")
+    assert reconciling["status"] == "True" and reconciling["reason"] == "Pending"
+    [wl] = queues.workloads(queued)
+    assert wl["spec"]["podSets"][0]["count"] == 2 and wl["spec"]["queueName"] == "lq"
+    for name in ("q-a", "q-b"):
+        _assert_on_flavor(queues, _live_pods(kube, namespace, name))
+
+    _finish(kube, namespace, "q-a")
+    # The reconcile that writes Succeeded then marks the Workload Finished (status first, then the queue).
+    wait_for(lambda: any(c["type"] == "Finished" and c["status"] == "True"
+                         for w in queues.workloads("q-a") for c in (w.get("status") or {}).get("conditions") or []),
+             30, message="q-a's Workload Finished")
+    _running(kube, namespace, "q-c")
+    _assert_on_flavor(queues, _live_pods(kube, namespace, "q-c"))
+    assert (get_job(kube, namespace, "q-c")["status"].get("restarts") or 0) == 0
+
+
+def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
+        kube: Any, namespace: str, queues: Queues, operator: Any) -> None:
+    queues.create(gpus=4, preemption=True)
+    low, high = queues.priority_class("low", 100), queues.priority_class("high", 1000)
+    operator()
+    queues.job("low", priority=low, checkpoint={"storage": "s3://checkpoints/low", "everySteps": 10})
+    running = _running(kube, namespace, "low")
+    generation = running["status"]["gangGeneration"]
+    first_gang = {p["metadata"]["uid"] for p in _live_pods(kube, namespace, "low")}
+    config_before = kube.request("GET", kube.core_path(namespace, "configmaps", "low-config"))["data"]
+
+    queues.job("high", priority=high)
+    status = wait_phase(kube, namespace, "low", "Queued", 90)["status"]
+    assert status["reason"] == "Preempted", status
+    assert (status.get("restarts") or 0) == 0 and (status.get("disruptions") or 0) == 0
+    assert status["gangGeneration"] == generation + 1  # the next gang is a new one, not a restart
+    wait_for(lambda: not job_pods(kube, namespace, "low"), 60, message="the preempted gang gone")
+    _running(kube, namespace, "high")
+    [evicted] = queues.workloads("low")
+    # The operator gave the quota back as Kueue's jobframework does: admission cleared, requeued.
+    assert not evicted["status"].get("admission")
+    conds = {c["type"]: c for c in evicted["status"]["conditions"]}
+    assert conds["QuotaReserved"]["status"] == "False" and conds["Requeued"]["status"] == "True"
+    assert get_job(kube, namespace, "low")["status"]["phase"] == "Queued"
+    events = wait_for_events(kube, namespace, "low", "Evicted")
+    assert not [e for e in events if e["reason"] == "ForceDeleted"]
+
+    _finish(kube, namespace, "high")
+    resumed = _running(kube, namespace, "low")
+    assert resumed["status"]["gangGeneration"] == generation + 1
+    assert (resumed["status"].get("restarts") or 0) == 0
+    pods = _live_pods(kube, namespace, "low")
+    assert first_gang.isdisjoint(p["metadata"]["uid"] for p in pods)
+    # The new gang resumes from the newest checkpoint the stopped one saved (the trainer's resume
+    # path): it is told the same checkpoint location.
+    config_after = kube.request("GET", kube.core_path(namespace, "configmaps", "low-config"))["data"]
+    before, after = (yaml.safe_load(c[CONFIG_KEY]) for c in (config_before, config_after))
+    assert after["checkpoint"] == before["checkpoint"] and after["checkpoint"]["storage"] == "s3://checkpoints/low"
+
+
+def test_operator_restart_while_queued_duplicates_nothing_and_suspend_releases_quota(
+        kube: Any, namespace: str, queues: Queues, operator: Any) -> None:
+    queues.create(gpus=4)
+    first = operator()
+    queues.job("r-a")
+    _running(kube, namespace, "r-a")
+    queues.job("r-b")
+    wait_phase(kube, namespace, "r-b", "Queued", 60)
+    gang = sorted(p["metadata"]["uid"] for p in _live_pods(kube, namespace, "r-a"))
+
+    first.kill()
+    second = operator()
+    # Each job reconciled by the new leader at least three times (its start, then resyncs every 3 s):
+    # anything it would duplicate, it has by then.
+    wait_for(lambda: _ok_reconciles(second) >= 6, 90, message="the new operator's reconciles")
+    assert sorted(p["metadata"]["uid"] for p in _live_pods(kube, namespace, "r-a")) == gang
+    assert job_pods(kube, namespace, "r-b") == []
+    assert len(queues.workloads("r-a")) == 1 and len(queues.workloads("r-b")) == 1
+
+    patch_spec(kube, namespace, "r-a", {"runPolicy": {"suspend": True}})
+    _running(kube, namespace, "r-b")  # the suspended job's quota went at once
+    assert queues.workloads("r-a") == [] or all(w["metadata"].get("deletionTimestamp")
+                                                for w in queues.workloads("r-a"))
+    patch_spec(kube, namespace, "r-a", {"runPolicy": {"suspend": False}})
+    wait_phase(kube, namespace, "r-a", "Queued", 60)
+    _finish(kube, namespace, "r-b")
+    _running(kube, namespace, "r-a")
+    assert len([w for w in queues.workloads("r-a") if not w["metadata"].get("deletionTimestamp")]) == 1
+
+
+def test_a_workload_kueue_refuses_is_named_on_the_job(kube: Any, namespace: str, queues: Queues,
+                                                      operator: Any) -> None:
+    proc = operator()
+    doc = job_manifest("refused", 2, {"workers": {"gpusPerWorker": 2}})
+    doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "Not_A_Queue"}  # a label value, not a name
+    create_job(kube, namespace, doc)
+    status = wait_phase(kube, namespace, "refused", "Queued", 60, reason="WorkloadRejected")["status"]
+    assert "queueName" in status["message"], status
+    assert job_pods(kube, namespace, "refused") == [] and queues.workloads("refused") == []
+    before = _ok_reconciles(proc)
+    wait_for(lambda: _ok_reconciles(proc) > before, 60, message="another reconcile")
+    assert get_job(kube, namespace, "refused")["status"]["reason"] == "WorkloadRejected" and proc.alive()
+
+
+def test_the_kueue_examples_apply_to_a_cluster_with_kueue(kube: Any, kueue: Any, namespace: str) -> None:
+    """examples/kueue: the platform's objects are accepted by Kueue's webhooks; the job by the CRD."""
+    docs = list(yaml.safe_load_all((REPO / "examples" / "kueue" / "queues.yaml").read_text()))
+    plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
+              "WorkloadPriorityClass": "workloadpriorityclasses"}
+    for doc in docs:
+        path = f"{KUEUE_API}/{plural[doc['kind']]}"
+        if doc["kind"] == "LocalQueue":
+            path = f"{KUEUE_API}/namespaces/{namespace}/localqueues"
+            doc["metadata"]["namespace"] = namespace
+        kube.request("POST", path, doc, query={"dryRun": "All", "fieldValidation": "Strict"})
+    job = yaml.safe_load((REPO / "examples" / "kueue" / "job.yaml").read_text())
+    job["metadata"]["namespace"] = namespace
+    kube.request("POST", kube.job_path(namespace), job, query={"dryRun": "All", "fieldValidation": "Strict"})
+    with pytest.raises(Exception, match="nominalQuota|Invalid|invalid"):  # the webhook does check
+        bad = yaml.safe_load(yaml.safe_dump(docs[1]))
+        bad["spec"]["resourceGroups"][0]["flavors"][0]["resources"][2]["nominalQuota"] = -1
+        kube.request("POST", f"{KUEUE_API}/clusterqueues", bad, query={"dryRun": "All"})

@@ -1,0 +1,416 @@
+"""Multi-tenant safety (#14, points 1 and 4): the platform's pod profile, PolicyViolation, PodRejected.
+
+Whoever may create an RLTrainingJob gets no pod beyond what the platform's pod profile allows:
+``decisions.policy.violations`` names every field at fault, the operator fails such a job with
+reason ``PolicyViolation`` before it builds any pod, a pod admission refuses ends the job with
+``PodRejected`` after one attempt, and credentials never reach the job's ConfigMap.
+
+Unit tests first; the ``cluster`` tests run the operator on the real control plane, whose
+kube-apiserver runs the PodSecurity admission plugin (on by default) and ResourceQuota.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from rljob_contract.job import DEFAULT_IMAGE, ManifestError, parse_job
+from rljob_operator.decisions.lifecycle import plan_reconcile
+from rljob_operator.decisions.plan import Plan
+from rljob_operator.decisions.policy import PodProfile, violations
+from rljob_operator.decisions.refusals import Refusal, plan_for_refusal
+from rljob_operator.settings import OperatorSettings
+
+from tests.cluster.waiting import wait_for
+from tests.operator.test_operator_unit import NOW, make_job, observe, pod_json
+from tests.support.operator import (
+    create_job,
+    events_for,
+    get_job,
+    job_manifest,
+    job_pods,
+    patch_spec,
+    wait_phase,
+)
+
+TEST_IMAGES = ("registry.invalid/rljob-trainer:*",)
+#: The default profile, with the tests' image allowed (as FAST_ENV does for the operator process).
+PROFILE = PodProfile(allowed_images=TEST_IMAGES)
+FOREIGN_IMAGE = "docker.io/library/busybox:latest"
+TEMPLATE = "spec.workers.podTemplate.spec"
+
+
+def _template(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"workers": {"podTemplate": {"spec": spec}}}
+
+
+def _trainer(security_context: dict[str, Any]) -> dict[str, Any]:
+    return _template({"containers": [{"name": "trainer", "securityContext": security_context}]})
+
+
+#: (case, spec patch, the field the PolicyViolation must name) under the default (restricted) profile.
+ESCALATIONS: list[tuple[str, dict[str, Any], str]] = [
+    ("privileged", _trainer({"privileged": True}), f"{TEMPLATE}.containers[0].securityContext.privileged"),
+    ("root-pod", _template({"securityContext": {"runAsUser": 0}}), f"{TEMPLATE}.securityContext.runAsUser"),
+    ("root-container", _trainer({"runAsUser": 0}), f"{TEMPLATE}.containers[0].securityContext.runAsUser"),
+    ("root-allowed", _template({"securityContext": {"runAsNonRoot": False}}),
+     f"{TEMPLATE}.securityContext.runAsNonRoot"),
+    ("escalation", _trainer({"allowPrivilegeEscalation": True}),
+     f"{TEMPLATE}.containers[0].securityContext.allowPrivilegeEscalation"),
+    ("host-network", _template({"hostNetwork": True}), f"{TEMPLATE}.hostNetwork"),
+    ("host-pid", _template({"hostPID": True}), f"{TEMPLATE}.hostPID"),
+    ("host-ipc", _template({"hostIPC": True}), f"{TEMPLATE}.hostIPC"),
+    ("host-path", {"workers": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}},
+     "spec.workers.volumes[0].hostPath"),
+    ("host-path-template", _template({"volumes": [{"name": "host", "hostPath": {"path": "/var/run"}}]}),
+     f"{TEMPLATE}.volumes[0].hostPath"),
+    ("node-name", _template({"nodeName": "some-gpu-node"}), f"{TEMPLATE}.nodeName"),
+    ("capabilities", _trainer({"capabilities": {"add": ["SYS_ADMIN"]}}),
+     f"{TEMPLATE}.containers[0].securityContext.capabilities.add"),
+    ("seccomp-unconfined", _template({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+     f"{TEMPLATE}.securityContext.seccompProfile.type"),
+    ("host-port", _template({"containers": [{"name": "trainer", "ports": [{"containerPort": 29500,
+                                                                           "hostPort": 29500}]}]}),
+     f"{TEMPLATE}.containers[0].ports[0].hostPort"),
+    ("sidecar", _template({"containers": [{"name": "sidecar", "image": "registry.invalid/rljob-trainer:test"}]}),
+     f"{TEMPLATE}.containers[0]"),
+    ("init-container", _template({"initContainers": [{"name": "init", "image": "registry.invalid/rljob-trainer:x"}]}),
+     f"{TEMPLATE}.initContainers[0]"),
+    ("foreign-image", {"image": FOREIGN_IMAGE}, "spec.image"),
+    ("foreign-image-template", _template({"containers": [{"name": "trainer", "image": FOREIGN_IMAGE}]}),
+     f"{TEMPLATE}.containers[0].image"),
+    ("foreign-service-account", {"workers": {"serviceAccountName": "cluster-admin-sa"}},
+     "spec.workers.serviceAccountName"),
+    ("foreign-service-account-template", _template({"serviceAccountName": "cluster-admin-sa"}),
+     f"{TEMPLATE}.serviceAccountName"),
+    ("token-mounted", _template({"automountServiceAccountToken": True}), f"{TEMPLATE}.automountServiceAccountToken"),
+    ("token-volume", {"workers": {"volumes": [{"name": "tok", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token"}}]}}]}},
+     "spec.workers.volumes[0].projected.sources[0].serviceAccountToken"),
+    ("control-plane-toleration", {"workers": {"tolerations": [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]}},
+     "spec.workers.tolerations[0].key"),
+    ("trust-remote-code", {"training": {"trl": {"trust_remote_code": True}}}, "spec.training.trl.trust_remote_code"),
+    ("trust-remote-code-kwargs", {"training": {"trl": {"model_init_kwargs": {"trust_remote_code": True}}}},
+     "spec.training.trl.model_init_kwargs.trust_remote_code"),
+]
+
+#: (case, spec patch, field): Secret references, refused when allowSecretReferences is false.
+SECRET_REFERENCES: list[tuple[str, dict[str, Any], str]] = [
+    ("secret-env", {"workers": {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "hf", "key": "token"}}}]}}, "spec.workers.env[0].valueFrom.secretKeyRef.name"),
+    ("secret-credentials", {"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-keys"}},
+     "spec.checkpoint.credentialsSecret"),
+    ("secret-volume", {"workers": {"volumes": [{"name": "keys", "secret": {"secretName": "keys"}}]}},
+     "spec.workers.volumes[0].secret.secretName"),
+    ("secret-env-from", _template({"containers": [{"name": "trainer", "envFrom": [{"secretRef": {"name": "k"}}]}]}),
+     f"{TEMPLATE}.containers[0].envFrom[0].secretRef.name"),
+]
+
+
+def _named(problems: list[str], field: str, level: str = "restricted") -> bool:
+    return any(p.startswith(f"{field}: ") and f'not allowed by the platform profile "{level}"' in p
+               for p in problems)
+
+
+# ------------------------------------------------------------------------ unit tests
+
+
+@pytest.mark.parametrize("case,patch,field", ESCALATIONS, ids=[c for c, _, _ in ESCALATIONS])
+def test_each_escalation_is_named_by_its_field(case: str, patch: dict[str, Any], field: str) -> None:
+    problems = violations(make_job(spec=patch), PROFILE)
+    assert _named(problems, field), problems
+
+
+def test_the_quickstart_job_and_the_default_image_need_nothing_beyond_the_default_profile() -> None:
+    assert violations(make_job(), PROFILE) == []
+    assert violations(make_job(spec={"image": DEFAULT_IMAGE}), PodProfile()) == []
+    # Harmless pod template fields and volumes stay allowed.
+    tame = {"workers": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+                        "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1, "containers": [
+                            {"name": "trainer", "securityContext": {"runAsUser": 1000}}]}}}}
+    assert violations(make_job(spec=tame), PROFILE) == []
+    # The namespace's default ServiceAccount, and one the platform allowed (with its token: workload identity).
+    assert violations(make_job(spec={"workers": {"serviceAccountName": "default"}}), PROFILE) == []
+    allowed = PodProfile(allowed_images=TEST_IMAGES, allowed_service_accounts=("s3-writer",))
+    job = make_job(spec={"workers": {"serviceAccountName": "s3-writer",
+                                     "podTemplate": {"spec": {"automountServiceAccountToken": True}}}})
+    assert violations(job, allowed) == []
+
+
+@pytest.mark.parametrize("case,patch,field", SECRET_REFERENCES, ids=[c for c, _, _ in SECRET_REFERENCES])
+def test_secret_references_are_refused_only_where_the_profile_says_so(case: str, patch: dict[str, Any],
+                                                                     field: str) -> None:
+    job = make_job(spec=patch)
+    assert violations(job, PROFILE) == []
+    no_secrets = PodProfile(allowed_images=TEST_IMAGES, allow_secret_references=False)
+    assert _named(violations(job, no_secrets), field)
+
+
+def test_baseline_allows_root_but_nothing_host_level_and_privileged_only_checks_references() -> None:
+    baseline = PodProfile(level="baseline", allowed_images=TEST_IMAGES)
+    privileged = PodProfile(level="privileged", allowed_images=TEST_IMAGES)
+    root = make_job(spec=_trainer({"runAsUser": 0, "capabilities": {"add": ["CHOWN"]}}))
+    assert violations(root, baseline) == [] and _named(violations(root, PROFILE), "spec.workers.podTemplate.spec."
+                                                                                   "containers[0].securityContext.runAsUser")
+    host = make_job(spec=_template({"hostNetwork": True, "containers": [
+        {"name": "trainer", "securityContext": {"privileged": True}}]}))
+    assert _named(violations(host, baseline), f"{TEMPLATE}.hostNetwork", "baseline")
+    assert _named(violations(host, baseline), f"{TEMPLATE}.containers[0].securityContext.privileged", "baseline")
+    assert violations(host, privileged) == []
+    # Images, ServiceAccounts and trust_remote_code are checked at every level.
+    foreign = make_job(spec={"image": FOREIGN_IMAGE, "workers": {"serviceAccountName": "x"},
+                             "training": {"trl": {"trust_remote_code": True}}})
+    assert {p.split(":")[0] for p in violations(foreign, privileged)} == {
+        "spec.image", "spec.workers.serviceAccountName", "spec.training.trl.trust_remote_code"}
+    assert violations(foreign, PodProfile(level="privileged", allowed_images=("*",), allowed_service_accounts=("x",),
+                                          allow_trust_remote_code=True)) == []
+
+
+def test_a_verdict_is_remembered_for_an_unchanged_job_and_made_again_when_its_input_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``policy.checked``: reconciles of an unchanged job check nothing again; a new spec (even one that
+    kept its generation, as tests build them), new labels or another profile get a verdict of their own."""
+    from collections import OrderedDict
+
+    from rljob_operator.decisions import policy
+
+    calls: list[str] = []
+    real = policy.violations
+    monkeypatch.setattr(policy, "violations", lambda job, profile: calls.append(job.metadata.name) or real(job, profile))
+    monkeypatch.setattr(policy, "_checked", OrderedDict())
+    assert policy.checked(make_job(), PROFILE) == [] and policy.checked(make_job(), PROFILE) == []
+    assert len(calls) == 1  # the second reconcile parsed the job again: same input, same verdict
+    case, patch, field = ESCALATIONS[0]
+    escalated = make_job(spec=patch)  # same uid, same generation: only the spec differs
+    assert any(v.startswith(field) for v in policy.checked(escalated, PROFILE)), case
+    relabelled = make_job()
+    relabelled.metadata.labels["team"] = "b"
+    foreign = PodProfile(allowed_images=("registry.invalid/nothing-else:*",))
+    assert policy.checked(relabelled, PROFILE) == []
+    assert any(v.startswith("spec.image") for v in policy.checked(make_job(), foreign))
+    assert len(calls) == 4
+    monkeypatch.setattr(policy, "CHECKED_KEPT", 2)
+    relabelled.metadata.labels["team"] = "c"
+    policy.checked(relabelled, PROFILE)  # a fifth key: the three oldest go
+    assert len(policy._checked) == 2 and len(calls) == 5
+
+
+def test_the_operator_loads_the_pod_schema_at_start_and_its_first_check_imports_nothing() -> None:
+    """``podschema.load_models`` (called before the operator takes the Lease) imports every client model the
+    check of a job's pod fields walks into; without it the first reconcile paid those imports (a quarter
+    of a second of the interpreter, in a burst in front of every job)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from rljob_operator.decisions import podschema
+loaded = podschema.load_models()
+assert {"V1Pod", "V1Container", "V1EnvVarSource", "V1Toleration", "V1Affinity", "V1Volume", "V1VolumeMount",
+        "V1PodSecurityContext", "V1Probe"} <= loaded, sorted(loaded)
+before = set(sys.modules)
+workers = {"podTemplate": {"metadata": {"labels": {"a": "b"}}, "spec": {
+    "containers": [{"name": "trainer", "securityContext": {"capabilities": {"drop": ["ALL"]}},
+                    "readinessProbe": {"exec": {"command": ["true"]}}}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}]}}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule"}]}},
+    "volumes": [{"name": "v", "csi": {"driver": "d", "volumeAttributes": {"a": "b"}}}],
+    "volumeMounts": [{"name": "v", "mountPath": "/v"}], "tolerations": [{"key": "k", "operator": "Exists"}],
+    "env": [{"name": "E", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}
+assert podschema.unknown_fields(workers) == []
+assert podschema.unknown_fields({"podTemplate": {"spec": {"nodeSelectr": {}}}}) != []
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_the_profile_comes_from_the_operator_settings_and_refuses_an_unknown_level() -> None:
+    settings = OperatorSettings.from_env({
+        "RLJOB_OPERATOR_POD_PROFILE": "baseline", "RLJOB_OPERATOR_ALLOWED_IMAGES": "a/*, b:1",
+        "RLJOB_OPERATOR_ALLOWED_SERVICE_ACCOUNTS": "s3-writer", "RLJOB_OPERATOR_ALLOW_SECRET_REFERENCES": "false",
+        "RLJOB_OPERATOR_ALLOW_TRUST_REMOTE_CODE": "true"})
+    assert PodProfile.from_settings(settings) == PodProfile("baseline", ("a/*", "b:1"), ("s3-writer",), False, True)
+    assert PodProfile.from_settings(OperatorSettings.from_env({})) == PodProfile()  # restricted, rljob's image
+    with pytest.raises(ValueError, match="RLJOB_OPERATOR_POD_PROFILE.*restricted, baseline, privileged"):
+        PodProfile.from_settings(OperatorSettings.from_env({"RLJOB_OPERATOR_POD_PROFILE": "Restricted"}))
+
+
+def test_a_violating_job_fails_before_any_pod_and_is_checked_again_once_edited() -> None:
+    job = make_job(spec=_template({"hostNetwork": True}))
+    plan = plan_reconcile(job, [], NOW, profile=PROFILE)
+    assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "PolicyViolation")
+    assert plan.status["message"].startswith(f"{TEMPLATE}.hostNetwork: host networking is not allowed")
+    assert not plan.create_pods and plan.children is None and plan.requeue_after is None
+    assert [e.reason for e in plan.events] == ["PolicyViolation"]
+    # A running gang whose spec was edited into a violation is stopped.
+    running = make_job(spec=_template({"hostNetwork": True}), status={"phase": "Running", "gangGeneration": 0})
+    plan = plan_reconcile(running, observe(running, pod_json(running, 0), pod_json(running, 1)), NOW, profile=PROFILE)
+    assert plan.status["reason"] == "PolicyViolation" and sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"]
+    # Failed stays Failed (no retry loop) until the spec is edited; an allowed edit runs the job.
+    failed = {"phase": "Failed", "reason": "PolicyViolation", "message": "x", "observedGeneration": 1}
+    same = make_job(spec=_template({"hostNetwork": True}), status=failed)
+    assert plan_reconcile(same, [], NOW, profile=PROFILE).create_pods == []
+    fixed = make_job(status=failed, generation=2)
+    assert len(plan_reconcile(fixed, [], NOW, profile=PROFILE).create_pods) == 2
+
+
+def test_an_admission_refusal_fails_the_job_but_the_operators_own_rbac_is_retried() -> None:
+    raw = {"metadata": {"name": "train", "namespace": "team-a", "generation": 1}, "status": {}}
+    interrupted = Plan(status={"phase": "Pending", "reason": "CreatingWorkers"})
+    for message in [
+        'pods "train-worker-0" is forbidden: violates PodSecurity "restricted:latest": host namespaces '
+        '(hostNetwork=true)',
+        'pods "train-worker-0" is forbidden: ValidatingAdmissionPolicy \'no-gpu\' with binding \'b\' denied request',
+        'admission webhook "policy.example.com" denied the request: not today',
+    ]:
+        plan = plan_for_refusal(raw, interrupted, Refusal(403, json.dumps({"message": message}), "Forbidden"), NOW)
+        assert plan is not None
+        assert (plan.status["phase"], plan.status["reason"], plan.status["message"]) == ("Failed", "PodRejected",
+                                                                                         message)
+        assert not plan.create_pods and plan.requeue_after is None
+    rbac = 'pods is forbidden: User "system:serviceaccount:rljob-system:rljob-operator" cannot create resource ' \
+           '"pods" in API group "" in the namespace "team-a"'
+    assert plan_for_refusal(raw, interrupted, Refusal(403, json.dumps({"message": rbac}), "Forbidden"), NOW) is None
+
+
+@pytest.mark.parametrize("trl,field", [
+    ({"hub_token": "hf_secret"}, "spec.training.trl.hub_token"),
+    ({"push_to_hub_token": "hf_secret"}, "spec.training.trl.push_to_hub_token"),
+    ({"model_init_kwargs": {"token": "hf_secret"}}, "spec.training.trl.model_init_kwargs.token"),
+    ({"model_init_kwargs": '{"use_auth_token": "hf_secret"}'}, "spec.training.trl.model_init_kwargs.use_auth_token"),
+])
+def test_credential_like_trl_fields_are_refused_pointing_to_secrets(trl: dict[str, Any], field: str) -> None:
+    doc = job_manifest("train", 2, {"training": {"trl": trl}}, namespace="team-a")
+    with pytest.raises(ManifestError) as e:
+        parse_job(doc)
+    problem = next(p for p in e.value.problems if p.startswith(field + ":"))
+    assert "Secret" in problem and "workload identity" in problem
+    # Not credentials: TRL fields that merely mention tokens stay allowed.
+    parse_job(job_manifest("train", 2, {"training": {"trl": {"average_tokens_across_devices": True}}},
+                           namespace="team-a"))
+
+
+# --------------------------------------------------------------------- cluster tests
+
+
+def _label_namespace(core_v1: Any, namespace: str, level: str) -> None:
+    labels = {f"pod-security.kubernetes.io/{mode}": level for mode in ("enforce", "warn", "audit")}
+    core_v1.patch_namespace(namespace, {"metadata": {"labels": labels}})
+
+
+@pytest.fixture
+def ordinary_user(control_plane: Any, kube: Any, namespace: str) -> Iterator[Any]:
+    """A Kube acting as a ServiceAccount token whose only rights are on rltrainingjobs of ``namespace``."""
+    from rljob_operator.cluster.kube import Kube
+
+    rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/" + namespace
+    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "jobs-only"}, "rules": [
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
+         "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]}]})
+    kube.request("POST", f"{rbac}/rolebindings", {
+        "metadata": {"name": "jobs-only"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                       "name": "jobs-only"},
+        "subjects": [{"kind": "ServiceAccount", "name": "team-member", "namespace": namespace}]})
+    api_client = control_plane.api_client(control_plane.service_account_kubeconfig(namespace, "team-member"))
+    user = Kube(api_client)
+    with pytest.raises(ApiException) as denied:  # the user could not build such pods themselves
+        user.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+            "metadata": {"name": "direct"}, "spec": {"containers": [{"name": "c", "image": FOREIGN_IMAGE}]}})
+    assert denied.value.status == 403
+    yield user
+    api_client.close()
+
+
+def _pod_posts(op: Any) -> float:
+    """Pod creations the operator sent (refused or not), from its own metrics."""
+    total = 0.0
+    for line in op.metrics_text().splitlines():
+        if line.startswith("rljob_operator_api_requests_total{") and 'resource="pods"' in line and \
+                'verb="POST"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.cluster
+def test_each_escalation_fails_policy_violation_and_no_pod_ever_exists(kube, namespace, operator, core_v1,
+                                                                      ordinary_user) -> None:
+    _label_namespace(core_v1, namespace, "restricted")
+    user = ordinary_user
+    op = operator(env={"RLJOB_OPERATOR_ALLOW_SECRET_REFERENCES": "false"})
+    cases = ESCALATIONS + SECRET_REFERENCES
+    for case, patch, _ in cases:
+        create_job(user, namespace, job_manifest(f"p-{case}"[:50], replicas=1, spec=patch))
+    for case, _, field in cases:
+        job = wait_phase(kube, namespace, f"p-{case}"[:50], "Failed", reason="PolicyViolation", timeout=60)
+        assert f"{field}: " in job["status"]["message"], (case, job["status"]["message"])
+        # The Event follows the status write: wait for it rather than race it.
+        name = f"p-{case}"[:50]
+        wait_for(lambda name=name: any(e["reason"] == "PolicyViolation" for e in events_for(kube, namespace, name)),
+                 10, message=f"a PolicyViolation Event on {name}")
+    assert _pod_posts(op) == 0 and kube.list_pods(namespace, "") == []
+    # A credential in trl is refused at kubectl apply already (CRD rule), naming the field.
+    with pytest.raises(ApiException) as e:
+        create_job(user, namespace, job_manifest("hub-token", spec={"training": {"trl": {"hub_token": "hf_x"}}}))
+    assert e.value.status == 422 and "spec.training.trl.hub_token" in str(e.value.body)
+    # An edit that removes the escalation re-checks the job: the same user's quickstart-shaped job runs.
+    patch_spec(user, namespace, "p-host-network", {"workers": {"podTemplate": None}})
+    wait_phase(kube, namespace, "p-host-network", "Running", timeout=60)
+
+
+@pytest.mark.cluster
+def test_a_pod_admission_refuses_fails_the_job_with_podrejected_after_one_attempt(kube, namespace, operator,
+                                                                                 core_v1) -> None:
+    _label_namespace(core_v1, namespace, "restricted")
+    # The platform allows privileged pods, the namespace does not: PodSecurity admission has the last word.
+    op = operator(env={"RLJOB_OPERATOR_POD_PROFILE": "privileged"})
+    create_job(kube, namespace, job_manifest("hostnet", replicas=1, spec=_template({"hostNetwork": True})))
+    job = wait_phase(kube, namespace, "hostnet", "Failed", reason="PodRejected", timeout=60)
+    assert "violates PodSecurity" in job["status"]["message"] and "hostNetwork" in job["status"]["message"]
+    assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Failed"] == "True"
+    time.sleep(8)  # more than two resyncs (3 s in tests): nothing is tried again
+    assert _pod_posts(op) == 1 and job_pods(kube, namespace, "hostnet") == []
+    assert [e["reason"] for e in events_for(kube, namespace, "hostnet")].count("PodRejected") == 1  # after 8 s
+    assert get_job(kube, namespace, "hostnet")["status"]["reason"] == "PodRejected"
+
+
+@pytest.mark.cluster
+def test_the_quickstart_job_runs_in_a_namespace_enforcing_restricted(kube, namespace, operator, core_v1) -> None:
+    _label_namespace(core_v1, namespace, "restricted")
+    operator()
+    create_job(kube, namespace, job_manifest("quick", replicas=2))
+    wait_phase(kube, namespace, "quick", "Running", timeout=90)
+    for pod in job_pods(kube, namespace, "quick"):
+        spec = pod["spec"]
+        assert spec["automountServiceAccountToken"] is False and not spec.get("hostNetwork")
+        tokens = [v for v in spec["volumes"] if "projected" in v
+                  for s in v["projected"]["sources"] if "serviceAccountToken" in s]
+        # The only token is the status API's, bound to its audience (useless against the API server).
+        assert [v["name"] for v in tokens] == ["rljob-status-token"]
+        assert tokens[0]["projected"]["sources"][0]["serviceAccountToken"]["audience"] != ""
+
+
+@pytest.mark.cluster
+def test_a_quota_refusal_waits_with_a_visible_condition_and_does_not_fail(kube, namespace, operator,
+                                                                        core_v1) -> None:
+    core_v1.create_namespaced_resource_quota(namespace, {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}})
+    wait_for(lambda: (core_v1.read_namespaced_resource_quota("one-pod", namespace).status.hard or {}).get("pods"),
+             30, message="quota observed")
+    operator()
+    create_job(kube, namespace, job_manifest("quota", replicas=2))
+
+    def waiting_on_quota() -> dict[str, Any] | None:
+        status = get_job(kube, namespace, "quota").get("status") or {}
+        reconciling = {c["type"]: c for c in status.get("conditions") or []}.get("Reconciling") or {}
+        return status if reconciling.get("reason") == "QuotaExceeded" and reconciling.get("status") == "True" else None
+
+    status = wait_for(waiting_on_quota, 60, message="Reconciling condition says QuotaExceeded")
+    assert "exceeded quota" in status["message"] and status["phase"] != "Failed"
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions["Failed"] == conditions["Stalled"] == "False"

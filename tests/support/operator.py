@@ -1,0 +1,428 @@
+"""Helpers and fixtures for the operator's tests: manifests, the CRD, the operator as a process.
+
+A pytest plugin (``tests/conftest.py``): every test module gets these fixtures by name.
+
+* ``job_manifest(name, ...)``: a small valid RLTrainingJob (2 workers × 1 GPU by default).
+* ``INVALID_MANIFESTS``: (case, spec patch, field) — each must be rejected naming ``field``,
+  by the models (unit tests) and by the API server (schema and CEL, cluster tests).
+* ``crd_installed``, ``experiment_crd`` (session): the generated CRDs applied to the test control plane.
+* ``operator`` (function): ``start(**opts) -> OperatorProcess`` running ``rljob operator``
+  against the test's namespace, with short intervals; every process is stopped afterwards.
+* ``wait_gang(kube, namespace, name, generation)``: the job once that gang generation runs
+  complete and Ready, with no pod of another generation left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.trainer import deep_update  # noqa: F401 - re-exported for the operator tests
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_NAME = "x" * 51
+
+#: Intervals short enough for tests (seconds).
+FAST_ENV = {
+    "RLJOB_OPERATOR_RESYNC_SECONDS": "3",
+    "RLJOB_OPERATOR_LEASE_SECONDS": "4",
+    "RLJOB_OPERATOR_RENEW_SECONDS": "1",
+    "RLJOB_OPERATOR_RETRY_SECONDS": "0.5",
+    "RLJOB_OPERATOR_HEARTBEAT_FLUSH_SECONDS": "0.2",
+    # The tests' trainer image (kwok never pulls it); every other setting of the pod profile is the default.
+    "RLJOB_OPERATOR_ALLOWED_IMAGES": "registry.invalid/rljob-trainer:*",
+}
+
+
+def job_manifest(name: str, replicas: int = 2, spec: dict[str, Any] | None = None,
+                 namespace: str | None = None) -> dict[str, Any]:
+    """A small valid job: ``replicas`` workers × 1 process × 1 GPU, the built-in tiny task."""
+    doc: dict[str, Any] = {
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "registry.invalid/rljob-trainer:test",
+            "workers": {"replicas": replicas, "procsPerWorker": 1},
+            "training": {
+                "model": "builtin:tiny",
+                "dataset": {"name": "builtin:repeat-char", "size": 64},
+                "rewards": [{"name": "repeat_char", "kwargs": {"length": 4}}],
+                "batchSize": 4,
+                "numGenerations": 4,
+                "maxCompletionLength": 4,
+                "maxSteps": 3,
+                "learningRate": 0.003,
+            },
+            "checkpoint": {"everySteps": 100, "keepLast": 1},
+        },
+    }
+    if namespace:
+        doc["metadata"]["namespace"] = namespace
+    return deep_update(doc, {"spec": spec}) if spec else doc
+
+
+#: (case, patch of the manifest, the field the error must name).
+INVALID_MANIFESTS: list[tuple[str, dict[str, Any], str]] = [
+    ("replicas-zero", {"spec": {"workers": {"replicas": 0}}}, "spec.workers.replicas"),
+    ("replicas-not-a-number", {"spec": {"workers": {"replicas": "two"}}}, "spec.workers.replicas"),
+    ("procs-per-worker-too-many", {"spec": {"workers": {"procsPerWorker": 65}}}, "spec.workers.procsPerWorker"),
+    ("max-replicas-below-min", {"spec": {"workers": {"minReplicas": 3, "maxReplicas": 2}}},
+     "spec.workers.maxReplicas"),
+    ("capacity-without-bounds", {"spec": {"autoscaling": {"policy": "Capacity"}, "workers": {"maxReplicas": 4}}},
+     "spec.workers"),
+    ("unknown-scaling-policy", {"spec": {"autoscaling": {"policy": "Always"}}}, "spec.autoscaling.policy"),
+    ("grace-period-too-short", {"spec": {"workers": {"terminationGracePeriodSeconds": 1}}},
+     "spec.workers.terminationGracePeriodSeconds"),
+    ("gpu-in-resources", {"spec": {"workers": {"resources": {"limits": {"nvidia.com/gpu": 1}}}}},
+     "spec.workers.resources"),
+    ("env-without-name", {"spec": {"workers": {"env": [{"value": "x"}]}}}, "spec.workers.env[0].name"),
+    ("unknown-field", {"spec": {"workers": {"replica": 2}}}, "spec.workers.replica"),
+    ("empty-image", {"spec": {"image": ""}}, "spec.image"),
+    ("unknown-pull-policy", {"spec": {"imagePullPolicy": "Sometimes"}}, "spec.imagePullPolicy"),
+    ("unknown-algorithm", {"spec": {"training": {"algorithm": "ppo"}}}, "spec.training.algorithm"),
+    ("unknown-strategy", {"spec": {"training": {"strategy": "ppo"}}}, "spec.training.strategy"),
+    ("strategy-of-another-algorithm", {"spec": {"training": {"algorithm": "rloo", "strategy": "dapo"}}},
+     "spec.training.strategy"),
+    ("strategy-and-its-trl-field", {"spec": {"training": {"strategy": "gspo", "trl": {"epsilon": 0.1}}}},
+     "spec.training.trl"),
+    ("learning-rate-zero", {"spec": {"training": {"learningRate": 0}}}, "spec.training.learningRate"),
+    ("learning-rate-above-one", {"spec": {"training": {"learningRate": 2}}}, "spec.training.learningRate"),
+    ("group-of-one", {"spec": {"training": {"numGenerations": 1}}}, "spec.training.numGenerations"),
+    ("generation-batch-indivisible", {"spec": {"training": {"batchSize": 3}}}, "spec.training.numGenerations"),
+    ("no-rewards", {"spec": {"training": {"rewards": []}}}, "spec.training.rewards"),
+    ("reward-without-name", {"spec": {"training": {"rewards": [{"weight": 1}]}}},
+     "spec.training.rewards[0].name"),
+    ("unknown-reward", {"spec": {"training": {"rewards": [{"name": "not a reward"}]}}},
+     "spec.training.rewards[0].name"),
+    ("unknown-builtin-model", {"spec": {"training": {"model": "builtin:huge"}}}, "spec.training.model"),
+    ("unknown-builtin-dataset", {"spec": {"training": {"dataset": {"name": "builtin:nope"}}}},
+     "spec.training.dataset.name"),
+    ("dataset-size-zero", {"spec": {"training": {"dataset": {"size": 0}}}}, "spec.training.dataset.size"),
+    ("s3-without-bucket", {"spec": {"checkpoint": {"storage": "s3://"}}}, "spec.checkpoint.storage"),
+    ("pvc-without-claim", {"spec": {"checkpoint": {"storage": "pvc:///run1"}}}, "spec.checkpoint.storage"),
+    ("pvc-claim-not-a-name", {"spec": {"checkpoint": {"storage": "pvc://Team_Ckpt/run1"}}},
+     "spec.checkpoint.storage"),
+    ("pvc-prefix-leaves-the-claim", {"spec": {"checkpoint": {"storage": "pvc://ckpt/../other"}}},
+     "spec.checkpoint.storage"),
+    ("pvc-mirror-prefix-leaves-the-claim", {"spec": {"checkpoint": {"mirrors": [{"location": "pvc://ckpt/a/../.."}]}}},
+     "spec.checkpoint.mirrors[0].location"),
+    ("deadline-zero", {"spec": {"runPolicy": {"activeDeadlineSeconds": 0}}},
+     "spec.runPolicy.activeDeadlineSeconds"),
+    ("ttl-negative", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": -1}}},
+     "spec.runPolicy.ttlSecondsAfterFinished"),
+    ("name-too-long", {"metadata": {"name": MAX_NAME}}, "metadata.name"),
+    ("generation-batch-not-whole-steps", {"spec": {"training": {"generationBatchSize": 12}}},
+     "spec.training.generationBatchSize"),
+    ("generation-batch-and-steps-per-generation",
+     {"spec": {"training": {"generationBatchSize": 16, "stepsPerGeneration": 2}}}, "spec.training.generationBatchSize"),
+    ("generation-batch-with-elastic-workers",
+     {"spec": {"workers": {"minReplicas": 1, "maxReplicas": 4}, "training": {"generationBatchSize": 16}}},
+     "spec.training.generationBatchSize"),
+    ("steps-per-generation-indivisible",
+     {"spec": {"training": {"batchSize": 3, "numGenerations": 8, "stepsPerGeneration": 2}}},
+     "spec.training.stepsPerGeneration"),
+    ("lora-rank-zero", {"spec": {"training": {"lora": {"r": 0}}}}, "spec.training.lora.r"),
+    ("lora-dropout-one", {"spec": {"training": {"lora": {"dropout": 1}}}}, "spec.training.lora.dropout"),
+    ("lora-all-linear-and-names", {"spec": {"training": {"lora": {"targetModules": ["all-linear", "q_proj"]}}}},
+     "spec.training.lora.targetModules"),
+]
+
+
+def invalid_manifest(case: str, patch: dict[str, Any]) -> dict[str, Any]:
+    return deep_update(job_manifest("bad-" + case[:40]), patch)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ----------------------------------------------------------------------- cluster
+
+
+def _kube(api_client: Any) -> Any:
+    from rljob_operator.cluster.kube import Kube
+
+    return Kube(api_client)
+
+
+@pytest.fixture(scope="session")
+def kube(api_client: Any) -> Any:
+    """The operator's JSON REST layer on the admin client."""
+    return _kube(api_client)
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def install_crd(kube: Any, crd: dict[str, Any], plural: str) -> dict[str, Any]:
+    """Create (or replace) ``crd`` and wait until it is Established and its ``plural`` can be listed
+    (discovery, which kopf and kubectl resolve resources through, has caught up)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from tests.cluster.waiting import wait_for
+
+    name = crd["metadata"]["name"]
+    try:
+        kube.request("POST", CRDS, crd)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        crd["metadata"]["resourceVersion"] = kube.request("GET", f"{CRDS}/{name}")["metadata"]["resourceVersion"]
+        kube.request("PUT", f"{CRDS}/{name}", crd)
+
+    def established() -> bool:
+        conditions = (kube.request("GET", f"{CRDS}/{name}").get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    def served() -> bool:
+        try:
+            kube.request("GET", f"/apis/{crd['spec']['group']}/v1alpha1/{plural}")
+            return True
+        except ApiException:
+            return False
+
+    wait_for(established, 60, message=f"CRD {name} Established")
+    wait_for(served, 30, message=f"{plural} served")
+    return crd
+
+
+@pytest.fixture(scope="session")
+def crd_installed(kube: Any) -> dict[str, Any]:
+    """The generated RLTrainingJob CRD, created (or replaced) and Established."""
+    from rljob_operator.crd import crd_manifest
+
+    crd = install_crd(kube, crd_manifest(), "rltrainingjobs")
+    time.sleep(1)  # discovery catches up
+    return crd
+
+
+@pytest.fixture(scope="session")
+def experiment_crd(kube: Any, crd_installed: Any) -> dict[str, Any]:
+    """The generated RLExperiment CRD, created (or replaced) and Established. An operator watching
+    every namespace serves both kinds, so it needs both CRDs."""
+    from rljob_operator.crd import experiment_crd_manifest
+
+    return install_crd(kube, experiment_crd_manifest(), "rlexperiments")
+
+
+class OperatorProcess:
+    """``rljob operator`` as a child process watching one namespace."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, identity: str | None = None,
+                 env: dict[str, str] | None = None, leader_elect: bool = True, status_host: str = "127.0.0.1") -> None:
+        self.namespace = namespace
+        self.status_host = status_host  # where pods reach the status API (the real node's: its gateway)
+        self.status_port = free_port()
+        self.metrics_port = free_port()
+        self.identity = identity or f"test-{uuid.uuid4().hex[:6]}"
+        self.log = log
+        self.args = [
+            sys.executable, "-m", "rljob", "operator",
+            "--kubeconfig", str(kubeconfig),
+            "--namespace", namespace,
+            "--status-port", str(self.status_port),
+            "--status-url", f"https://{status_host}:{self.status_port}",
+            "--metrics-port", str(self.metrics_port),
+            "--identity", self.identity,
+            "--leader-elect" if leader_elect else "--no-leader-elect",
+        ]
+        self.env = {**os.environ, **FAST_ENV, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def status_url(self) -> str:
+        return f"https://{self.status_host}:{self.status_port}"
+
+    def start(self) -> OperatorProcess:
+        with open(self.log, "ab") as f:
+            self.proc = subprocess.Popen(self.args, stdout=f, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def metrics_text(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+            return str(r.read().decode())
+
+    def is_leader(self) -> bool:
+        try:
+            return "rljob_operator_leader 1.0" in self.metrics_text()
+        except OSError:
+            return False
+
+    def wait_leader(self, timeout: float = 60) -> None:
+        from tests.cluster.waiting import wait_for
+
+        def leading() -> bool:
+            if not self.alive():
+                raise AssertionError(f"operator exited:\n{self.log_tail()}")
+            return self.is_leader()
+
+        wait_for(leading, timeout, interval=0.1, message=f"operator {self.identity} leading")
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@pytest.fixture
+def operator(admin_kubeconfig: Path, namespace: str, crd_installed: Any, tmp_path: Path):
+    """``start(wait=True, **kw) -> OperatorProcess``; all are stopped after the test."""
+    started: list[OperatorProcess] = []
+
+    def start(wait: bool = True, **kw: Any) -> OperatorProcess:
+        log = tmp_path / f"operator-{len(started)}.log"
+        proc = OperatorProcess(admin_kubeconfig, namespace, log, **kw).start()
+        started.append(proc)
+        if wait:
+            proc.wait_leader()
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+# ------------------------------------------------------------------ job helpers
+
+
+def create_job(kube: Any, namespace: str, doc: dict[str, Any]) -> dict[str, Any]:
+    doc = deep_update(doc, {"metadata": {"namespace": namespace}})
+    return kube.request("POST", kube.job_path(namespace), doc, query={"fieldValidation": "Strict"})  # type: ignore[no-any-return]
+
+
+def get_job(kube: Any, namespace: str, name: str) -> dict[str, Any]:
+    return kube.request("GET", kube.job_path(namespace, name))  # type: ignore[no-any-return]
+
+
+def patch_spec(kube: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return kube.request("PATCH", kube.job_path(namespace, name), {"spec": spec},  # type: ignore[no-any-return]
+                        content_type="application/merge-patch+json")
+
+
+def job_pods(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    return kube.list_pods(namespace, f"rljob.dev/job={name}")  # type: ignore[no-any-return]
+
+
+def wait_phase(kube: Any, namespace: str, name: str, phase: str, timeout: float = 60,
+               reason: str | None = None) -> dict[str, Any]:
+    from tests.cluster.waiting import wait_for
+
+    def reached() -> dict[str, Any] | None:
+        job = get_job(kube, namespace, name)
+        status = job.get("status") or {}
+        if status.get("phase") == phase and (reason is None or status.get("reason") == reason):
+            return job
+        return None
+
+    try:
+        return wait_for(reached, timeout, interval=0.2, message=f"{namespace}/{name} phase {phase}")
+    except TimeoutError as e:
+        status = (get_job(kube, namespace, name).get("status") or {})
+        raise AssertionError(f"{e}\nstatus: {yaml.safe_dump(status)}") from None
+
+
+def _gang_running(kube: Any, namespace: str, name: str, generation: int, replicas: int = 2) -> dict[str, Any] | None:
+    """The job once gang ``generation`` runs complete and Ready (and no older pod is left)."""
+    job = get_job(kube, namespace, name)
+    status = job.get("status") or {}
+    pods = job_pods(kube, namespace, name)
+    gens = [p["metadata"]["labels"]["rljob.dev/gang-generation"] for p in pods]
+    if status.get("phase") == "Running" and status.get("gangGeneration") == generation \
+            and gens == [str(generation)] * replicas:
+        return job
+    return None
+
+
+def wait_gang(kube: Any, namespace: str, name: str, generation: int, timeout: float = 60) -> dict[str, Any]:
+    from tests.cluster.waiting import wait_for
+
+    try:
+        return wait_for(lambda: _gang_running(kube, namespace, name, generation), timeout, interval=0.2,
+                        message=f"{name} gang generation {generation} running")
+    except TimeoutError as e:
+        status = {k: v for k, v in (get_job(kube, namespace, name).get("status") or {}).items() if k != "conditions"}
+        raise AssertionError(f"{e}\nstatus: {yaml.safe_dump(status)}") from None
+
+
+def events_for(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = kube.request("GET", kube.core_path(namespace, "events"),
+                       query={"fieldSelector": f"involvedObject.name={name}"})
+    return list(out.get("items") or [])
+
+
+def wait_for_events(kube: Any, namespace: str, name: str, *reasons: str, timeout: float = 30) -> list[dict[str, Any]]:
+    """``name``'s Events once they include one of each of ``reasons``. A reconcile posts its Events last, after
+    its status write and its pod writes (the reconciler's order), so a test that has seen the status may not see
+    them yet."""
+    from tests.cluster.waiting import wait_for
+
+    seen: list[dict[str, Any]] = []
+
+    def check() -> bool:
+        seen[:] = events_for(kube, namespace, name)
+        return set(reasons) <= {e["reason"] for e in seen}
+
+    wait_for(check, timeout, message=f"Events {', '.join(reasons)} of {namespace}/{name}")
+    return seen
+
+
+def annotate_pod(kube: Any, namespace: str, pod: str, annotations: dict[str, str]) -> None:
+    kube.request("PATCH", kube.core_path(namespace, "pods", pod), {"metadata": {"annotations": annotations}},
+                 content_type="application/merge-patch+json")
+
+
+def token_for(kube: Any, namespace: str, service_account: str, audience: str | None = None,
+              pod: dict[str, Any] | None = None, seconds: int = 3600) -> str:
+    """A TokenRequest token (optionally audience- and pod-bound, as a kubelet projects it)."""
+    spec: dict[str, Any] = {"expirationSeconds": seconds, "audiences": [audience] if audience else []}
+    if pod is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                                  "uid": pod["metadata"]["uid"]}
+    with contextlib.suppress(Exception):
+        kube.request("POST", kube.core_path(namespace, "serviceaccounts"),
+                     {"metadata": {"name": service_account, "namespace": namespace}})
+    out = kube.request(
+        "POST", kube.core_path(namespace, "serviceaccounts", service_account) + "/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
+    return str(out["status"]["token"])

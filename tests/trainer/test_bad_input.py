@@ -1,0 +1,171 @@
+"""Bad input: a clear message naming the field or function, the permanent exit code, nothing half-written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.trainer import deep_update, quickstart_doc, run_rljob, write_manifest
+
+EXIT_PERMANENT = 78
+
+REWARDS_MODULE = '''
+def boom(prompts, completions, **kwargs):
+    raise RuntimeError("reward server unavailable")
+
+def too_few(prompts, completions, **kwargs):
+    return [1.0]
+
+def not_numbers(prompts, completions, **kwargs):
+    return ["high"] * len(completions)
+
+def no_args():
+    return []
+'''
+
+T = {"spec": {"training": {}}}
+
+
+def training(**fields: Any) -> dict[str, Any]:
+    return {"spec": {"training": fields}}
+
+
+# (id, patch to the quickstart, text the error must contain, fails before any process starts)
+STATIC_CASES = [
+    ("wrong-type-steps", training(maxSteps="many"), "spec.training.maxSteps"),
+    ("negative-steps", training(maxSteps=-5), "spec.training.maxSteps"),
+    ("zero-learning-rate", training(learningRate=0), "spec.training.learningRate"),
+    ("unknown-field-spec", {"spec": {"replicas": 3}}, "spec.replicas: unknown field"),
+    ("unknown-field-training", training(epochs=3), "spec.training.epochs: unknown field"),
+    ("unknown-field-dataset", training(dataset={"name": "builtin:repeat-char", "colour": "red"}),
+     "spec.training.dataset.colour: unknown field"),
+    ("unknown-field-reward", training(rewards=[{"name": "repeat_char", "wieght": 2}]),
+     "spec.training.rewards[0].wieght: unknown field"),
+    ("unknown-algorithm", training(algorithm="ppo"), "spec.training.algorithm"),
+    ("unknown-precision", training(precision="fp8"), "spec.training.precision"),
+    ("generations-do-not-divide", training(batchSize=3, numGenerations=8), "spec.training.numGenerations"),
+    ("unknown-builtin-reward", training(rewards=[{"name": "accuracy"}]), "spec.training.rewards[0].name"),
+    ("malformed-reward-ref", training(rewards=[{"name": "my module:fn"}]), "spec.training.rewards[0].name"),
+    ("empty-rewards", training(rewards=[]), "spec.training.rewards"),
+    ("managed-trl-field", training(trl={"max_steps": 5}), "spec.training.trl"),
+    # Checked against the generated TRL fields (rljob_contract.trl_fields), no longer at pre-flight.
+    ("unknown-trl-field", training(trl={"not_a_field": 1}),
+     "spec.training.trl.not_a_field: not a field of TRL's GRPOConfig"),
+    ("wrong-type-trl-field", training(trl={"temperature": "hot"}), "spec.training.trl.temperature"),
+    ("unknown-builtin-reward-option", training(rewards=[{"name": "repeat_char", "kwargs": {"lenght": 6}}]),
+     "spec.training.rewards[0].kwargs.lenght: not an option of the built-in reward repeat_char"),
+    ("zero-replicas", {"spec": {"workers": {"replicas": 0}}}, "spec.workers.replicas"),
+    ("bad-name", {"metadata": {"name": "Bad_Name"}}, "metadata.name"),
+    ("wrong-api-version", {"apiVersion": "rljob.dev/v1"}, "apiVersion must be rljob.dev/v1alpha1"),
+]
+
+# Caught by the launcher's pre-flight (after the manifest is valid, before any rank starts).
+PREFLIGHT_CASES = [
+    ("missing-reward-module", training(rewards=[{"name": "no_such_module.rewards:score"}]),
+     "spec.training.rewards[0].name: cannot import module 'no_such_module.rewards'"),
+    ("missing-reward-function", training(rewards=[{"name": "rljob_test_rewards:nope"}]),
+     "module 'rljob_test_rewards' has no function 'nope'"),
+    ("reward-bad-signature", training(rewards=[{"name": "rljob_test_rewards:no_args"}]),
+     "rljob_test_rewards:no_args must accept (prompts, completions, **kwargs)"),
+    ("missing-dataset-file", training(dataset={"name": "/nonexistent/prompts.jsonl"}),
+     "spec.training.dataset.name: dataset file '/nonexistent/prompts.jsonl' does not exist"),
+    ("unknown-builtin-model", training(model="builtin:huge"), "spec.training.model"),
+]
+
+# Only the running ranks can see these.
+RUNTIME_CASES = [
+    ("reward-raises", training(rewards=[{"name": "rljob_test_rewards:boom"}]),
+     "reward function boom: raised RuntimeError: reward server unavailable"),
+    ("reward-wrong-count", training(rewards=[{"name": "rljob_test_rewards:too_few"}]),
+     "reward function too_few: returned 1 values for"),
+    ("reward-not-numbers", training(rewards=[{"name": "rljob_test_rewards:not_numbers"}]),
+     "reward function not_numbers: returned a non-number value 'high'"),
+    ("prompt-field-missing", training(dataset={"name": "DATA", "promptField": "question"}),
+     "spec.training.dataset.promptField: column 'question' not in dataset"),
+    ("bf16-on-cpu", training(precision="bf16"), "spec.training.precision: bf16 needs a GPU"),
+]
+
+
+def _run_case(tmp_path: Path, patch: dict[str, Any], **env: str) -> tuple[Any, Path]:
+    (tmp_path / "rljob_test_rewards.py").write_text(REWARDS_MODULE)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"text": "aaaaaa", "target": "a"}\n' * 16)
+    doc = deep_update(quickstart_doc(), patch)
+    ds = doc["spec"].get("training", {}).get("dataset", {})
+    if ds.get("name") == "DATA":
+        ds["name"] = str(data)
+    doc["spec"]["training"]["maxSteps"] = doc["spec"]["training"].get("maxSteps", 4)
+    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    out = tmp_path / "out"
+    termination = tmp_path / "termination-log"
+    termination.write_text("")
+    result = run_rljob("train", str(manifest), "--output", str(out),
+                       PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+                       RLJOB_TERMINATION_LOG=str(termination), **env)
+    return result, out
+
+
+def _assert_permanent(result: Any, out: Path, expected: str, tmp_path: Path) -> None:
+    assert result.returncode == EXIT_PERMANENT, result.stderr[-2000:]
+    assert expected in result.stderr, result.stderr[-2000:]
+    # The first error line is also the container's termination message.
+    assert expected in (tmp_path / "termination-log").read_text()
+    # Nothing half-written: no checkpoint folder at all.
+    assert not list(out.glob("checkpoints/checkpoint-*"))
+
+
+@pytest.mark.parametrize("case,patch,expected", STATIC_CASES, ids=[c[0] for c in STATIC_CASES])
+def test_invalid_manifest_names_the_field(tmp_path: Path, case: str, patch: dict[str, Any], expected: str) -> None:
+    result, out = _run_case(tmp_path, patch)
+    _assert_permanent(result, out, expected, tmp_path)
+    assert not out.exists()  # rejected before anything was created
+    validate = run_rljob("validate", str(tmp_path / "job.yaml"))
+    assert validate.returncode == 1 and expected in validate.stderr
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("case,patch,expected", PREFLIGHT_CASES, ids=[c[0] for c in PREFLIGHT_CASES])
+def test_preflight_error_stops_before_any_rank(tmp_path: Path, case: str, patch: dict[str, Any], expected: str) -> None:
+    result, out = _run_case(tmp_path, patch)
+    _assert_permanent(result, out, expected, tmp_path)
+    assert "node 0 failed" not in result.stderr  # no rank was started
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("case,patch,expected", RUNTIME_CASES, ids=[c[0] for c in RUNTIME_CASES])
+def test_runtime_error_in_a_rank_is_permanent_and_named(
+    tmp_path: Path, case: str, patch: dict[str, Any], expected: str
+) -> None:
+    # One case with spawned ranks (how GPU nodes start them), the rest forked from the fork server.
+    start = "spawn" if case == "reward-raises" else "auto"
+    result, out = _run_case(tmp_path, patch, RLJOB_RANK_START=start)
+    _assert_permanent(result, out, expected, tmp_path)
+    assert "node 0 failed" in result.stderr
+    # torch's agent names what it started: the worker module's interpreter, or the forked function.
+    assert ("of binary: " if start == "spawn" else "of fn: forked_main") in result.stderr, result.stderr[-2000:]
+
+
+def test_validate_accepts_the_examples() -> None:
+    examples = sorted(str(p) for p in (Path(__file__).parents[2] / "examples").glob("*.yaml"))
+    result = run_rljob("validate", *examples)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(": ok") >= 1
+
+
+def test_validate_checks_experiments_too_naming_the_field(tmp_path: Path) -> None:
+    examples = sorted(str(p) for p in (Path(__file__).parents[2] / "examples" / "experiments").glob("*.yaml"))
+    result = run_rljob("validate", *examples)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("RLExperiment/") == len(examples) >= 2
+    bad = yaml.safe_load(Path(examples[0]).read_text())
+    bad["spec"]["template"]["training"]["learningRate"] = -1
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    result = run_rljob("validate", str(tmp_path / "bad.yaml"))
+    assert result.returncode == 1 and "spec.template.training.learningRate" in result.stderr, result.stderr
+    (tmp_path / "other.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    result = run_rljob("validate", str(tmp_path / "other.yaml"))
+    assert result.returncode == 1 and "no RLTrainingJob or RLExperiment document found" in result.stderr
