@@ -106,6 +106,13 @@ class TrlRefusal:
         return ((self.algorithm is None or self.algorithm == algorithm)
                 and (self.strategy is None or self.strategy == strategy))
 
+    def cel_applies(self, training: Any) -> bool:
+        """``applies`` as the CEL says it: by the strategy alone when there is one (its name says the algorithm;
+        another algorithm's strategy is refused by :data:`STRATEGY_RULES`), else by the algorithm."""
+        if self.strategy is not None:
+            return bool(training.strategy == self.strategy)
+        return self.algorithm is None or training.algorithm == self.algorithm
+
     def refuses(self, key: Any) -> bool:
         return key in self.fields or (self.pattern is not None and isinstance(key, str) and bool(self.pattern.search(key)))
 
@@ -113,8 +120,8 @@ class TrlRefusal:
         """The CRD's side: one rule per field, or one for all (only the fields CEL sees, :func:`cel_visible`)."""
         if not self.summary:
             return [Rule(f"spec.training.trl.{name}: {self.name}", "spec.training.trl", f"!has(self.{name})",
-                         f"spec.training.trl.{name}: {self.says(name)}", f".{name}",
-                         holds=lambda trl, name=name: name not in trl, enforced_by="check_trl")
+                         f"spec.training.trl.{name}: {self.says(name)}", f".{name}", holds=_absent(name),
+                         enforced_by="check_trl")
                     for name in self.fields if name in TRL_FIELDS]
         shown = tuple(name for name in self.fields if cel_visible(name))
         if not shown:
@@ -122,14 +129,18 @@ class TrlRefusal:
         present = " || ".join(f"has(self.trl.{name})" for name in shown)
         return [Rule(f"spec.training.trl: {self.name}", "spec.training", f"{self.cel_unless} || !({present})",
                      self.summary.format(fields=", ".join(shown)), ".trl",
-                     holds=lambda t: not self.applies(t.algorithm, t.strategy) or not set(shown) & set(t.trl),
+                     holds=lambda t: not self.cel_applies(t) or not set(shown) & set(t.trl),
                      enforced_by="check_trl")]
+
+
+def _absent(name: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda trl: name not in trl
 
 
 def cel_visible(name: str) -> bool:
     """Whether the CRD types ``spec.training.trl.<name>`` so that CEL can test it (``rljob_operator.crd.trl_schema``):
     a field it lists (not ``unsupported``) with one type or ``int | str``; a managed field always."""
-    schema = TRL_FIELDS[name]["schema"] if name in TRL_FIELDS else {"unsupported": "not a TRL field"}
+    schema: dict[str, Any] = TRL_FIELDS[name]["schema"] if name in TRL_FIELDS else {"unsupported": "not a TRL field"}
     if "unsupported" in schema:
         return False
     if name in MANAGED_TRL_FIELDS or "anyOf" not in schema:
@@ -158,7 +169,6 @@ def _foreign(algorithm: str) -> TrlRefusal:
 
 def _of_strategy(algorithm: str, name: str) -> TrlRefusal:
     trl = ALGORITHMS[algorithm].strategies[name].trl
-    # The CEL needs no algorithm: a strategy of another algorithm is refused by STRATEGY_RULES.
     return TrlRefusal(f"set by strategy {name}", tuple(trl), lambda key: strategy_message(name, key, trl[key]),
                       algorithm=algorithm, strategy=name,
                       summary=f"spec.training.trl: {{fields}} are set by spec.training.strategy {name}; remove them "
