@@ -37,7 +37,7 @@ from rljob_contract.plugins.storage import PVC, StorageBackend, backends
 from rljob_contract.plugins.storage import check_location as _check_location
 from rljob_contract.rules import Rule, cel_list, enforce
 from rljob_contract.trl_fields import TRL_FIELDS, TRL_VERSION
-from rljob_contract.trl_rules import CREDENTIAL_NAME_RE, CREDENTIAL_TRL_MESSAGE, refused_fields
+from rljob_contract.trl_rules import CREDENTIAL_NAME_RE, CREDENTIAL_TRL_MESSAGE, OWN_REFUSALS, refused_fields
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny",)
@@ -632,9 +632,11 @@ def check_trl(trl: dict[str, Any], algorithm: str | None, strategy: str | None =
     whose CEL the CRD has."""
     config = CONFIG_CLASSES.get(algorithm or "", "/".join(dict.fromkeys(CONFIG_CLASSES.values())))
     refused = refused_fields(trl, algorithm, strategy)
-    # Credentials never sit in a ConfigMap, nested in a mapping either (which CEL cannot see).
+    # Credentials never sit in a ConfigMap, nested in a mapping either (which CEL cannot see), not even in
+    # another algorithm's field.
+    own = refused_fields(trl, algorithm, strategy, OWN_REFUSALS)
     nested = [_problem(key, CREDENTIAL_TRL_MESSAGE, value, *loc)
-              for key, value in trl.items() if key not in refused for loc in _credential_keys(value)]
+              for key, value in trl.items() if key not in own for loc in _credential_keys(value)]
     check_options(trl, TRL_SCHEMAS, "trl", unknown=f"not a field of TRL's {config} (trl {TRL_VERSION})",
                   refused=refused, problems=nested)
 

@@ -178,15 +178,18 @@ def _of_strategy(algorithm: str, name: str) -> TrlRefusal:
 
 FOREIGN = tuple(_foreign(a) for a in ALGORITHMS)
 OF_STRATEGY = tuple(_of_strategy(a.name, s) for a in ALGORITHMS.values() for s in a.strategies)
+#: The refusals of fields every config class has: a key they refuse is not searched for nested credentials.
+OWN_REFUSALS: tuple[TrlRefusal, ...] = (CREDENTIALS, *OF_STRATEGY, MANAGED)
 #: Every refusal, in the order the models apply them: a key refused twice gets the first one's message.
-REFUSALS: tuple[TrlRefusal, ...] = (CREDENTIALS, *OF_STRATEGY, MANAGED, *FOREIGN)
+REFUSALS: tuple[TrlRefusal, ...] = (*OWN_REFUSALS, *FOREIGN)
 
 
-def refused_fields(trl: dict[str, Any], algorithm: str | None, strategy: str | None) -> dict[str, str]:
+def refused_fields(trl: dict[str, Any], algorithm: str | None, strategy: str | None,
+                   refusals: tuple[TrlRefusal, ...] = REFUSALS) -> dict[str, str]:
     """The models' side: each key of ``trl`` that a refusal applying to this algorithm (None: unknown, so
     only the refusals of any algorithm apply) and strategy refuses → why."""
     refused: dict[str, str] = {}
-    for refusal in REFUSALS:
+    for refusal in refusals:
         if refusal.applies(algorithm, strategy):
             for key in trl:
                 if refusal.refuses(key):

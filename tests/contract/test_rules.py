@@ -258,3 +258,13 @@ def test_a_trl_refusal_is_declared_once_and_the_models_and_the_crd_both_refuse_i
         assert rule.holds({} if rule.at == "spec.training.trl" else training({}))
         if refusal.algorithm is not None and refusal.strategy is None:  # (a strategy names its algorithm)
             assert rule.holds(training({name: 1}, other))
+
+
+def test_a_field_of_another_algorithm_is_refused_and_still_searched_for_credentials() -> None:
+    foreign = next(n for n, f in trl_rules.TRL_FIELDS.items() if f["algorithms"] == ["rloo"])
+    with pytest.raises(ValidationError) as e:
+        spec.check_trl({foreign: {"password": "x"}}, "grpo")
+    problems = {err["loc"]: err["msg"] for err in e.value.errors()}
+    assert set(problems) == {(foreign,), (foreign, "password")}
+    assert "GRPOConfig (algorithm grpo) has no such field" in problems[(foreign,)]
+    assert "credentials never go in the manifest" in problems[(foreign, "password")]
