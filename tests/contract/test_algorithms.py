@@ -1,7 +1,7 @@
 """The algorithms (descriptors: ``rljob_contract.plugins.algorithms``; builders: ``rljob_trainer.algorithms``)
 and the GRPO-family strategies, without training.
 
-Each strategy must set exactly the TRL fields README's table documents, those fields must be fields
+Each strategy must set exactly the TRL fields the strategy table of docs/guides/training.md documents, those fields must be fields
 of the installed TRL's GRPOConfig that take the strategy's values (so a TRL upgrade that renames or
 retypes one fails here), and no strategy may touch a field rljob manages.
 """
@@ -27,14 +27,14 @@ from rljob_trainer.worker import build_trl_config
 
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ALGORITHMS["grpo"].strategies
-#: A row of README's strategy table: | `dapo` | `loss_type='dapo'`, `epsilon_high=0.28` | DAPO, arXiv:2503.14476 |
+#: A row of the strategy table (docs/guides/training.md): | `dapo` | `loss_type='dapo'`, `epsilon_high=0.28` | DAPO, arXiv:2503.14476 |
 ROW_RE = re.compile(r"^\| `(?P<name>[a-z-]+)` \| (?P<fields>`[^|]+`) \| (?P<reference>[^|]+) \|$")
 
 
-def readme_strategies() -> dict[str, tuple[dict[str, Any], str]]:
-    """README's strategy table: name -> (TRL fields, reference)."""
+def documented_strategies() -> dict[str, tuple[dict[str, Any], str]]:
+    """The strategy table of docs/guides/training.md: name -> (TRL fields, reference)."""
     rows: dict[str, tuple[dict[str, Any], str]] = {}
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in (REPO / "docs/guides/training.md").read_text().splitlines():
         m = ROW_RE.match(line.strip())
         if m:
             pairs = [p.split("=", 1) for p in re.findall(r"`([^`]+)`", m["fields"])]
@@ -46,8 +46,8 @@ def config(**training: Any) -> TrainerConfig:
     return TrainerConfig.model_validate({"jobName": "j", "training": training})
 
 
-def test_each_strategy_sets_exactly_the_trl_fields_the_readme_documents() -> None:
-    documented = readme_strategies()
+def test_each_strategy_sets_exactly_the_trl_fields_the_guide_documents() -> None:
+    documented = documented_strategies()
     assert set(documented) == set(STRATEGIES) == set(STRATEGY_NAMES)
     for name, strategy in STRATEGIES.items():
         fields, reference = documented[name]
