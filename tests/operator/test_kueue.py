@@ -3,6 +3,7 @@ assigned flavor, stops gracefully when evicted and gives the quota back (integra
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from rljob_contract.job import RLTrainingJob, parse_job
@@ -166,18 +167,102 @@ def test_once_the_evicted_gang_is_gone_the_quota_reservation_is_cleared_as_jobfr
     assert not writes(pending).status
 
 
-def test_finishing_marks_the_workload_finished_and_suspending_deletes_it() -> None:
+def _finished_condition(plan: Plan, wl: dict[str, Any]) -> dict[str, Any]:
+    _, status = writes(plan).status[wl["metadata"]["name"]]
+    [finished] = [c for c in status["conditions"] if c["type"] == "Finished"]
+    return finished
+
+
+def test_worker_0_exiting_0_deletes_the_rest_and_the_workload_finishes_only_once_it_is_gone() -> None:
+    """Issue #43 point 1: a reward module makes worker 0 exit 0 and worker 1 sleep. The job succeeds, worker 1
+    is deleted, and its GPUs stay counted (the Workload not Finished) until it has terminated."""
     job = make(status={"phase": "Running", "gangGeneration": 0})
     wl = workload(job, *ADMITTED, admitted_to="a100")
-    done = reconcile(job, QueueView(workloads=[wl], flavors={"a100": FLAVOR}),
-                     pod_json(job, 0, phase="Succeeded", exit_code=0), pod_json(job, 1))
+    view = QueueView(workloads=[wl], flavors={"a100": FLAVOR})
+    done = reconcile(job, view, pod_json(job, 0, phase="Succeeded", exit_code=0), pod_json(job, 1))
     assert done.status["phase"] == "Succeeded"
-    _, status = writes(done).status[wl["metadata"]["name"]]
-    assert [c for c in status["conditions"] if c["type"] == "Finished"][0]["reason"] == "Succeeded"
+    assert done.delete_pods == ["train-worker-1"]
+    assert writes(done) == QueueWrites()  # worker 1 still holds its GPUs
+    assert done.requeue_after is not None  # looked at again without an event
+
+    later = make(status={**done.status, "gangGeneration": 0})
+    terminating = pod_json(later, 1, deleting=True)
+    still = reconcile(later, view, pod_json(later, 0, phase="Succeeded", exit_code=0), terminating)
+    assert still.status["phase"] == "Succeeded" and not still.delete_pods and writes(still) == QueueWrites()
+
+    gone = reconcile(later, view, pod_json(later, 0, phase="Succeeded", exit_code=0))
+    assert _finished_condition(gone, wl)["reason"] == "Succeeded"
+    # A worker that exited (whatever its code) holds nothing: the quota goes with it still listed.
+    exited = reconcile(later, view, pod_json(later, 0, phase="Succeeded", exit_code=0),
+                       pod_json(later, 1, phase="Failed", exit_code=1))
+    assert _finished_condition(exited, wl)["status"] == "True" and not exited.delete_pods
+
+
+def test_a_failed_job_deletes_its_running_workers_and_finishes_its_workload_once_they_are_gone() -> None:
+    job = make(status={"phase": "Running", "gangGeneration": 0})
+    wl = workload(job, *ADMITTED, admitted_to="a100")
+    view = QueueView(workloads=[wl], flavors={"a100": FLAVOR})
+    failed = reconcile(job, view, pod_json(job, 0), pod_json(job, 1, phase="Failed", exit_code=78, message="bad"))
+    assert failed.status["phase"] == "Failed" and failed.delete_pods == ["train-worker-0"]
+    assert writes(failed) == QueueWrites()
+    after = make(status={**failed.status, "gangGeneration": 0})
+    assert writes(reconcile(after, view, pod_json(after, 0, deleting=True))) == QueueWrites()
+    assert _finished_condition(reconcile(after, view), wl)["reason"] == "Failed"
+
+
+def test_a_finished_jobs_worker_stuck_terminating_is_force_deleted_and_looked_at_until_then() -> None:
+    """No event comes from a pod whose kubelet never answers: the finished job is looked at again when the
+    pod falls due (its deletion deadline, which its grace period set, plus ``force_delete_after``)."""
+    job = make(status={"phase": "Succeeded", "reason": "Completed", "gangGeneration": 0,
+                       "completionTime": rfc3339(NOW)})
+    wl = workload(job, *ADMITTED, admitted_to="a100")
+    stuck = pod_json(job, 1, deleting=True)  # deletion deadline: NOW
+    plan = plan_reconcile(job, observe(job, stuck), NOW, force_delete_after=30.0, profile=PROFILE,
+                          gates=(Gated(KUEUE, QueueView(workloads=[wl])),))
+    assert plan.requeue_after == 30.0 and not plan.force_delete_pods and writes(plan) == QueueWrites()
+    due = plan_reconcile(job, observe(job, stuck), NOW + timedelta(seconds=30), force_delete_after=30.0,
+                         profile=PROFILE, gates=(Gated(KUEUE, QueueView(workloads=[wl])),))
+    assert due.force_delete_pods == ["train-worker-1"] and writes(due) == QueueWrites()
+    assert due.requeue_after is not None and due.requeue_after > 0
+
+
+def test_suspending_deletes_the_workload_once_the_pods_are_gone() -> None:
     suspended = make({"runPolicy": {"suspend": True}}, {"phase": "Running", "gangGeneration": 0})
-    plan = reconcile(suspended, QueueView(workloads=[workload(suspended, *ADMITTED, admitted_to="a100")]))
-    assert plan.status["phase"] == "Suspended"
+    view = QueueView(workloads=[workload(suspended, *ADMITTED, admitted_to="a100")])
+    stopping = reconcile(suspended, view, pod_json(suspended, 0), pod_json(suspended, 1))
+    assert stopping.status["phase"] == "Suspended" and sorted(stopping.delete_pods) == ["train-worker-0",
+                                                                                       "train-worker-1"]
+    assert writes(stopping) == QueueWrites()
+    plan = reconcile(suspended, view)
     assert writes(plan).delete == [workload_name(suspended, 2)]
+
+
+def test_a_finished_workload_never_admits_a_job_revived_by_a_spec_edit() -> None:
+    """Kueue gave a finished Workload's quota back: a job revived after a refusable failure queues anew."""
+    failed = make({"image": "registry.invalid/rljob-trainer:new"},
+                  {"phase": "Failed", "reason": "PolicyViolation", "gangGeneration": 0, "observedGeneration": 1},
+                  generation=2)
+    wl = workload(failed, *ADMITTED, ("Finished", "True", "Failed"), admitted_to="a100")
+    plan = reconcile(failed, QueueView(workloads=[wl], flavors={"a100": FLAVOR}))
+    assert plan.status["phase"] == "Queued" and not plan.create_pods
+    assert writes(plan).delete == [wl["metadata"]["name"]]  # goes first: the new one takes its name
+    assert writes(plan).create is not None
+
+
+def test_a_stale_workload_goes_once_the_old_gang_is_gone_not_while_the_new_one_runs() -> None:
+    """After a resize the old size's Workload keeps its quota while the old gang terminates, and goes once it
+    has, even if the new gang already runs."""
+    old = make(status={"phase": "Running", "gangGeneration": 0})
+    stale = workload(old, *ADMITTED, admitted_to="a100")
+    job = make({"workers": {"replicas": 3, "procsPerWorker": 1, "gpusPerWorker": 2}},
+               {"phase": "Running", "gangGeneration": 1})
+    current = workload(job, *ADMITTED, admitted_to="a100")
+    view = QueueView(workloads=[stale, current], flavors={"a100": FLAVOR})
+    new_gang = [pod_json(job, i, generation=1) for i in range(3)]
+    old_pod = pod_json(old, 0, generation=0, deleting=True)
+    plan = reconcile(job, view, *new_gang, old_pod)
+    assert plan.status["phase"] == "Running" and writes(plan).delete == []
+    assert writes(reconcile(job, view, *new_gang)).delete == [stale["metadata"]["name"]]
 
 
 def test_a_new_size_is_a_new_workload_and_the_old_one_goes() -> None:

@@ -417,14 +417,26 @@ def test_a_running_job_that_loses_readiness_stays_running_but_not_ready() -> Non
     assert [e.reason for e in plan.events] == ["EphemeralCheckpoints"]
 
 
-def test_worker_zero_exiting_0_means_succeeded() -> None:
+def test_worker_zero_exiting_0_means_succeeded_and_the_rest_of_the_gang_is_deleted() -> None:
     job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
     early = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0)), NOW)
     assert early.status["phase"] == "Running"
     done = plan_reconcile(job, observe(job, pod_json(job, 0, "Succeeded", False, exit_code=0), pod_json(job, 1)), NOW)
     assert done.status["phase"] == "Succeeded" and done.status["completionTime"] == rfc3339(NOW)
-    assert done.delete_pods == [] and done.create_pods == []
+    # Worker 1 outlived worker 0 (its code sleeps, say): it would keep its GPUs. Deleted, and looked after.
+    assert done.delete_pods == ["train-worker-1"] and done.create_pods == []
+    assert done.requeue_after is not None
     assert next(c for c in done.status["conditions"] if c["type"] == "Succeeded")["status"] == "True"
+    # The next reconcile (the finished step) deletes whatever still runs, orphans with the job's label too.
+    succeeded = make_job(status={"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW)})
+    orphan = pod_json(succeeded, 2)
+    orphan["metadata"]["ownerReferences"] = []
+    later = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0),
+                                              pod_json(succeeded, 1), orphan), NOW)
+    assert later.status["phase"] == "Succeeded" and sorted(later.delete_pods) == ["train-worker-1", "train-worker-2"]
+    finished = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0)),
+                              NOW)
+    assert finished.delete_pods == [] and finished.requeue_after is None
 
 
 def test_a_permanent_exit_fails_the_job_with_the_termination_message() -> None:
@@ -516,6 +528,17 @@ def test_ttl_deletes_a_finished_job_when_due() -> None:
     assert not waiting.delete_job and waiting.requeue_after == pytest.approx(20)
     assert plan_reconcile(job, [], NOW + timedelta(seconds=30)).delete_job
     assert not plan_reconcile(make_job(status=status), [], NOW + timedelta(days=9)).delete_job
+
+
+def test_ttl_deletes_a_finished_job_only_once_its_pods_are_gone() -> None:
+    """Deleting the job would let the garbage collector take its Kueue Workload (its quota) while a pod runs."""
+    status = {"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW), "startTime": rfc3339(NOW)}
+    job = make_job(spec={"runPolicy": {"ttlSecondsAfterFinished": 30}}, status=status)
+    terminating = observe(job, pod_json(job, 1, deleting=True))
+    due = plan_reconcile(job, terminating, NOW + timedelta(seconds=30))
+    assert not due.delete_job and due.requeue_after is not None
+    exited = observe(job, pod_json(job, 1, "Succeeded", False, exit_code=0))
+    assert plan_reconcile(job, exited, NOW + timedelta(seconds=30)).delete_job
 
 
 def test_a_finished_job_creates_nothing() -> None:

@@ -97,6 +97,13 @@ def stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> l
     return out
 
 
+def holding_pods(pods: list[ObservedPod]) -> list[ObservedPod]:
+    """Pods of the job (owned, or orphans with its label) that may still hold their node's resources: not
+    in a terminal phase. A quota is given back only once none is left, as a batch Job's terminal condition
+    waits for its terminating pods since Kubernetes 1.31; a pod that exited holds nothing."""
+    return [p for p in pods if (p.owned or p.orphan) and not p.finished]
+
+
 @dataclass(frozen=True)
 class Situation:
     """One reconcile's inputs and the values derived from them (cached on first use)."""
@@ -172,6 +179,25 @@ class Situation:
     @derived
     def force_delete(self) -> list[str]:
         return stuck_terminating([p for p in self.pods if p.owned or p.orphan], self.now, self.force_delete_after)
+
+    @derived
+    def holding(self) -> list[ObservedPod]:
+        """The job's pods (owned, or orphans with its label) that may still hold their node's resources."""
+        return holding_pods(self.pods)
+
+    def stopping_look(self) -> float | None:
+        """When to look again at pods still holding resources (None: none is left).
+
+        A Terminating pod is looked at when it falls due for force-deletion (``force_delete_after`` past
+        its deletion deadline): no event comes from a pod whose kubelet never answers. A pod not yet
+        seen Terminating (deleted by this very plan) is looked at again shortly, in case its event is lost.
+        """
+        looks = []
+        for p in self.holding:
+            deadline = parse_time(p.deleted_at)
+            due = None if deadline is None else (deadline - self.now).total_seconds() + self.force_delete_after
+            looks.append(WAIT_REQUEUE_SECONDS if due is None else max(due, WAIT_REQUEUE_SECONDS))
+        return min(looks) if looks else None
 
     # ------------------------------------------------------------------- the gang
     @derived
@@ -350,10 +376,15 @@ def _ttl(job: RLTrainingJob, completion: str | None, now: datetime) -> tuple[boo
 
 
 def settled(ctx: Situation, d: StatusDraft, delete: list[str], events: list[Event] | None = None) -> Plan:
-    """A Plan for a job that is finished, finishing or suspended: no restart pending, no pod created;
-    once ``ttlSecondsAfterFinished`` has passed since its completion the job is deleted."""
+    """A Plan for a job that is finished, finishing or suspended: no restart pending, no pod created.
+
+    Looked at again while a pod still holds resources (to force-delete it once it is stuck past its
+    grace period: the quota waits for it) and when ``ttlSecondsAfterFinished`` passes; the job is
+    deleted once the TTL has passed and no pod is left (deleting it sooner would let the garbage
+    collector take its quota, the Kueue Workload, while a pod still runs)."""
     expired, left = _ttl(ctx.job, d.completion_time, ctx.now)
     d.next_restart_time = None
-    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=left)
-    plan.delete_job = expired
+    looks = [t for t in (left, ctx.stopping_look()) if t is not None]
+    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=min(looks) if looks else None)
+    plan.delete_job = expired and not ctx.holding
     return plan

@@ -67,11 +67,19 @@ class Verdict:
 @dataclass(frozen=True)
 class Outcome:
     """What a reconcile decided, for the gate's writes: the phase and message, whether any of the
-    job's pods is left, and the time."""
+    job's pods still holds resources, and the time.
+
+    A gate gives back what it admitted only once the pods it admitted are gone (as batch Jobs finish
+    only once their pods have terminated, since Kubernetes 1.31): a pod in a terminal phase holds
+    nothing; one still running or Terminating does, however the job's phase reads.
+    """
 
     phase: str
     message: str
     pods_left: bool
+    """A pod of the job is not in a terminal phase (running, or Terminating)."""
+    old_pods_left: bool
+    """Such a pod outside the gang this reconcile keeps: of an older generation, or being deleted."""
     now: datetime
 
 

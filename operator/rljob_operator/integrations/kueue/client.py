@@ -189,8 +189,8 @@ class KueueClient:
         return flavor
 
     def recheck(self, writes: QueueWrites) -> bool:
-        """A Workload's quota given back (``cleared_admission``) relies on no pod being left."""
-        return bool(writes.status)
+        """Quota given back (a Workload finished, cleared or deleted) relies on no pod being left."""
+        return bool(writes.status or writes.delete)
 
     def apply(self, raw: dict[str, Any], writes: QueueWrites, status: dict[str, Any],
               patch_status: PatchStatus) -> None:
