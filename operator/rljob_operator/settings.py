@@ -235,6 +235,12 @@ class OperatorSettings:
         "its Workload (see the README's Kueue section). Needs Kueue's API; where it is not served, labelled "
         "jobs wait with reason KueueUnavailable. False: the label is ignored and such jobs run at once.",
         chart="kueue.enabled")
+    require_queue: bool = setting(
+        False, help="Every job runs through a Kueue LocalQueue: a job that names none (label "
+        "``kueue.x-k8s.io/queue-name``) waits, phase Queued, reason QueueRequired, and a running one is stopped, "
+        "until it is labelled. The operator's own check, whatever the admission policies say (the chart's "
+        "``<release>-queues`` policy refuses such a job at ``kubectl apply`` with the same value). A job once queued "
+        "runs only through its queue in any case (``status.queue``). Needs ``kueue``.", chart="kueue.requireQueue")
     log_level: str = setting(
         "INFO", help="Log level: DEBUG, INFO, WARNING or ERROR.",
         flag=Flag("--log-level", "DEBUG, INFO, WARNING (default INFO)"), chart="operator.logLevel")
@@ -276,6 +282,12 @@ class OperatorSettings:
             check_cidrs(getattr(self, name), env_name(name))
         check_ports(self.trainer_egress_ports, env_name("trainer_egress_ports"))
 
+    def check_queue(self) -> None:
+        """Raise ValueError when a queue is required but Kueue's label is ignored: no job could run."""
+        if self.require_queue and not self.kueue:
+            raise ValueError(f"{env_name('require_queue')}=true needs {env_name('kueue')}=true: with Kueue's label "
+                             "ignored no job could ever be queued")
+
     def egress(self) -> Egress | None:
         """Where every job's pods may connect to (None: anywhere; its NetworkPolicy restricts ingress only)."""
         if not self.trainer_egress:
@@ -309,6 +321,7 @@ class OperatorSettings:
             )
         settings = cls(**values)
         settings.check_network()
+        settings.check_queue()
         if settings.tls_secret is None and in_cluster and not settings.tls_cert_file:
             settings.tls_secret = f"{settings.operator_namespace}/{settings.service_name}-tls"
         return settings

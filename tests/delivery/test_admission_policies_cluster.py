@@ -315,10 +315,11 @@ def _kubectl_as(control_plane: Any, kubeconfig: Path, namespace: str, *args: str
 
 
 @pytest.mark.cluster
-def test_a_queued_or_running_job_keeps_its_queue_and_an_admitted_one_its_priority(
+def test_a_job_once_queued_keeps_its_queue_for_good_and_an_admitted_one_its_priority(
         control_plane: Any, kube: Any, namespace: str, ordinary_user: Path, policy: None) -> None:
     """Issue #30, point 6: without this, removing the label from an admitted job took its gang out of
-    Kueue's quota (the operator stopped looking at its Workload) and a job that should preempt it waited."""
+    Kueue's quota (the operator stopped looking at its Workload) and a job that should preempt it waited.
+    Issue #43, point 2: not even once it failed (a spec edit revives a job failed on its spec)."""
     def label(*changes: str) -> subprocess.CompletedProcess[str]:
         return _kubectl_as(control_plane, ordinary_user, namespace, "label", "--overwrite", "rltrainingjob/q", *changes)
 
@@ -348,17 +349,29 @@ def test_a_queued_or_running_job_keeps_its_queue_and_an_admitted_one_its_priorit
     assert patched.returncode == 0, patched.stderr
     job = kube.request("GET", kube.job_path(namespace, "q"))
     assert job["metadata"]["labels"] == {QUEUE_LABEL: "team-b", PRIORITY_LABEL: "high"}
-    # Finished: nothing is held any more.
-    _set_phase(kube, namespace, "q", "Succeeded")
-    assert label(f"{QUEUE_LABEL}-").returncode == 0
+    # Failed on its spec: one patch that removes the label and fixes the spec would revive it outside the queue.
+    _set_phase(kube, namespace, "q", "Failed")
+    revive = {"metadata": {"labels": {QUEUE_LABEL: None}}, "spec": {"runPolicy": {"suspend": False}}}
+    patched = _kubectl_as(control_plane, ordinary_user, namespace, "patch", "rltrainingjob/q", "--type", "merge",
+                          "-p", json.dumps(revive))
+    assert patched.returncode != 0 and "a job once queued keeps a queue while it exists" in patched.stderr, \
+        patched.stderr
+    for phase in ("Failed", "Succeeded"):
+        _set_phase(kube, namespace, "q", phase)
+        result = label(f"{QUEUE_LABEL}-")
+        assert result.returncode != 0 and f"(phase {phase})" in result.stderr, (phase, result.stderr)
+        assert label(f"{QUEUE_LABEL}=", "--overwrite").returncode != 0  # an empty value is no queue either
+    assert kube.request("GET", kube.job_path(namespace, "q"))["metadata"]["labels"][QUEUE_LABEL] == "team-b"
     # The base leaves requireQueue off: a job without a queue is still welcome.
     assert _apply(control_plane, ordinary_user, namespace, _quickstart("free")).returncode == 0
 
 
 @pytest.mark.cluster
-def test_require_queue_refuses_a_new_job_without_one(
+def test_require_queue_refuses_a_job_without_one_on_create_and_on_every_update(
         control_plane: Any, kube: Any, namespace: str, ordinary_user: Path, policy: None) -> None:
-    strict = [d for d in helm_template("--set", "admissionPolicies.requireQueue=true")
+    """Issue #43 point 2: on update too, so a job from before the requirement is edited only to name a queue."""
+    assert _apply(control_plane, ordinary_user, namespace, _quickstart("before")).returncode == 0
+    strict = [d for d in helm_template("--set", "kueue.requireQueue=true")
               if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(strict[0]))
     try:
@@ -375,6 +388,12 @@ def test_require_queue_refuses_a_new_job_without_one(
         assert result.returncode != 0
         assert f"metadata.labels[{QUEUE_LABEL}]: every job on this cluster runs through a Kueue" in result.stderr
         assert _apply(control_plane, ordinary_user, namespace, _queued("queued-ok", "team-a", "low")).returncode == 0
+        edited = _kubectl_as(control_plane, ordinary_user, namespace, "patch", "rltrainingjob/before", "--type",
+                             "merge", "-p", '{"spec": {"runPolicy": {"suspend": true}}}')
+        assert edited.returncode != 0 and "every job on this cluster runs through a Kueue" in edited.stderr
+        labelled = _kubectl_as(control_plane, ordinary_user, namespace, "label", "rltrainingjob/before",
+                               f"{QUEUE_LABEL}=team-a")
+        assert labelled.returncode == 0, labelled.stderr
     finally:
         _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))  # the base's again (requireQueue off)
 
@@ -484,7 +503,7 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
                                       ("ValidatingAdmissionPolicyBinding", QUEUES)]
     assert by_name(chart) == by_name(base)
     assert [d["spec"]["validationActions"] for d in chart if d["kind"].endswith("Binding")] == [["Deny"]] * 2
-    required = [d for d in helm_template("--set", "admissionPolicies.requireQueue=true")
+    required = [d for d in helm_template("--set", "kueue.requireQueue=true")
                 if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
     assert {v["name"]: v["expression"] for v in required[0]["spec"]["variables"]}["requireQueue"] == "true"
 

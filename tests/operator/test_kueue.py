@@ -3,22 +3,28 @@ assigned flavor, stops gracefully when evicted and gives the quota back (integra
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from rljob_contract.job import RLTrainingJob, parse_job
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations.gate import Gated
+from rljob_operator.integrations.kueue.client import KueueClient
 from rljob_operator.integrations.kueue.decide import (
     KUEUE,
+    QUEUE_REQUIRED,
     Flavor,
     Priority,
     QueueView,
     QueueWrites,
     desired_workload,
+    queue_name,
     workload_name,
 )
+from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
 from tests.operator.test_operator_unit import NOW, UID, observe, pod_json
@@ -306,3 +312,61 @@ def test_an_unlabelled_job_plans_exactly_as_without_kueue() -> None:
     job = parse_job(doc)
     plain = plan_reconcile(job, [], NOW, profile=PROFILE)
     assert "kueue" not in plain.gate_writes and len(plain.create_pods) == 2
+
+
+# ------------------------------------------------------------- a queued job stays queued (#43 point 2)
+
+
+def test_a_queued_job_remembers_its_queue_in_status() -> None:
+    plan = reconcile(make(), QueueView())
+    assert plan.status["queue"] == "team-a"
+    moved = reconcile(make(labels={"kueue.x-k8s.io/queue-name": "team-b"}, status={"queue": "team-a"}), QueueView())
+    assert moved.status["queue"] == "team-b"  # moving it (allowed while not admitted) moves the memory
+    unlabelled = make(status={"queue": None})
+    unlabelled.metadata.labels.clear()
+    assert "queue" not in plan_reconcile(unlabelled, [], NOW, profile=PROFILE).status  # nothing to remember
+
+
+def test_a_failed_job_revived_by_an_edit_that_also_removes_its_label_runs_only_through_its_workload() -> None:
+    """The exploit: a job Failed on its spec (PolicyViolation) with a queue label; one patch removes the label
+    and fixes the spec. The status remembers the queue: the revived job waits for a Workload in that queue."""
+    bad = make({"image": "docker.io/evil:latest"})
+    failed = reconcile(bad, QueueView())
+    assert failed.status["reason"] == "PolicyViolation" and failed.status["queue"] == "team-a"
+
+    revived = make({"image": "registry.invalid/rljob-trainer:fixed"}, {**failed.status, "observedGeneration": 1},
+                   generation=2)
+    revived.metadata.labels.clear()
+    assert queue_name(revived) == "team-a"
+    client = KueueClient(None, False)  # type: ignore[arg-type]
+    client._served = (time.monotonic(), False)  # its answer to "is Kueue installed?", taken just now
+    assert client.observe(revived, UID) is not None, "the Kueue gate no longer governs a job whose label went"
+    plan = plan_reconcile(revived, [], NOW, profile=PROFILE, gates=(Gated(KUEUE, QueueView()),))
+    assert plan.status["phase"] == "Queued" and not plan.create_pods
+    assert writes(plan).create is not None and writes(plan).create["spec"]["queueName"] == "team-a"
+    assert plan.status["queue"] == "team-a"
+
+
+def test_where_a_queue_is_required_an_unlabelled_job_is_held_and_a_running_gang_stopped() -> None:
+    doc = job_manifest("train", 2, {"workers": {"gpusPerWorker": 2}}, namespace="team-a")
+    doc["metadata"].update({"uid": UID, "generation": 1})
+    doc["status"] = {"phase": "Running", "gangGeneration": 0}
+    job = parse_job(doc)
+    required = (Gated(KUEUE, QueueView(required=True)),)
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1)), NOW, profile=PROFILE,
+                          gates=required)
+    assert plan.status["phase"] == "Queued" and plan.status["reason"] == QUEUE_REQUIRED
+    assert "metadata.labels[kueue.x-k8s.io/queue-name]" in plan.status["message"]
+    assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"] and not plan.create_pods
+    assert writes(plan) == QueueWrites()  # no queue: nothing to write to Kueue
+    new = plan_reconcile(parse_job({**doc, "status": {}}), [], NOW, profile=PROFILE, gates=required)
+    assert new.status["reason"] == QUEUE_REQUIRED and not new.create_pods
+    # The client governs an unlabelled job only where the platform requires a queue.
+    client = KueueClient(None, False, OperatorSettings(require_queue=True))  # type: ignore[arg-type]
+    assert client.observe(job, UID) == Gated(KUEUE, QueueView(required=True))
+    assert KueueClient(None, False, OperatorSettings()).observe(job, UID) is None  # type: ignore[arg-type]
+
+
+def test_requiring_a_queue_without_kueue_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="RLJOB_OPERATOR_REQUIRE_QUEUE=true needs RLJOB_OPERATOR_KUEUE=true"):
+        OperatorSettings.from_env({"RLJOB_OPERATOR_REQUIRE_QUEUE": "true", "RLJOB_OPERATOR_KUEUE": "false"})

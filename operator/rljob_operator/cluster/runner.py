@@ -164,7 +164,7 @@ def admission_gates(s: OperatorSettings, kube: Kube) -> tuple[list[GateClient], 
     for integration in registry.enabled(s):
         watch = integration.watch(kube)
         log.info("%s", integration.describe(watch is not None))
-        clients.append(integration.client(kube, watch is not None))
+        clients.append(integration.client(kube, watch is not None, s))
         watches += [watch] if watch is not None else []
     return clients, watches
 

@@ -38,7 +38,7 @@ from rljob_operator.decisions.scaling import (
     requested_size,
     scaling_status,
 )
-from rljob_operator.integrations.gate import Gated, Hold, Verdict
+from rljob_operator.integrations.gate import Gated, Hold, Queueing, Verdict
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.times import parse_time, rfc3339
 
@@ -272,6 +272,12 @@ class Situation:
         return [g.gate.verdict(self.job, g.view, self.prev, self.profile) for g in self.gates]
 
     @derived
+    def queue(self) -> str | None:
+        """The queue the job waits in (``status.queue``): what a gate with queues names, else the stored one."""
+        named = (g.gate.queue(self.job, g.view) for g in self.gates if isinstance(g.gate, Queueing))
+        return next((q for q in named if q), None) or self.prev.queue
+
+    @derived
     def hold(self) -> Hold | None:
         """Why the gang may not run: the first gate that holds it (None: every gate admits it)."""
         return next((v.hold for v in self.verdicts if v.hold is not None), None)
@@ -338,7 +344,9 @@ class Situation:
         return d
 
     def status(self, d: StatusDraft) -> RLTrainingJobStatus:
-        """The full status of draft ``d`` (``plan.job_status``); ``plan.status_patch`` writes it."""
+        """The full status of draft ``d`` (``plan.job_status``), with the queue the job waits in;
+        ``plan.status_patch`` writes it."""
+        d.queue = self.queue
         return job_status(
             d, job_name=self.job.metadata.name, observed_generation=self.meta_generation,
             previous_conditions=self.previous_conditions,

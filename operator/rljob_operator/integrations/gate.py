@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from rljob_contract.job import RLTrainingJob, RLTrainingJobStatus
 
@@ -100,6 +100,17 @@ class AdmissionGate(Protocol[ViewIn]):
 
     def writes(self, job: RLTrainingJob, view: ViewIn, outcome: Outcome) -> object:
         """The gate's own writes that go with ``outcome``, applied by its client (``GateClient.apply``)."""
+        ...
+
+
+@runtime_checkable
+class Queueing(Protocol[ViewIn]):
+    """What a gate with queues (Kueue) adds: the queue a job waits in, which the core writes to
+    ``status.queue``. Its client then observes a job by that memory too, so a job once queued stays
+    governed by the gate (and its quota) when the label that put it there is removed."""
+
+    def queue(self, job: RLTrainingJob, view: ViewIn) -> str | None:
+        """The queue ``job`` waits in (None: none)."""
         ...
 
 

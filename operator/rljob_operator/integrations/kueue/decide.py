@@ -60,9 +60,30 @@ UNAVAILABLE_RETRY_SECONDS = 60.0
 _TEMPLATE_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
 
 
+#: The reason of a job held because it names no queue where the platform requires one.
+QUEUE_REQUIRED = "QueueRequired"
+
+
 def queue_name(job: RLTrainingJob) -> str | None:
-    """The LocalQueue a job asks for (its ``kueue.x-k8s.io/queue-name`` label), else None."""
-    return job.metadata.labels.get(QUEUE_LABEL) or None
+    """The LocalQueue a job waits in: its ``kueue.x-k8s.io/queue-name`` label, else the one its status
+    remembers (``status.queue``, written while it was labelled: a job once queued stays queued when the
+    label is removed), else None."""
+    remembered = job.status.queue if job.status is not None else None
+    return job.metadata.labels.get(QUEUE_LABEL) or remembered or None
+
+
+def missing_queue(job: RLTrainingJob, required: bool) -> Hold | None:
+    """Why a job that names no queue may not run where the platform requires one, else None.
+
+    ``required``: the operator setting ``require_queue`` (a runtime's ``queue.required`` can feed it
+    too). Held rather than failed: labelling the job (a metadata edit, which leaves the spec's
+    generation alone) lets it queue at once.
+    """
+    if not required or queue_name(job) is not None:
+        return None
+    return Hold(QUEUE_REQUIRED, f"metadata.labels[{QUEUE_LABEL}]: every job on this cluster runs through a Kueue "
+                "LocalQueue (the operator's require_queue); label the job with its team's queue",
+                taken_back="the platform requires a queue")
 
 
 def priority_class(job: RLTrainingJob) -> str | None:
@@ -113,6 +134,8 @@ class QueueView:
     priority: Priority | None = None
     priority_problem: str = ""
     """Why the named WorkloadPriorityClass cannot be used (it does not exist), else empty."""
+    required: bool = False
+    """The platform requires a queue (``missing_queue``): a job naming none is governed, and held."""
 
 
 def workload_template(job: RLTrainingJob) -> dict[str, Any]:
@@ -373,8 +396,14 @@ class KueueGate:
     def violations(self, job: RLTrainingJob, view: QueueView) -> list[str]:
         return queue_violations(job)
 
+    def queue(self, job: RLTrainingJob, view: QueueView) -> str | None:
+        return queue_name(job)
+
     def verdict(self, job: RLTrainingJob, view: QueueView, prev: RLTrainingJobStatus,
                 profile: PodProfile | None) -> Verdict:
+        unqueued = missing_queue(job, view.required)
+        if unqueued is not None:
+            return Verdict(hold=unqueued)
         workload = current_workload(job, job.replicas, view)
         if not (view.available and workload is not None and admitted(workload)):
             return Verdict(hold=_hold(job, view, workload, prev))
