@@ -21,7 +21,17 @@ import yaml
 from pydantic.alias_generators import to_snake
 
 from tests.cluster.waiting import wait_for
-from tests.delivery.test_chart import MANIFESTS, REPO, helm_template, run
+from tests.delivery.test_chart import (
+    CHART,
+    KUBE_VERSION,
+    MANIFESTS,
+    REPO,
+    helm,
+    helm_template,
+    one,
+    operator_env,
+    run,
+)
 from tests.support.operator import create_job, deep_update
 
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
@@ -507,10 +517,40 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
                 if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
     assert {v["name"]: v["expression"] for v in required[0]["spec"]["variables"]}["requireQueue"] == "true"
 
-    assert not [d for d in helm_template("--set", "admissionPolicies.enabled=false")
+    assert not [d for d in helm_template("--set", "admissionPolicies.enabled=false",
+                                         "--set", "admissionPolicies.acknowledgeDisabled=true")
                 if d["kind"].startswith("ValidatingAdmissionPolicy")]
     opened = helm_template("--set", "admissionPolicies.openTrainerServiceAccount=false",
                            "--set", "admissionPolicies.openServiceAccounts={s3-reader}")
     variables = {v["name"]: v["expression"] for d in opened if d["kind"] == "ValidatingAdmissionPolicy"
                  for v in d["spec"]["variables"]}
     assert variables["openServiceAccounts"] == '["s3-reader"]'
+
+
+def test_the_operator_is_told_the_charts_policies_and_may_read_exactly_those() -> None:
+    """Issue #43 point 6: the operator checks the policies the chart made (their names follow the release)."""
+    from rljob_operator.admission import enforcement_problems
+
+    docs = helm_template(release="ml")
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    env = operator_env(one(docs, "Deployment"))
+    assert env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(",") == ["ml-rljob-job-references", "ml-rljob-queues"]
+    assert sorted(policies) == sorted(env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(","))
+    assert env["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "false"
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert enforcement_problems(policies, bindings) == []  # what the chart installs is what the operator wants
+    [read] = [r for r in one(docs, "ClusterRole", "ml-rljob-operator-admission")["rules"]
+              if r["resources"] == ["validatingadmissionpolicies"]]
+    assert sorted(read["resourceNames"]) == sorted(policies) and read["verbs"] == ["get"]
+
+
+def test_turning_the_policies_off_needs_an_acknowledgement_that_reaches_the_operator() -> None:
+    refused = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION,
+                   "--set", "admissionPolicies.enabled=false", check=False)
+    assert refused.returncode != 0 and "admissionPolicies.acknowledgeDisabled=true" in refused.stderr
+    both = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION,
+                "--set", "admissionPolicies.acknowledgeDisabled=true", check=False)
+    assert both.returncode != 0 and "goes with admissionPolicies.enabled=false" in both.stderr
+    docs = helm_template("--set", "admissionPolicies.enabled=false", "--set", "admissionPolicies.acknowledgeDisabled=true")
+    assert operator_env(one(docs, "Deployment"))["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "true"
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-admission") and d["kind"].startswith("ClusterRole")]

@@ -641,7 +641,8 @@ def test_a_job_and_an_experiment_of_one_name_are_two_keys_and_each_reaches_its_o
     async def scenario() -> None:
         queue, _, threads = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
                                                 SimpleNamespace(configuration=None),
-                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+                                                SimpleNamespace(), None, None,
+                                                SimpleNamespace(in_force=True))  # type: ignore[arg-type]
         try:
             queue.add(JobKey("a", "x"))
             queue.add(ExperimentKey("a", "x"))
@@ -655,6 +656,35 @@ def test_a_job_and_an_experiment_of_one_name_are_two_keys_and_each_reaches_its_o
 
     asyncio.run(scenario())
     assert sorted(ran) == [("exp", "a", "x"), ("job", "a", "x")]
+
+
+def test_no_reconcile_runs_while_the_admission_policies_are_not_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #43 point 6: a job written while the policies were gone was not checked; nothing is built for it
+    (nor for anyone) until they are back, and then every job queued meanwhile is reconciled."""
+    ran: list[str] = []
+    monkeypatch.setattr(runner.Reconciler, "reconcile", lambda self, ns, name: ran.append(name))
+    monkeypatch.setattr(runner, "PAUSED_REQUEUE_SECONDS", 0.05)
+    policies = SimpleNamespace(in_force=False)
+
+    async def scenario() -> list[str]:
+        queue, _, threads = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
+                                                SimpleNamespace(configuration=None), SimpleNamespace(), None, None,
+                                                policies)  # type: ignore[arg-type]
+        try:
+            queue.add(JobKey("a", "x"))
+            await asyncio.sleep(0.3)
+            paused = list(ran)
+            policies.in_force = True
+            for _ in range(100):
+                if ran:
+                    break
+                await asyncio.sleep(0.02)
+            return paused
+        finally:
+            await queue.stop()
+            threads.shutdown(wait=False)
+
+    assert asyncio.run(scenario()) == [] and ran == ["x"]
 
 
 def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_executor(
@@ -678,7 +708,8 @@ def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_exe
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
         queue, _, threads = runner._reconciling(settings, SimpleNamespace(configuration=None),
-                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+                                                SimpleNamespace(), None, None,
+                                                SimpleNamespace(in_force=True))  # type: ignore[arg-type]
         try:
             for i in range(workers):
                 queue.add(JobKey("team-a", f"job-{i}"))
