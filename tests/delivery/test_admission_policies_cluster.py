@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -554,3 +555,65 @@ def test_turning_the_policies_off_needs_an_acknowledgement_that_reaches_the_oper
     docs = helm_template("--set", "admissionPolicies.enabled=false", "--set", "admissionPolicies.acknowledgeDisabled=true")
     assert operator_env(one(docs, "Deployment"))["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "true"
     assert not [d for d in docs if d["metadata"]["name"].endswith("-admission") and d["kind"].startswith("ClusterRole")]
+
+
+# ------------------------------------------- the operator without its policies (#43 point 6)
+
+#: The operator as it runs in a cluster: its policies checked (the tests' processes run without them), often.
+CHECKED = {"RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES": "false", "RLJOB_OPERATOR_ADMISSION_RECHECK_SECONDS": "1"}
+
+
+def _readyz(proc: Any) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/readyz", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def _in_force_gauge(proc: Any) -> float:
+    line = next(x for x in proc.metrics_text().splitlines() if x.startswith("rljob_operator_admission_policies_in_force"))
+    return float(line.split()[-1])
+
+
+@pytest.mark.cluster
+def test_the_operator_refuses_to_start_without_its_policies_and_pauses_while_they_are_gone(
+        policy: None, operator: Any, control_plane: Any, kube: Any, namespace: str) -> None:
+    """With admissionPolicies.enabled=false nothing would check what a job's creator names: the operator, which
+    cannot (it never sees who wrote a job), will not build anything unless the policies are in force."""
+    from tests.support.operator import job_manifest, job_pods, wait_phase
+
+    proc = operator(env=CHECKED)
+    assert _readyz(proc) == 200 and _in_force_gauge(proc) == 1
+    create_job(kube, namespace, job_manifest("checked", 1))
+    wait_phase(kube, namespace, "checked", "Running")
+    try:
+        kube.request("DELETE", f"{BINDING_PATH}/{QUEUES}")  # a binding gone: the queue rule refuses nothing
+        wait_for(lambda: _readyz(proc) == 503, 30, message="/readyz 503 once the binding is gone")
+        assert _in_force_gauge(proc) == 0
+        create_job(kube, namespace, job_manifest("unchecked", 1))  # written while nothing checked it
+        time.sleep(4)  # more than a resync (3 s) and a recheck (1 s): it would have been reconciled
+        assert not (kube.get_job(namespace, "unchecked") or {}).get("status") and not job_pods(
+            kube, namespace, "unchecked")
+        assert "ValidatingAdmissionPolicy rljob-queues: no ValidatingAdmissionPolicyBinding enforces it" in \
+            proc.log.read_text()
+        _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))
+        wait_for(lambda: _readyz(proc) == 200, 30, message="ready once the policies are back")
+        wait_phase(kube, namespace, "unchecked", "Running")
+        proc.stop()
+
+        kube.request("DELETE", f"{VAP_PATH}/{QUEUES}")
+        refused = operator(wait=False, env=CHECKED)
+        assert refused.wait_exit(60) == 2
+        log = refused.log.read_text()
+        assert "refusing to start" in log and "ValidatingAdmissionPolicy rljob-queues: not found" in log, log[-2000:]
+        assert "--without-admission-policies" in log
+        # Knowingly without them: it runs, and says so.
+        unchecked = operator(env={**CHECKED, "RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES": "true"})
+        assert _readyz(unchecked) == 200 and _in_force_gauge(unchecked) == 0
+        assert "ERROR" in unchecked.log.read_text() and "WITHOUT admission policies" in unchecked.log.read_text()
+    finally:
+        _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))  # the module's other tests need them
