@@ -572,6 +572,22 @@ def test_an_invalid_spec_fails_until_it_is_edited() -> None:
     assert len(plan_reconcile(fixed, [], NOW).create_pods) == 2
 
 
+def test_a_running_job_edited_into_an_invalid_spec_stops_its_pods() -> None:
+    """An edit the CRD lets through and the models refuse fails the job (InvalidSpec): a finished job keeps no
+    pod running, whichever way it ended; a stuck one is force-deleted in its time."""
+    job = make_job()
+    raw = {"metadata": {"name": "train", "generation": 3, "uid": UID}, "status": {"phase": "Running"}}
+    pods = observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0))
+    plan = plan_invalid(raw, ["spec.training.trl: bad"], NOW, pods)
+    assert plan.status["phase"] == "Failed" and plan.delete_pods == ["train-worker-0"]
+    assert plan.requeue_after is not None
+    stuck = observe(job, pod_json(job, 0, deleting=True))
+    later = plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW + timedelta(seconds=60),
+                         stuck, force_delete_after=60)
+    assert later.force_delete_pods == ["train-worker-0"] and later.delete_pods == []
+    assert plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW).requeue_after is None
+
+
 def test_conditions_keep_their_transition_time_until_they_flip() -> None:
     first = make_conditions("Running", "Running", "m", ready=True, reconciling=False, generation=1, previous=[],
                             now=NOW)

@@ -22,7 +22,7 @@ old generation, and a later reconcile (or another operator replica after a crash
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -46,7 +46,10 @@ from rljob_operator.decisions.situation import (
     FORCE_DELETE_AFTER_SECONDS,
     WAIT_REQUEUE_SECONDS,
     Situation,
+    holding_pods,
     settled,
+    stopping_look,
+    stuck_terminating,
 )
 from rljob_operator.integrations.gate import Gated, Outcome
 from rljob_operator.names import StatusEndpoint, worker_name
@@ -360,10 +363,13 @@ def outcome(ctx: Situation, plan: Plan) -> Outcome:
                    ctx.now)
 
 
-def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime) -> Plan:
+def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime, pods: Sequence[ObservedPod] = (),
+                 force_delete_after: float = FORCE_DELETE_AFTER_SECONDS) -> Plan:
     """A job the models reject (the CRD let it through): Failed, reason InvalidSpec.
 
-    It is looked at again when its spec changes (a new metadata.generation).
+    Its pods (``pods``, observed; a running job edited into an invalid spec has some) are deleted as any
+    finished job's are, and looked at until they are gone. It is looked at again when its spec changes
+    (a new metadata.generation).
     """
     prev = RLTrainingJobStatus.model_validate(raw.get("status") or {})
     message = "; ".join(problems)[:1024]
@@ -374,5 +380,9 @@ def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime) -> Pla
                                      previous_conditions=[c.model_dump(by_alias=True) for c in prev.conditions],
                                      now=now), INVALID_SPEC_FIELDS)
     same = prev.reason == "InvalidSpec" and prev.message == message
-    return Plan(status=status, events=[] if same else [Event("Warning", "InvalidSpec", message)])
+    left = holding_pods(pods)
+    stuck = stuck_terminating([p for p in pods if p.owned or p.orphan], now, force_delete_after)
+    return Plan(status=status, events=[] if same else [Event("Warning", "InvalidSpec", message)],
+                delete_pods=[p.name for p in left if not p.deleting], force_delete_pods=stuck,
+                requeue_after=stopping_look(left, now, force_delete_after))
 

@@ -8,7 +8,7 @@ hash or its size). It also turns a :class:`~rljob_operator.decisions.plan.Status
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
@@ -97,11 +97,26 @@ def stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> l
     return out
 
 
-def holding_pods(pods: list[ObservedPod]) -> list[ObservedPod]:
+def holding_pods(pods: Sequence[ObservedPod]) -> list[ObservedPod]:
     """Pods of the job (owned, or orphans with its label) that may still hold their node's resources: not
     in a terminal phase. A quota is given back only once none is left, as a batch Job's terminal condition
     waits for its terminating pods since Kubernetes 1.31; a pod that exited holds nothing."""
     return [p for p in pods if (p.owned or p.orphan) and not p.finished]
+
+
+def stopping_look(holding: Sequence[ObservedPod], now: datetime, force_delete_after: float) -> float | None:
+    """When to look again at pods still holding resources (``holding_pods``; None: none is left).
+
+    A Terminating pod is looked at when it falls due for force-deletion (``force_delete_after`` past its
+    deletion deadline): no event comes from a pod whose kubelet never answers. A pod not yet seen
+    Terminating (deleted by this very plan) is looked at again shortly, in case its event is lost.
+    """
+    looks = []
+    for p in holding:
+        deadline = parse_time(p.deleted_at)
+        due = None if deadline is None else (deadline - now).total_seconds() + force_delete_after
+        looks.append(WAIT_REQUEUE_SECONDS if due is None else max(due, WAIT_REQUEUE_SECONDS))
+    return min(looks) if looks else None
 
 
 @dataclass(frozen=True)
@@ -186,18 +201,8 @@ class Situation:
         return holding_pods(self.pods)
 
     def stopping_look(self) -> float | None:
-        """When to look again at pods still holding resources (None: none is left).
-
-        A Terminating pod is looked at when it falls due for force-deletion (``force_delete_after`` past
-        its deletion deadline): no event comes from a pod whose kubelet never answers. A pod not yet
-        seen Terminating (deleted by this very plan) is looked at again shortly, in case its event is lost.
-        """
-        looks = []
-        for p in self.holding:
-            deadline = parse_time(p.deleted_at)
-            due = None if deadline is None else (deadline - self.now).total_seconds() + self.force_delete_after
-            looks.append(WAIT_REQUEUE_SECONDS if due is None else max(due, WAIT_REQUEUE_SECONDS))
-        return min(looks) if looks else None
+        """When to look again at pods still holding resources (None: none is left): ``stopping_look``."""
+        return stopping_look(self.holding, self.now, self.force_delete_after)
 
     # ------------------------------------------------------------------- the gang
     @derived
