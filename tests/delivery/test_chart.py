@@ -483,6 +483,10 @@ CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", 
 RUNTIME_RULES = [{"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"], "verbs": ["list", "watch"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
+ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
+                    "resourceNames": ["rljob-job-references", "rljob-queues"], "verbs": ["get"]},
+                   {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
+                    "verbs": ["list"]}]
 
 
 def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly() -> None:
@@ -497,9 +501,12 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
     # The platform's cluster runtimes, read-only (a job's pods are built from its runtime).
     assert rbac[("ClusterRole", "", "rljob-operator-runtimes")] == RUNTIME_RULES
+    # Are the admission policies in force? Its own two policies by name, and the bindings (issue #43 point 6).
+    assert rbac[("ClusterRole", "", "rljob-operator-admission")] == ADMISSION_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
                          ("ClusterRole", "", "rljob-operator-runtimes"),
                          ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),
+                         ("ClusterRole", "", "rljob-operator-admission"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
                          ("Role", "rljob-system", "rljob-operator-tls")}
     without = operator_rbac(helm_template("--set", "rbac.capacityAutoscaling=false"))
@@ -516,7 +523,7 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     cluster_roles = {k for k in rbac if k[0] == "ClusterRole"}
     assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-runtimes"),
                              ("ClusterRole", "", "rljob-operator-capacity"),
-                             ("ClusterRole", "", "rljob-operator-kueue")}
+                             ("ClusterRole", "", "rljob-operator-kueue"), ("ClusterRole", "", "rljob-operator-admission")}
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]
     assert sorted(d["metadata"]["namespace"] for d in trainers) == ["ml-a", "ml-b"]
