@@ -64,6 +64,9 @@ DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: A worker's grace period when neither the job nor its runtime says.
 DEFAULT_GRACE_SECONDS = 120
+#: The longest grace period a worker may get, whatever a runtime says: the time a stopped gang may keep its GPUs
+#: after Kueue gave its quota to someone else.
+MAX_GRACE_SECONDS = 3600
 #: Longest job name: ``<name>-worker-1023`` must stay a DNS label (63 characters).
 MAX_NAME_LENGTH = 50
 
@@ -237,7 +240,7 @@ class WorkerPodsSpec(WorkersSpec):
         None, ge=1, le=1024, description="Most workers the job may run with (see minReplicas)."
     )
     termination_grace_period_seconds: int | None = Field(
-        None, ge=10, le=3600,
+        None, ge=10, le=MAX_GRACE_SECONDS,
         description="How long a stopping worker has to save a checkpoint (the trainer saves one on SIGTERM, "
         "then exits): a resize, a suspend or a gang restart stops workers this way. Default: the runtime's "
         f"limits.terminationGracePeriodSeconds.default, else {DEFAULT_GRACE_SECONDS}; at most its max.",
@@ -583,7 +586,8 @@ class Condition(StatusModel):
 
     type: str = Field(..., description=(
         "Ready, Reconciling, Stalled, Succeeded, Failed or Suspended; CheckpointsDurable (reason Durable or "
-        "Ephemeral) says whether checkpoints outlive a gang restart."))
+        "Ephemeral) says whether checkpoints outlive a gang restart; RuntimeUpToDate (False: reason RuntimeChanged "
+        "or RuntimeDeleted) whether the gang runs on its runtime as it is now."))
     status: str = Field(..., description="True, False or Unknown.", pattern=r"^(True|False|Unknown)$")
     reason: str = Field("", description="CamelCase reason for the last transition.")
     message: str = Field("", description="Human-readable details.")
@@ -671,6 +675,16 @@ class OomRecovery(StatusModel):
     gradient_accumulation_steps: int = Field(..., description="gradientAccumulationSteps the gang runs with.")
 
 
+class RuntimeStatus(StatusModel):
+    """The runtime the current gang was built from (its snapshot is the job's ConfigMap's ``runtime.json``)."""
+
+    kind: str = Field(..., description="ClusterRLTrainingRuntime or RLTrainingRuntime.")
+    name: str = Field(..., description="The runtime's name (an RLTrainingRuntime's is in the job's namespace).")
+    generation: int | None = Field(None, description="The runtime's metadata.generation the gang was built from.")
+    hash: str = Field(..., description="A hash of the runtime's spec the gang was built from: an edit changes it, "
+                                       "and applies from the job's next gang (condition RuntimeUpToDate).")
+
+
 class ScalingStatus(StatusModel):
     """The worker count the operator runs and why (resizes, the global batch it keeps)."""
 
@@ -718,6 +732,10 @@ class RLTrainingJobStatus(StatusModel):
     gang_start_time: str | None = Field(None, description="When the current gang's pods were created.")
     oom_recovery: OomRecovery | None = Field(None, description="Reduced batch shape after out-of-memory failures.")
     scaling: ScalingStatus | None = Field(None, description="Worker count in use and the last resize.")
+    runtime: RuntimeStatus | None = Field(
+        None, description="The runtime the current gang was built from: kind, name, generation and a hash of its "
+        "spec. An edit of the runtime applies from the next gang; a deleted one's snapshot keeps serving the job."
+    )
     queue: str | None = Field(
         None, description="The queue an admission gate holds the job to (Kueue: the LocalQueue of its label "
         "kueue.x-k8s.io/queue-name), remembered: a job once queued runs only through that queue, even if the label "

@@ -36,6 +36,7 @@ from rljob_contract.job import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_IMAGE,
     GROUP,
+    MAX_GRACE_SECONDS,
     NAMESPACED_RUNTIME_KIND,
     VERSION,
     ManifestError,
@@ -126,10 +127,10 @@ class GraceLimit(_DefaultWithinMax):
     """The worker's termination grace period: the default a job gets and the most it may ask for."""
 
     default: int | None = Field(
-        None, ge=10, le=3600,
+        None, ge=10, le=MAX_GRACE_SECONDS,
         description=f"Seconds a stopping worker gets when the job sets none (else {DEFAULT_GRACE_SECONDS}).")
     max: int | None = Field(
-        None, ge=10, le=3600,
+        None, ge=10, le=MAX_GRACE_SECONDS,
         description="The most seconds a job may give its stopping workers: the time an evicted or failed gang "
                     "may hold its GPUs after Kueue gave its quota to someone else.")
 
@@ -516,8 +517,8 @@ def resolve(job: RLTrainingJob, runtime: TrainingRuntime | None, namespace: str 
     spec = runtime.spec if runtime is not None else None
     limits = spec.limits if spec is not None else RuntimeLimits()
     workers = job.spec.workers
-    grace = _first(workers.termination_grace_period_seconds, limits.termination_grace_period_seconds.default,
-                   DEFAULT_GRACE_SECONDS)
+    grace = _first(workers.termination_grace_period_seconds, template_grace(spec),
+                   limits.termination_grace_period_seconds.default, DEFAULT_GRACE_SECONDS)
     deadline = _first(job.spec.run_policy.active_deadline_seconds, limits.active_deadline_seconds.default,
                       limits.active_deadline_seconds.max)
     return Resolved(
@@ -539,6 +540,14 @@ def resolve(job: RLTrainingJob, runtime: TrainingRuntime | None, namespace: str 
         queue_required=spec.queue.required if spec is not None else False,
         namespace_selector=spec.namespace_selector if spec is not None else None,
     )
+
+
+def template_grace(spec: RuntimeSpec | None) -> int | None:
+    """The grace period the runtime's podTemplate gives its pods, if it names one: a default, as
+    ``limits.terminationGracePeriodSeconds.default`` is (the job's own wins; the operator judges both against the
+    bound)."""
+    value = ((spec.pod_template or {}).get("spec") or {}).get("terminationGracePeriodSeconds") if spec else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _first(*values: Any) -> Any:

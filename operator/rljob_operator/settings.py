@@ -241,6 +241,12 @@ class OperatorSettings:
         "until it is labelled. The operator's own check, whatever the admission policies say (the chart's "
         "``<release>-queues`` policy refuses such a job at ``kubectl apply`` with the same value). A job once queued "
         "runs only through its queue in any case (``status.queue``). Needs ``kueue``.", chart="kueue.requireQueue")
+    kueue_counts_resource_claims: bool = setting(
+        False, help="The platform's Kueue counts DRA claims: its feature gate DynamicResourceAllocation is on and "
+        "every DeviceClass the runtimes' ResourceClaimTemplates use is in its ``resources.deviceClassMappings``. "
+        "False: a queued job whose pods would carry ``resourceClaims`` fails (PolicyViolation), since its quota "
+        "would never see those devices. A pre-made ResourceClaim (``resourceClaimName``) is refused in a queued job "
+        "either way: Kueue never counts one.", chart="kueue.countsResourceClaims")
     admission_policies: list[str] = setting(
         factory=lambda: ["rljob-job-references", "rljob-queues"],
         help="ValidatingAdmissionPolicies (comma-separated names) that must be in force, each bound with "

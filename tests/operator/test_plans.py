@@ -131,8 +131,8 @@ def test_status_phase_is_a_plain_str_however_it_is_given() -> None:
 
 def test_a_finished_job_is_decided_by_the_first_step_without_hashing_its_spec(monkeypatch: pytest.MonkeyPatch
                                                                                 ) -> None:
-    assert [s.__name__ for s in STEPS][:6] == ["finished", "runtime_not_found", "policy_violation", "suspended",
-                                              "deadline_passed", "succeeded"]
+    assert [s.__name__ for s in STEPS][:7] == ["finished", "runtime_not_found", "runtime_not_allowed",
+                                              "policy_violation", "suspended", "deadline_passed", "succeeded"]
     assert STEPS[-1].__name__ == "progress"
 
     def no_hash(job: Any) -> str:

@@ -13,7 +13,7 @@ from kubernetes.client import Configuration
 from rljob_contract import pod as contract
 from rljob_contract.runtime import CLUSTER_KIND, NAMESPACED_KIND
 from rljob_operator.cluster.handlers import JobWatch
-from rljob_operator.cluster.runtimes import RuntimeStore
+from rljob_operator.cluster.runtimes import RuntimeStore, RuntimeStream
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.children import JobNetwork, desired_network_policy, desired_worker_pod
 from rljob_operator.decisions.egress import Egress
@@ -70,7 +70,7 @@ def test_a_runtime_the_models_refuse_is_named_with_why() -> None:
 def test_the_store_is_synced_once_every_stream_listed_and_forgets_what_a_relisting_misses() -> None:
     queued: list[JobKey] = []
     watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), lambda key: None, namespaces=["team-a"])
-    cluster, namespaced = watch.streams[2:]
+    cluster, namespaced = [s for s in watch.streams if isinstance(s, RuntimeStream)]
     assert not watch.runtimes.synced()
     cluster.handle(None, None, runtime_manifest("default", default=True))
     cluster.listed(None)

@@ -26,8 +26,9 @@ from typing import Any, cast
 import kopf
 
 from rljob_operator.cluster.jobcache import JobCache
+from rljob_operator.cluster.namespaces import NamespaceStore, NamespaceStream
 from rljob_operator.cluster.podwatch import PODS, PodWatch
-from rljob_operator.cluster.runtimes import RuntimeStore, runtime_streams
+from rljob_operator.cluster.runtimes import RuntimeKey, RuntimeStore, runtime_streams
 from rljob_operator.cluster.streams import JobStream, ResourceStream
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.observed import ObservedPod
@@ -130,7 +131,8 @@ class JobWatch:
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[JobKey], None],
                  gate_watches: Sequence[GateWatch] = (), watch_nodes: bool = False,
                  nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None,
-                 namespaces: list[str] | None = None, runtimes: RuntimeStore | None = None) -> None:
+                 namespaces: list[str] | None = None, runtimes: RuntimeStore | None = None,
+                 namespace_labels: NamespaceStore | None = None) -> None:
         """``namespaces``: those watched (none: the whole cluster). ``nodes_changed``: called (with
         ``watch_nodes``) when a Node is added or deleted; ``jobs``: the cache the watch keeps the jobs
         in (the reconciler's; a new one if None)."""
@@ -146,8 +148,11 @@ class JobWatch:
         """The RLTrainingJobs, read the same way."""
         self.runtimes = runtimes if runtimes is not None else RuntimeStore(namespaces or [])
         """The runtimes (both kinds), from their own streams; reconciles look a job's runtime up here."""
+        self.namespace_labels = namespace_labels if namespace_labels is not None else NamespaceStore()
+        """The Namespaces' labels (a ClusterRLTrainingRuntime's namespaceSelector), from their own stream."""
         self.streams: tuple[ResourceStream, ...] = (
-            self.job_stream, self.pods, *runtime_streams(namespaces or [], self.runtimes, self.runtimes_changed))
+            self.job_stream, self.pods, *runtime_streams(namespaces or [], self.runtimes, self.runtimes_changed),
+            NamespaceStream(self.namespace_labels, self.namespace_changed))
         self.gone_nodes: dict[str, float] = {}
         """Nodes the watch saw deleted (and not created again since): name → when (monotonic)."""
         registry = self.registry
@@ -202,9 +207,23 @@ class JobWatch:
                 wait.cancel()
         return waits[done.pop()]
 
-    def runtimes_changed(self) -> None:
-        """A runtime came, changed or went: the jobs waiting for one look again."""
-        for key in self.jobs.with_reason(RUNTIME_NOT_FOUND):
+    def runtimes_changed(self, runtime: RuntimeKey | None = None) -> None:
+        """A runtime came, changed or went (None: a listing ended): the jobs waiting for one look again, and those
+        whose gang was built from it (their condition RuntimeUpToDate). A new default reaches the others'
+        conditions with the next resync; their pods change only with their next gang anyway."""
+        kind, namespace, name = runtime or ("", "", "")
+
+        def affected(key: JobKey, status: dict[str, Any]) -> bool:
+            built = status.get("runtime") or {}
+            return status.get("reason") == RUNTIME_NOT_FOUND or (
+                built.get("kind") == kind and built.get("name") == name and namespace in ("", key.namespace))
+
+        for key in self.jobs.select(affected):
+            self.enqueue(key)
+
+    def namespace_changed(self, namespace: str) -> None:
+        """A Namespace's labels changed: its jobs are judged against their runtime's namespaceSelector again."""
+        for key in self.jobs.select(lambda key, _: key.namespace == namespace):
             self.enqueue(key)
 
     def job_event(self, type: str | None, key: JobKey, job: Mapping[str, Any]) -> None:

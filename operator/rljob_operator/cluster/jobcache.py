@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from rljob_operator.cluster.workqueue import JobKey
@@ -141,5 +142,9 @@ class JobCache:
 
     def with_reason(self, reason: str) -> list[JobKey]:
         """The jobs whose status, as the watch last showed it, has ``reason`` (say, waiting for a runtime)."""
+        return self.select(lambda _, status: status.get("reason") == reason)
+
+    def select(self, wanted: Callable[[JobKey, dict[str, Any]], bool]) -> list[JobKey]:
+        """The jobs whose key and status, as the watch last showed them, are ``wanted``."""
         with self._lock:
-            return [key for key, body in self._bodies.items() if (body.get("status") or {}).get("reason") == reason]
+            return [key for key, body in self._bodies.items() if wanted(key, body.get("status") or {})]

@@ -31,13 +31,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
-from rljob_contract.job import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
-from rljob_contract.runtime import Resolved, resolve
+from rljob_contract.job import ManifestError, RLTrainingJob, RuntimeStatus, ScalingPolicy, parse_job
+from rljob_contract.runtime import Resolved, TrainingRuntime, resolve
 
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube
+from rljob_operator.cluster.namespaces import NamespaceStore
 from rljob_operator.cluster.runtimes import RuntimeStore
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
@@ -46,11 +47,20 @@ from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
+from rljob_operator.decisions.runtimes import (
+    SNAPSHOT_KEY,
+    RuntimeInUse,
+    read_snapshot,
+    recorded,
+    runtime_in_use,
+    wants_snapshot,
+)
 from rljob_operator.decisions.scaling import Capacity
+from rljob_operator.decisions.situation import gang_started
 from rljob_operator.integrations.client import GateClient
 from rljob_operator.integrations.gate import Gated
 from rljob_operator.integrations.registry import default_clients
-from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, StatusEndpoint, job_uid
+from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, StatusEndpoint, configmap_name, job_uid
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.reconciler")
@@ -60,6 +70,8 @@ CAPACITY_MAX_AGE_SECONDS = 1.0
 UNSEEN_CREATE_SECONDS = 30.0
 #: How soon a job is looked at again while the runtimes' watches have not listed yet.
 RUNTIMES_UNSYNCED_RETRY_SECONDS = 0.5
+#: How many snapshots of runtimes read back from jobs' ConfigMaps are remembered (``Reconciler._snapshot``).
+SNAPSHOTS_KEPT = 256
 #: Threads for a reconcile's concurrent requests (a gang's creates and deletes, its children), per reconcile worker.
 REQUEST_THREADS_PER_WORKER = 2
 
@@ -105,12 +117,18 @@ class Reconciler:
         request_threads: int = 8,
         job_cache: JobCache | None = None,
         runtimes: RuntimeStore | None = None,
+        namespaces: NamespaceStore | None = None,
     ) -> None:
         """``request_threads``: how many of the reconciles' concurrent requests may be in flight at once;
         ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job); ``runtimes``: the
-        runtimes as their watches show them (None: every job is built on no runtime, for tests of other parts)."""
+        runtimes as their watches show them (None: every job is built on no runtime, for tests of other parts);
+        ``namespaces``: the Namespaces' labels as their watch shows them (a runtime's namespaceSelector)."""
         self.kube = kube
         self.runtimes = runtimes
+        self.namespaces = namespaces
+        """The Namespaces' labels (None: namespaceSelectors not enforced, for tests of other parts)."""
+        self._snapshots: dict[tuple[str, str], TrainingRuntime] = {}
+        """Snapshots read back from jobs' ConfigMaps, by job uid and runtime hash (``_snapshot``)."""
         self.job_cache = job_cache
         self.node_gone = node_gone
         """Was this Node deleted? (the Node watch; None: not watched, the pod GC removes such pods)."""
@@ -188,15 +206,17 @@ class Reconciler:
         found = self._runtime(job)
         if found is None:
             return RUNTIMES_UNSYNCED_RETRY_SECONDS
-        runtime, missing = found
         uid = job_uid(job)
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
+        observed = self._observe(pods, uid)
+        use = self._runtime_in_use(job, observed, now, *found)
+        runtime = resolve(job, use.runtime) if use.runtime is not None else None
         gated = self._observe_gates(job, uid, runtime)
         gates = tuple(g for _, g in gated)
-        plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
-                              self.force_delete_after, capacity, self.profile, self.network, gates, runtime, missing)
+        plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity, self.profile,
+                              self.network, gates, runtime, use.missing, use)
         if cached is not None and raw.get("status") and (
                 plan.gang_restart or plan.replaced_workers or self._gates_recheck(plan)
                 or self._unseen_creates(namespace, name, cached, plan)):
@@ -209,23 +229,63 @@ class Reconciler:
             # was confirmed gone by the watch, or never created (its name is deterministic, so a
             # create that still finds it refuses, and creates nothing twice).
             pods = self._list_pods(namespace, name)
-            plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
-                                  self.force_delete_after, capacity, self.profile, self.network, gates, runtime,
-                                  missing)
+            observed = self._observe(pods, uid)
+            again = self._runtime_in_use(job, observed, now, *found)
+            if again.runtime is not use.runtime:  # the pods listed say another gang: its runtime, its gates' view
+                use, runtime = again, resolve(job, again.runtime) if again.runtime is not None else None
+                gated = self._observe_gates(job, uid, runtime)
+                gates = tuple(g for _, g in gated)
+            plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity, self.profile,
+                                  self.network, gates, runtime, again.missing, again)
         requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
         unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
             requeue = min(unwatched)
         return requeue
 
-    def _runtime(self, job: RLTrainingJob) -> tuple[Resolved | None, str | None] | None:
-        """(the job on its runtime, why it has none); None while the runtimes' watches have not listed yet."""
+    def _runtime(self, job: RLTrainingJob) -> tuple[TrainingRuntime | None, str | None] | None:
+        """(the job's runtime as the store shows it, why it has none); None while the runtimes' (or the
+        Namespaces') watches have not listed yet."""
         if self.runtimes is None:
             return None, None
-        if not self.runtimes.synced():
+        if not self.runtimes.synced() or (self.namespaces is not None and not self.namespaces.synced()):
             return None
-        runtime, missing = self.runtimes.lookup(job)
-        return (resolve(job, runtime) if runtime is not None else None), missing
+        return self.runtimes.lookup(job, self._labels(job))
+
+    def _labels(self, job: RLTrainingJob) -> dict[str, str] | None:
+        """The labels of the job's namespace (None: not watched, so no namespaceSelector is enforced: tests)."""
+        return self.namespaces.labels(job.metadata.namespace or "") if self.namespaces is not None else None
+
+    def _runtime_in_use(self, job: RLTrainingJob, pods: list[ObservedPod], now: datetime,
+                        current: TrainingRuntime | None, missing: str | None) -> RuntimeInUse:
+        """The runtime this reconcile builds the job's pods from (``runtimes.runtime_in_use``): the store's, else
+        the snapshot of the one the running gang was built from, read from the job's ConfigMap only then."""
+        if self.runtimes is None:
+            return RuntimeInUse(None)
+        record = recorded(job)
+        snapshot = self._snapshot(job, record) if record is not None and wants_snapshot(job, current) else None
+        return runtime_in_use(job, gang_started(job, pods, now), current, missing, snapshot, self._labels(job))
+
+    def _snapshot(self, job: RLTrainingJob, record: RuntimeStatus) -> TrainingRuntime | str:
+        """The runtime the job's ConfigMap keeps (``runtime.json``), if it is the one ``record`` names; a good one
+        is remembered by the job's uid and the hash (the ConfigMap is read once per runtime change)."""
+        key = (job_uid(job), record.hash)
+        found = self._snapshots.get(key)
+        if found is not None:
+            return found
+        try:
+            configmap = self.kube.request("GET", self.kube.core_path(
+                job.metadata.namespace or "", "configmaps", configmap_name(job.metadata.name)))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            configmap = {}
+        read = read_snapshot(((configmap or {}).get("data") or {}).get(SNAPSHOT_KEY), record)
+        if isinstance(read, TrainingRuntime):
+            self._snapshots[key] = read
+            while len(self._snapshots) > SNAPSHOTS_KEPT:
+                self._snapshots.pop(next(iter(self._snapshots)))
+        return read
 
     def _unseen_creates(self, namespace: str, name: str, cached: list[dict[str, Any]], plan: Plan) -> bool:
         """Would ``plan`` create a pod this reconciler created before and the watch has not shown yet?
@@ -253,7 +313,7 @@ class Reconciler:
         """The gates that govern ``job``, each with what its client observed (and the worker pod as built on
         ``runtime``: what a gate counts and places)."""
         worker = functools.cache(lambda: desired_worker_pod(job, 0, 0, runtime=runtime)) if runtime is not None else None
-        observed = ((client, client.observe(job, uid, worker)) for client in self.gates.values())
+        observed = ((client, client.observe(job, uid, worker, runtime=runtime)) for client in self.gates.values())
         return [(client, gated) for client, gated in observed if gated is not None]
 
     def _gates_recheck(self, plan: Plan) -> bool:

@@ -7,8 +7,9 @@ never with a GET. Until every stream has listed once the store is not ``synced``
 told its runtime does not exist while the listing is on its way): the reconciler waits a moment instead.
 
 A runtime event queues the jobs waiting for a runtime (reason ``RuntimeNotFound``): GitOps may apply a
-runtime after the jobs that use it. An edit of a runtime applies from a job's next gang (its pods are
-built anew only then); what a running gang was built from is the operator side's to record.
+runtime after the jobs that use it; and the jobs whose gang was built from it (``status.runtime``), whose
+condition RuntimeUpToDate says whether it changed. An edit of a runtime applies from a job's next gang (its
+pods are built anew only then; ``decisions.runtimes``: the snapshot a running gang keeps).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rljob_contract.runtime import (
 )
 
 from rljob_operator.cluster.streams import ResourceStream
+from rljob_operator.decisions.runtimes import selects
 
 log = logging.getLogger("rljob.runtimes")
 
@@ -69,8 +71,13 @@ class RuntimeStore:
     def keys(self, kind: str, scope: str | None) -> list[RuntimeKey]:
         return [k for k in self.runtimes if k[0] == kind and scope in (None, k[1])]
 
-    def lookup(self, job: RLTrainingJob) -> tuple[TrainingRuntime | None, str | None]:
-        """(the job's runtime, None) or (None, why there is none: what to create or name)."""
+    def lookup(self, job: RLTrainingJob,
+               labels: Mapping[str, str] | None = None) -> tuple[TrainingRuntime | None, str | None]:
+        """(the job's runtime, None) or (None, why there is none: what to create or name).
+
+        A job naming none gets its namespace's default RLTrainingRuntime, else the default
+        ClusterRLTrainingRuntime among those whose namespaceSelector selects its namespace (``labels``: the
+        namespace's), else the newest default of all (which then refuses it, naming its selector)."""
         namespace, ref = job.metadata.namespace or "", job.spec.runtime_ref
         if ref is not None:
             key = (str(ref.kind), namespace if ref.kind == RuntimeKind.namespaced else "", ref.name)
@@ -84,7 +91,9 @@ class RuntimeStore:
             return found, None
         valid = [r for r in self.runtimes.values() if isinstance(r, TrainingRuntime)]
         mine = [r for r in valid if r.kind == RuntimeKind.cluster or r.metadata.namespace == namespace]
-        runtime = default_runtime(mine, RuntimeKind.namespaced) or default_runtime(mine, RuntimeKind.cluster)
+        runtime = default_runtime(mine, RuntimeKind.namespaced) or \
+            default_runtime([r for r in mine if selects(r, labels)], RuntimeKind.cluster) or \
+            default_runtime(mine, RuntimeKind.cluster)
         if runtime is None:
             return None, (f"the job names no runtime (spec.runtimeRef) and none is the default: mark an "
                           f"RLTrainingRuntime of namespace {namespace} or a ClusterRLTrainingRuntime with the "
@@ -96,7 +105,7 @@ class RuntimeStream(ResourceStream):
     """One runtime kind's watch: each event into the store, then ``changed`` (the jobs waiting are queued)."""
 
     def __init__(self, resource: references.Resource, namespaces: Iterable[str], store: RuntimeStore,
-                 changed: Callable[[], None]) -> None:
+                 changed: Callable[[RuntimeKey | None], None]) -> None:
         super().__init__(namespaces if resource.namespaced else ())
         self.resource = resource  # type: ignore[misc]  # per instance: two kinds share the class
         self.what = f"{resource.plural} watch"  # type: ignore[misc]
@@ -107,10 +116,11 @@ class RuntimeStream(ResourceStream):
     def handle(self, scope: str | None, type: str | None, body: Mapping[str, Any]) -> None:
         kind = str(self.resource.kind)
         self.store.put(kind, type, body)
+        meta = body.get("metadata") or {}
+        key = (kind, meta.get("namespace") or "", meta.get("name") or "")
         if type is None:
-            meta = body.get("metadata") or {}
-            self._listing.setdefault(scope, set()).add((kind, meta.get("namespace") or "", meta.get("name") or ""))
-        self.changed()
+            self._listing.setdefault(scope, set()).add(key)
+        self.changed(key)
 
     def listed(self, scope: str | None) -> None:
         kind = str(self.resource.kind)
@@ -118,11 +128,13 @@ class RuntimeStream(ResourceStream):
         for key in self.store.keys(kind, scope):
             if key not in seen:  # deleted while the stream was away
                 self.store.runtimes.pop(key, None)
+                self.changed(key)
         self.store.listed.add((kind, scope))
-        self.changed()
+        self.changed(None)
 
 
-def runtime_streams(namespaces: list[str], store: RuntimeStore, changed: Callable[[], None]) -> list[RuntimeStream]:
+def runtime_streams(namespaces: list[str], store: RuntimeStore,
+                    changed: Callable[[RuntimeKey | None], None]) -> list[RuntimeStream]:
     """The two runtime streams feeding ``store``."""
     return [RuntimeStream(CLUSTER_RUNTIMES, namespaces, store, changed),
             RuntimeStream(NAMESPACED_RUNTIMES, namespaces, store, changed)]

@@ -34,6 +34,7 @@ from rljob_contract.spec import reward_module_file
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.decisions.egress import Egress, egress_rules
 from rljob_operator.decisions.restarts import in_place_restarts
+from rljob_operator.decisions.runtimes import snapshot_data
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,
@@ -105,7 +106,8 @@ def spec_hash(job: RLTrainingJob) -> str:
 
 def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None,
                       runtime: Resolved | None = None) -> dict[str, Any]:
-    """The trainer config (and the status API's CA) that every worker mounts at /etc/rljob.
+    """The trainer config (and the status API's CA) that every worker mounts at /etc/rljob, and the runtime the
+    pods are built from (``runtime.json``: the snapshot a gang keeps when its runtime changes, ``decisions.runtimes``).
 
     After an out-of-memory failure the batch shape OOM recovery chose (``status.oomRecovery``)
     replaces the spec's per-device batch and accumulation. A ``pvc://claim/prefix`` checkpoint
@@ -114,7 +116,7 @@ def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None
     r = resolved(job, runtime)
     config = job.trainer_config(OUTPUT_DIR, r.checkpoint, list(r.sources) if r.sources is not None else None)
     config = config.model_copy(update={"checkpoint": mounted_checkpoint(config.checkpoint)})
-    data = {CONFIG_KEY: contract.dump_config(config)}
+    data = {CONFIG_KEY: contract.dump_config(config), **snapshot_data(r.runtime)}
     if endpoint is not None and endpoint.ca_pem:
         data[STATUS_CA_KEY] = endpoint.ca_pem
     return {
@@ -470,7 +472,8 @@ def merge_pod_template(base: Any, override: Any, key: str | None = None) -> Any:
 def _apply_pod_template(
     pod: dict[str, Any], template: dict[str, Any], metadata: dict[str, Any], env: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The runtime's ``podTemplate`` merged over ``pod``; the names, labels, command and environment we rely on win."""
+    """The runtime's ``podTemplate`` merged over ``pod``; the names, labels, command, environment and grace period
+    we rely on win."""
     override = {k: v for k, v in template.items() if k in ("metadata", "spec")}
     merged: dict[str, Any] = merge_pod_template(pod, override)
     # What the operator relies on always wins.
@@ -481,6 +484,8 @@ def _apply_pod_template(
     merged["metadata"]["annotations"] = {**merged["metadata"].get("annotations", {}), **metadata["annotations"]}
     spec = merged["spec"]
     spec["restartPolicy"] = "Never"
+    # The job's grace period within the runtime's bound (the template's is a default: ``resolve``).
+    spec["terminationGracePeriodSeconds"] = pod["spec"]["terminationGracePeriodSeconds"]
     spec["hostname"] = pod["spec"]["hostname"]
     spec["subdomain"] = pod["spec"]["subdomain"]
     for container in spec["containers"]:

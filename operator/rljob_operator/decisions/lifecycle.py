@@ -43,6 +43,7 @@ from rljob_operator.decisions.plan import (
 )
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.restarts import stall_check_in
+from rljob_operator.decisions.runtimes import NOT_ALLOWED, RuntimeInUse
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (
     FORCE_DELETE_AFTER_SECONDS,
@@ -92,6 +93,27 @@ def runtime_not_found(ctx: Situation) -> Plan | None:
     return settled(ctx, d, [], [] if told else [Event("Warning", RUNTIME_NOT_FOUND, d.message)])
 
 
+def runtime_not_allowed(ctx: Situation) -> Plan | None:
+    """A job outside its ClusterRLTrainingRuntime's namespaceSelector (``runtimes.not_allowed``, the operator's
+    own check, admission policies or not): Failed, reason RuntimeNotAllowed, naming the selector; its pods are
+    deleted. Looked at again when its spec is edited (another runtimeRef), as a policy violation is."""
+    if ctx.runtime_not_allowed is None:
+        return None
+    return _failed_by_spec(ctx, NOT_ALLOWED, [ctx.runtime_not_allowed])
+
+
+def _failed_by_spec(ctx: Situation, reason: str, problems: list[str]) -> Plan:
+    """Failed for ``reason``, every problem named, every pod deleted; an edit that fails again says so."""
+    d = ctx.draft(spec_checked=False)
+    d.phase, d.reason = Phase.failed.value, reason
+    d.message = "; ".join(problems)[:1024]
+    d.completion_time = rfc3339(ctx.now)
+    # Already Failed (an edit that still fails): no phase change says so, this Event does.
+    again = ctx.prev.phase == d.phase and ctx.prev.message != d.message
+    return settled(ctx, d, [p.name for p in ctx.owned if p.active],
+                   [Event("Warning", reason, d.message)] if again else [])
+
+
 def policy_violation(ctx: Situation) -> Plan | None:
     """A job asking for more than the platform's pod profile allows: Failed, reason PolicyViolation.
 
@@ -101,14 +123,7 @@ def policy_violation(ctx: Situation) -> Plan | None:
     """
     if not ctx.violations:
         return None
-    d = ctx.draft(spec_checked=False)
-    d.phase, d.reason = Phase.failed.value, "PolicyViolation"
-    d.message = "; ".join(ctx.violations)[:1024]
-    d.completion_time = rfc3339(ctx.now)
-    # Already Failed (an edit that still violates): no phase change says so, this Event does.
-    again = ctx.prev.phase == d.phase and ctx.prev.message != d.message
-    return settled(ctx, d, [p.name for p in ctx.owned if p.active],
-                   [Event("Warning", "PolicyViolation", d.message)] if again else [])
+    return _failed_by_spec(ctx, "PolicyViolation", ctx.violations)
 
 
 def suspended(ctx: Situation) -> Plan | None:
@@ -259,8 +274,9 @@ def progress(ctx: Situation) -> Plan:
     ]
     blocked = [worker_name(ctx.job.metadata.name, i) for i in missing
                if worker_name(ctx.job.metadata.name, i) in occupied]
-    if create and d.gang_start_time is None:
+    if create and d.gang_start_time is None:  # a new gang: what it is built from is recorded with it
         d.gang_start_time = rfc3339(ctx.now)
+        d.runtime = ctx.runtime_record or d.runtime
     if create or ctx.current:
         d.next_restart_time = None
     if restarting and not create and not ctx.current:
@@ -336,7 +352,7 @@ def _next_look(ctx: Situation, d: StatusDraft, blocked: list[str], restart_left:
 
 #: The decisions of one reconcile, in order: the first that returns a Plan decides (``progress`` always does).
 STEPS: tuple[Callable[[Situation], Plan | None], ...] = (
-    finished, runtime_not_found, policy_violation, suspended, deadline_passed, succeeded, held, plan_failure, resized,
+    finished, runtime_not_found, runtime_not_allowed, policy_violation, suspended, deadline_passed, succeeded, held, plan_failure, resized,
     insufficient_capacity, progress,
 )
 
@@ -349,6 +365,7 @@ def plan_reconcile(
     gates: tuple[Gated[Any], ...] = (),
     runtime: Resolved | None = None,
     runtime_missing: str | None = None,
+    runtime_in_use: RuntimeInUse | None = None,
 ) -> Plan:
     """Decide one reconcile of ``job`` given its observed pods (label ``rljob.dev/job``).
 
@@ -357,10 +374,13 @@ def plan_reconcile(
     ``profile``: the platform's pod profile every job is checked against first (None: not checked).
     ``gates``: the admission gates that govern the job, with what each observed (empty: none does).
     ``network``: the platform's NetworkPolicy settings (None: the job gets no NetworkPolicy).
-    ``runtime``: the job on its runtime (None: on no runtime, for tests); ``runtime_missing``: why there is none.
+    ``runtime``: the job on its runtime (None: on no runtime, for tests); ``runtime_missing``: why there is none;
+    ``runtime_in_use``: how it was chosen (``runtimes.runtime_in_use``: a snapshot's staleness, the
+    namespaceSelector's refusal).
     """
+    use = runtime_in_use or RuntimeInUse(None, missing=runtime_missing)
     ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network, tuple(gates),
-                    runtime, runtime_missing)
+                    runtime, runtime_missing or use.missing, use.not_allowed, use.stale)
     for step in STEPS:
         plan = step(ctx)
         if plan is not None:

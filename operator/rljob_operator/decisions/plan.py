@@ -21,11 +21,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from rljob_contract.job import (
+    Condition,
     LastFailure,
     OomRecovery,
     Phase,
     RLTrainingJob,
     RLTrainingJobStatus,
+    RuntimeStatus,
     ScalingStatus,
     WorkersStatus,
 )
@@ -39,9 +41,17 @@ from rljob_operator.decisions.children import (
     desired_network_policy,
     desired_service,
 )
-from rljob_operator.decisions.conditions import STALL_REASONS, checkpoints_condition, make_conditions
+from rljob_operator.decisions.conditions import (
+    STALL_REASONS,
+    checkpoints_condition,
+    condition,
+    make_conditions,
+)
 from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.runtimes import CHANGED as RUNTIME_CHANGED
+from rljob_operator.decisions.runtimes import CONDITION as RUNTIME_CONDITION
 from rljob_operator.names import StatusEndpoint, selector
+from rljob_operator.times import rfc3339
 
 #: Written when a job's spec is rejected before any pod is looked at (``plan_invalid``): the
 #: outcome only; the worker counts and restart bookkeeping of earlier reconciles stay as written.
@@ -150,6 +160,15 @@ class Plan:
         return self.children.networkpolicy if self.children is not None else None
 
 
+@dataclass(frozen=True)
+class RuntimeCondition:
+    """The ``RuntimeUpToDate`` condition a status carries (``decisions.runtimes``)."""
+
+    up_to_date: bool
+    reason: str
+    message: str
+
+
 @dataclass
 class StatusDraft:
     """The operator's status of a job as a decision fills it in; :func:`job_status` makes it the API's model.
@@ -178,11 +197,15 @@ class StatusDraft:
     """Whether checkpoints outlive the gang (the CheckpointsDurable condition); None: keep the stored one."""
     queue: str | None = None
     """The queue a gate holds the job to (``status.queue``); None writes nothing (never clears it)."""
+    runtime: RuntimeStatus | None = None
+    """The runtime the current gang was built from (``status.runtime``); None writes nothing."""
+    runtime_condition: RuntimeCondition | None = None
+    """The RuntimeUpToDate condition; None: keep the stored one (a status written without a runtime)."""
 
     def carry(self, prev: RLTrainingJobStatus) -> StatusDraft:
         """Keep the restart bookkeeping of ``prev`` (each record written back whole: :func:`whole`) and the
         queue it remembers."""
-        self.queue = prev.queue
+        self.queue, self.runtime = prev.queue, whole(prev.runtime)
         self.scaling = whole(prev.scaling)
         self.restarts, self.disruptions = prev.restarts, prev.disruptions
         self.last_failure = whole(prev.last_failure)
@@ -250,7 +273,9 @@ def job_status(
             d.phase, d.reason, d.message, ready=d.ready, reconciling=d.reconciling,
             generation=observed_generation, previous=previous_conditions, now=now, stalled=stalled,
         ) + checkpoints_condition(d.checkpoints, generation=observed_generation, previous=previous_conditions,
-                                  now=now),
+                                  now=now)
+        + _runtime_condition(d.runtime_condition, generation=observed_generation, previous=previous_conditions,
+                             now=now),
         workers=_workers(d, pods),
         gang_generation=d.generation,
         selector=selector(job_name),
@@ -264,7 +289,18 @@ def job_status(
         oom_recovery=d.oom_recovery,
         scaling=d.scaling,
         **({"queue": d.queue} if d.queue else {}),
+        **({"runtime": d.runtime} if d.runtime is not None else {}),
     )
+
+
+def _runtime_condition(cond: RuntimeCondition | None, *, generation: int | None,
+                       previous: Sequence[Mapping[str, Any]], now: datetime) -> list[Condition]:
+    """The ``RuntimeUpToDate`` condition (a list of one); ``cond`` None keeps the stored one, if any."""
+    if cond is None:
+        old = next((c for c in previous if c.get("type") == RUNTIME_CONDITION), None)
+        return [Condition.model_validate(old)] if old is not None else []
+    return [condition(RUNTIME_CONDITION, cond.up_to_date, cond.reason, cond.message, previous=previous,
+                      now=rfc3339(now), generation=generation)]
 
 
 #: A job waits, Pending with this reason, for a runtime it can run on (``lifecycle.runtime_not_found``).
@@ -295,6 +331,18 @@ def checkpoint_event(previous_conditions: list[dict[str, Any]], d: StatusDraft) 
     if before.get("reason") == EPHEMERAL:
         return []
     return [Event("Warning", EVENT_REASON, now.message)]
+
+
+def runtime_event(previous_conditions: list[dict[str, Any]], d: StatusDraft) -> list[Event]:
+    """The Event of a gang that stops running on its runtime as it is now (``RuntimeUpToDate`` turning False, or
+    False for another reason): Normal for an edit (it applies from the next gang), Warning for a deleted runtime."""
+    cond = d.runtime_condition
+    if cond is None or cond.up_to_date:
+        return []
+    before = next((c for c in previous_conditions if c.get("type") == RUNTIME_CONDITION), {})
+    if before.get("status") == "False" and before.get("reason") == cond.reason:
+        return []
+    return [Event("Normal" if cond.reason == RUNTIME_CHANGED else "Warning", cond.reason, cond.message)]
 
 
 def force_deleted_event(pod_name: str, deleted_node: str | None = None) -> Event:

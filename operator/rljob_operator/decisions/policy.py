@@ -4,7 +4,10 @@ Whoever may create an RLTrainingJob (or write a namespace's RLTrainingRuntime) m
 the operator, a pod they could not create themselves. A job's pods take their shape from its runtime
 (``rljob_contract.runtime``): its image, GPU resource and ``podTemplate`` are judged here, each
 refusal naming the runtime and its field, and the job's own sizes against the runtime's bounds
-(``runtime.problems``). The platform team sets a :class:`PodProfile` (operator settings
+(``runtime.problems``). Then the pod as the operator builds it is judged whole
+(:func:`built_pod_violations`): a deny-list over fields can never be complete, so what the profile requires
+is looked for in the built pod, every toleration it carries is judged, and its resources (container and pod
+level), GPUs and grace period are measured against the runtime's bounds (``podbounds``). The platform team sets a :class:`PodProfile` (operator settings
 ``RLJOB_OPERATOR_POD_PROFILE`` …, the chart's ``podProfile``); before it builds any pod the
 operator calls :func:`violations` and a job that asks for more fails with reason
 ``PolicyViolation``, naming each offending field (``lifecycle.policy_violation``).
@@ -12,32 +15,35 @@ operator calls :func:`violations` and a job that asks for more fails with reason
 Levels follow the Kubernetes Pod Security Standards:
 
 * ``restricted`` (default): the ``restricted`` standard for everything in the pod, nothing
-  host-level, no preset ``nodeName``, no tolerations of control-plane taints, no containers
-  besides the trainer;
+  host-level, no preset ``nodeName``, no tolerations of control-plane taints (nor of a cordoned node's, nor of
+  every taint), no containers besides the trainer;
 * ``baseline``: the ``baseline`` standard (root and more volume types allowed, still no host
   namespaces, hostPath, privileged containers or added capabilities beyond the baseline set);
 * ``privileged``: no pod-level limits.
 
 At every level the image must match ``allowedImages``, a ServiceAccount other than the
 namespace's ``default`` must be in ``allowedServiceAccounts``, Secret references need
-``allowSecretReferences`` and ``trust_remote_code`` needs ``allowTrustRemoteCode``.
+``allowSecretReferences``, ``trust_remote_code`` needs ``allowTrustRemoteCode``, ``gpuResource`` must name an
+extended resource, and an RLTrainingRuntime (a namespace admin's) tolerates no control-plane taint.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_contract.job import DEFAULT_IMAGE, RLTrainingJob
+from rljob_contract.job import DEFAULT_IMAGE, MAX_GRACE_SECONDS, RLTrainingJob, RuntimeKind
 from rljob_contract.references import RUNTIME_REFERENCES, SECRET, SERVICE_ACCOUNT, references
-from rljob_contract.runtime import Resolved, problems
+from rljob_contract.runtime import Resolved, problems, template_grace
 
 from rljob_operator.decisions.children import desired_worker_pod, resolved
+from rljob_operator.decisions.podbounds import bound_violations
 from rljob_operator.decisions.podschema import unknown_fields
 from rljob_operator.names import CONTAINER
 
@@ -62,6 +68,11 @@ SAFE_SYSCTLS = frozenset({
 })
 #: Taints of control-plane nodes: trainers never go there.
 CONTROL_PLANE_TAINTS = frozenset({"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"})
+#: Other taints no trainer tolerates: what they keep off a node, and why.
+PROTECTED_TAINTS = {"node.kubernetes.io/unschedulable": "a cordoned node: its admin is draining it"}
+#: An extended resource's name: a DNS subdomain prefix and a name (Kubernetes' qualified name with a prefix).
+EXTENDED_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                               r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 TEMPLATE = "spec.podTemplate"
 
@@ -126,8 +137,18 @@ def violations(job: RLTrainingJob, profile: PodProfile, runtime: Resolved | None
     out += _trust_remote_code(job, profile)
     if out:
         return out
-    return [f"{r.ref}: {v}" for v in _built_pod(desired_worker_pod(job, 0, 0, runtime=r)["spec"], profile,
-                                                 _named_sa(r))]
+    return [f"{r.ref}: {v}" for v in built_pod_violations(desired_worker_pod(job, 0, 0, runtime=r)["spec"], r, profile)]
+
+
+def built_pod_violations(spec: dict[str, Any], runtime: Resolved, profile: PodProfile) -> list[str]:
+    """The worker pod as built (its ``spec``, the runtime's template merged), judged whole: what the profile
+    requires must be there, every toleration (the GPU's, the template's) is judged, and its resources (container
+    and pod level), GPUs and grace period stay within the runtime's bounds (``podbounds``)."""
+    namespaced = runtime.runtime is not None and runtime.runtime.kind == RuntimeKind.namespaced
+    out = _built_pod(spec, profile, _named_sa(runtime))
+    for i, toleration in enumerate(spec.get("tolerations") or []):
+        out += _toleration(f"the worker pod's spec.tolerations[{i}]", toleration or {}, profile, namespaced)
+    return out + bound_violations(spec, runtime)
 
 
 def _named_sa(runtime: Resolved) -> str | None:
@@ -139,15 +160,40 @@ def runtime_violations(runtime: Resolved, profile: PodProfile) -> list[str]:
     """What the runtime sets that ``profile`` refuses (paths in the runtime's spec): its pod template's unknown
     fields, image, references, GPU toleration and pod template."""
     named_sa = _named_sa(runtime)
+    namespaced = runtime.runtime is not None and runtime.runtime.kind == RuntimeKind.namespaced
     out = unknown_fields({"podTemplate": runtime.pod_template}, "spec")
     out += _image("spec.image", runtime.image, profile)
     if runtime.runtime is not None:
         out += _references(runtime.runtime.spec.model_dump(by_alias=True, mode="json"), profile)
-    gpu = _toleration("spec.gpuResource", {"key": runtime.gpu_resource, "operator": "Exists"}, profile)
-    out += [v.replace("spec.gpuResource.key: ", "spec.gpuResource: ", 1) for v in gpu]  # its taint is tolerated
+    out += _gpu_resource(runtime.gpu_resource, profile, namespaced)
     if runtime.pod_template:
-        out += _template(runtime.pod_template, profile, named_sa)
+        out += _template(runtime.pod_template, profile, named_sa, namespaced)
+        out += _template_grace(runtime)
     return out
+
+
+def _gpu_resource(name: str, profile: PodProfile, namespaced: bool) -> list[str]:
+    """``gpuResource`` names an extended resource, whose NoSchedule taint the workers tolerate: the toleration
+    is judged like every other (a name such as ``node-role.kubernetes.io/control-plane`` is a control-plane
+    taint, not a GPU)."""
+    out = []
+    if not EXTENDED_RESOURCE.fullmatch(name) or "kubernetes.io/" in name:
+        out.append(f"spec.gpuResource: {name!r} is not an extended resource name (a domain-qualified name outside "
+                   "kubernetes.io, such as nvidia.com/gpu or amd.com/gpu); the workers tolerate its taint")
+    gpu = _toleration("spec.gpuResource", {"key": name, "operator": "Exists"}, profile, namespaced)
+    return out + [v.replace("spec.gpuResource.key: ", "spec.gpuResource: ", 1) for v in gpu]  # its taint is tolerated
+
+
+def _template_grace(runtime: Resolved) -> list[str]:
+    """The template's grace period (a default of the job's): within the runtime's bound and the ceiling."""
+    grace = template_grace(runtime.runtime.spec) if runtime.runtime is not None else None
+    bound = runtime.runtime.spec.limits.termination_grace_period_seconds.max if runtime.runtime is not None else None
+    most = min(bound or MAX_GRACE_SECONDS, MAX_GRACE_SECONDS)
+    if grace is None or grace <= most:
+        return []
+    return [f"{TEMPLATE}.spec.terminationGracePeriodSeconds: {grace} seconds (at most {most}: "
+            "spec.limits.terminationGracePeriodSeconds.max bounds every worker's grace period, and no worker gets more "
+            f"than {MAX_GRACE_SECONDS}; a stopped gang keeps its GPUs that long)"]
 
 
 #: How many jobs' verdicts ``checked`` remembers (the least recently used is dropped first).
@@ -236,15 +282,25 @@ def _allowed_sa(name: str | None, profile: PodProfile) -> bool:
     return bool(name) and name in profile.allowed_service_accounts
 
 
-def _toleration(path: str, toleration: dict[str, Any], profile: PodProfile) -> list[str]:
-    if not profile.baseline:
+def _toleration(path: str, toleration: dict[str, Any], profile: PodProfile, namespaced: bool = False) -> list[str]:
+    """A toleration of a control-plane taint, of a cordoned node's, or of every taint: refused at baseline and
+    restricted, and at every level in an RLTrainingRuntime (a namespace's admins do not own the cluster's nodes)."""
+    if not (profile.baseline or namespaced):
         return []
     key = toleration.get("key")
     if key in CONTROL_PLANE_TAINTS:
-        return [profile.refuse(f"{path}.key", f"tolerating the control-plane taint {key}")]
+        return [_refuse(profile, namespaced, f"{path}.key", f"tolerating the control-plane taint {key}")]
+    if key in PROTECTED_TAINTS:
+        return [_refuse(profile, namespaced, f"{path}.key", f"tolerating the taint {key} ({PROTECTED_TAINTS[key]})")]
     if not key and toleration.get("operator") == "Exists":
-        return [profile.refuse(path, "tolerating every taint (operator Exists without a key)")]
+        return [_refuse(profile, namespaced, path, "tolerating every taint (operator Exists without a key)")]
     return []
+
+
+def _refuse(profile: PodProfile, namespaced: bool, path: str, what: str) -> str:
+    if profile.baseline or not namespaced:
+        return profile.refuse(path, what)
+    return f"{path}: {what} is not allowed in an RLTrainingRuntime (the cluster's nodes are the platform team's)"
 
 
 def flavor_violations(flavor: str, tolerations: list[dict[str, Any]], profile: PodProfile) -> list[str]:
@@ -262,7 +318,7 @@ def flavor_violations(flavor: str, tolerations: list[dict[str, Any]], profile: P
 # ------------------------------------------------------------------ the pod template
 
 
-def _template(template: dict[str, Any], profile: PodProfile, named_sa: str | None) -> list[str]:
+def _template(template: dict[str, Any], profile: PodProfile, named_sa: str | None, namespaced: bool = False) -> list[str]:
     """The runtime's ``podTemplate``: its annotations and its pod spec, as merged over the built pod."""
     out: list[str] = []
     for key, value in ((template.get("metadata") or {}).get("annotations") or {}).items():
@@ -281,7 +337,7 @@ def _template(template: dict[str, Any], profile: PodProfile, named_sa: str | Non
     for i, volume in enumerate(spec.get("volumes") or []):
         out += _volume(f"{path}.volumes[{i}]", volume or {}, profile, named_sa)
     for i, toleration in enumerate(spec.get("tolerations") or []):
-        out += _toleration(f"{path}.tolerations[{i}]", toleration or {}, profile)
+        out += _toleration(f"{path}.tolerations[{i}]", toleration or {}, profile, namespaced)
     return out
 
 

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
-from rljob_contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy, ScalingStatus
+from rljob_contract.job import (
+    Phase,
+    RLTrainingJob,
+    RLTrainingJobStatus,
+    RuntimeStatus,
+    ScalingPolicy,
+    ScalingStatus,
+)
 from rljob_contract.runtime import Resolved
 
 from rljob_operator.decisions.checkpoints import Durability, durability
@@ -23,14 +30,17 @@ from rljob_operator.decisions.plan import (
     Children,
     Event,
     Plan,
+    RuntimeCondition,
     StatusDraft,
     checkpoint_event,
     job_status,
+    runtime_event,
     status_patch,
     transition_event,
     whole,
 )
 from rljob_operator.decisions.policy import PodProfile, checked
+from rljob_operator.decisions.runtimes import NOT_ALLOWED, UP_TO_DATE, Stale, runtime_record
 from rljob_operator.decisions.scaling import (
     Capacity,
     Resize,
@@ -46,7 +56,7 @@ from rljob_operator.times import parse_time, rfc3339
 #: How soon to look again while waiting for pods to go away.
 WAIT_REQUEUE_SECONDS = 2.0
 #: Failures caused by the spec (or what the API server made of it): looked at again after a spec edit.
-RECHECKED_REASONS = frozenset({"InvalidSpec", "InvalidPodSpec", "PolicyViolation", "PodRejected"})
+RECHECKED_REASONS = frozenset({"InvalidSpec", "InvalidPodSpec", "PolicyViolation", "PodRejected", NOT_ALLOWED})
 #: Default for how long a pod may stay Terminating past its deletion before it is force-deleted.
 FORCE_DELETE_AFTER_SECONDS = 60.0
 
@@ -143,12 +153,32 @@ class Situation:
     decisions (the reconciler always resolves one, or says why not in ``runtime_missing``)."""
     runtime_missing: str | None = None
     """Why the job's runtime cannot be had (it names none and there is no default, or the one it names does
-    not exist): the job waits, Pending with reason RuntimeNotFound."""
+    not exist, and no snapshot serves it): the job waits, Pending with reason RuntimeNotFound."""
+    runtime_not_allowed: str | None = None
+    """Why the job may not use its runtime (a ClusterRLTrainingRuntime's namespaceSelector): Failed."""
+    runtime_stale: Stale | None = None
+    """Why ``runtime`` is a snapshot rather than the runtime as it is now (``decisions.runtimes``)."""
 
     @derived
     def resolved(self) -> Resolved:
         """The job on its runtime (on no runtime when ``runtime`` is None)."""
         return resolved(self.job, self.runtime)
+
+    @derived
+    def runtime_record(self) -> RuntimeStatus | None:
+        """What ``status.runtime`` says of a gang built now (None: on no runtime)."""
+        runtime = self.resolved.runtime
+        return runtime_record(runtime) if runtime is not None else None
+
+    @derived
+    def runtime_condition(self) -> RuntimeCondition | None:
+        """The RuntimeUpToDate condition: False while the gang runs on a snapshot (None: on no runtime)."""
+        if self.resolved.runtime is None:
+            return None
+        if self.runtime_stale is not None:
+            return RuntimeCondition(False, self.runtime_stale.reason, self.runtime_stale.message)
+        return RuntimeCondition(True, UP_TO_DATE, f"the gang is built from {self.resolved.ref} at generation "
+                                                  f"{self.resolved.runtime.generation}")
 
     @derived
     def worker(self) -> dict[str, Any]:
@@ -251,6 +281,12 @@ class Situation:
     def generation(self) -> int:
         """The gang generation this reconcile works on."""
         return self.base_generation + (1 if self.spec_changed else 0)
+
+    @derived
+    def gang_started(self) -> bool:
+        """The pods of the gang generation this reconcile works on were created (its ``gangStartTime`` is
+        recorded): they were built from the runtime ``status.runtime`` records."""
+        return self.generation == (self.prev.gang_generation or 0) and self.prev.gang_start_time is not None
 
     @derived
     def restarted(self) -> bool:
@@ -360,7 +396,8 @@ class Situation:
         """
         generation = self.generation if spec_checked else self.base_generation
         d = StatusDraft("", "", "", start_time=rfc3339(self.start), generation=generation,
-                        desired=self.replicas, checkpoints=self.checkpoints).carry(self.prev)
+                        desired=self.replicas, checkpoints=self.checkpoints,
+                        runtime_condition=self.runtime_condition).carry(self.prev)
         if generation != (self.prev.gang_generation or 0):
             d.gang_start_time = None  # a new gang: set when its pods are created
         return d
@@ -389,10 +426,17 @@ class Situation:
             force_delete_pods=self.force_delete,
             children=Children(self.job, status, self.endpoint, self.network, self.resolved) if create else None,
             create_pods=create or [],
-            events=events + transition_event(self.prev.phase, d) + checkpoint_event(self.previous_conditions, d),
+            events=events + transition_event(self.prev.phase, d) + checkpoint_event(self.previous_conditions, d)
+            + runtime_event(self.previous_conditions, d),
             requeue_after=requeue_after,
             gang_restart=gang_restart,
         )
+
+
+def gang_started(job: RLTrainingJob, pods: list[ObservedPod], now: datetime) -> bool:
+    """Were the pods of the gang generation a reconcile of ``job`` works on created (``Situation.gang_started``)?
+    The reconciler asks before it chooses the runtime the pods are built from (``runtimes.runtime_in_use``)."""
+    return Situation(job, pods, now).gang_started
 
 
 def _ttl(job: RLTrainingJob, completion: str | None, now: datetime) -> tuple[bool, float | None]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rljob_contract.job import RLTrainingJob
+from rljob_contract.runtime import Resolved
 
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.integrations.gate import Gated
@@ -33,10 +34,11 @@ class GateClient(Protocol):
     unwatched_requeue: float | None
     """How often a job the gate governs is looked at when no watch wakes it (None: watched)."""
 
-    def observe(self, job: RLTrainingJob, uid: str,
-                worker: Callable[[], dict[str, Any]] | None = None) -> Gated[Any] | None:
+    def observe(self, job: RLTrainingJob, uid: str, worker: Callable[[], dict[str, Any]] | None = None,
+                runtime: Resolved | None = None) -> Gated[Any] | None:
         """The gate and its view of ``job`` (whose uid is ``uid``); None if the gate does not govern it. ``worker``
-        builds a worker pod on the job's runtime, what a gate counts or places (None: built on no runtime)."""
+        builds a worker pod on the job's runtime, what a gate counts or places (None: built on no runtime);
+        ``runtime``: the job on its runtime (its queue, say; None: on no runtime)."""
         ...
 
     def recheck(self, writes: Any) -> bool:

@@ -10,11 +10,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from kubernetes.client.exceptions import ApiException
 from rljob_contract.job import RLTrainingJob
+from rljob_contract.runtime import Resolved
 
 from rljob_operator.cluster.kube import FIELD_MANAGER, Kube
 from rljob_operator.integrations.client import GateWatch, PatchStatus
@@ -144,22 +146,29 @@ class KueueClient:
         """A watch on Workloads wakes queued jobs; without one they are looked at every few seconds."""
         self.required = settings is not None and settings.require_queue
         """The platform requires a queue: a job naming none is held (``decide.missing_queue``)."""
+        self.counts_claims = settings is not None and settings.kueue_counts_resource_claims
+        """The platform's Kueue counts DRA claims (``decide.claim_violations``)."""
         self._served: tuple[float, bool] = (float("-inf"), False)
         self._flavors: dict[str, tuple[float, Flavor | None]] = {}
 
-    def observe(self, job: RLTrainingJob, uid: str,
-                worker_of: Callable[[], dict[str, Any]] | None = None) -> Gated[QueueView] | None:
+    def observe(self, job: RLTrainingJob, uid: str, worker_of: Callable[[], dict[str, Any]] | None = None,
+                runtime: Resolved | None = None) -> Gated[QueueView] | None:
         """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued
-        (by its label or its status's memory) and the platform does not require a queue."""
-        if queue_name(job) is None:
-            return Gated(KUEUE, QueueView(required=True)) if self.required else None
+        (by its label, its status's memory or its runtime's queue) and neither the platform nor its runtime
+        requires a queue."""
+        default = runtime.queue if runtime is not None else None
+        requires = runtime.ref if runtime is not None and runtime.queue_required else None
+        base = QueueView(required=self.required or requires is not None, default_queue=default,
+                         runtime_requires=None if self.required else requires, counts_claims=self.counts_claims)
+        if queue_name(job, default) is None:
+            return Gated(KUEUE, base) if base.required else None
         worker = worker_of() if worker_of is not None else None
         if not self.served():
-            return Gated(KUEUE, QueueView(available=False))
+            return Gated(KUEUE, replace(base, available=False))
         namespace = job.metadata.namespace or ""
         workloads = [w for w in list_workloads(self.kube, namespace, f"{LABEL_JOB}={job.metadata.name}")
                      if owned(w, uid)]
-        current = current_workload(job, job.replicas, QueueView(workloads=workloads, worker=worker))
+        current = current_workload(job, job.replicas, replace(base, workloads=workloads, worker=worker))
         priority, problem = self._priority(job) if current is None else (None, "")
         flavors: dict[str, Flavor] = {}
         if current is not None and admitted(current):
@@ -167,7 +176,8 @@ class KueueClient:
                 flavor = self.flavor(flavor_name)
                 if flavor is not None:
                     flavors[flavor_name] = flavor
-        return Gated(KUEUE, QueueView(True, workloads, flavors, priority, problem, worker=worker))
+        return Gated(KUEUE, replace(base, workloads=workloads, flavors=flavors, priority=priority,
+                                    priority_problem=problem, worker=worker))
 
     def _priority(self, job: RLTrainingJob) -> tuple[Priority | None, str]:
         """The WorkloadPriorityClass the job names, or why it cannot be used."""

@@ -41,6 +41,7 @@ from typing import Any
 from rljob_contract.job import RLTrainingJob, RLTrainingJobStatus, ScalingPolicy
 
 from rljob_operator.decisions.children import desired_worker_pod
+from rljob_operator.decisions.podbounds import defaulted_pod_resources
 from rljob_operator.decisions.policy import PodProfile, flavor_violations
 from rljob_operator.integrations.gate import Hold, Outcome, Verdict
 from rljob_operator.names import job_labels, owner_reference
@@ -57,33 +58,38 @@ REJECTED = "WorkloadRejected"
 REJECTED_RETRY_SECONDS = 30.0
 #: How soon a job is looked at again while Kueue's API is not served.
 UNAVAILABLE_RETRY_SECONDS = 60.0
-#: Pod fields Kueue reads to count a podSet's quota and pick its flavor: requests, placement, priority.
-_TEMPLATE_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
+#: Pod fields Kueue reads to count a podSet's quota and pick its flavor: requests (pod-level ``resources``, DRA
+#: ``resourceClaims``), placement, priority. Containers keep their name, image, resources (with their claims)
+#: and restartPolicy (a sidecar's requests count as the scheduler counts them).
+_TEMPLATE_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "priorityClassName",
+                    "runtimeClassName", "overhead", "resourceClaims")
 
 
 #: The reason of a job held because it names no queue where the platform requires one.
 QUEUE_REQUIRED = "QueueRequired"
 
 
-def queue_name(job: RLTrainingJob) -> str | None:
+def queue_name(job: RLTrainingJob, default: str | None = None) -> str | None:
     """The LocalQueue a job waits in: its ``kueue.x-k8s.io/queue-name`` label, else the one its status
-    remembers (``status.queue``, written while it was labelled: a job once queued stays queued when the
-    label is removed), else None."""
+    remembers (``status.queue``, written while it was queued: a job once queued stays queued when the
+    label is removed), else ``default`` (its runtime's ``spec.queue.name``), else None."""
     remembered = job.status.queue if job.status is not None else None
-    return job.metadata.labels.get(QUEUE_LABEL) or remembered or None
+    return job.metadata.labels.get(QUEUE_LABEL) or remembered or default or None
 
 
-def missing_queue(job: RLTrainingJob, required: bool) -> Hold | None:
+def missing_queue(job: RLTrainingJob, required: bool, default: str | None = None,
+                  runtime_requires: str | None = None) -> Hold | None:
     """Why a job that names no queue may not run where the platform requires one, else None.
 
-    ``required``: the operator setting ``require_queue`` (a runtime's ``queue.required`` can feed it
-    too). Held rather than failed: labelling the job (a metadata edit, which leaves the spec's
-    generation alone) lets it queue at once.
+    ``required``: the operator setting ``require_queue``, or the job's runtime's ``queue.required``
+    (``runtime_requires`` then names that runtime); ``default``: the runtime's queue. Held rather than failed:
+    labelling the job (a metadata edit, which leaves the spec's generation alone) lets it queue at once.
     """
-    if not required or queue_name(job) is not None:
+    if not required or queue_name(job, default) is not None:
         return None
-    return Hold(QUEUE_REQUIRED, f"metadata.labels[{QUEUE_LABEL}]: every job on this cluster runs through a Kueue "
-                "LocalQueue (the operator's require_queue); label the job with its team's queue",
+    who = f"its runtime {runtime_requires} requires a Kueue LocalQueue (spec.queue.required)" if runtime_requires \
+        else "every job on this cluster runs through a Kueue LocalQueue (the operator's require_queue)"
+    return Hold(QUEUE_REQUIRED, f"metadata.labels[{QUEUE_LABEL}]: {who}; label the job with its team's queue",
                 taken_back="the platform requires a queue")
 
 
@@ -92,12 +98,35 @@ def priority_class(job: RLTrainingJob) -> str | None:
     return job.metadata.labels.get(PRIORITY_LABEL) or None
 
 
-def queue_violations(job: RLTrainingJob) -> list[str]:
+def queue_violations(job: RLTrainingJob, default: str | None = None) -> list[str]:
     """What a queued job may not ask for: Kueue admits a fixed size, policy Capacity picks its own."""
-    if queue_name(job) and job.spec.autoscaling.policy == ScalingPolicy.capacity:
-        return [f"spec.autoscaling.policy: Capacity cannot be combined with the label {QUEUE_LABEL} (Kueue admits "
-                "a gang of one size; use policy Manual and kubectl scale, which re-queues the job at the new size)"]
+    if queue_name(job, default) and job.spec.autoscaling.policy == ScalingPolicy.capacity:
+        return [f"spec.autoscaling.policy: Capacity cannot be combined with a Kueue LocalQueue ({QUEUE_LABEL} or the "
+                "runtime's spec.queue.name: Kueue admits a gang of one size; use policy Manual and kubectl scale, "
+                "which re-queues the job at the new size)"]
     return []
+
+
+def claim_violations(worker: dict[str, Any], counted: bool) -> list[str]:
+    """What of a queued worker pod's DRA ``resourceClaims`` Kueue would not charge to the quota.
+
+    Kueue v0.17 counts a claim made from a ResourceClaimTemplate only with its feature gate
+    DynamicResourceAllocation on and the template's DeviceClass in its ``resources.deviceClassMappings``
+    (``counted``: the operator setting ``kueue_counts_resource_claims`` says the platform's Kueue does), and a
+    pre-made ResourceClaim (``resourceClaimName``) never: a gang whose devices the quota never sees is refused.
+    """
+    out = []
+    for i, claim in enumerate(worker["spec"].get("resourceClaims") or []):
+        path = f"spec.podTemplate.spec.resourceClaims[{i}]"
+        if (claim or {}).get("resourceClaimName"):
+            out.append(f"{path}.resourceClaimName: Kueue charges no pre-made ResourceClaim to a queue; a queued job's "
+                       "claims come from a resourceClaimTemplateName")
+        elif not counted:
+            out.append(f"{path}: this platform's Kueue does not count DRA claims (Kueue needs its feature gate "
+                       "DynamicResourceAllocation and a resources.deviceClassMappings entry for the template's "
+                       "DeviceClass; then set the operator's kueue_counts_resource_claims, chart "
+                       "kueue.countsResourceClaims): the quota would never see these devices")
+    return out
 
 
 @dataclass(frozen=True)
@@ -136,7 +165,14 @@ class QueueView:
     priority_problem: str = ""
     """Why the named WorkloadPriorityClass cannot be used (it does not exist), else empty."""
     required: bool = False
-    """The platform requires a queue (``missing_queue``): a job naming none is governed, and held."""
+    """The platform or the job's runtime requires a queue (``missing_queue``): a job naming none is governed, and
+    held."""
+    default_queue: str | None = None
+    """The LocalQueue of the job's runtime (``spec.queue.name``): the job's when it names none."""
+    runtime_requires: str | None = None
+    """The runtime whose ``spec.queue.required`` makes ``required`` true (None: the operator's setting, or none)."""
+    counts_claims: bool = False
+    """The platform's Kueue counts DRA claims made from ResourceClaimTemplates (``claim_violations``)."""
     worker: dict[str, Any] | None = None
     """A worker pod as built on the job's runtime: what the Workload counts and the flavors place (None: the
     pod built here on no runtime, for tests)."""
@@ -148,27 +184,35 @@ def built_worker(job: RLTrainingJob, worker: dict[str, Any] | None) -> dict[str,
 
 
 def workload_template(job: RLTrainingJob, worker: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The worker pod as Kueue needs to see it: containers' requests and the placement fields."""
+    """The worker pod as built, as Kueue needs to see it: what it requests (containers' resources with their
+    claims, pod-level ``resources`` as the API server defaults them, ``resourceClaims``, overhead) and where it
+    may go; Kueue v0.17 counts pod-level requests over the containers' (component-helpers' PodRequests)."""
     spec = built_worker(job, worker)["spec"]
     slim: dict[str, Any] = {k: spec[k] for k in _TEMPLATE_FIELDS if k in spec}
     for kind in ("containers", "initContainers"):
         if spec.get(kind):
             slim[kind] = [{k: c[k] for k in ("name", "image", "resources", "restartPolicy") if k in c}
                           for c in spec[kind]]
+    pod_level = defaulted_pod_resources(spec)
+    if pod_level:
+        slim["resources"] = pod_level
     return {"spec": slim}
 
 
-def workload_name(job: RLTrainingJob, replicas: int, worker: dict[str, Any] | None = None) -> str:
-    """The Workload of ``job`` at ``replicas`` workers: a new size or pod shape is a new Workload."""
-    shape = json.dumps([replicas, queue_name(job), workload_template(job, worker)], sort_keys=True)
+def workload_name(job: RLTrainingJob, replicas: int, worker: dict[str, Any] | None = None,
+                  queue: str | None = None) -> str:
+    """The Workload of ``job`` at ``replicas`` workers: a new size or pod shape is a new Workload. ``queue``: the
+    job's LocalQueue (default: ``queue_name(job)``)."""
+    shape = json.dumps([replicas, queue or queue_name(job), workload_template(job, worker)], sort_keys=True)
     return f"{job.metadata.name}-{replicas}w-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
 
 
 def desired_workload(job: RLTrainingJob, replicas: int, priority: Priority | None,
-                     worker: dict[str, Any] | None = None) -> dict[str, Any]:
+                     worker: dict[str, Any] | None = None, queue: str | None = None) -> dict[str, Any]:
     """The Workload for ``job`` at ``replicas`` workers, owned by the job (deleted with it)."""
+    queue = queue or queue_name(job)
     spec: dict[str, Any] = {
-        "queueName": queue_name(job),
+        "queueName": queue,
         "podSets": [{"name": PODSET, "count": replicas, "template": workload_template(job, worker)}],
     }
     if priority is not None:  # as Kueue's jobframework sets it from the label
@@ -178,7 +222,7 @@ def desired_workload(job: RLTrainingJob, replicas: int, priority: Priority | Non
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Workload",
         "metadata": {
-            "name": workload_name(job, replicas, worker),
+            "name": workload_name(job, replicas, worker, queue),
             "namespace": job.metadata.namespace,
             "labels": job_labels(job),
             "ownerReferences": [owner_reference(job)],
@@ -334,7 +378,7 @@ def _with_conditions(workload: dict[str, Any], new: list[dict[str, Any]]) -> dic
 def current_workload(job: RLTrainingJob, replicas: int, view: QueueView) -> dict[str, Any] | None:
     """The job's Workload for its current size, if it exists, is not being deleted and has not finished
     (Kueue gave its quota back: it admits nothing any more)."""
-    name = workload_name(job, replicas, view.worker)
+    name = workload_name(job, replicas, view.worker, queue_name(job, view.default_queue))
     return next((w for w in view.workloads if w["metadata"]["name"] == name
                  and not w["metadata"].get("deletionTimestamp") and not is_true(w, "Finished")), None)
 
@@ -351,14 +395,15 @@ def queue_writes(job: RLTrainingJob, replicas: int, view: QueueView, outcome: Ou
     job holds resources (``outcome.pods_left``); a Workload of another size or shape once no pod
     outside the current gang does (``outcome.old_pods_left``). The current Workload is created at once.
     """
-    if not view.available or queue_name(job) is None:
+    queue = queue_name(job, view.default_queue)
+    if not view.available or queue is None:
         return QueueWrites()
     live = [w for w in view.workloads if not w["metadata"].get("deletionTimestamp")]
     ended, phase = outcome.phase in ("Succeeded", "Failed"), outcome.phase
     current = None if ended or phase == "Suspended" else current_workload(job, replicas, view)
     create = None
     if current is None and not ended and phase != "Suspended" and not view.priority_problem:
-        create = desired_workload(job, replicas, view.priority, view.worker)
+        create = desired_workload(job, replicas, view.priority, view.worker, queue)
     if outcome.pods_left and (ended or phase == "Suspended"):
         return QueueWrites()
     if phase == "Suspended":
@@ -383,7 +428,7 @@ def owned(workload: dict[str, Any], job_uid: str) -> bool:
 
 def _hold(job: RLTrainingJob, view: QueueView, workload: dict[str, Any] | None, prev: RLTrainingJobStatus) -> Hold:
     """Why a gang Kueue has not admitted waits, in Kueue's words where it gave some."""
-    queue = queue_name(job) or ""
+    queue = queue_name(job, view.default_queue) or ""
     if not view.available:
         reason = "KueueUnavailable"
         message = (f"the job is labelled {QUEUE_LABEL}={queue} but this cluster serves no Kueue "
@@ -405,14 +450,17 @@ class KueueGate:
     name = "kueue"
 
     def violations(self, job: RLTrainingJob, view: QueueView) -> list[str]:
-        return queue_violations(job)
+        out = queue_violations(job, view.default_queue)
+        if queue_name(job, view.default_queue) and view.worker is not None:
+            out += claim_violations(view.worker, view.counts_claims)
+        return out
 
     def queue(self, job: RLTrainingJob, view: QueueView) -> str | None:
-        return queue_name(job)
+        return queue_name(job, view.default_queue)
 
     def verdict(self, job: RLTrainingJob, view: QueueView, prev: RLTrainingJobStatus,
                 profile: PodProfile | None) -> Verdict:
-        unqueued = missing_queue(job, view.required)
+        unqueued = missing_queue(job, view.required, view.default_queue, view.runtime_requires)
         if unqueued is not None:
             return Verdict(hold=unqueued)
         workload = current_workload(job, job.replicas, view)
