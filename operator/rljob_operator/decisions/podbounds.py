@@ -57,23 +57,31 @@ def _container_requests(container: dict[str, Any]) -> dict[str, Decimal]:
 
 
 def _aggregate(spec: dict[str, Any], measure: Any) -> dict[str, Decimal]:
-    """The containers' total as the scheduler counts it: regular containers and sidecars (init containers that
-    keep running) summed, and no less than any init container that runs alone before them."""
+    """The containers' total as the scheduler counts it (component-helpers' ``AggregateContainerRequests``): the
+    regular containers and the sidecars (init containers that keep running) summed, and no less than any init
+    container with the sidecars started before it."""
     total: dict[str, Decimal] = {}
     for container in spec.get("containers") or []:
-        for name, value in measure(container or {}).items():
-            total[name] = total.get(name, Decimal(0)) + value
+        _add(total, measure(container or {}))
     sidecars: dict[str, Decimal] = {}
-    for init in spec.get("initContainers") or []:
-        own = measure(init or {})
-        alone = {n: v + sidecars.get(n, Decimal(0)) for n, v in own.items()}
-        if (init or {}).get("restartPolicy") == "Always":
-            for name, value in own.items():
-                sidecars[name] = sidecars.get(name, Decimal(0)) + value
-                total[name] = total.get(name, Decimal(0)) + value
-        for name, value in alone.items():
-            total[name] = max(total.get(name, Decimal(0)), value)
-    return total
+    init: dict[str, Decimal] = {}
+    for container in spec.get("initContainers") or []:
+        own = measure(container or {})
+        if (container or {}).get("restartPolicy") == "Always":
+            _add(total, own)
+            _add(sidecars, own)
+            running = dict(sidecars)
+        else:
+            running = dict(sidecars)
+            _add(running, own)
+        for name, value in running.items():
+            init[name] = max(init.get(name, Decimal(0)), value)
+    return {name: max(total.get(name, Decimal(0)), init.get(name, Decimal(0))) for name in {*total, *init}}
+
+
+def _add(total: dict[str, Decimal], more: dict[str, Decimal]) -> None:
+    for name, value in more.items():
+        total[name] = total.get(name, Decimal(0)) + value
 
 
 def pod_requests(spec: dict[str, Any]) -> dict[str, Decimal]:
@@ -107,13 +115,21 @@ def defaulted_pod_resources(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
         for name, limit in limits.items():
             if name in requests or not _supported_at_pod_level(name):
                 continue
-            requests[name] = _format(containers[name]) if name in _OVERCOMMITTABLE and name in containers else limit
+            requests[name] = _format(containers[name], name) if name in _OVERCOMMITTABLE and name in containers \
+                else limit
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def _format(value: Decimal) -> str:
-    """A number as a quantity the API server reads (millis when it has a fraction)."""
-    return str(int(value)) if value == value.to_integral_value() else f"{int(value * 1000)}m"
+def _format(value: Decimal, name: str = "cpu") -> str:
+    """A number as a quantity the API server reads: millis when it has a fraction, bytes in the largest binary
+    unit they fill exactly (``256Gi``) for anything but cpu."""
+    if value != value.to_integral_value():
+        return f"{int(value * 1000)}m"
+    if name != "cpu" and value:
+        for power, suffix in ((5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+            if value % (1024 ** power) == 0:
+                return f"{int(value) // 1024 ** power}{suffix}"
+    return str(int(value))
 
 
 # ----------------------------------------------------------------------------- the bounds
@@ -131,16 +147,19 @@ def bound_violations(spec: dict[str, Any], runtime: Resolved) -> list[str]:
             for section, measured in (("requests", requests), ("limits", most)):
                 if bound is not None and name in measured and measured[name] > parse_quantity(bound):
                     out.append(f"{_source(spec, name, section)}: the worker pod's {name} {section} come to "
-                               f"{_format(measured[name])} (spec.limits.{field}.max allows at most {bound})")
+                               f"{_format(measured[name], name)} (spec.limits.{field}.max allows at most {bound})")
     out += _gpus(spec, runtime)
     out += _grace(spec, runtime)
     return out
 
 
 def _source(spec: dict[str, Any], name: str, section: str) -> str:
-    """Where a resource of the built pod was set: pod level, else the containers (the trainer's is the job's)."""
-    if name in ((spec.get("resources") or {}).get(section) or {}):
-        return f"{TEMPLATE}.spec.resources.{section}.{name}"
+    """Where a resource of the built pod was set: at pod level (by its request or its limit), else in the
+    containers (the trainer's is the job's)."""
+    pod_level = spec.get("resources") or {}
+    for written in (section, "limits", "requests"):
+        if name in (pod_level.get(written) or {}):
+            return f"{TEMPLATE}.spec.resources.{written}.{name}"
     return f"spec.workers.resources.{section}.{name} (or {TEMPLATE}.spec.containers[].resources)"
 
 
