@@ -15,6 +15,9 @@ validated by them; the CRDs' versions are converted by it) over TLS on 127.0.0.1
   the webhooks of Kueue's own API are installed: its job integrations (pods, batch Jobs, ...)
   are off here, and a webhook nobody serves would refuse every pod.
 * No leader election; health, metrics, webhook and visibility-server ports are free loopback ports.
+* Kueue counts DRA claims as a platform that uses them configures it: the feature gate
+  DynamicResourceAllocation on and the tests' DeviceClass (``DEVICE_CLASS``) mapped to the resource
+  ``DRA_RESOURCE`` its ClusterQueues can give quota of (``tests/operator/test_kueue_cluster.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ CA_NAME = "kueue-ca"
 #: CRDs with a conversion webhook (kustomize's config/components/crd/patches/webhook_in_*).
 CONVERTED = ("clusterqueues", "cohorts", "localqueues", "multikueueclusters", "resourceflavors", "workloads")
 PORTS = ("kueue-webhook", "kueue-health", "kueue-metrics", "kueue-visibility")
+#: The DeviceClass the tests' ResourceClaimTemplates ask devices of, and the resource Kueue counts them as.
+DEVICE_CLASS = "gpu.example.com"
+DRA_RESOURCE = "example.com/gpu"
 
 
 def config_dir(binary: Path) -> Path:
@@ -65,6 +71,8 @@ def configuration(ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
         "clientConnection": {"qps": 200, "burst": 400},
         # One integration is required; batch/job has no CRD to wait for. Its webhook is not installed.
         "integrations": {"frameworks": ["batch/job"]},
+        "featureGates": {"DynamicResourceAllocation": True},
+        "resources": {"deviceClassMappings": [{"name": DRA_RESOURCE, "deviceClassNames": [DEVICE_CLASS]}]},
     }
 
 

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from rljob_operator.names import CONFIG_KEY
 
+from tests.cluster.kueue import DEVICE_CLASS, DRA_RESOURCE
 from tests.cluster.waiting import wait_for
 from tests.support.operator import (
     QUICK_EXIT,
@@ -48,8 +49,10 @@ class Queues:
         self.flavor, self.cluster_queue = f"{self.pool}-flavor", f"{self.pool}-cq"
         self.cluster_objects: list[str] = []
 
-    def create(self, gpus: int, *, preemption: bool = False, nodes: int = 2) -> None:
-        """Nodes of 8 GPUs (more than the quota: the quota is what limits), the flavor, the queues."""
+    def create(self, gpus: int, *, preemption: bool = False, nodes: int = 2, cpu: str = "64",
+               devices: int | None = None) -> None:
+        """Nodes of 8 GPUs (more than the quota: the quota is what limits), the flavor, the queues; ``devices``:
+        a quota of DRA devices too (what Kueue counts claims of the tests' DeviceClass as)."""
         for name in self.nodes.add(nodes, gpus=8, labels={POOL: self.pool}):
             node = self.kube.request("GET", f"/api/v1/nodes/{name}")
             taints = [*(node["spec"].get("taints") or []), {"key": POOL, "value": self.pool, "effect": "NoSchedule"}]
@@ -58,12 +61,12 @@ class Queues:
         self._post("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": self.flavor}, "spec": {
             "nodeLabels": {POOL: self.pool},
             "tolerations": [{"key": POOL, "operator": "Equal", "value": self.pool, "effect": "NoSchedule"}]}})
+        quotas = {"cpu": cpu, "memory": "256Gi", "nvidia.com/gpu": gpus,
+                  **({DRA_RESOURCE: devices} if devices is not None else {})}
         spec: dict[str, Any] = {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
-            "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"], "flavors": [
-                {"name": self.flavor, "resources": [{"name": "cpu", "nominalQuota": "64"},
-                                                    {"name": "memory", "nominalQuota": "256Gi"},
-                                                    {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}],
+            "resourceGroups": [{"coveredResources": list(quotas), "flavors": [
+                {"name": self.flavor, "resources": [{"name": k, "nominalQuota": v} for k, v in quotas.items()]}]}],
         }
         if preemption:
             spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
@@ -109,34 +112,6 @@ class Queues:
         out = self.kube.request("GET", f"{KUEUE_API}/namespaces/{self.namespace}/workloads",
                                 query={"labelSelector": selector})
         return list(out.get("items") or [])
-
-
-@pytest.fixture
-def tenant(kube: Any, namespace: str, service_account_kubeconfig: Any) -> Iterator[Any]:
-    """The operator's REST layer acting as an ordinary tenant: RLTrainingJobs in ``namespace`` and nothing else
-    (no pods, no Workloads, no job status; its pods' code is played by the test's annotations)."""
-    from kubernetes import client, config
-    from rljob_operator.cluster.kube import Kube
-
-    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
-    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "jobs-only"}, "rules": [
-        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})
-    kube.request("POST", f"{rbac}/rolebindings", {
-        "metadata": {"name": "jobs-only"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                                       "name": "jobs-only"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
-    configuration = client.Configuration()
-    config.load_kube_config(str(service_account_kubeconfig("tenant")), client_configuration=configuration)
-    user = client.ApiClient(configuration)
-    as_tenant = Kube(user)
-    # RBAC reaches the authorizer through an informer: wait until the tenant may read jobs.
-    wait_for(lambda: as_tenant.request("GET", as_tenant.job_path(namespace)) is not None, 30,
-             message="the tenant's rights in force", ignore=(Exception,))
-    try:
-        yield as_tenant
-    finally:
-        user.close()
 
 
 @pytest.fixture
@@ -401,3 +376,45 @@ def test_where_a_queue_is_required_a_job_naming_none_waits_until_it_is_labelled(
         "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "lq"}}}, content_type="application/merge-patch+json")
     _running(kube, namespace, "loose")
     assert get_job(kube, namespace, "loose")["status"]["queue"] == "lq"
+
+
+def test_kueue_is_charged_the_built_pods_pod_level_resources_and_claims(kube: Any, namespace: str, queues: Queues,
+                                                                       operator: Any, tenant: Any) -> None:
+    """A runtime whose pods reserve 96 CPUs at pod level and two DRA devices each: the ClusterQueue's usage shows
+    2 × 96 CPUs and 2 × 2 devices, not the trainer container's 1 CPU and no device (issue #42's third escape)."""
+    queues.create(gpus=8, cpu="256", devices=8)
+    kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "two-gpus"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 2}}]}}}})
+    big = on_namespaced_runtime(kube, namespace, "big", {
+        "limits": {"cpuPerWorker": {"default": "1"}},
+        "podTemplate": {"spec": {
+            "resources": {"limits": {"cpu": "96", "memory": "64Gi"}},
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}],
+            "containers": [{"name": "trainer", "resources": {"claims": [{"name": "gpus"}]}}]}}})
+    operator(env={"RLJOB_OPERATOR_KUEUE_COUNTS_RESOURCE_CLAIMS": "true"})
+    queues.job("wide", user=tenant, workers={"gpusPerWorker": 0}, **big)
+
+    def admitted() -> dict[str, Any] | None:
+        found = [w for w in queues.workloads("wide") if (w.get("status") or {}).get("admission")]
+        return found[0] if found else None
+
+    workload = wait_for(admitted, 60, message="wide's Workload admitted")
+    [assignment] = workload["status"]["admission"]["podSetAssignments"]
+    assert assignment["resourceUsage"]["cpu"] == "192" and assignment["resourceUsage"][DRA_RESOURCE] == "4", assignment
+    template = workload["spec"]["podSets"][0]["template"]["spec"]
+    assert template["resources"]["requests"] == {"cpu": "96", "memory": "64Gi"}  # as the API server defaults the pod's
+
+    def usage() -> dict[str, str]:
+        cq = kube.request("GET", f"{KUEUE_API}/clusterqueues/{queues.cluster_queue}")
+        return {r["name"]: r["total"] for f in (cq.get("status") or {}).get("flavorsReservation") or []
+                for r in f.get("resources") or []}
+
+    totals = wait_for(lambda: usage() if usage().get("cpu") == "192" else None, 30,
+                      message="the ClusterQueue's reservation of the whole gang")
+    assert totals[DRA_RESOURCE] == "4" and totals["memory"] == "128Gi", totals
+    pods = wait_for(lambda: job_pods(kube, namespace, "wide") or None, 60, message="wide's pods")
+    for pod in pods:  # the pods reserve what the Workload was charged
+        assert pod["spec"]["resources"]["requests"]["cpu"] == "96"
+        assert pod["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]

@@ -342,6 +342,8 @@ def test_a_deleted_runtime_keeps_the_running_gang_and_a_restart_runs_on_its_snap
     plan = plan_reconcile(restarting, [], NOW, profile=PROFILE, runtime=resolve(restarting, old),
                           runtime_in_use=restart)
     assert len(plan.create_pods) == 2 and plan.status["runtime"]["generation"] == 4
+    assert f"gang generation 1 is built from the runtime's snapshot: {restart.stale.message}" in \
+        [e.message for e in plan.events if e.reason == DELETED]
 
 
 def test_a_job_without_a_usable_snapshot_waits_runtime_not_found() -> None:

@@ -12,6 +12,8 @@ A pytest plugin (``tests/conftest.py``): every test module gets these fixtures b
   the default ClusterRLTrainingRuntime ``TEST_RUNTIME`` every job without a runtimeRef runs on.
 * ``operator`` (function): ``start(**opts) -> OperatorProcess`` running ``rljob operator``
   against the test's namespace, with short intervals; every process is stopped afterwards.
+* ``tenant`` (function): an ordinary user's client who may create RLTrainingJobs in the test's namespace and
+  nothing else.
 * ``wait_gang(kube, namespace, name, generation)``: the job once that gang generation runs
   complete and Ready, with no pod of another generation left.
 """
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +448,36 @@ def operator(admin_kubeconfig: Path, namespace: str, crd_installed: Any, tmp_pat
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def tenant(kube: Any, namespace: str, service_account_kubeconfig: Any) -> Iterator[Any]:
+    """The operator's REST layer acting as an ordinary tenant: RLTrainingJobs in ``namespace`` and nothing else
+    (no pods, no Workloads, no runtimes, no job status; its pods' code is played by the test's annotations)."""
+    from kubernetes import client, config
+    from rljob_operator.cluster.kube import Kube
+
+    from tests.cluster.waiting import wait_for
+
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "jobs-only"}, "rules": [
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})
+    kube.request("POST", f"{rbac}/rolebindings", {
+        "metadata": {"name": "jobs-only"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                       "name": "jobs-only"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
+    configuration = client.Configuration()
+    config.load_kube_config(str(service_account_kubeconfig("tenant")), client_configuration=configuration)
+    user = client.ApiClient(configuration)
+    as_tenant = Kube(user)
+    # RBAC reaches the authorizer through an informer: wait until the tenant may read jobs.
+    wait_for(lambda: as_tenant.request("GET", as_tenant.job_path(namespace)) is not None, 30,
+             message="the tenant's rights in force", ignore=(Exception,))
+    try:
+        yield as_tenant
+    finally:
+        user.close()
 
 
 # ------------------------------------------------------------------ job helpers

@@ -43,7 +43,7 @@ from rljob_operator.decisions.plan import (
 )
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.restarts import stall_check_in
-from rljob_operator.decisions.runtimes import NOT_ALLOWED, RuntimeInUse
+from rljob_operator.decisions.runtimes import DELETED, NOT_ALLOWED, RuntimeInUse
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (
     FORCE_DELETE_AFTER_SECONDS,
@@ -274,18 +274,29 @@ def progress(ctx: Situation) -> Plan:
     ]
     blocked = [worker_name(ctx.job.metadata.name, i) for i in missing
                if worker_name(ctx.job.metadata.name, i) in occupied]
+    events = ctx.lead_events + ctx.sizing.events
     if create and d.gang_start_time is None:  # a new gang: what it is built from is recorded with it
         d.gang_start_time = rfc3339(ctx.now)
         d.runtime = ctx.runtime_record or d.runtime
+        events += _snapshot_gang_event(ctx)
     if create or ctx.current:
         d.next_restart_time = None
     if restarting and not create and not ctx.current:
         _still_restarting(ctx, d, restart_left, blocked)
     else:
         _gang_phase(ctx, d, create, blocked)
-    return ctx.plan(d, delete=ctx.stale_deletions, events=ctx.lead_events + ctx.sizing.events,
+    return ctx.plan(d, delete=ctx.stale_deletions, events=events,
                     requeue_after=_next_look(ctx, d, blocked, restart_left), gang_restart=ctx.gang_restart,
                     create=create)
+
+
+def _snapshot_gang_event(ctx: Situation) -> list[Event]:
+    """A new gang built from the snapshot of a deleted runtime says so, every time (``decisions.runtimes``)."""
+    stale = ctx.runtime_stale
+    if stale is None or stale.reason != DELETED:
+        return []
+    return [Event("Warning", DELETED, f"gang generation {ctx.generation} is built from the runtime's snapshot: "
+                                      f"{stale.message}")]
 
 
 def _still_restarting(ctx: Situation, d: StatusDraft, restart_left: float | None, blocked: list[str]) -> None:
