@@ -388,9 +388,9 @@ def test_kueue_is_charged_the_built_pods_pod_level_resources_and_claims(kube: An
         "spec": {"spec": {"devices": {"requests": [
             {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 2}}]}}}})
     big = on_namespaced_runtime(kube, namespace, "big", {
-        "limits": {"cpuPerWorker": {"default": "1"}},
+        "limits": {"cpuPerWorker": {"default": "1"}},  # the trainer container's request: 1 CPU
         "podTemplate": {"spec": {
-            "resources": {"limits": {"cpu": "96", "memory": "64Gi"}},
+            "resources": {"requests": {"cpu": "96", "memory": "64Gi"}, "limits": {"cpu": "96", "memory": "64Gi"}},
             "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}],
             "containers": [{"name": "trainer", "resources": {"claims": [{"name": "gpus"}]}}]}}})
     operator(env={"RLJOB_OPERATOR_KUEUE_COUNTS_RESOURCE_CLAIMS": "true"})
