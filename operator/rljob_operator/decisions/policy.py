@@ -134,7 +134,7 @@ def violations(job: RLTrainingJob, profile: PodProfile, runtime: Resolved | None
     r = resolved(job, runtime)
     out = problems(job, r.runtime) if r.runtime is not None else []
     out += [f"{r.ref}: {v}" for v in runtime_violations(r, profile)]
-    out += _trust_remote_code(job, profile)
+    out += job_violations(job, profile)
     if out:
         return out
     return [f"{r.ref}: {v}" for v in built_pod_violations(desired_worker_pod(job, 0, 0, runtime=r)["spec"], r, profile)]
@@ -149,6 +149,11 @@ def built_pod_violations(spec: dict[str, Any], runtime: Resolved, profile: PodPr
     for i, toleration in enumerate(spec.get("tolerations") or []):
         out += _toleration(f"the worker pod's spec.tolerations[{i}]", toleration or {}, profile, namespaced)
     return out + bound_violations(spec, runtime)
+
+
+def job_violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
+    """What the job itself asks that ``profile`` refuses, whatever runtime it runs on (``trust_remote_code``)."""
+    return _trust_remote_code(job, profile)
 
 
 def _named_sa(runtime: Resolved) -> str | None:
