@@ -153,8 +153,17 @@ class _Follower:
         """Was the (optional) resource found not served? (said once)"""
         self._watch: _JsonWatch | None = None
         self._stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Follow the scope from where it was left (a stopped stream resumes as a reconnect would, once
+        its thread has ended)."""
+        if self.thread is not None and self.thread.is_alive():
+            raise RuntimeError(f"{self.thread.name} is still stopping")
+        self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name=f"rljob-watch-{stream.resource.plural}-{scope or 'cluster'}")
+                                       name=f"rljob-watch-{self.stream.resource.plural}-{self.scope or 'cluster'}")
+        self.thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -311,8 +320,9 @@ class Stream:
     def start(self) -> None:
         """Start following, from the running event loop (the one the subscriber is called in)."""
         self._loop = asyncio.get_running_loop()
+        self._stopped = False
         for follower in self.followers:
-            follower.thread.start()
+            follower.start()
 
     async def stop(self) -> None:
         """Stop following; nothing more is handed on. The threads end on their own (none blocks the exit)."""
