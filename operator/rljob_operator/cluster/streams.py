@@ -22,9 +22,9 @@ event ever will) is handed on as DELETED at the end of that listing, with what t
 of it (namespace, name, uid, labels); an object replaced under the same name meanwhile is handed on
 as DELETED (the old uid) before its successor.
 
-Errors: a refused or failed request (no connection, a timeout, 5xx, 429, 401, 403) is retried
-after 1, 1, 2, 3, 5, 8, 13 and 21 s, and then the stream ends; so does one that cannot succeed
-(400, 404 for a resource not served, 422). A resource marked ``optional`` (a CRD that may be
+Errors: a refused or failed request (no connection, a timeout, a line that is not JSON, 5xx, 429,
+401, 403) is retried after 1, 1, 2, 3, 5, 8, 13 and 21 s, and then the stream ends; so does one
+that cannot succeed (400, 404 for a resource not served, 422). A resource marked ``optional`` (a CRD that may be
 installed later: the RLExperiments, a gate's) that is not served is looked for every
 ``NOT_SERVED_SECONDS`` instead. A stream that ends sets ``failed``: the runner then stops the
 operator, which must not go on blind (its pod restarts and lists everything afresh).
@@ -189,7 +189,7 @@ class _Follower:
                 self._pause(RECONNECT_SECONDS)
             except ApiException as e:
                 self._failed(e, e.status or 0)
-            except (HTTPError, OSError) as e:  # no connection, reset, timed out, cut short
+            except (HTTPError, OSError, ValueError) as e:  # no connection, reset, timed out, cut short; a bad line
                 if self._stop.is_set():
                     raise Stopped from None
                 self._failed(e, 0)
