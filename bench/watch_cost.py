@@ -5,8 +5,7 @@ or a maintained client's watch. This measures what one event costs the process t
 real control plane: N labelled ConfigMaps of about a worker pod's size (6 KB) are listed by a consumer
 process, then M merge patches (M MODIFIED events; each object's last gives it its final value) are
 sent from 8 threads, each object's in order; the consumer's CPU (user + system, from /proc) from the end of its listing until
-it has seen every object's final value, divided by M. kopf hands its handler fewer events than the API
-server sent (it merges an object's events that arrive within its batch window): ``handler_calls``. The
+it has seen every object's final value, divided by M (``handler_calls``: how often the handler ran). The
 sides run in turn and then in reverse (kopf, stream | stream, kopf | ...), each in a fresh namespace
 and a fresh process; medians per side.
 
@@ -45,8 +44,9 @@ PAYLOAD = "x" * 6000  # about a worker pod's JSON
 
 
 class Finals:
-    """Which objects a consumer has seen in their final state (the last patch: ``n: final``), and how
-    many times its handler ran; prints ``listed`` once the listing is in, ``seen N`` once every object is final."""
+    """Which objects a consumer has seen in their final state (the last patch: ``n: final``; events are
+    not counted, as kopf may merge an object's events that arrive within its batch window), and how many
+    times its handler ran; prints ``listed`` once the listing is in, ``seen N`` once every object is final."""
 
     def __init__(self, objects: int) -> None:
         self.objects = objects
