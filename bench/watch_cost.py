@@ -4,8 +4,9 @@ Issue #44 (point 2) asks that each resource's watch be chosen on measurement: ko
 or a maintained client's watch. This measures what one event costs the process that watches, on the
 real control plane: N labelled ConfigMaps of about a worker pod's size (6 KB) are listed by a consumer
 process, then M merge patches (M MODIFIED events; each object's last gives it its final value) are
-sent from 8 threads, each object's in order; the consumer's CPU (user + system, from /proc) from the end of its listing until
-it has seen every object's final value, divided by M (``handler_calls``: how often the handler ran). The
+sent from 8 threads, each object's in order; the consumer's CPU (user + system, from /proc) from the
+end of its listing until it has seen every object's final value, divided by M (``handler_calls``: how
+often the handler ran). The
 sides run in turn and then in reverse (kopf, stream | stream, kopf | ...), each in a fresh namespace
 and a fresh process; medians per side.
 
