@@ -21,6 +21,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from rljob_trainer.algorithms import ALGORITHMS
 
+from rljob_contract import yamltext
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
 from rljob_contract.rules import Rule, enforce
 from rljob_contract.spec import (
@@ -70,12 +71,36 @@ class ObjectMeta(Model):
     # Server-populated fields are accepted (a manifest read back from the cluster still validates).
     model_config = Model.model_config | {"extra": "allow"}
 
+    @field_validator("name", mode="after")
+    @classmethod
+    def _starts_with_a_letter(cls, name: str) -> str:
+        """``NAME_STARTS_WITH_A_LETTER``'s refusal, for jobs and experiments (whose names begin their trials')."""
+        if not starts_with_a_letter(name):
+            raise ValueError(f"{name!r} must start with a lower-case letter: a job's name is also its headless "
+                             "Service's, and Kubernetes requires a Service name to (a DNS-1035 label); an "
+                             "experiment's name begins its trial jobs' names")
+        return name
 
-#: On the resource: metadata is untyped in a CRD, so the name's length is checked here.
+
+def starts_with_a_letter(name: str) -> bool:
+    """Does ``name`` start as a DNS-1035 label (a Service's name) must: with a lower-case letter?"""
+    return name[:1].isascii() and name[:1].islower()
+
+
+#: On the resource: metadata is untyped in a CRD, so the name's rules are written here. A job named like
+#: ``7b-grpo`` is a valid object name but not a valid Service name; the operator names the job's headless
+#: Service after the job (its pods' DNS names, the rendezvous endpoint), so such a job is refused at
+#: ``kubectl apply`` instead of failing later as InvalidPodSpec. (Naming the Service otherwise for such jobs
+#: alone would let two jobs claim one Service name, ``7b`` and a job named after its replacement.)
 ROOT_RULES = [Rule(
     "metadata.name: length", "", f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
     f"metadata.name must be at most {MAX_NAME_LENGTH} characters (pods are named <name>-worker-<i>)", None,
     holds=lambda job: len(job.metadata.name) <= MAX_NAME_LENGTH, enforced_by="ObjectMeta.name (max_length)",
+), Rule(
+    "metadata.name: starts with a letter", "", "self.metadata.name.matches('^[a-z]')",
+    "metadata.name must start with a lower-case letter: it also names the job's headless Service, and a Service "
+    "name is a DNS-1035 label", None,
+    holds=lambda job: starts_with_a_letter(job.metadata.name), enforced_by="ObjectMeta._starts_with_a_letter",
 )]
 
 
@@ -682,7 +707,7 @@ def read_documents(path: str | os.PathLike[str]) -> list[Any]:
     except OSError as e:
         raise ManifestError(source, [f"cannot read file: {e.strerror}"]) from None
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yamltext.load_all(text) if d is not None]
     except yaml.YAMLError as e:
         raise ManifestError(source, [f"invalid YAML: {e}"]) from None
 
