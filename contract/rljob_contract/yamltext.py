@@ -50,7 +50,7 @@ class ManifestLoader(yaml.SafeLoader):
         super().__init__(stream)
         self.depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise UnsafeYAML(f"the alias *{event.anchor} is not accepted: write the value out (aliases let a "
