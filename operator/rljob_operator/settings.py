@@ -93,6 +93,11 @@ def setting_infos() -> dict[str, SettingInfo]:
     return {f.name: f.metadata["setting"] for f in dataclasses.fields(OperatorSettings)}
 
 
+#: The least ``capacity_refresh_seconds`` may be: a tenant's Capacity jobs decide how often they look, the
+#: platform how often the operator reads every pod of the cluster for them (issue #43 point 4).
+MIN_CAPACITY_REFRESH_SECONDS = 10.0
+
+
 @dataclass
 class OperatorSettings:
     """How one operator replica runs."""
@@ -199,6 +204,11 @@ class OperatorSettings:
         True, help="Watch Nodes (needs list and watch on nodes, cluster-wide): a gang with a worker on a Node "
         "that is deleted is restarted at once, its pods there force-deleted, rather than once the pod garbage "
         "collector removes them (40 s later). Without the permission it is off, with one warning.")
+    capacity_refresh_seconds: float = setting(
+        30.0, help="Jobs with ``autoscaling.policy: Capacity`` share one look at the cluster's nodes and bound pods "
+        "(every pod of the cluster, read in pages) for this long, whatever their ``checkIntervalSeconds``; the "
+        "Node watch (``watch_nodes``) renews it when a node comes, goes or changes what it offers. At least "
+        f"{MIN_CAPACITY_REFRESH_SECONDS:g}: each look reads every pod of the cluster.")
     network_policy: bool = setting(
         True, help="Give every job a NetworkPolicy ``<job>-workers``: its pods accept traffic only from the job's "
         "own pods, and metrics scrapes from ``trainer_metrics_from``. Needs get, create, patch on "
@@ -315,6 +325,9 @@ class OperatorSettings:
             )
         settings = cls(**values)
         settings.check_network()
+        if settings.capacity_refresh_seconds < MIN_CAPACITY_REFRESH_SECONDS:
+            raise ValueError(f"{env_name('capacity_refresh_seconds')}={settings.capacity_refresh_seconds:g}: at least "
+                             f"{MIN_CAPACITY_REFRESH_SECONDS:g} (each look at capacity reads every pod of the cluster)")
         if settings.tls_secret is None and in_cluster and not settings.tls_cert_file:
             settings.tls_secret = f"{settings.operator_namespace}/{settings.service_name}-tls"
         return settings
