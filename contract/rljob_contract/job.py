@@ -56,6 +56,8 @@ DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: Longest job name: ``<name>-worker-1023`` must stay a DNS label (63 characters).
 MAX_NAME_LENGTH = 50
+#: Most workers a job may have (``spec.workers.maxReplicas``); worker pods are ``<name>-worker-0`` … ``-1023``.
+MAX_WORKERS = 1024
 
 
 class ObjectMeta(Model):
@@ -135,12 +137,12 @@ class WorkerPodsSpec(WorkersSpec):
     """The worker pods: one pod per torchrun node, procsPerWorker processes in each."""
 
     min_replicas: int | None = Field(
-        None, ge=1, le=1024,
+        None, ge=1, le=MAX_WORKERS,
         description="Fewest workers the job may run with. replicas (kubectl scale, an HPA) is clamped to "
         "[minReplicas, maxReplicas]; setting either bound makes the job elastic (see spec.autoscaling).",
     )
     max_replicas: int | None = Field(
-        None, ge=1, le=1024, description="Most workers the job may run with (see minReplicas)."
+        None, ge=1, le=MAX_WORKERS, description="Most workers the job may run with (see minReplicas)."
     )
     termination_grace_period_seconds: int = Field(
         120, ge=10, le=3600,
@@ -608,6 +610,10 @@ class RLTrainingJobStatus(StatusModel):
     gang_start_time: str | None = Field(None, description="When the current gang's pods were created.")
     oom_recovery: OomRecovery | None = Field(None, description="Reduced batch shape after out-of-memory failures.")
     scaling: ScalingStatus | None = Field(None, description="Worker count in use and the last resize.")
+    created_pods: dict[str, str] | None = Field(
+        None, max_length=MAX_WORKERS, description="The worker pods the operator created for this job: pod name to "
+        "the UID of the last pod it created under that name. Only those pods may speak for the job (the status "
+        "API refuses any other pod's token, whatever its labels or ownerReferences).")
 
     @field_validator("phase", mode="after")
     @classmethod

@@ -10,12 +10,16 @@ in this order, which is what makes an interrupted reconcile converge:
    its ``ForceDeleted`` Event);
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
    before any pod (a pod no policy selects accepts traffic from anywhere);
-4. the missing pods, under their deterministic names, created concurrently;
+4. the missing pods, under their deterministic names, created concurrently; then the UIDs the API
+   server gave them, in ``status.createdPods`` (``decisions.createdpods``: only those pods may speak
+   for the job in the status API), one merge patch of the names created;
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
-can produce a second pod for a name. When a create in steps 3-4 is refused,
+can produce a second pod for a name. (A crash between a create and its record leaves a pod
+the status API does not hear: the stall timeout restarts its gang, whose pods are recorded. A
+record write the API server refused is kept and sent with the next status write.) When a create in steps 3-4 is refused,
 ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
@@ -37,13 +41,15 @@ from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube
 from rljob_operator.cluster.workqueue import JobKey
+from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.children import JobNetwork
+from rljob_operator.decisions.createdpods import CREATED_PODS
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
-from rljob_operator.decisions.scaling import Capacity
+from rljob_operator.decisions.scaling import Capacity, NodeInfo
 from rljob_operator.integrations.client import GateClient
 from rljob_operator.integrations.gate import Gated
 from rljob_operator.integrations.registry import default_clients
@@ -51,8 +57,9 @@ from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, StatusEndpoin
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.reconciler")
-#: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs.
-CAPACITY_MAX_AGE_SECONDS = 1.0
+#: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs (the setting
+#: ``capacity_refresh_seconds``, at least ``settings.MIN_CAPACITY_REFRESH_SECONDS``).
+CAPACITY_MAX_AGE_SECONDS = 30.0
 #: How long a pod this operator created may be absent from its watch before it is no longer looked up.
 UNSEEN_CREATE_SECONDS = 30.0
 #: Threads for a reconcile's concurrent requests (a gang's creates and deletes, its children), per reconcile worker.
@@ -99,9 +106,11 @@ class Reconciler:
         node_gone: Callable[[str | None], bool] | None = None,
         request_threads: int = 8,
         job_cache: JobCache | None = None,
+        capacity_max_age: float = CAPACITY_MAX_AGE_SECONDS,
     ) -> None:
         """``request_threads``: how many of the reconciles' concurrent requests may be in flight at once;
-        ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job)."""
+        ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job);
+        ``capacity_max_age``: how long one look at capacity serves every Capacity job."""
         self.kube = kube
         self.job_cache = job_cache
         self.node_gone = node_gone
@@ -118,6 +127,7 @@ class Reconciler:
         """Its own budget per job, apart from the status API's: pods flooding warnings cannot crowd these out."""
         self.force_delete_after = force_delete_after
         self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
+        self.capacity_max_age = capacity_max_age
         self._pool = ThreadPoolExecutor(max_workers=request_threads, thread_name_prefix="rljob-create")
         self._events = ThreadPoolExecutor(max_workers=EVENT_THREADS, thread_name_prefix="rljob-events")
         """Events are written here, off the reconcile threads (``_post_events``)."""
@@ -125,6 +135,8 @@ class Reconciler:
         self._created: dict[tuple[str, str], dict[str, float]] = {}
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
         name → when (monotonic)."""
+        self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
+        """Per job (namespace, name, uid), pods it created whose UIDs no status write has recorded yet."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -166,6 +178,8 @@ class Reconciler:
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._children_verified.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
+            for key in [k for k in self._unrecorded if k[:2] == (namespace, name)]:
+                del self._unrecorded[key]
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
@@ -197,7 +211,8 @@ class Reconciler:
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, gates)
-        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
+        record = createdpods.seed(raw.get("status") or {}, self._observe(pods, uid))
+        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
             requeue = min(unwatched)
@@ -237,13 +252,16 @@ class Reconciler:
         return self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
 
     def capacity(self) -> Capacity | None:
-        """Nodes and bound pods, shared by the reconciles of the next ``CAPACITY_MAX_AGE_SECONDS``.
+        """Nodes and bound pods, shared by the reconciles of the next ``capacity_max_age`` seconds, whatever the
+        jobs' ``checkIntervalSeconds`` (a tenant's): each look reads every pod of the cluster, page by page
+        (``Kube.list_bound_pods``), keeping what capacity needs of each. The Node watch renews it sooner
+        (``node_changed``).
 
         None when the operator may not list nodes or all pods (its RBAC): Capacity jobs then keep
         their size, as with policy Manual, and the operator says so once in its log.
         """
         taken, snapshot = self._capacity
-        if time.monotonic() - taken < CAPACITY_MAX_AGE_SECONDS:
+        if time.monotonic() - taken < self.capacity_max_age:
             return self._without_gone_nodes(snapshot)
         try:
             snapshot = Capacity.from_objects(self.kube.list_nodes(), self.kube.list_bound_pods())
@@ -259,8 +277,22 @@ class Reconciler:
         return self._without_gone_nodes(snapshot)
 
     def forget_capacity(self) -> None:
-        """A node was added or deleted: the next reconcile that needs capacity looks again."""
+        """The next reconcile that needs capacity looks again."""
         self._capacity = (float("-inf"), None)
+
+    def node_changed(self, type: str | None, node: dict[str, Any]) -> None:
+        """A Node watch event: a node added or deleted, or one whose readiness, schedulability, labels, taints or
+        allocatable changed from the last look, makes the next reconcile that needs capacity look again. (Nodes
+        change at the platform's hand and the kubelets', not a tenant's; a node's heartbeat changes none of that.)"""
+        if type in ("ADDED", "DELETED"):
+            self.forget_capacity()
+            return
+        _, snapshot = self._capacity
+        if snapshot is None or type is None:
+            return
+        seen = NodeInfo.from_node(node)
+        if next((n for n in snapshot.nodes if n.name == seen.name), None) != seen:
+            self.forget_capacity()
 
     def _without_gone_nodes(self, snapshot: Capacity | None) -> Capacity | None:
         """A snapshot taken before the Node watch saw a node deleted must not count it: the gang that
@@ -271,14 +303,21 @@ class Reconciler:
         return snapshot.without_nodes(self.node_gone)
 
     def _apply(self, raw: dict[str, Any], plan: Plan, now: datetime,
-               pods: dict[str, dict[str, Any]] | None = None) -> float | None:
+               pods: dict[str, dict[str, Any]] | None = None, record: dict[str, str] | None = None) -> float | None:
         """Carry ``plan`` out in the module's order; returns seconds until the job wants another look.
 
-        A create the API server refuses ends the plan there: ``refusals.plan_for_refusal`` decides
-        what replaces the rest of it, and that Plan is applied the same way.
+        ``record``: what the status write adds to ``status.createdPods`` (``createdpods.seed``), with the
+        UIDs of pods created earlier whose record write failed. A create the API server refuses ends the
+        plan there: ``refusals.plan_for_refusal`` decides what replaces the rest of it, and that Plan is
+        applied the same way.
         """
         meta = raw["metadata"]
-        stored = self._write_status(raw, raw.get("status") or {}, plan)
+        if record is None and not (raw.get("status") or {}):
+            record = createdpods.seed({}, [])  # a job's first status write starts its record (plan_invalid's too)
+        unrecorded = self._unrecorded_patch(raw)
+        extra = {CREATED_PODS: {**(record or {}), **unrecorded.get(CREATED_PODS, {})}} if record is not None \
+            or unrecorded else {}
+        stored = self._write_status(raw, raw.get("status") or {}, plan, extra)
         for gate, writes in plan.gate_writes.items():  # right after the status
             self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
         self._delete_pods(raw, plan, pods or {}, now)
@@ -289,21 +328,26 @@ class Reconciler:
                        else Refusal(e.status, e.body or "", str(e.reason)))
             rest = plan_for_refusal(raw, plan, refusal, now)
             if rest is None:
+                self._record_created(raw)
                 raise
             log.info("%s/%s: a create was refused (%s): %s", meta["namespace"], meta["name"],
                      refusal.status or "ChildConflict", rest.status.get("reason") or "nothing more to do")
-            self._write_status(raw, stored, rest)
+            self._write_status(raw, stored, rest, self._unrecorded_patch(raw))
             plan = rest
+        self._record_created(raw)
         return self._finish(raw, plan, now)
 
-    def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan) -> dict[str, Any]:
-        """Patch the plan's status unless it is already stored; returns the status now stored."""
+    def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan,
+                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Patch the plan's status (and ``extra``: the record of created pods) unless it is already stored;
+        returns the status now stored."""
         meta = raw["metadata"]
-        if _status_changed(stored, plan.status):
-            self._patch_status(raw, plan.status)
+        patch = {**plan.status, **(extra or {})}
+        if _status_changed(stored, patch):
+            self._patch_status(raw, patch)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
-        return _merge_patch(stored, plan.status)
+        return _merge_patch(stored, patch)
 
     def _delete_pods(self, raw: dict[str, Any], plan: Plan, pods: dict[str, dict[str, Any]], now: datetime) -> None:
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
@@ -347,8 +391,39 @@ class Reconciler:
         for pod in plan.create_pods:
             log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
             created[pod["metadata"]["name"]] = time.monotonic()
-        # A gang's pods are independent requests: send them together (a failure still raises).
-        list(self._pool.map(self.kube.create_pod, plan.create_pods))
+        # A gang's pods are independent requests: send them together; every answer is waited for, so the
+        # pods created are recorded even when another create was refused (which is raised afterwards).
+        answers = [self._pool.submit(self.kube.create_pod, pod) for pod in plan.create_pods]
+        refused = next((a.exception() for a in answers if a.exception() is not None), None)
+        made = [out for a in answers if a.exception() is None and (out := a.result()) is not None]
+        if made:  # recorded after this reconcile's creates (``_record_created``), or with the refusal's status
+            key = self._job_key(raw)
+            self._unrecorded[key] = {**self._unrecorded.get(key, {}), **createdpods.created(made)}
+        if refused is not None:
+            raise refused
+
+    @staticmethod
+    def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:
+        meta = raw["metadata"]
+        return meta["namespace"], meta["name"], meta.get("uid") or ""
+
+    def _unrecorded_patch(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The status patch of the pods created for ``raw`` and not recorded yet (taken: the caller writes it)."""
+        unrecorded = self._unrecorded.pop(self._job_key(raw), None)
+        return {CREATED_PODS: unrecorded} if unrecorded else {}
+
+    def _record_created(self, raw: dict[str, Any]) -> None:
+        """``status.createdPods`` gains the pods this reconcile created (a merge patch of their names); if the
+        write fails they are kept for the job's next status write."""
+        patch = self._unrecorded_patch(raw)
+        if not patch:
+            return
+        try:
+            self._patch_status(raw, patch)
+        except Exception:
+            key = self._job_key(raw)
+            self._unrecorded[key] = {**patch[CREATED_PODS], **self._unrecorded.get(key, {})}
+            raise
 
     def _finish(self, raw: dict[str, Any], plan: Plan, now: datetime) -> float | None:
         """Events, then the job's deletion once its TTL passed."""
