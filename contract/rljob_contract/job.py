@@ -291,8 +291,10 @@ class RunPolicy(Model):
     )
     check_interval_seconds: int = Field(
         30, ge=1,
-        description="How often autoscaling policy Capacity looks at free GPUs and nodes. (Heartbeat deadlines, "
-        "stallTimeoutSeconds and startupTimeoutSeconds, are checked when they fall due.)",
+        description="How often autoscaling policy Capacity looks at free GPUs and nodes (what it sees is the "
+        "operator's latest look at the cluster, taken at most every capacity_refresh_seconds, 30 s by default, "
+        "whatever this says). (Heartbeat deadlines, stallTimeoutSeconds and startupTimeoutSeconds, are checked "
+        "when they fall due.)",
     )
 
 

@@ -298,17 +298,29 @@ def _refused(status: int, body: str) -> ApiException:
 WORKERS = ("train-worker-0", "train-worker-1")
 
 
-def test_the_reconciler_writes_status_then_children_then_pods_and_their_uids_then_events() -> None:
+def test_the_reconciler_writes_status_then_children_then_pods_then_events_and_records_the_pods_next() -> None:
     kube = RecordingKube(_raw())
-    assert _reconcile(kube) is None
-    assert kube.calls[0] == ("status", "Pending", "CreatingWorkers")
-    assert sorted(kube.calls[1:3]) == [("create", "ConfigMap"), ("create", "Service")]
-    assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("record", WORKERS), ("event", "CreatingWorkers"),
-                              ("event", "EphemeralCheckpoints")]
-    # The job's first status write starts the record of the pods the operator created, empty; the UIDs the API
-    # server answered the creates with follow the creates (decisions/createdpods.py).
-    assert kube.statuses[0]["createdPods"] == {}
-    assert kube.statuses[1] == {"createdPods": {name: f"uid-of-{name}" for name in WORKERS}}
+    reconciler = _reconciler(kube)
+    try:
+        assert reconciler.reconcile("team-a", "train") is None
+        assert kube.calls[0] == ("status", "Pending", "CreatingWorkers")
+        assert sorted(kube.calls[1:3]) == [("create", "ConfigMap"), ("create", "Service")]
+        assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers"),
+                                  ("event", "EphemeralCheckpoints")]
+        # The job's first status write starts the record of the pods the operator created, empty; the UIDs the
+        # API server answered the creates with go into the job's next status write (decisions/createdpods.py):
+        # the next reconcile's, which the new pods' watch events bring.
+        assert kube.statuses[0]["createdPods"] == {}
+        kube.raw = _raw({**kube.statuses[0], "createdPods": {}})
+        kube.statuses.clear()
+        reconciler.reconcile("team-a", "train")
+        assert kube.statuses[0]["createdPods"] == {name: f"uid-of-{name}" for name in WORKERS}
+        kube.raw["status"]["createdPods"] = kube.statuses[0]["createdPods"]
+        kube.statuses.clear()
+        reconciler.reconcile("team-a", "train")  # recorded: not written again
+        assert all("createdPods" not in status for status in kube.statuses)
+    finally:
+        reconciler.close()
 
 
 def test_the_pods_created_are_recorded_even_when_another_create_is_refused_and_a_failed_record_is_sent_again(
@@ -327,18 +339,19 @@ def test_the_pods_created_are_recorded_even_when_another_create_is_refused_and_a
 
     class RecordFails(RecordingKube):
         def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-            if set(status) == {"createdPods"} and not self.failed:
-                self.failed = True
+            if status.get("createdPods") and self.fail:
+                self.fail = False
                 raise _refused(500, '{"message": "etcd timeout"}')
             super().patch_job_status(namespace, name, status)
 
     kube = RecordFails(_raw())
-    kube.failed = False
+    kube.fail = True
     reconciler = _reconciler(kube)
     try:
-        with pytest.raises(ApiException):
-            reconciler.reconcile("team-a", "train")
+        reconciler.reconcile("team-a", "train")  # creates the gang
         kube.raw = _raw({"phase": "Pending", "reason": "CreatingWorkers", "createdPods": {}})
+        with pytest.raises(ApiException):  # the write that would record it fails
+            reconciler.reconcile("team-a", "train")
         kube.statuses.clear()
         reconciler.reconcile("team-a", "train")  # the next status write carries what was not recorded
         assert kube.statuses[0]["createdPods"] == {name: f"uid-of-{name}" for name in WORKERS}
@@ -418,7 +431,7 @@ def test_the_network_policy_exists_before_any_pod_and_a_taken_name_stops_the_pod
     kube = RecordingKube(_raw())
     assert _reconcile(kube, JobNetwork()) is None
     assert sorted(kube.calls[1:4]) == [("create", "ConfigMap"), ("create", "NetworkPolicy"), ("create", "Service")]
-    assert kube.calls[4:] == [("create", "Pod"), ("create", "Pod"), ("record", WORKERS), ("event", "CreatingWorkers"),
+    assert kube.calls[4:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers"),
                               ("event", "EphemeralCheckpoints")]
 
     taken = "NetworkPolicy team-a/train-workers exists and lacks the label app.kubernetes.io/managed-by=rljob-operator"

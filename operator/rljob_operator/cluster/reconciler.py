@@ -10,16 +10,17 @@ in this order, which is what makes an interrupted reconcile converge:
    its ``ForceDeleted`` Event);
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
    before any pod (a pod no policy selects accepts traffic from anywhere);
-4. the missing pods, under their deterministic names, created concurrently; then the UIDs the API
-   server gave them, in ``status.createdPods`` (``decisions.createdpods``: only those pods may speak
-   for the job in the status API), one merge patch of the names created;
+4. the missing pods, under their deterministic names, created concurrently; the UIDs the API
+   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods may
+   speak for the job in the status API) with the job's next status write: the next reconcile's,
+   which the pods' own watch events bring a second later, before any trainer in them has started
+   (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
 can produce a second pod for a name. (A crash between a create and its record leaves a pod
-the status API does not hear: the stall timeout restarts its gang, whose pods are recorded. A
-record write the API server refused is kept and sent with the next status write.) When a create in steps 3-4 is refused,
+the status API does not hear: the stall timeout restarts its gang, whose pods are recorded.) When a create in steps 3-4 is refused,
 ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
@@ -136,7 +137,8 @@ class Reconciler:
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
         name → when (monotonic)."""
         self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
-        """Per job (namespace, name, uid), pods it created whose UIDs no status write has recorded yet."""
+        """Per job (namespace, name, uid), pods it created whose UIDs no status write has recorded yet: the job's
+        next status write records them (``_write_status``)."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -211,7 +213,8 @@ class Reconciler:
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, gates)
-        record = createdpods.seed(raw.get("status") or {}, self._observe(pods, uid))
+        status = raw.get("status") or {}
+        record = None if CREATED_PODS in status else createdpods.seed(status, self._observe(pods, uid))
         requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
@@ -306,18 +309,15 @@ class Reconciler:
                pods: dict[str, dict[str, Any]] | None = None, record: dict[str, str] | None = None) -> float | None:
         """Carry ``plan`` out in the module's order; returns seconds until the job wants another look.
 
-        ``record``: what the status write adds to ``status.createdPods`` (``createdpods.seed``), with the
-        UIDs of pods created earlier whose record write failed. A create the API server refuses ends the
-        plan there: ``refusals.plan_for_refusal`` decides what replaces the rest of it, and that Plan is
-        applied the same way.
+        ``record``: what the status write adds to ``status.createdPods`` (``createdpods.seed``), besides the
+        pods created by earlier reconciles (``_unrecorded``). A create the API server refuses ends the plan
+        there: ``refusals.plan_for_refusal`` decides what replaces the rest of it, and that Plan is applied
+        the same way, its status recording the pods created before the refusal.
         """
         meta = raw["metadata"]
         if record is None and not (raw.get("status") or {}):
             record = createdpods.seed({}, [])  # a job's first status write starts its record (plan_invalid's too)
-        unrecorded = self._unrecorded_patch(raw)
-        extra = {CREATED_PODS: {**(record or {}), **unrecorded.get(CREATED_PODS, {})}} if record is not None \
-            or unrecorded else {}
-        stored = self._write_status(raw, raw.get("status") or {}, plan, extra)
+        stored = self._write_status(raw, raw.get("status") or {}, plan, record)
         for gate, writes in plan.gate_writes.items():  # right after the status
             self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
         self._delete_pods(raw, plan, pods or {}, now)
@@ -328,23 +328,33 @@ class Reconciler:
                        else Refusal(e.status, e.body or "", str(e.reason)))
             rest = plan_for_refusal(raw, plan, refusal, now)
             if rest is None:
-                self._record_created(raw)
                 raise
             log.info("%s/%s: a create was refused (%s): %s", meta["namespace"], meta["name"],
                      refusal.status or "ChildConflict", rest.status.get("reason") or "nothing more to do")
-            self._write_status(raw, stored, rest, self._unrecorded_patch(raw))
+            self._write_status(raw, stored, rest)
             plan = rest
-        self._record_created(raw)
         return self._finish(raw, plan, now)
 
     def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan,
-                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Patch the plan's status (and ``extra``: the record of created pods) unless it is already stored;
-        returns the status now stored."""
+                      record: dict[str, str] | None = None) -> dict[str, Any]:
+        """Patch the plan's status unless it is already stored, with ``status.createdPods`` gaining ``record``
+        and the pods created for the job that no write has recorded yet; returns the status now stored."""
         meta = raw["metadata"]
-        patch = {**plan.status, **(extra or {})}
+        key = self._job_key(raw)
+        unrecorded = dict(self._unrecorded.get(key) or {})
+        known = stored.get(CREATED_PODS) or {}
+        patch = dict(plan.status)
+        record = {**(record or {}), **{n: u for n, u in unrecorded.items() if known.get(n) != u}} \
+            if record is not None or unrecorded else None
+        if record is not None and (record or CREATED_PODS not in stored):
+            patch[CREATED_PODS] = record
         if _status_changed(stored, patch):
             self._patch_status(raw, patch)
+        for name, uid in unrecorded.items():  # written (a write that failed raised: they stay for the next)
+            if (self._unrecorded.get(key) or {}).get(name) == uid:
+                del self._unrecorded[key][name]
+        if not self._unrecorded.get(key, True):
+            del self._unrecorded[key]
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
         return _merge_patch(stored, patch)
@@ -396,7 +406,7 @@ class Reconciler:
         answers = [self._pool.submit(self.kube.create_pod, pod) for pod in plan.create_pods]
         refused = next((a.exception() for a in answers if a.exception() is not None), None)
         made = [out for a in answers if a.exception() is None and (out := a.result()) is not None]
-        if made:  # recorded after this reconcile's creates (``_record_created``), or with the refusal's status
+        if made:  # recorded by the job's next status write (the refusal's, or the next reconcile's)
             key = self._job_key(raw)
             self._unrecorded[key] = {**self._unrecorded.get(key, {}), **createdpods.created(made)}
         if refused is not None:
@@ -406,24 +416,6 @@ class Reconciler:
     def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:
         meta = raw["metadata"]
         return meta["namespace"], meta["name"], meta.get("uid") or ""
-
-    def _unrecorded_patch(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """The status patch of the pods created for ``raw`` and not recorded yet (taken: the caller writes it)."""
-        unrecorded = self._unrecorded.pop(self._job_key(raw), None)
-        return {CREATED_PODS: unrecorded} if unrecorded else {}
-
-    def _record_created(self, raw: dict[str, Any]) -> None:
-        """``status.createdPods`` gains the pods this reconcile created (a merge patch of their names); if the
-        write fails they are kept for the job's next status write."""
-        patch = self._unrecorded_patch(raw)
-        if not patch:
-            return
-        try:
-            self._patch_status(raw, patch)
-        except Exception:
-            key = self._job_key(raw)
-            self._unrecorded[key] = {**patch[CREATED_PODS], **self._unrecorded.get(key, {})}
-            raise
 
     def _finish(self, raw: dict[str, Any], plan: Plan, now: datetime) -> float | None:
         """Events, then the job's deletion once its TTL passed."""
