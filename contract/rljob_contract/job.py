@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
-from rljob_trainer.algorithms import ALGORITHMS
 
 from rljob_contract import yamltext
+from rljob_contract.plugins.algorithms import ALGORITHMS
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
 from rljob_contract.rules import Rule, enforce
 from rljob_contract.spec import (
