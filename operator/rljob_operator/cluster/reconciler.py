@@ -19,9 +19,9 @@ in this order, which is what makes an interrupted reconcile converge:
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
-can produce a second pod for a name. (A crash between a create and its record leaves a pod
-the status API does not hear: the stall timeout restarts its gang, whose pods are recorded.) When a create in steps 3-4 is refused,
-``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
+can produce a second pod for a name (a crash between a create and its record leaves a pod the
+status API does not hear: the startup or stall timeout restarts its gang, whose pods are
+recorded). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
 
@@ -342,22 +342,36 @@ class Reconciler:
         meta = raw["metadata"]
         key = self._job_key(raw)
         unrecorded = dict(self._unrecorded.get(key) or {})
-        known = stored.get(CREATED_PODS) or {}
-        patch = dict(plan.status)
-        record = {**(record or {}), **{n: u for n, u in unrecorded.items() if known.get(n) != u}} \
-            if record is not None or unrecorded else None
-        if record is not None and (record or CREATED_PODS not in stored):
-            patch[CREATED_PODS] = record
+        patch = {**plan.status, **self._record_patch(stored, record, unrecorded)}
         if _status_changed(stored, patch):
             self._patch_status(raw, patch)
-        for name, uid in unrecorded.items():  # written (a write that failed raised: they stay for the next)
-            if (self._unrecorded.get(key) or {}).get(name) == uid:
-                del self._unrecorded[key][name]
-        if not self._unrecorded.get(key, True):
-            del self._unrecorded[key]
+        self._recorded(key, unrecorded)  # (a write that failed raised: they stay for the next)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
         return _merge_patch(stored, patch)
+
+    @staticmethod
+    def _record_patch(stored: dict[str, Any], record: dict[str, str] | None,
+                      unrecorded: dict[str, str]) -> dict[str, Any]:
+        """The ``status.createdPods`` part of a status patch: ``record`` and the pods created but not recorded
+        (those the stored status does not show already); empty when there is nothing to add."""
+        known = stored.get(CREATED_PODS) or {}
+        new = {name: uid for name, uid in unrecorded.items() if known.get(name) != uid}
+        if record is None and not new:
+            return {}
+        entries = {**(record or {}), **new}
+        return {CREATED_PODS: entries} if entries or CREATED_PODS not in stored else {}
+
+    def _recorded(self, key: tuple[str, str, str], written: dict[str, str]) -> None:
+        """Forget the pods a status write recorded (a newer pod created under a name since stays)."""
+        pending = self._unrecorded.get(key)
+        if pending is None:
+            return
+        for name, uid in written.items():
+            if pending.get(name) == uid:
+                del pending[name]
+        if not pending:
+            del self._unrecorded[key]
 
     def _delete_pods(self, raw: dict[str, Any], plan: Plan, pods: dict[str, dict[str, Any]], now: datetime) -> None:
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]

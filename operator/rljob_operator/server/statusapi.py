@@ -36,12 +36,12 @@ A heartbeat whose token is already known (reviewed, and checked to speak for its
 per-address bucket and spends a token of the bucket of the job it speaks for (``rate_per_job``,
 ``burst_per_job``) before it takes a slot in flight; one not known yet, or refused before, pays per
 address and is charged to its job once checked (a refused token is never charged to a job: it cannot
-throttle one, nor write its ``lastThrottled``). Every job gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
-trainer honours), and ``status.progress.lastThrottled`` records that a worker of the job was alive,
-so the stall clock (``decisions.restarts``) does not take a throttled job for a hung one. A
-heartbeat's ``warnings`` become Events through ``cluster.events.EventRecorder``: repeats counted on
-one Event, at most ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest
-dropped and counted.
+throttle one, nor write its ``lastThrottled``). Every job gets the same share whatever address its
+pods share. Beyond it: 429 with Retry-After (which the trainer honours), and
+``status.progress.lastThrottled`` records that a worker of the job was alive, so the stall clock
+(``decisions.restarts``) does not take a throttled job for a hung one. A heartbeat's ``warnings``
+become Events through ``cluster.events.EventRecorder``: repeats counted on one Event, at most
+``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest dropped and counted.
 
 ``RLJOB_FAULT_REVIEW_DELAY_SECONDS=S`` makes every TokenReview take S seconds longer (tests use it
 to stand for a slow API server or token webhook while they flood the API with junk tokens).
