@@ -616,6 +616,11 @@ class RLTrainingJobStatus(StatusModel):
         None, max_length=MAX_WORKERS, description="The worker pods the operator created for this job: pod name to "
         "the UID of the last pod it created under that name. Only those pods may speak for the job (the status "
         "API refuses any other pod's token, whatever its labels or ownerReferences).")
+    queue: str | None = Field(
+        None, description="The queue an admission gate holds the job to (Kueue: the LocalQueue of its label "
+        "kueue.x-k8s.io/queue-name), remembered: a job once queued runs only through that queue, even if the label "
+        "is removed."
+    )
 
     @field_validator("phase", mode="after")
     @classmethod

@@ -481,6 +481,10 @@ CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", 
                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
+ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
+                    "resourceNames": ["rljob-job-references", "rljob-queues"], "verbs": ["get"]},
+                   {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
+                    "verbs": ["list"]}]
 
 
 def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly() -> None:
@@ -493,8 +497,11 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator-capacity")] == CAPACITY_RULES
     # Kueue: the flavors an admission assigns and the priority classes jobs name, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
+    # Are the admission policies in force? Its own two policies by name, and the bindings (issue #43 point 6).
+    assert rbac[("ClusterRole", "", "rljob-operator-admission")] == ADMISSION_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
                          ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),
+                         ("ClusterRole", "", "rljob-operator-admission"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
                          ("Role", "rljob-system", "rljob-operator-tls")}
     without = operator_rbac(helm_template("--set", "rbac.capacityAutoscaling=false"))
@@ -510,7 +517,7 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     assert rbac[("Role", "ml-a", "rljob-operator")] == rbac[("Role", "ml-b", "rljob-operator")] == JOB_RULES
     cluster_roles = {k for k in rbac if k[0] == "ClusterRole"}
     assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-capacity"),
-                             ("ClusterRole", "", "rljob-operator-kueue")}
+                             ("ClusterRole", "", "rljob-operator-kueue"), ("ClusterRole", "", "rljob-operator-admission")}
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]
     assert sorted(d["metadata"]["namespace"] for d in trainers) == ["ml-a", "ml-b"]
