@@ -13,8 +13,7 @@ and nowhere else:
 Only the standard library, pydantic and PyYAML may be imported here (and the trainer's torch-free
 schema, ``rljob_contract.spec``): the operator image has no torch, TRL, transformers or boto3.
 ``tests/contract/test_boundary.py`` enforces that, and that the programs depend on each other only
-through ``rljob_contract`` (the operator may import beyond it only the trainer's algorithm registry
-and ``rljob_trainer.builtin.rewards``; nothing in the trainer imports the operator).
+through ``rljob_contract`` (neither imports the other).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from rljob_contract import yamltext
 from rljob_contract.spec import TrainerConfig
 
 # ------------------------------------------------------------------------ environment
@@ -162,7 +162,7 @@ def load_config(path: str | Path) -> TrainerConfig:
     per problem (``format_validation_error``) joined with ``; ``.
     """
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yamltext.load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(str(path), f"cannot read trainer config: {e}") from e
     try:

@@ -63,7 +63,7 @@ class ApprovalClient:
     name = APPROVAL_GATE.name
     applied: list[tuple[str, Any, str]] = []
 
-    def __init__(self, kube: Kube, watched: bool) -> None:
+    def __init__(self, kube: Kube, watched: bool, settings: OperatorSettings | None) -> None:
         self.unwatched_requeue = None if watched else 7.0
 
     def observe(self, job: RLTrainingJob, uid: str) -> Gated[str | None] | None:
@@ -101,7 +101,7 @@ def make(annotation: str | None = None, status: dict[str, Any] | None = None) ->
 
 def gates_for(job: RLTrainingJob) -> tuple[Gated[Any], ...]:
     """What the operator does: the settings' gates from the registry, each client observing the job."""
-    clients = [i.client(None, False) for i in registry.enabled(OperatorSettings(kueue=False))]  # type: ignore[arg-type]
+    clients = [i.client(None, False, None) for i in registry.enabled(OperatorSettings(kueue=False))]  # type: ignore[arg-type]
     return tuple(g for g in (c.observe(job, UID) for c in clients) if g is not None)
 
 
@@ -160,7 +160,7 @@ def test_the_reconciler_observes_and_applies_a_registered_gate_with_no_change_to
     raw["metadata"]["annotations"] = {APPROVAL: "yes"}
     kube = RecordingKube(raw)
     reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
-                            gates=[APPROVAL_INTEGRATION.client(kube, True)])  # type: ignore[arg-type]
+                            gates=[APPROVAL_INTEGRATION.client(kube, True, None)])  # type: ignore[arg-type]
     try:
         reconciler.reconcile("team-a", "train")
     finally:
@@ -180,7 +180,7 @@ def test_the_runner_starts_the_enabled_gates_and_the_watch_registers_their_resou
     async def wired() -> runner.Leading:
         leading = runner._reconciling(OperatorSettings(kueue=False, watch_nodes=False, workers=1),
                                       SimpleNamespace(configuration=None), SimpleNamespace(),  # type: ignore[arg-type]
-                                      None, None)
+                                      None, None, SimpleNamespace(in_force=True))
         await leading.work.queue.stop()
         leading.threads.shutdown(wait=False)
         return leading

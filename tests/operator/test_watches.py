@@ -165,15 +165,12 @@ def test_the_pod_store_serves_once_every_namespace_is_listed_and_forgets_deleted
     assert store.pods(key.namespace, key.name) == [] and store.jobs() == []
 
 
-def test_a_deleted_node_queues_the_jobs_with_a_worker_there_and_forgets_the_capacity() -> None:
+def test_a_deleted_node_queues_the_jobs_with_a_worker_there_and_the_capacity_view_hears_every_event() -> None:
     queue, gone = Queue(), GoneNodes()
     store = PodStore.watching(["team-a"])
-    capacity = SimpleNamespace(forgotten=0)
-
-    def forget_capacity() -> None:
-        capacity.forgotten += 1
-
-    events = NodeEvents(gone, store, queue, SimpleNamespace(forget_capacity=forget_capacity))  # type: ignore[arg-type]
+    heard: list[tuple[str | None, str]] = []
+    capacity = SimpleNamespace(node_changed=lambda type, node: heard.append((type, node["metadata"]["name"])))
+    events = NodeEvents(gone, store, queue, capacity)  # type: ignore[arg-type]
     job = make_job(replicas=2)
     for pod in (pod_json(job, 0, node="node-a"), pod_json(job, 1, node="node-b")):
         pod["metadata"]["namespace"] = "team-a"
@@ -181,12 +178,13 @@ def test_a_deleted_node_queues_the_jobs_with_a_worker_there_and_forgets_the_capa
     node = {"metadata": {"name": "node-b"}}
     events.event(None, None, node)  # listed
     events.event(None, "MODIFIED", node)
-    assert capacity.forgotten == 0 and queue.added == [] and not gone.gone("node-b")
+    assert queue.added == [] and not gone.gone("node-b")
     events.event(None, "DELETED", node)
-    assert gone.gone("node-b") and capacity.forgotten == 1
+    assert gone.gone("node-b")
     assert queue.added == [{"key": JobKey("team-a", job.metadata.name), "urgent": True}]
     events.event(None, "ADDED", node)  # a Node of that name again
-    assert not gone.gone("node-b") and capacity.forgotten == 2 and not gone.gone(None)
+    assert not gone.gone("node-b") and not gone.gone(None)
+    assert heard == [(None, "node-b"), ("MODIFIED", "node-b"), ("DELETED", "node-b"), ("ADDED", "node-b")]
 
 
 def test_a_gates_event_wakes_the_job_its_label_names() -> None:
@@ -222,7 +220,7 @@ def test_the_runner_wires_one_stream_per_resource_to_its_subscriber() -> None:
 
     async def wired() -> runner.Leading:
         leading = runner._reconciling(settings, SimpleNamespace(configuration=None), kube,  # type: ignore[arg-type]
-                                      None, None)
+                                      None, None, SimpleNamespace(in_force=True))
         await leading.work.queue.stop()
         leading.threads.shutdown(wait=False)
         return leading

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -143,7 +144,9 @@ def test_a_stream_that_ends_stops_the_operator_with_status_1(
     endpoint = StatusEndpoint("https://127.0.0.1:1", "")
 
     async def lead() -> int:
-        return await asyncio.wait_for(runner._lead(settings, api_client, kube, endpoint, None, asyncio.Event()), 30)
+        policies = SimpleNamespace(in_force=True)  # the admission policies: not this test's concern
+        return await asyncio.wait_for(runner._lead(settings, api_client, kube, endpoint, None, asyncio.Event(),
+                                                   policies), 30)  # type: ignore[arg-type]
 
     assert asyncio.run(lead()) == 1
     assert "stopping: the watch of rlexperimentsnotserved ended" in caplog.text

@@ -60,7 +60,7 @@ class Enqueue(Protocol):
 class CapacityView(Protocol):
     """What holds a view of the nodes' capacity (the ``Reconciler``)."""
 
-    def forget_capacity(self) -> None: ...
+    def node_changed(self, type: str | None, node: dict[str, Any]) -> None: ...
 
 
 def gate_resource(gate: GateWatch) -> Resource:
@@ -178,7 +178,8 @@ class GoneNodes:
 
 class NodeEvents:
     """The Node stream's subscriber: a Node deleted loses the gangs with a worker there now, not after
-    the pod garbage collector; a Node added or deleted changes the capacity gangs are sized by."""
+    the pod garbage collector; the capacity view hears every event (``Reconciler.node_changed``: a
+    Node added, deleted or changed where capacity is concerned makes it look again)."""
 
     def __init__(self, gone: GoneNodes, pods: PodStore, queue: Enqueue, capacity: CapacityView) -> None:
         self.gone = gone
@@ -188,8 +189,7 @@ class NodeEvents:
 
     def event(self, scope: str | None, type: str | None, body: Mapping[str, Any]) -> None:
         name = (body.get("metadata") or {}).get("name") or ""
-        if type in ("ADDED", "DELETED"):
-            self.capacity.forget_capacity()  # before the jobs below are queued: they size their gangs afresh
+        self.capacity.node_changed(type, dict(body))  # before the jobs below are queued: they size their gangs afresh
         if type == "DELETED":
             self.node_deleted(name)
         else:  # listed, added or modified: a Node of that name exists (again)

@@ -26,6 +26,7 @@ from aiohttp import web
 from kubernetes import client as k8s
 
 from rljob_operator import metrics
+from rljob_operator.cluster.admission import PAUSED_REQUEUE_SECONDS, AdmissionPolicies
 from rljob_operator.cluster.experiments import ExperimentReconciler
 from rljob_operator.cluster.handlers import (
     EXPERIMENTS,
@@ -88,8 +89,9 @@ async def _serve(app: web.Application, host: str, port: int, ssl_context: object
     return runner
 
 
-#: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing):
-#: no retry helps. (Not a trainer exit code: those live in rljob_contract.pod.)
+#: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing,
+#: the admission policies are not in force): no retry helps. (Not a trainer exit code: those live in
+#: rljob_contract.pod.)
 UNWORKABLE_SETTING_STATUS = 2
 
 
@@ -99,9 +101,13 @@ async def operate(s: OperatorSettings) -> int:
     # thread and the status API's reviews.
     api_client = load_api_client(s.kubeconfig, max(64, (1 + REQUEST_THREADS_PER_WORKER) * s.workers + 16))
     kube = Kube(api_client)
+    policies = AdmissionPolicies(kube, s.admission_policies, s.without_admission_policies)
+    if not await policies.at_start():
+        return UNWORKABLE_SETTING_STATUS
     stopping = asyncio.Event()
     _install_signals(stopping)
-    endpoint, runners = await _serve_endpoints(s, kube)
+    endpoint, runners = await _serve_endpoints(s, kube, policies)
+    checking = asyncio.create_task(policies.keep_checking(s.admission_recheck_seconds))
     # Before the Lease: a standby pays this while it waits, a leader before its first reconcile.
     await asyncio.to_thread(podschema.load_models)
     try:
@@ -114,11 +120,12 @@ async def operate(s: OperatorSettings) -> int:
         else:
             log.info("leader election off: this replica reconciles alone (run one; --leader-elect for standbys)")
             metrics.LEADER.set(1)
-        return await _lead(s, api_client, kube, endpoint, elector, stopping)
+        return await _lead(s, api_client, kube, endpoint, elector, stopping, policies)
     except LeaseNamespaceMissing as e:
         log.error("%s", e)
         return UNWORKABLE_SETTING_STATUS
     finally:
+        checking.cancel()
         await _cleanup(runners)
 
 
@@ -128,8 +135,10 @@ def _install_signals(stopping: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stopping.set)
 
 
-async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpoint, list[web.AppRunner]]:
-    """Start the status API (HTTPS) and the metrics/health server; every replica serves both."""
+async def _serve_endpoints(s: OperatorSettings, kube: Kube,
+                          policies: AdmissionPolicies) -> tuple[StatusEndpoint, list[web.AppRunner]]:
+    """Start the status API (HTTPS) and the metrics/health server; every replica serves both. Ready while
+    the admission policies are in force."""
     cert, ca_pem = await asyncio.to_thread(serving_cert, s, kube)
     endpoint = StatusEndpoint(s.effective_status_url, ca_pem, s.token_audience)
     limits = StatusLimits(s.status_max_in_flight, s.status_rate_per_client, s.status_burst_per_client,
@@ -138,7 +147,7 @@ async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpo
     status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds, limits)
     runners = [
         await _serve(status_api.app(), s.status_host, s.status_port, cert.ssl_context()),
-        await _serve(metrics.health_app(lambda: True), s.metrics_host, s.metrics_port),
+        await _serve(metrics.health_app(lambda: policies.in_force), s.metrics_host, s.metrics_port),
     ]
     log.info("status API on https://%s:%d (trainers use %s); metrics on :%d",
              s.status_host, s.status_port, endpoint.base_url, s.metrics_port)
@@ -178,29 +187,34 @@ def admission_gates(s: OperatorSettings, kube: Kube) -> tuple[list[GateClient], 
     for integration in registry.enabled(s):
         watch = integration.watch(kube)
         log.info("%s", integration.describe(watch is not None))
-        clients.append(integration.client(kube, watch is not None))
+        clients.append(integration.client(kube, watch is not None, s))
         watches += [watch] if watch is not None else []
     return clients, watches
 
 
 class Reconciling:
     """The work queue and what it runs for each key: a job's reconcile or an experiment's, in the
-    operator's own threads, none started once the Lease is not fresh (with an elector)."""
+    operator's own threads, none started once the Lease is not fresh (with an elector) or while the
+    admission policies are not in force (each key is looked at again later: ``cluster.admission``)."""
 
     def __init__(self, reconciler: Reconciler, experiments: ExperimentReconciler, jobs: JobCache,
-                 threads: ThreadPoolExecutor, elector: LeaderElector | None, workers: int) -> None:
+                 threads: ThreadPoolExecutor, elector: LeaderElector | None, policies: AdmissionPolicies,
+                 workers: int) -> None:
         self.reconciler = reconciler
         self.experiments = experiments
         self.jobs = jobs
         """The watch's jobs: a job's events wait while its reconcile runs (``JobCache.begin``)."""
         self.threads = threads
         self.elector = elector
+        self.policies = policies
         self.queue = WorkQueue(self.reconcile, workers=workers)
 
     async def reconcile(self, key: Key) -> float | None:
         reason = self.elector.write_guard() if self.elector is not None else None
         if reason is not None:  # not even the reads: the process is about to stop
             raise NotLeader(f"reconcile of {key.namespace}/{key.name} not started: {reason}")
+        if not self.policies.in_force:  # a job written meanwhile was not checked: build nothing for anyone
+            return PAUSED_REQUEUE_SECONDS
         loop = asyncio.get_running_loop()
         if isinstance(key, ExperimentKey):
             return await loop.run_in_executor(self.threads, self.experiments.reconcile, key.namespace, key.name)
@@ -224,12 +238,13 @@ class Leading:
 
 
 def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
-                 elector: LeaderElector | None) -> Leading:
+                 elector: LeaderElector | None, policies: AdmissionPolicies) -> Leading:
     """The work queue (started), the watches that feed it, and the threads reconciles run in (shut
     down after the queue stops); the reconciler reads the watches' jobs, pods and deleted Nodes.
 
     With an elector, every reconcile and every write of the reconciler first checks that the Lease
-    is fresh (``LeaderElector.write_guard``).
+    is fresh (``LeaderElector.write_guard``). While the admission policies are not in force no
+    reconcile runs: each job is looked at again later (``cluster.admission``).
     """
     network = JobNetwork(tuple(s.trainer_metrics_from), s.egress()) if s.network_policy else None
     if elector is not None:
@@ -246,9 +261,10 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
                             profile=profile, network=network, gates=gate_clients, job_cache=jobs,
+                            capacity_max_age=s.capacity_refresh_seconds,
                             pod_cache=pods.pods, node_gone=gone_nodes.gone if watch_nodes else None)
     experiments = ExperimentReconciler(kube, profile, instance=s.identity)
-    work = Reconciling(reconciler, experiments, jobs, threads, elector, s.workers)
+    work = Reconciling(reconciler, experiments, jobs, threads, elector, policies, s.workers)
     work.queue.start()
 
     # The watches' own connections (each holds one for minutes), with the operator's credentials.
@@ -265,9 +281,9 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
 
 
 async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
-                elector: LeaderElector | None, stopping: asyncio.Event) -> int:
+                elector: LeaderElector | None, stopping: asyncio.Event, policies: AdmissionPolicies) -> int:
     """Watch and reconcile until a signal (0), the Lease is lost or a watch ends on its own (1)."""
-    leading = _reconciling(s, api_client, kube, endpoint, elector)
+    leading = _reconciling(s, api_client, kube, endpoint, elector, policies)
     leading.watches.start()
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
     stop_wait = asyncio.create_task(stopping.wait())

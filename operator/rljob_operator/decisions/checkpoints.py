@@ -1,7 +1,7 @@
 """Where a job's checkpoints live in its pods, and whether they outlive the gang (pure).
 
 ``spec.checkpoint.storage`` and each mirror's ``location`` may name something the pods must mount,
-as its storage backend says (``rljob_trainer.storage_backends``; today a PersistentVolumeClaim of the
+as its storage backend's descriptor says (``rljob_contract.plugins.storage``; today a PersistentVolumeClaim of the
 job's namespace, ``pvc://claim/prefix``). The operator mounts each such volume once, read-write, at
 ``CLAIMS_DIR/<claim>`` in every worker (:func:`claim_volumes`), and the trainer config in the
 ConfigMap names the mounted folder instead (:func:`mounted_checkpoint`): the trainer treats it as any
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rljob_contract import pod as contract
+from rljob_contract.plugins.storage import PodVolume, backend_for
 from rljob_contract.spec import CheckpointSpec
-from rljob_trainer.storage_backends import PodVolume, backend_for
 
 from rljob_operator.names import CLAIMS_DIR, CONTAINER, OUTPUT_DIR
 
