@@ -26,7 +26,7 @@ from rljob_contract.job import RLTrainingJob
 
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.decisions.egress import Egress, egress_rules
-from rljob_operator.decisions.restarts import in_place_restarts
+from rljob_operator.decisions.failure.respond import in_place_restarts
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,

@@ -35,7 +35,7 @@ bucket and spends a token of the bucket of the job it speaks for (``rate_per_job
 ``burst_per_job``) before it takes a slot in flight; one not known yet pays per address and is
 charged to its job once checked. Every job gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
 trainer honours), and ``status.progress.lastThrottled`` records that a worker of the job was alive,
-so the stall clock (``decisions.restarts``) does not take a throttled job for a hung one. A
+so the stall clock (``decisions.failure.observe``) does not take a throttled job for a hung one. A
 heartbeat's ``warnings`` become Events through ``cluster.events.EventRecorder``: repeats counted on
 one Event, at most ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest
 dropped and counted.
