@@ -12,7 +12,8 @@ conditions, deletions, nodes, deleted nodes, owners), the cluster's nodes and th
 each with this checkout's ``rljob_operator`` and with commit REV's (``git archive`` into a temporary
 folder), each in its own interpreter, and compares the serialised Plans. It prints how many scenarios
 ended in each phase and reason (so a reader sees the failure paths were reached) and every difference.
-Exit status 1 when a Plan differs.
+Exit status 1 when a Plan differs, 2 when the scenarios no longer reach the outcomes a failure can have
+(``MUST_REACH``: the comparison would prove nothing about them).
 
 The scenarios are drawn here, from plain dicts, and only then handed to either side's models, so both
 sides decide exactly the same inputs. Not a pytest test: it takes a minute of CPU per side.
@@ -21,6 +22,7 @@ sides decide exactly the same inputs. Not a pytest test: it takes a minute of CP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -29,6 +31,7 @@ import sys
 import tarfile
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -262,10 +265,13 @@ def decide(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _record_steps(decided: list[str]) -> None:
-    """Wrap each of ``lifecycle.STEPS`` to append the name of the step that decides to ``decided``
-    (read by the summary only: which step decides is not compared)."""
+@contextlib.contextmanager
+def steps_recorded() -> Iterator[list[str]]:
+    """While open, each of ``lifecycle.STEPS`` appends its name to the list yielded when it decides (read
+    by the summary only: which step decides is not compared)."""
     from rljob_operator.decisions import lifecycle
+
+    decided: list[str] = []
 
     def recorded(step: Any) -> Any:
         def run(ctx: Any) -> Any:
@@ -275,20 +281,23 @@ def _record_steps(decided: list[str]) -> None:
             return plan
         return run
 
-    lifecycle.STEPS = tuple(recorded(s) for s in lifecycle.STEPS)
+    steps = lifecycle.STEPS
+    lifecycle.STEPS = tuple(recorded(s) for s in steps)
+    try:
+        yield decided
+    finally:
+        lifecycle.STEPS = steps
 
 
-def emit(seed: int, count: int, out: Path) -> None:
-    """Decide ``count`` scenarios drawn from ``seed``; one JSON line per Plan into ``out`` (and, beside
-    the Plan, the step that decided it)."""
+def decided(seed: int, count: int) -> Iterator[str]:
+    """``count`` scenarios drawn from ``seed``, decided: one JSON line each, the serialised Plan and,
+    beside it, the step that decided it."""
     r = random.Random(seed)
-    decided: list[str] = []
-    _record_steps(decided)
-    with out.open("w", encoding="utf-8") as f:
+    with steps_recorded() as steps:
         for _ in range(count):
-            decided.clear()
+            steps.clear()
             plan = json.dumps(decide(scenario(r)), sort_keys=True, default=str)
-            f.write(json.dumps({"step": decided[0] if decided else None, "plan": plan}) + "\n")
+            yield json.dumps({"step": steps[0] if steps else None, "plan": plan})
 
 
 # -------------------------------------------------------------------------------------- comparison
@@ -309,7 +318,7 @@ def _checkout(rev: str, into: Path) -> None:
         tar.extractall(into, filter="data")
 
 
-def _kind(line: str) -> str:
+def kind(line: str) -> str:
     """The step that decided a Plan, its phase and reason, and whether it replaces workers or the gang."""
     decided = json.loads(line)
     plan = json.loads(decided["plan"])
@@ -319,6 +328,25 @@ def _kind(line: str) -> str:
     what = "replace in place" if plan.get("replaced_workers") else f"new gang ({plan['gang_restart']})" \
         if plan["gang_restart"] else ""
     return f"{decided['step']}: {status.get('phase')} {status.get('reason')} {what}".strip()
+
+
+#: Outcomes the scenarios must reach for a comparison to say something about a failure's decision.
+MUST_REACH = {
+    "a job failed by a failure": ("plan_failure: Failed",),
+    "a gang restart": ("plan_failure: Restarting", "new gang"),
+    "a replacement in place": ("plan_failure: Restarting", "replace in place"),
+    "a stall": ("plan_failure: Restarting HeartbeatTimeout",),
+    "out of memory": ("plan_failure: Restarting CudaOutOfMemory",),
+    "a disruption": ("plan_failure: Restarting Evicted",),
+}
+
+
+def unreached_outcomes(kinds: Counter[str]) -> list[str]:
+    """The outcomes of ``MUST_REACH`` no scenario reached, and errors if more than 1 % raised (a
+    generator the models now refuse compares nothing but two identical errors)."""
+    missing = [what for what, parts in MUST_REACH.items() if not any(all(p in k for p in parts) for k in kinds)]
+    errors = sum(n for k, n in kinds.items() if k.startswith("error"))
+    return missing + ([f"fewer errors ({errors} scenarios raised)"] if errors * 100 > sum(kinds.values()) else [])
 
 
 def compare(old: list[str], new: list[str]) -> list[str]:
@@ -343,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emit", type=Path, help=argparse.SUPPRESS)  # one side, in its own interpreter
     args = parser.parse_args(argv)
     if args.emit is not None:
-        emit(args.seed, args.scenarios, args.emit)
+        args.emit.write_text("".join(line + "\n" for line in decided(args.seed, args.scenarios)), encoding="utf-8")
         return 0
     if not args.against:
         parser.error("--against REV is required")
@@ -355,15 +383,18 @@ def main(argv: list[str] | None = None) -> int:
         _side(REPO, args.seed, args.scenarios, Path(tmp) / "new.jsonl")
         old = (Path(tmp) / "old.jsonl").read_text(encoding="utf-8").splitlines()
         new = (Path(tmp) / "new.jsonl").read_text(encoding="utf-8").splitlines()
-    kinds = Counter(_kind(line) for line in new)
+    kinds = Counter(kind(line) for line in new)
     print(f"{len(new)} scenarios (seed {args.seed}), this checkout vs {args.against}; outcomes:")
-    for kind, n in sorted(kinds.items(), key=lambda kv: (kv[0].split(":")[0], -kv[1])):
-        print(f"  {n:6d}  {kind}")
+    for outcome, n in sorted(kinds.items(), key=lambda kv: (kv[0].split(":")[0], -kv[1])):
+        print(f"  {n:6d}  {outcome}")
     differences = compare(old, new)
     print(f"{len(differences)} Plan(s) differ")
     for d in differences:
         print(d)
-    return 1 if differences else 0
+    unreached = unreached_outcomes(kinds)
+    if unreached:  # identical Plans would prove nothing about these
+        print(f"the scenarios no longer reach: {', '.join(unreached)}")
+    return 1 if differences else 2 if unreached else 0
 
 
 if __name__ == "__main__":

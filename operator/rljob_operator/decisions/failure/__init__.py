@@ -8,7 +8,9 @@
    after the backoff (with a smaller batch after running out of memory);
 5. ``record.py``: the status and Events that say it, in the one Plan that acts on it.
 
-Each step hands the next what it found, so the context goes down the chain once. This file imports
-nothing: ``children.py`` reads ``respond.in_place_restarts`` (the pods' environment), and the chain's
-last step needs ``situation``, which imports ``children``.
+Each step hands the next what it found (an ``Observation``, a ``Verdict``, a ``Response``), so the
+context goes down the chain once (``tools/context_walk.py`` shows the walk). ``children.py`` reads
+``respond.in_place_restarts`` (the pods' environment) and ``situation``, which the last step needs,
+imports ``children``: so this file imports nothing, and the first three steps import ``Situation`` for
+annotations only.
 """

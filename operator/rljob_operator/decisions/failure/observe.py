@@ -20,7 +20,7 @@ from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.names import worker_name
 from rljob_operator.times import parse_time
 
-if TYPE_CHECKING:  # for annotations only: see failure/__init__.py
+if TYPE_CHECKING:  # for annotations only (children.py imports this chain; situation imports children)
     from rljob_operator.decisions.situation import Situation
 
 

@@ -17,7 +17,7 @@ from rljob_contract.job import OomRecovery, RestartPolicy, RLTrainingJob
 from rljob_operator.decisions.failure.classify import Verdict
 from rljob_operator.decisions.failure.observe import Observation
 
-if TYPE_CHECKING:  # for annotations only: see failure/__init__.py
+if TYPE_CHECKING:  # for annotations only (children.py imports this chain; situation imports children)
     from rljob_operator.decisions.situation import Situation
 
 OOM_REASONS = frozenset({"OOMKilled", "CudaOutOfMemory"})
