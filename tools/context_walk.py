@@ -9,7 +9,8 @@
 A reader follows a parameter (``ctx``) into every call that receives it, or a value made from it
 (``job = ctx.job``, ``seen = observe(ctx)``), and on into the callee's parameter: depth first, in the
 order Python evaluates the calls, each function read once (later calls are listed, not read again).
-Printed per module: how often that reader turns to it, the runs of one module in the reading order.
+Printed: the path (the modules in reading order, a run of one as one entry) and, per module, how
+often the reader turns to it (its runs in that order).
 A decision whose steps are each in one module turns to each once; one split by noun across two
 modules makes its reader go back and forth (issue #44 point 3: ``plan_failure`` turned to failures.py
 5 times, restarts.py 4 and plan.py 4). Counted twice: with the Situation's derived values
@@ -268,30 +269,37 @@ class Scope:
         return _annotation(node.returns) if node is not None else None
 
 
-def visits(steps: list[Step], derived: bool = True) -> Counter[str]:
-    """How often a reader who reads each function once, in the walk's order, turns to each module: the
-    runs of one module in that order. ``derived=False``: a value derived from the context (``ctx.current``)
-    is the context itself: reading it, and what it computes, turns to no module."""
-    entered: Counter[str] = Counter()
-    last, skip_below = None, None
+def reading_order(steps: list[Step], derived: bool = True) -> list[str]:
+    """The modules of the functions read, in the walk's order, each function once. ``derived=False``: a
+    value derived from the context (``ctx.current``) is the context itself: reading it, and what it
+    computes, is reading no module."""
+    read: list[str] = []
+    skip_below = None
     for step in steps:
         if skip_below is not None and step.depth > skip_below:
             continue
         skip_below = None
         if not derived and step.derived:
             skip_below = step.depth
-            continue
-        if not step.expanded:
-            continue
-        if step.module != last:
-            entered[step.module] += 1
-        last = step.module
-    return entered
+        elif step.expanded:
+            read.append(step.module)
+    return read
+
+
+def path(steps: list[Step], derived: bool = True) -> list[str]:
+    """The modules in reading order, a run of one module as one entry: the turns a reader takes."""
+    read = reading_order(steps, derived)
+    return [m for i, m in enumerate(read) if i == 0 or read[i - 1] != m]
+
+
+def visits(steps: list[Step], derived: bool = True) -> Counter[str]:
+    """How often a reader turns to each module: its runs in the reading order."""
+    return Counter(path(steps, derived))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("start", nargs="?", default=f"{PACKAGE}.failure.step:plan_failure",
+    parser.add_argument("start", nargs="?", default=f"{PACKAGE}.failure:plan_failure",
                         help="module:function to start from")
     parser.add_argument("parameter", nargs="?", default="ctx", help="the parameter to follow")
     parser.add_argument("--root", type=Path, default=REPO / "operator", help="the folder the package is in")
@@ -306,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.summary:
         for step in walk.steps:
             print(f"{'  ' * step.depth}{short[step.module]}.{step.function}{'' if step.expanded else '  (again)'}")
-    for label, derived in (("modules turned to", True), ("derived values as the context", False)):
-        print(f"{label}:", ", ".join(f"{short[m]} {n}" for m, n in visits(walk.steps, derived).most_common()))
+    for label, derived in (("derived values as situation.py's", True), ("derived values as the context", False)):
+        print(f"turns, {label}:", ", ".join(f"{short[m]} {n}" for m, n in visits(walk.steps, derived).most_common()))
+    print("path, derived values as the context:", " → ".join(short[m] for m in path(walk.steps, False)))
     return 0
 
 

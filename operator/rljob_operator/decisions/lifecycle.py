@@ -29,8 +29,8 @@ from typing import Any
 from rljob_contract.job import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus
 
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
+from rljob_operator.decisions.failure import plan_failure
 from rljob_operator.decisions.failure.observe import stall_check_in
-from rljob_operator.decisions.failure.step import plan_failure
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     INVALID_SPEC_FIELDS,

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from rljob_contract.job import Phase, RLTrainingJob, RLTrainingJobStatus
 from rljob_contract.pod import EXIT_CUDA_OOM, EXIT_PEER_LOST, EXIT_PERMANENT
 
 from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.situation import Situation
 from rljob_operator.names import worker_name
 from rljob_operator.times import parse_time
-
-if TYPE_CHECKING:  # for annotations only (children.py imports this chain; situation imports children)
-    from rljob_operator.decisions.situation import Situation
 
 
 @dataclass(frozen=True)

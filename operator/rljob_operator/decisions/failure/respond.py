@@ -10,15 +10,13 @@ running out of memory (OOM recovery). Saying it in the status and Events is the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from rljob_contract.job import OomRecovery, RestartPolicy, RLTrainingJob
+from rljob_contract.job import OomRecovery, RLTrainingJob
 
+from rljob_operator.decisions.children import in_place_restarts
 from rljob_operator.decisions.failure.classify import Verdict
 from rljob_operator.decisions.failure.observe import Observation
-
-if TYPE_CHECKING:  # for annotations only (children.py imports this chain; situation imports children)
-    from rljob_operator.decisions.situation import Situation
+from rljob_operator.decisions.situation import Situation
 
 OOM_REASONS = frozenset({"OOMKilled", "CudaOutOfMemory"})
 
@@ -73,8 +71,8 @@ def respond(ctx: Situation, seen: Observation, verdict: Verdict) -> Response:
 def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | None:
     """The workers to replace in place (their indices), or None: the whole gang restarts.
 
-    Only for an elastic job (``in_place_restarts``: its agents restart their ranks to meet a replaced
-    peer) whose checkpoints outlive a pod (the replacement resumes from the same checkpoint as the
+    Only for an elastic job (``children.in_place_restarts``: its agents restart their ranks to meet a
+    replaced peer, as often as the pods are told) whose checkpoints outlive a pod (the replacement resumes from the same checkpoint as the
     survivors), for a worker failure or loss that spares worker 0 (it hosts the rendezvous store; its
     loss ends every agent's rendezvous). Not for a stall (which worker hangs is unknown) nor an
     out-of-memory failure that OOM recovery answers (every worker's batch changes).
@@ -85,20 +83,6 @@ def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | None:
     if job.spec.run_policy.oom_recovery and is_oom(seen.reason) and halved_batch(job) is not None:
         return None
     return seen.faulty if seen.faulty and 0 not in seen.faulty else None
-
-
-def in_place_restarts(job: RLTrainingJob) -> int:
-    """How often a worker of this job may restart its ranks to meet a replaced peer (0: never).
-
-    Elastic jobs (``minReplicas``/``maxReplicas``) replace a failed worker other than worker 0 in
-    place (``replaceable``) and the survivors' agents re-rendezvous with it; each replacement counts
-    against ``backoffLimit``, which therefore also bounds the agents' restarts (``children`` tells the
-    pods).
-    """
-    policy = job.spec.run_policy
-    if not job.spec.workers.elastic or policy.restart_policy == RestartPolicy.never:
-        return 0
-    return policy.backoff_limit
 
 
 def backoff_seconds(job: RLTrainingJob, restarts: int) -> float:
