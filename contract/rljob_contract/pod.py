@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from rljob_contract import yamltext
 from rljob_contract.spec import TrainerConfig
 
 # ------------------------------------------------------------------------ environment
@@ -161,7 +162,7 @@ def load_config(path: str | Path) -> TrainerConfig:
     per problem (``format_validation_error``) joined with ``; ``.
     """
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yamltext.load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(str(path), f"cannot read trainer config: {e}") from e
     try:

@@ -127,10 +127,11 @@ class JobWatch:
 
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[JobKey], None],
                  gate_watches: Sequence[GateWatch] = (), watch_nodes: bool = False,
-                 nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None,
+                 nodes_changed: Callable[[str | None, dict[str, Any]], None] | None = None,
+                 jobs: JobCache | None = None,
                  namespaces: list[str] | None = None) -> None:
         """``namespaces``: those watched (none: the whole cluster). ``nodes_changed``: called (with
-        ``watch_nodes``) when a Node is added or deleted; ``jobs``: the cache the watch keeps the jobs
+        ``watch_nodes``) with every Node event's type and body; ``jobs``: the cache the watch keeps the jobs
         in (the reconciler's; a new one if None)."""
         self.jobs = jobs if jobs is not None else JobCache()
         self.gate_watches = tuple(gate_watches)
@@ -162,9 +163,9 @@ class JobWatch:
 
         if watch_nodes:  # a Node deleted: the gangs with a worker there are lost now, not after pod GC
             @kopf.on.event("", "v1", "nodes", registry=registry, id="node_event")
-            async def node_event(type: str | None, name: str, **_: Any) -> None:
-                if type in ("ADDED", "DELETED") and nodes_changed is not None:
-                    nodes_changed()  # before the jobs below are queued: they size their gangs afresh
+            async def node_event(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+                if nodes_changed is not None:
+                    nodes_changed(type, dict(body))  # before the jobs below are queued: they size their gangs afresh
                 if type == "DELETED":
                     self.node_deleted(name)
                 else:  # listed, added or modified: a Node of that name exists (again)

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -33,6 +33,9 @@ from rljob_operator.names import ANNOTATION_CREATED_FOR, LABEL_MANAGED_BY, MANAG
 log = logging.getLogger("rljob.kube")
 FAULT_ENV = "RLJOB_FAULT_CRASH_AFTER_WRITES"
 FIELD_MANAGER = "rljob-operator"
+#: Objects per page of a list across the cluster (client-go's reflector asks for 500; a pod decodes to ~39 KiB,
+#: so a page of 100 is a few MiB).
+LIST_PAGE = 100
 
 
 def loads(data: bytes | str) -> Any:
@@ -260,10 +263,26 @@ class Kube:
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "/api/v1/nodes").get("items") or [])
 
-    def list_bound_pods(self) -> list[dict[str, Any]]:
-        """Every pod bound to a node and not finished, in all namespaces (what holds node capacity)."""
-        selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-        return list(self.request("GET", "/api/v1/pods", query={"fieldSelector": selector}).get("items") or [])
+    def list_bound_pods(self, page: int = LIST_PAGE) -> Iterator[dict[str, Any]]:
+        """Every pod bound to a node and not finished, in all namespaces (what holds node capacity), read ``page``
+        pods at a time (``limit`` and ``continue``, as client-go's reflector reads).
+
+        A generator: the caller keeps what it needs of each pod (``scaling.PodUsage``, a few hundred bytes) before
+        the next page is read, so what this costs in memory is one page, not the cluster's pods (about 39 KiB
+        each decoded: a whole listing of a large cluster once a second took hundreds of MiB, issue #43 point 4).
+        """
+        query: dict[str, Any] = {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+                                 "limit": page}
+        while True:
+            answer = self.request("GET", "/api/v1/pods", query=query)
+            items, token = answer.get("items") or [], (answer.get("metadata") or {}).get("continue")
+            del answer
+            items.reverse()
+            while items:  # each pod dropped here once the caller took what it needs of it
+                yield items.pop()
+            if not token:
+                return
+            query["continue"] = token
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None, force: bool = False) -> None:
         """Delete a pod (by uid when given, so a newer pod with the same name survives).
@@ -348,15 +367,15 @@ class Kube:
                 return None
             raise
 
-    def create_pod(self, pod: dict[str, Any]) -> bool:
-        """Create a worker pod; False when its name is taken (the next reconcile looks at it)."""
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a worker pod: the pod the API server created (its UID goes into the job's record of the pods
+        the operator created); None when its name is taken (the next reconcile looks at it)."""
         try:
-            self.request("POST", self.core_path(pod["metadata"]["namespace"], "pods"), pod,
-                         query={"fieldManager": FIELD_MANAGER})
-            return True
+            return self.request("POST", self.core_path(pod["metadata"]["namespace"], "pods"), pod,  # type: ignore[no-any-return]
+                                query={"fieldManager": FIELD_MANAGER})
         except ApiException as e:
             if e.status == 409:
-                return False
+                return None
             raise
 
     # ------------------------------------------------------------------ events

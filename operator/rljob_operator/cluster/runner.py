@@ -201,6 +201,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
                             profile=PodProfile.from_settings(s), network=network, gates=gate_clients, job_cache=jobs,
+                            capacity_max_age=s.capacity_refresh_seconds,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
                             node_gone=(lambda node: watch_ref[0].node_gone(node) if watch_ref else False)
                             if watch_nodes else None)
@@ -226,7 +227,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     queue = WorkQueue(reconcile, workers=s.workers)
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget, gate_watches=gate_watches,
-                     watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity, jobs=jobs,
+                     watch_nodes=watch_nodes, nodes_changed=reconciler.node_changed, jobs=jobs,
                      namespaces=s.namespaces)
     register_experiments(watch.registry, queue.add)
     check_handlers(watch.registry)
