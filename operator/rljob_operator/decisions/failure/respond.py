@@ -72,10 +72,10 @@ def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | None:
     """The workers to replace in place (their indices), or None: the whole gang restarts.
 
     Only for an elastic job (``children.in_place_restarts``: its agents restart their ranks to meet a
-    replaced peer, as often as the pods are told) whose checkpoints outlive a pod (the replacement resumes from the same checkpoint as the
-    survivors), for a worker failure or loss that spares worker 0 (it hosts the rendezvous store; its
-    loss ends every agent's rendezvous). Not for a stall (which worker hangs is unknown) nor an
-    out-of-memory failure that OOM recovery answers (every worker's batch changes).
+    replaced peer, as often as the pods are told) whose checkpoints outlive a pod (the replacement
+    resumes from the same checkpoint as the survivors), for a worker failure or loss that spares worker 0
+    (it hosts the rendezvous store; its loss ends every agent's rendezvous). Not for a stall (which worker
+    hangs is unknown) nor an out-of-memory failure that OOM recovery answers (every worker's batch changes).
     """
     job = ctx.job
     if seen.stalled or not in_place_restarts(job) or not ctx.checkpoints.durable:
