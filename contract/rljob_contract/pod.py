@@ -51,7 +51,7 @@ RUN_ID_ENV = "RLJOB_RUN_ID"
 SHUTDOWN_TIMEOUT_ENV = "RLJOB_SHUTDOWN_TIMEOUT"
 #: Restarts this node's elastic agent may make of its ranks when a peer worker is lost, so that the
 #: survivors re-rendezvous with the pod the operator creates in its place (elastic jobs with durable
-#: checkpoints, see ``rljob_operator.decisions.failures``). Unset or 0: any rank failure ends the node.
+#: checkpoints, see ``rljob_operator.decisions.failure.respond``). Unset or 0: any rank failure ends the node.
 IN_PLACE_RESTARTS_ENV = "RLJOB_IN_PLACE_RESTARTS"
 #: Where logs, TensorBoard events and the summary go (overrides the config's ``outputDir``).
 OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
