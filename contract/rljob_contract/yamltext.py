@@ -64,6 +64,13 @@ class ManifestLoader(yaml.SafeLoader):
             self.depth -= 1
 
 
+#: Numbers with an exponent but no dot, or no sign in the exponent (``1e-3``, ``1.5e3``, ``.5e3``): YAML 1.1,
+#: so PyYAML, reads them as strings; go-yaml v2 (kubectl, Helm, the API server) as floats. Read as Go does:
+#: ``learningRate: 1e-3`` is a number, as ``kubectl apply`` sends it.
+GO_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+ManifestLoader.add_implicit_resolver("tag:yaml.org,2002:float", GO_FLOAT, list("-+.0123456789"))
+
+
 def load(text: str) -> Any:
     """The one YAML document of ``text``, as ``yaml.safe_load`` reads it; ``UnsafeYAML`` (a ``YAMLError``) for
     an alias or too deep a nesting."""

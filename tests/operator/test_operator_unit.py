@@ -27,8 +27,9 @@ from rljob_operator.decisions.children import (
     spec_hash,
 )
 from rljob_operator.decisions.conditions import make_conditions
+from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
-from rljob_operator.decisions.observed import ObservedPod, first_failure
+from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.names import (
     CONTAINER,
     LABEL_GANG_GENERATION,

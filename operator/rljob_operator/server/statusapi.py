@@ -39,7 +39,7 @@ address and is charged to its job once checked (a refused token is never charged
 throttle one, nor write its ``lastThrottled``). Every job gets the same share whatever address its
 pods share. Beyond it: 429 with Retry-After (which the trainer honours), and
 ``status.progress.lastThrottled`` records that a worker of the job was alive, so the stall clock
-(``decisions.restarts``) does not take a throttled job for a hung one. A heartbeat's ``warnings``
+(``decisions.failure.observe``) does not take a throttled job for a hung one. A heartbeat's ``warnings``
 become Events through ``cluster.events.EventRecorder``: repeats counted on one Event, at most
 ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest dropped and counted.
 
