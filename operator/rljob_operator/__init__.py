@@ -12,7 +12,7 @@ Modules, by responsibility (pure ones take no cluster and no clock):
   Plan), ``failure/`` (the failure step, one module per step: observe → classify → respond → record),
   ``refusals`` (a refused create → Plan), ``scaling``.
 * ``cluster/reconciler``: observe, decide, apply the Plan, in an order that converges when interrupted.
-* ``kube``: the JSON REST layer; ``handlers``: kopf watches feeding ``workqueue``.
+* ``kube``: the JSON REST layer; ``streams``: the watches, whose subscribers (``handlers``) feed ``workqueue``.
 * ``leader``: the Lease; ``statusapi``: heartbeats and status over HTTPS; ``tls``: its certificate.
 * ``metrics``: Prometheus series and health; ``settings``: configuration; ``runner``: ``rljob operator``.
 """

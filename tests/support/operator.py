@@ -174,7 +174,7 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 def install_crd(kube: Any, crd: dict[str, Any], plural: str) -> dict[str, Any]:
     """Create (or replace) ``crd`` and wait until it is Established and its ``plural`` can be listed
-    (discovery, which kopf and kubectl resolve resources through, has caught up)."""
+    (discovery, which kubectl resolves resources through, has caught up)."""
     from kubernetes.client.exceptions import ApiException
 
     from tests.cluster.waiting import wait_for

@@ -158,7 +158,13 @@ class Kube:
         query: dict[str, Any] | None = None,
         content_type: str = "application/json",
         count_write: bool = True,
+        metered: bool = True,
     ) -> Any:
+        """Send one request; the answer's JSON (None when empty), or ``ApiException``.
+
+        ``metered``: counted in the request metrics (the reconciler's and the status API's requests;
+        the watches' listings are not).
+        """
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -175,16 +181,18 @@ class Kube:
             reason = self.write_guard()
             if reason is not None:
                 raise NotLeader(f"{method} {path} not sent: {reason}")
-        metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
+        if metered:
+            metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
         try:
             response = self.api_client.call_api(*request, _request_timeout=self.timeout)
             response.read()
         except Exception:
-            metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code="connection").inc()
+            if metered:
+                metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code="connection").inc()
             raise
         if not 200 <= response.status <= 299:
             body = (response.data or b"").decode(errors="replace")
-            if response.status not in (404, 409):  # normal answers to get and create-or-adopt
+            if metered and response.status not in (404, 409):  # normal answers to get and create-or-adopt
                 # Creating in a namespace being deleted is refused with 403: not a permission problem.
                 code = "NamespaceTerminating" if namespace_terminating(response.status, body) else str(response.status)
                 metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code=code).inc()
@@ -192,6 +200,24 @@ class Kube:
         if method != "GET" and count_write:
             self._after_write()
         return loads(response.data) if response.data else None
+
+    def open(self, path: str, query: dict[str, Any], timeout: tuple[float, float]) -> Any:
+        """GET ``path`` and return the response unread, for a watch to stream (urllib3's response);
+        ``ApiException`` for an answer that is not a success. ``timeout``: (connect, between two reads).
+        Not counted in the request metrics, as the watches' listings are not."""
+        request = self.api_client.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=[(k, v) for k, v in query.items() if v is not None],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(*request, _request_timeout=timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException.from_response(http_resp=response, body=(response.data or b"").decode(errors="replace"),
+                                              data=None)
+        return response.response
 
     def _after_write(self) -> None:
         if not self._crash_after:
