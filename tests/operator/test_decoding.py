@@ -20,6 +20,9 @@ def test_loads_decodes_what_the_standard_library_decodes_to_the_same_objects() -
     assert loads(text) == json.loads(text) == loads(text.encode())
     huge = '{"spec": {"podTemplate": {"x": 123456789012345678901234567890, "y": -1e400}}}'
     assert loads(huge) == json.loads(huge)  # beyond 64 bits: orjson refuses, the standard library decodes
+    for number in ("18446744073709551616", "-9223372036854775809", "123456789012345678901234567890"):
+        text = f'{{"spec": {{"training": {{"trl": {{"seed": {number}}}}}}}}}'
+        assert loads(text)["spec"]["training"]["trl"]["seed"] == int(number)  # orjson alone: a float, digits lost
     assert loads('"\\u00e9t\\u00e9"') == "été"
     with pytest.raises(json.JSONDecodeError):
         loads(b'{"truncated": ')

@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,17 +39,26 @@ FIELD_MANAGER = "rljob-operator"
 LIST_PAGE = 100
 
 
+#: 19 digits in a row: perhaps an integer beyond 64 bits, which orjson decodes as a float, losing digits.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
 def loads(data: bytes | str) -> Any:
     """JSON decoded as the standard library decodes it, by orjson where it can (two to three times faster).
 
     The operator decodes every watch event (a pod's JSON is kilobytes) and every answer; orjson gives the
-    same objects, but refuses an integer beyond 64 bits, which the standard library decodes: such a
-    document (from a job's free-form fields, say) is decoded the slow way rather than refused.
+    same objects, but not for an integer beyond 64 bits: it refuses some and decodes others as a float,
+    silently losing digits (orjson 3.13: 18446744073709551616 → 1.8446744073709552e19). A document with 19
+    digits in a row (such an integer, or only a long digit string: then the slow way costs a little time,
+    nothing else) and one orjson refuses are decoded by the standard library.
     """
+    raw = data.encode() if isinstance(data, str) else data
+    if _LONG_DIGITS.search(raw):
+        return json.loads(raw)
     try:
-        return orjson.loads(data)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(data)
+        return json.loads(raw)
 
 
 class ChildConflict(Exception):
