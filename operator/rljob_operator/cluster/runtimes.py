@@ -1,8 +1,8 @@
 """The runtimes as the watches show them, and which one serves a job (``rljob_contract.runtime``).
 
-Two streams, read like the jobs' (``streams.ResourceStream``: kopf's watch stream without its per-object
-machinery): the ClusterRLTrainingRuntimes (cluster-scoped, one stream whatever namespaces the operator
-watches) and the RLTrainingRuntimes of the watched namespaces. A reconcile looks its job's runtime up here,
+Two streams (``streams.Stream``), one per kind: the ClusterRLTrainingRuntimes (cluster-scoped, one stream
+whatever namespaces the operator watches) and the RLTrainingRuntimes of the watched namespaces, each with a
+``RuntimeEvents`` subscriber feeding one ``RuntimeStore``. A reconcile looks its job's runtime up there,
 never with a GET. Until every stream has listed once the store is not ``synced`` (a job would otherwise be
 told its runtime does not exist while the listing is on its way): the reconciler waits a moment instead.
 
@@ -14,10 +14,9 @@ built anew only then); what a running gang was built from is the operator side's
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kopf._cogs.structs import references
 from rljob_contract.job import GROUP, VERSION, ManifestError, RLTrainingJob, RuntimeKind
 from rljob_contract.runtime import (
     CLUSTER_PLURAL,
@@ -28,14 +27,19 @@ from rljob_contract.runtime import (
     parse_runtime,
 )
 
-from rljob_operator.cluster.streams import ResourceStream
+from rljob_operator.cluster.handlers import Enqueue
+from rljob_operator.cluster.jobcache import JobCache
+from rljob_operator.cluster.streams import Resource
+from rljob_operator.decisions.plan import RUNTIME_NOT_FOUND
 
 log = logging.getLogger("rljob.runtimes")
 
-CLUSTER_RUNTIMES = references.Resource(GROUP, VERSION, CLUSTER_PLURAL, kind=RuntimeKind.cluster.value,
-                                       namespaced=False, verbs=frozenset({"list", "watch"}))
-NAMESPACED_RUNTIMES = references.Resource(GROUP, VERSION, NAMESPACED_PLURAL, kind=RuntimeKind.namespaced.value,
-                                          namespaced=True, verbs=frozenset({"list", "watch"}))
+#: The ClusterRLTrainingRuntimes (cluster-scoped: one stream whatever namespaces are watched).
+CLUSTER_RUNTIMES = Resource(GROUP, VERSION, CLUSTER_PLURAL, namespaced=False)
+#: The RLTrainingRuntimes of the watched namespaces.
+NAMESPACED_RUNTIMES = Resource(GROUP, VERSION, NAMESPACED_PLURAL)
+#: Each runtime resource and its kind.
+RUNTIME_RESOURCES = ((CLUSTER_RUNTIMES, RuntimeKind.cluster), (NAMESPACED_RUNTIMES, RuntimeKind.namespaced))
 #: A runtime's key in the store: (kind, namespace or "", name).
 RuntimeKey = tuple[str, str, str]
 
@@ -66,9 +70,6 @@ class RuntimeStore:
         except ManifestError as e:
             self.runtimes[key] = "; ".join(e.problems)
 
-    def keys(self, kind: str, scope: str | None) -> list[RuntimeKey]:
-        return [k for k in self.runtimes if k[0] == kind and scope in (None, k[1])]
-
     def lookup(self, job: RLTrainingJob) -> tuple[TrainingRuntime | None, str | None]:
         """(the job's runtime, None) or (None, why there is none: what to create or name)."""
         namespace, ref = job.metadata.namespace or "", job.spec.runtime_ref
@@ -92,37 +93,25 @@ class RuntimeStore:
         return runtime, None
 
 
-class RuntimeStream(ResourceStream):
-    """One runtime kind's watch: each event into the store, then ``changed`` (the jobs waiting are queued)."""
+class RuntimeEvents:
+    """One runtime kind's stream's subscriber: each event into the store, then the jobs waiting for a
+    runtime (reason ``RuntimeNotFound``, ``JobCache.with_reason``) are queued to look again."""
 
-    def __init__(self, resource: references.Resource, namespaces: Iterable[str], store: RuntimeStore,
-                 changed: Callable[[], None]) -> None:
-        super().__init__(namespaces if resource.namespaced else ())
-        self.resource = resource  # type: ignore[misc]  # per instance: two kinds share the class
-        self.what = f"{resource.plural} watch"  # type: ignore[misc]
+    def __init__(self, kind: RuntimeKind, store: RuntimeStore, jobs: JobCache, queue: Enqueue) -> None:
+        self.kind = kind
         self.store = store
-        self.changed = changed
-        self._listing: dict[str | None, set[RuntimeKey]] = {}
+        self.jobs = jobs
+        self.queue = queue
 
-    def handle(self, scope: str | None, type: str | None, body: Mapping[str, Any]) -> None:
-        kind = str(self.resource.kind)
-        self.store.put(kind, type, body)
-        if type is None:
-            meta = body.get("metadata") or {}
-            self._listing.setdefault(scope, set()).add((kind, meta.get("namespace") or "", meta.get("name") or ""))
-        self.changed()
+    def event(self, scope: str | None, type: str | None, body: Mapping[str, Any]) -> None:
+        self.store.put(self.kind.value, type, body)
+        self.waiting_jobs()
 
     def listed(self, scope: str | None) -> None:
-        kind = str(self.resource.kind)
-        seen = self._listing.pop(scope, set())
-        for key in self.store.keys(kind, scope):
-            if key not in seen:  # deleted while the stream was away
-                self.store.runtimes.pop(key, None)
-        self.store.listed.add((kind, scope))
-        self.changed()
+        """What the listing did not show came as DELETED: the store now holds the scope's runtimes."""
+        self.store.listed.add((self.kind.value, scope))
+        self.waiting_jobs()
 
-
-def runtime_streams(namespaces: list[str], store: RuntimeStore, changed: Callable[[], None]) -> list[RuntimeStream]:
-    """The two runtime streams feeding ``store``."""
-    return [RuntimeStream(CLUSTER_RUNTIMES, namespaces, store, changed),
-            RuntimeStream(NAMESPACED_RUNTIMES, namespaces, store, changed)]
+    def waiting_jobs(self) -> None:
+        for key in self.jobs.with_reason(RUNTIME_NOT_FOUND):
+            self.queue.add(key)
