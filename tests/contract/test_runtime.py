@@ -241,6 +241,42 @@ def test_the_default_runtime_is_the_marked_one_the_newest_of_several() -> None:
     assert default_runtime(runtimes, RuntimeKind.namespaced) is None
 
 
+def runtime_outcome(path: str, value: Any) -> str:
+    """``test_types.outcome`` for a runtime: ``accepted``, ``type`` or ``other``."""
+    from tests.contract.test_types import TYPE_REFUSAL
+
+    doc = runtime_manifest("types")
+    node = doc
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    try:
+        parse_runtime(doc)
+    except ManifestError as e:
+        return "type" if any(TYPE_REFUSAL.match(p.removeprefix(f"{path}: ")) for p in e.problems
+                             if p.startswith(f"{path}: ")) else "other"
+    return "accepted"
+
+
+def test_every_scalar_field_of_a_runtime_refuses_the_other_types_and_takes_its_own() -> None:
+    """Strict numbers (``tests/contract/test_types.py``) on the runtime's fields too."""
+    from rljob_operator.crd import runtime_crd_manifest
+
+    from tests.contract.test_types import SPELLINGS, TAKES, scalar_fields
+
+    schema = runtime_crd_manifest(RuntimeKind.cluster.value)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    fields = sorted(scalar_fields(schema["properties"]["spec"], "spec"))
+    assert ("spec.limits.gpusPerWorker.max", "integer") in fields and ("spec.queue.required", "boolean") in fields
+    wrong = {}
+    for path, kind in fields:
+        outcomes = {spelling: runtime_outcome(path, value) for spelling, value in SPELLINGS.items()}
+        if [s for s, o in outcomes.items() if (s not in TAKES[kind] and o == "accepted")
+                                              or (s in TAKES[kind] and o == "type")]:
+            wrong[path] = outcomes
+    assert wrong == {}
+
+
 def test_a_namespaced_runtime_has_no_namespace_selector() -> None:
     parse_runtime(runtime_manifest(spec={"namespaceSelector": {"matchLabels": {"team": "a"}}}))
     with pytest.raises(ManifestError, match="spec.namespaceSelector: only a ClusterRLTrainingRuntime has one"):

@@ -50,6 +50,8 @@ pytestmark = pytest.mark.cluster
 SNAPSHOTS = REPO / "tests" / "delivery" / "snapshots"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rltrainingjobs.rljob.dev"
 EXPERIMENT_CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rlexperiments.rljob.dev"
+RUNTIME_CRD_PATHS = tuple(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}.rljob.dev"
+                          for name in ("clusterrltrainingruntimes", "rltrainingruntimes"))
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
@@ -109,7 +111,7 @@ def hand_crd_to_release(kube: Any, release: str, namespace: str) -> None:
 
     patch = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "Helm"}, "annotations": {
         "meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace}}}
-    for path in (CRD_PATH, EXPERIMENT_CRD_PATH):
+    for path in (CRD_PATH, EXPERIMENT_CRD_PATH, *RUNTIME_CRD_PATHS):
         try:
             kube.request("PATCH", path, patch, content_type="application/merge-patch+json")
         except ApiException as e:

@@ -49,6 +49,7 @@ NEW_VALUES: dict[str, Any] = {
     "networkPolicy.trainerEgress.dns": [{"ipBlock": {"cidr": "169.254.20.10/32"}}],
     "networkPolicy.trainerEgress.to": [{"podSelector": {"matchLabels": {"app": "minio"}}}],
     "networkPolicy.trainerEgress.ports": [9000], "networkPolicy.trainerEgress.exceptCIDRs": ["10.96.0.0/12"],
+    "networkPolicy.trainerEgress.metadataCIDRs": ["169.254.169.254/32"],
 }
 
 

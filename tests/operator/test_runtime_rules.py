@@ -401,3 +401,34 @@ def test_the_default_cluster_runtime_is_the_newest_that_selects_the_namespace(la
     newest["metadata"]["creationTimestamp"] = "2030-02-01T00:00:00Z"
     found, _ = stored(team, newest).lookup(make_job(), labels)
     assert found is not None and found.metadata.name == chosen  # none selects team c: the newest, which refuses it
+
+
+# ------------------------------------------------------------------------ the watches
+
+
+def test_a_runtime_event_queues_the_jobs_built_from_it_and_a_relabelled_namespace_its_jobs() -> None:
+    from rljob_operator.cluster.namespaces import NamespaceEvents, NamespaceStore
+    from rljob_operator.cluster.workqueue import JobKey
+
+    from tests.operator.test_runtimes import subscribers
+
+    _, jobs, queue, cluster, _ = subscribers()
+    built = runtime_record(runtime(name="gpu")).model_dump(by_alias=True)
+    keys = {name: JobKey(ns, name) for ns, name in (("team-a", "on-gpu"), ("team-a", "on-cpu"), ("team-b", "other"))}
+    for name, key in keys.items():
+        status = {"runtime": {**built, "name": "cpu"}} if name == "on-cpu" else {"runtime": built}
+        jobs.seen(key, {"metadata": {"name": key.name, "namespace": key.namespace, "resourceVersion": "1"},
+                        "status": status})
+    cluster.event(None, "MODIFIED", runtime_manifest("gpu"))
+    assert sorted(k.name for k in queue.added) == ["on-gpu", "other"]  # a cluster runtime serves every namespace
+
+    store, queue.added = NamespaceStore(), []
+    labels = NamespaceEvents(store, jobs, queue)
+    labels.event(None, None, {"metadata": {"name": "team-a", "labels": {"team": "a"}}})
+    assert not store.synced() and queue.added == []  # the first listing queues nothing
+    labels.listed(None)
+    labels.event(None, "MODIFIED", {"metadata": {"name": "team-a", "labels": {"team": "a"}}})
+    assert queue.added == []  # no change of labels
+    labels.event(None, "MODIFIED", {"metadata": {"name": "team-a", "labels": {"team": "b"}}})
+    assert store.synced() and store.labels("team-a") == {"team": "b"}
+    assert sorted(k.name for k in queue.added) == ["on-cpu", "on-gpu"]

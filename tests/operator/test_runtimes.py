@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubernetes.client import Configuration
 from rljob_contract import pod as contract
+from rljob_contract.job import RuntimeKind
 from rljob_contract.runtime import CLUSTER_KIND, NAMESPACED_KIND
-from rljob_operator.cluster.handlers import JobWatch
-from rljob_operator.cluster.runtimes import RuntimeStore, RuntimeStream
+from rljob_operator.cluster.jobcache import JobCache
+from rljob_operator.cluster.runtimes import RuntimeEvents, RuntimeStore
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.children import JobNetwork, desired_network_policy, desired_worker_pod
 from rljob_operator.decisions.egress import Egress
@@ -67,29 +67,48 @@ def test_a_runtime_the_models_refuse_is_named_with_why() -> None:
                                            "spec.limits.gpusPerWorker.default: must be at most max (3 > 1)")
 
 
-def test_the_store_is_synced_once_every_stream_listed_and_forgets_what_a_relisting_misses() -> None:
-    queued: list[JobKey] = []
-    watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), lambda key: None, namespaces=["team-a"])
-    cluster, namespaced = [s for s in watch.streams if isinstance(s, RuntimeStream)]
-    assert not watch.runtimes.synced()
-    cluster.handle(None, None, runtime_manifest("default", default=True))
+class Queue:
+    """The work queue as the subscribers use it, recording what they add."""
+
+    def __init__(self) -> None:
+        self.added: list[JobKey] = []
+
+    def add(self, key: Any, delay: float | None = None, low: bool = False, urgent: bool = False) -> None:
+        self.added.append(key)
+
+    def forget(self, key: Any) -> None:
+        pass
+
+
+def subscribers(namespaces: tuple[str, ...] = ("team-a",)) -> tuple[RuntimeStore, JobCache, Queue, RuntimeEvents,
+                                                                    RuntimeEvents]:
+    """A store, the jobs' cache, a queue and the two kinds' subscribers feeding them (as the runner wires them)."""
+    store, jobs, queue = RuntimeStore(namespaces), JobCache(), Queue()
+    return (store, jobs, queue, RuntimeEvents(RuntimeKind.cluster, store, jobs, queue),
+            RuntimeEvents(RuntimeKind.namespaced, store, jobs, queue))
+
+
+def test_the_store_is_synced_once_every_stream_listed_and_forgets_a_deleted_runtime() -> None:
+    store, _, _, cluster, namespaced = subscribers()
+    assert not store.synced()
+    cluster.event(None, None, runtime_manifest("default", default=True))
     cluster.listed(None)
-    assert not watch.runtimes.synced()  # the namespace's runtimes are not listed yet
+    assert not store.synced()  # the namespace's runtimes are not listed yet
     namespaced.listed("team-a")
-    assert watch.runtimes.synced() and watch.runtimes.lookup(make_job())[0] is not None
-    cluster.listed(None)  # a relisting without it: deleted while the stream was away
-    assert watch.runtimes.lookup(make_job())[0] is None
+    assert store.synced() and store.lookup(make_job())[0] is not None
+    # Deleted (a relisting hands on as DELETED what it no longer shows: ``streams``).
+    cluster.event(None, "DELETED", runtime_manifest("default", default=True))
+    assert store.lookup(make_job())[0] is None
 
 
 def test_a_runtime_event_queues_the_jobs_waiting_for_one() -> None:
-    queued: list[JobKey] = []
-    watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), lambda key: None, namespaces=["team-a"])
+    _, jobs, queue, cluster, _ = subscribers()
     waiting, running = JobKey("team-a", "waiting"), JobKey("team-a", "running")
     for key, reason in ((waiting, RUNTIME_NOT_FOUND), (running, "Running")):
-        watch.jobs.seen(key, {"metadata": {"name": key.name, "namespace": key.namespace, "resourceVersion": "1"},
-                              "status": {"reason": reason}})
-    watch.streams[2].handle(None, None, runtime_manifest("default", default=True))
-    assert queued == [waiting]
+        jobs.seen(key, {"metadata": {"name": key.name, "namespace": key.namespace, "resourceVersion": "1"},
+                        "status": {"reason": reason}})
+    cluster.event(None, None, runtime_manifest("default", default=True))
+    assert queue.added == [waiting]
 
 
 def test_a_job_without_a_runtime_waits_pending_saying_what_to_create_once() -> None:

@@ -268,7 +268,7 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 def install_crd(kube: Any, crd: dict[str, Any], plural: str) -> dict[str, Any]:
     """Create (or replace) ``crd`` and wait until it is Established and its ``plural`` can be listed
-    (discovery, which kopf and kubectl resolve resources through, has caught up)."""
+    (discovery, which kubectl resolves resources through, has caught up)."""
     from kubernetes.client.exceptions import ApiException
 
     from tests.cluster.waiting import wait_for
@@ -489,6 +489,51 @@ def tenant(kube: Any, namespace: str, service_account_kubeconfig: Any) -> Iterat
         yield as_tenant
     finally:
         user.close()
+
+
+# ------------------------------------------------------------------ an ordinary tenant
+
+#: What an ordinary tenant of a namespace may do with rljob's kinds: the chart's ``rbac-user-roles`` (aggregated
+#: into ``edit``): everything on jobs and experiments but writing their status.
+TENANT_RLJOB_RULES = [
+    {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingjobs/scale", "rlexperiments"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+    {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs/status", "rlexperiments/status"], "verbs": ["get"]},
+]
+
+
+@pytest.fixture
+def tenant_kube(kube: Any, namespace: str, service_account_kubeconfig: Any, crd_installed: Any) -> Any:
+    """The operator's REST layer acting as an ordinary tenant of ``namespace``: service account ``tenant`` bound to
+    Kubernetes' built-in ``edit`` role (pods, Services, ConfigMaps, ...) and to the chart's rights on rljob's
+    kinds (``TENANT_RLJOB_RULES``). It may create pods (a notebook's), jobs and experiments, never write their
+    status."""
+    from kubernetes import client, config
+
+    from tests.cluster.waiting import wait_for
+
+    kubeconfig = service_account_kubeconfig("tenant")
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "tenant-rljob"}, "rules": TENANT_RLJOB_RULES})
+    subjects = [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]
+    for name, kind, role in (("tenant-edit", "ClusterRole", "edit"), ("tenant-rljob", "Role", "tenant-rljob")):
+        kube.request("POST", f"{rbac}/rolebindings", {"metadata": {"name": name}, "subjects": subjects,
+                                                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                   "kind": kind, "name": role}})
+    configuration = client.Configuration()
+    config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+    tenant = _kube(client.ApiClient(configuration))
+
+    def in_force() -> bool:
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "patch", "group": "rljob.dev",
+                                                  "resource": "rltrainingjobs"}}}
+        answer = tenant.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+        return bool((answer.get("status") or {}).get("allowed"))
+
+    wait_for(in_force, 30, message="the tenant's rights in force")
+    yield tenant
+    tenant.api_client.close()
 
 
 # ------------------------------------------------------------------ job helpers

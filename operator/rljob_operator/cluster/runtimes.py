@@ -1,24 +1,24 @@
 """The runtimes as the watches show them, and which one serves a job (``rljob_contract.runtime``).
 
-Two streams, read like the jobs' (``streams.ResourceStream``: kopf's watch stream without its per-object
-machinery): the ClusterRLTrainingRuntimes (cluster-scoped, one stream whatever namespaces the operator
-watches) and the RLTrainingRuntimes of the watched namespaces. A reconcile looks its job's runtime up here,
+Two streams (``streams.Stream``), one per kind: the ClusterRLTrainingRuntimes (cluster-scoped, one stream
+whatever namespaces the operator watches) and the RLTrainingRuntimes of the watched namespaces, each with a
+``RuntimeEvents`` subscriber feeding one ``RuntimeStore``. A reconcile looks its job's runtime up there,
 never with a GET. Until every stream has listed once the store is not ``synced`` (a job would otherwise be
 told its runtime does not exist while the listing is on its way): the reconciler waits a moment instead.
 
 A runtime event queues the jobs waiting for a runtime (reason ``RuntimeNotFound``): GitOps may apply a
 runtime after the jobs that use it; and the jobs whose gang was built from it (``status.runtime``), whose
-condition RuntimeUpToDate says whether it changed. An edit of a runtime applies from a job's next gang (its
-pods are built anew only then; ``decisions.runtimes``: the snapshot a running gang keeps).
+condition RuntimeUpToDate says whether it changed (a new default reaches the others' conditions with the next
+resync; their pods change only with their next gang anyway). An edit of a runtime applies from a job's next
+gang (``decisions.runtimes``: the snapshot a running gang keeps).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kopf._cogs.structs import references
 from rljob_contract.job import GROUP, VERSION, ManifestError, RLTrainingJob, RuntimeKind
 from rljob_contract.runtime import (
     CLUSTER_PLURAL,
@@ -29,15 +29,21 @@ from rljob_contract.runtime import (
     parse_runtime,
 )
 
-from rljob_operator.cluster.streams import ResourceStream
+from rljob_operator.cluster.handlers import Enqueue
+from rljob_operator.cluster.jobcache import JobCache
+from rljob_operator.cluster.streams import Resource
+from rljob_operator.cluster.workqueue import JobKey
+from rljob_operator.decisions.plan import RUNTIME_NOT_FOUND
 from rljob_operator.decisions.runtimes import selects
 
 log = logging.getLogger("rljob.runtimes")
 
-CLUSTER_RUNTIMES = references.Resource(GROUP, VERSION, CLUSTER_PLURAL, kind=RuntimeKind.cluster.value,
-                                       namespaced=False, verbs=frozenset({"list", "watch"}))
-NAMESPACED_RUNTIMES = references.Resource(GROUP, VERSION, NAMESPACED_PLURAL, kind=RuntimeKind.namespaced.value,
-                                          namespaced=True, verbs=frozenset({"list", "watch"}))
+#: The ClusterRLTrainingRuntimes (cluster-scoped: one stream whatever namespaces are watched).
+CLUSTER_RUNTIMES = Resource(GROUP, VERSION, CLUSTER_PLURAL, namespaced=False)
+#: The RLTrainingRuntimes of the watched namespaces.
+NAMESPACED_RUNTIMES = Resource(GROUP, VERSION, NAMESPACED_PLURAL)
+#: Each runtime resource and its kind.
+RUNTIME_RESOURCES = ((CLUSTER_RUNTIMES, RuntimeKind.cluster), (NAMESPACED_RUNTIMES, RuntimeKind.namespaced))
 #: A runtime's key in the store: (kind, namespace or "", name).
 RuntimeKey = tuple[str, str, str]
 
@@ -67,9 +73,6 @@ class RuntimeStore:
             self.runtimes[key] = parse_runtime({**body, "kind": kind}, f"{kind}/{key[2]}")
         except ManifestError as e:
             self.runtimes[key] = "; ".join(e.problems)
-
-    def keys(self, kind: str, scope: str | None) -> list[RuntimeKey]:
-        return [k for k in self.runtimes if k[0] == kind and scope in (None, k[1])]
 
     def lookup(self, job: RLTrainingJob,
                labels: Mapping[str, str] | None = None) -> tuple[TrainingRuntime | None, str | None]:
@@ -101,40 +104,35 @@ class RuntimeStore:
         return runtime, None
 
 
-class RuntimeStream(ResourceStream):
-    """One runtime kind's watch: each event into the store, then ``changed`` (the jobs waiting are queued)."""
+class RuntimeEvents:
+    """One runtime kind's stream's subscriber: each event into the store, then the jobs waiting for a
+    runtime (reason ``RuntimeNotFound``) and those whose gang was built from this one (``status.runtime``)
+    are queued to look again."""
 
-    def __init__(self, resource: references.Resource, namespaces: Iterable[str], store: RuntimeStore,
-                 changed: Callable[[RuntimeKey | None], None]) -> None:
-        super().__init__(namespaces if resource.namespaced else ())
-        self.resource = resource  # type: ignore[misc]  # per instance: two kinds share the class
-        self.what = f"{resource.plural} watch"  # type: ignore[misc]
+    def __init__(self, kind: RuntimeKind, store: RuntimeStore, jobs: JobCache, queue: Enqueue) -> None:
+        self.kind = kind
         self.store = store
-        self.changed = changed
-        self._listing: dict[str | None, set[RuntimeKey]] = {}
+        self.jobs = jobs
+        self.queue = queue
 
-    def handle(self, scope: str | None, type: str | None, body: Mapping[str, Any]) -> None:
-        kind = str(self.resource.kind)
-        self.store.put(kind, type, body)
+    def event(self, scope: str | None, type: str | None, body: Mapping[str, Any]) -> None:
+        self.store.put(self.kind.value, type, body)
         meta = body.get("metadata") or {}
-        key = (kind, meta.get("namespace") or "", meta.get("name") or "")
-        if type is None:
-            self._listing.setdefault(scope, set()).add(key)
-        self.changed(key)
+        self.waiting_jobs((self.kind.value, meta.get("namespace") or "", meta.get("name") or ""))
 
     def listed(self, scope: str | None) -> None:
-        kind = str(self.resource.kind)
-        seen = self._listing.pop(scope, set())
-        for key in self.store.keys(kind, scope):
-            if key not in seen:  # deleted while the stream was away
-                self.store.runtimes.pop(key, None)
-                self.changed(key)
-        self.store.listed.add((kind, scope))
-        self.changed(None)
+        """What the listing did not show came as DELETED: the store now holds the scope's runtimes."""
+        self.store.listed.add((self.kind.value, scope))
+        self.waiting_jobs()
 
+    def waiting_jobs(self, runtime: RuntimeKey | None = None) -> None:
+        """Queue the jobs waiting for a runtime, and those whose gang was built from ``runtime``."""
+        kind, namespace, name = runtime or ("", "", "")
 
-def runtime_streams(namespaces: list[str], store: RuntimeStore,
-                    changed: Callable[[RuntimeKey | None], None]) -> list[RuntimeStream]:
-    """The two runtime streams feeding ``store``."""
-    return [RuntimeStream(CLUSTER_RUNTIMES, namespaces, store, changed),
-            RuntimeStream(NAMESPACED_RUNTIMES, namespaces, store, changed)]
+        def affected(key: JobKey, status: dict[str, Any]) -> bool:
+            built = status.get("runtime") or {}
+            return status.get("reason") == RUNTIME_NOT_FOUND or (
+                built.get("kind") == kind and built.get("name") == name and namespace in ("", key.namespace))
+
+        for key in self.jobs.select(affected):
+            self.queue.add(key)

@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rljob_contract import pod as contract
-from rljob_contract.job import RLTrainingJob
+from rljob_contract.job import RestartPolicy, RLTrainingJob
 from rljob_contract.runtime import Resolved, resolve
 from rljob_contract.spec import reward_module_file
 
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.decisions.egress import Egress, egress_rules
-from rljob_operator.decisions.restarts import in_place_restarts
 from rljob_operator.decisions.runtimes import snapshot_data
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
@@ -195,6 +194,21 @@ def runtime_egress(runtime: Resolved) -> list[dict[str, Any]]:
     return [{"to": [{"ipBlock": {"cidr": rule.cidr}}],
              **({"ports": [{"protocol": "TCP", "port": p} for p in rule.ports]} if rule.ports else {})}
             for rule in runtime.egress]
+
+
+def in_place_restarts(job: RLTrainingJob) -> int:
+    """How often a worker of this job may restart its ranks to meet a replaced peer (0: never).
+
+    Elastic jobs (``minReplicas``/``maxReplicas``) replace a failed worker other than worker 0 in
+    place (``failure.respond.replaceable``) and the survivors' agents re-rendezvous with it; each
+    replacement counts against ``backoffLimit``, which therefore also bounds the agents' restarts. It
+    lives beside the environment that tells the pods (``RLJOB_IN_PLACE_RESTARTS``); the failure's
+    decision reads it too.
+    """
+    policy = job.spec.run_policy
+    if not job.spec.workers.elastic or policy.restart_policy == RestartPolicy.never:
+        return 0
+    return policy.backoff_limit
 
 
 def worker_env(

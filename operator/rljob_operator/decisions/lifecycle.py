@@ -15,7 +15,7 @@ and, after the backoff, created again as a new gang generation); ``Suspended`` w
 ``runPolicy.suspend`` is set (pods deleted, the rest kept; resuming starts a new gang
 generation and restarts the deadline clock, as for a batch Job).
 
-A failure is acted on once (``failures.py``): the reconcile that sees it writes the new gang
+A failure is acted on once (``failure/``): the reconcile that sees it writes the new gang
 generation, ``restarts`` and ``lastFailure`` to status first; the failed pods then belong to an
 old generation, and a later reconcile (or another operator replica after a crash) only deletes them.
 """
@@ -30,7 +30,8 @@ from rljob_contract.job import FINISHED_PHASES, Phase, RLTrainingJob, RLTraining
 from rljob_contract.runtime import Resolved
 
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
-from rljob_operator.decisions.failures import plan_failure
+from rljob_operator.decisions.failure import plan_failure
+from rljob_operator.decisions.failure.observe import stall_check_in
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     INVALID_SPEC_FIELDS,
@@ -42,7 +43,6 @@ from rljob_operator.decisions.plan import (
     status_patch,
 )
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.decisions.restarts import stall_check_in
 from rljob_operator.decisions.runtimes import DELETED, NOT_ALLOWED, RuntimeInUse
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (

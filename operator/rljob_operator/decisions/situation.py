@@ -264,7 +264,7 @@ class Situation:
 
     @derived
     def _same_generation(self) -> list[ObservedPod]:
-        # A pod replaced in place (``failures.in_place``) is stale though of this generation.
+        # A pod replaced in place (``failure.respond.replaceable``) is stale though of this generation.
         replaced = set(self.prev.last_failure.replaced_pods) if self.prev.last_failure is not None else set()
         return [p for p in self.owned
                 if p.generation == self.base_generation and p.index is not None and p.index < self.replicas
