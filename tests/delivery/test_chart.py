@@ -480,7 +480,8 @@ JOB_RULES = [
 
 CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
-RUNTIME_RULES = [{"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"], "verbs": ["list", "watch"]}]
+RUNTIME_RULES = [{"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"], "verbs": ["list", "watch"]},
+                 {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
 ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
