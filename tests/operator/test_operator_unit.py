@@ -27,6 +27,7 @@ from rljob_operator.decisions.children import (
     spec_hash,
 )
 from rljob_operator.decisions.conditions import make_conditions
+from rljob_operator.decisions.createdpods import created
 from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
@@ -83,7 +84,9 @@ def pod_json(job: RLTrainingJob, index: int, phase: str = "Running", ready: bool
 
 
 def observe(job: RLTrainingJob, *pods: dict[str, Any]) -> list[ObservedPod]:
-    return [ObservedPod.from_pod(p, UID) for p in pods]
+    """``pods`` as the operator sees pods it created itself: each recorded under its name (a test may show two
+    generations' pods under one name, which a cluster never holds at once)."""
+    return [ObservedPod.from_pod(p, UID, created([p])) for p in pods]
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
@@ -456,8 +459,8 @@ def test_a_permanent_exit_fails_the_job_with_the_termination_message() -> None:
 
 def test_the_most_telling_failure_is_reported() -> None:
     job = make_job()
-    crash = ObservedPod.from_pod(pod_json(job, 0, "Failed", False, exit_code=1), UID)
-    config = ObservedPod.from_pod(pod_json(job, 1, "Failed", False, exit_code=78), UID)
+    crash, config = observe(job, pod_json(job, 0, "Failed", False, exit_code=1),
+                            pod_json(job, 1, "Failed", False, exit_code=78))
     assert first_failure([crash, config]) is config
 
 
@@ -472,9 +475,9 @@ def test_a_worker_on_a_deleted_node_restarts_the_gang_as_a_disruption_and_is_for
     job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0})
     pods = [pod_json(job, 0, node="node-a"), pod_json(job, 1, node="node-b")]
     # Unknown (no Node watch): both pods look healthy, nothing happens.
-    unknown = plan_reconcile(job, [ObservedPod.from_pod(p, UID) for p in pods], NOW)
+    unknown = plan_reconcile(job, observe(job, *pods), NOW)
     assert unknown.status.get("phase", "Running") == "Running" and not unknown.delete_pods
-    observed = [ObservedPod.from_pod(p, UID, node_gone=lambda node: node == "node-b") for p in pods]
+    observed = [ObservedPod.from_pod(p, UID, created([p]), node_gone=lambda node: node == "node-b") for p in pods]
     assert [p.node_lost for p in observed] == [False, True]
     plan = plan_reconcile(job, observed, NOW)
     s = plan.status
@@ -603,11 +606,11 @@ def test_conditions_keep_their_transition_time_until_they_flip() -> None:
 def test_observed_pod_reads_the_container_termination() -> None:
     job = make_job()
     pod = pod_json(job, 1, "Failed", False, exit_code=200, message="CUDA out of memory")
-    observed = ObservedPod.from_pod(pod, UID)
+    observed = ObservedPod.from_pod(pod, UID, created([pod]))
     assert (observed.index, observed.generation, observed.exit_code) == (1, 0, 200)
     assert observed.owned and observed.finished and not observed.active
     assert observed.spec_hash == spec_hash(job)
-    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other").owned
+    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other", created([pod])).owned
 
 
 # ------------------------------------------------------------------ work queue
@@ -1083,7 +1086,7 @@ def test_the_watch_cache_keeps_everything_the_reconciler_reads_of_a_pod() -> Non
             pod_json(job, 1, deleting=True, generation=3)]
     for pod in pods:
         slim = slim_pod(pod)
-        assert ObservedPod.from_pod(slim, UID) == ObservedPod.from_pod(pod, UID)
+        assert ObservedPod.from_pod(slim, UID, created([pod])) == ObservedPod.from_pod(pod, UID, created([pod]))
         assert slim["metadata"]["uid"] == pod["metadata"]["uid"]
         assert len(repr(slim)) < len(repr(pod)) / 2  # no container specs, volumes or env
 

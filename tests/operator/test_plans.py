@@ -365,10 +365,9 @@ def test_a_job_an_earlier_operator_ran_gets_its_controlled_pods_recorded_once_an
     job = make_job(replicas=2)
     ours, other = pod_json(job, 0), pod_json(job, 1)
     other["metadata"]["ownerReferences"][0]["uid"] = "another-uid"
-    observed = observe(job, ours, other)
-    assert seed({}, observed) == {}  # no status yet: nothing observed counts
-    assert seed({"phase": "Running"}, observed) == {ours["metadata"]["name"]: ours["metadata"]["uid"]}
-    assert seed({"phase": "Running", "createdPods": {}}, observed) is None  # recorded since: nothing adopted
+    assert seed({}, [ours, other], UID) == {}  # no status yet: nothing observed counts
+    assert seed({"phase": "Running"}, [ours, other], UID) == {ours["metadata"]["name"]: ours["metadata"]["uid"]}
+    assert seed({"phase": "Running", "createdPods": {}}, [ours, other], UID) is None  # recorded since: nothing adopted
     recorded = {"status": {"createdPods": {"train-worker-0": "u0"}}}
     assert may_speak(recorded, "train-worker-0", "u0")
     assert not may_speak(recorded, "train-worker-0", "u1") and not may_speak(recorded, "train-notebook", "u0")

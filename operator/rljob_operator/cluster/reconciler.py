@@ -11,17 +11,18 @@ in this order, which is what makes an interrupted reconcile converge:
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
    before any pod (a pod no policy selects accepts traffic from anywhere);
 4. the missing pods, under their deterministic names, created concurrently; the UIDs the API
-   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods may
-   speak for the job in the status API) with the job's next status write: the next reconcile's,
-   which the pods' own watch events bring a second later, before any trainer in them has started
-   (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
+   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods are the
+   job's gang and may speak for it in the status API) with the job's next status write: the next
+   reconcile's, which the pods' own watch events bring a second later, before any trainer in them has
+   started (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
+   until a status read shows them, the reconciler's memory of its creates makes them the job's;
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
-can produce a second pod for a name (a crash between a create and its record leaves a pod the
-status API does not hear: the startup or stall timeout restarts its gang, whose pods are
-recorded). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
+can produce a second pod for a name (a crash between a create and its record leaves a pod no
+record names: the next reconcile takes it for a stranger, deletes it and creates it again, recorded;
+nothing on the pod could prove the operator made it, ``decisions.createdpods``). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
 
@@ -137,8 +138,8 @@ class Reconciler:
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
         name → when (monotonic)."""
         self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
-        """Per job (namespace, name, uid), pods it created whose UIDs no status write has recorded yet: the job's
-        next status write records them (``_write_status``)."""
+        """Per job (namespace, name, uid), pods it created whose UIDs no status it read records yet: they are the
+        job's (``_observe``), and its next status write records them (``_write_status``)."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -185,21 +186,22 @@ class Reconciler:
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
+        self._forget_recorded(raw)
         try:
             job = parse_job(raw, f"{namespace}/{name}")
         except ManifestError as e:
             cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
             pods = cached if cached is not None else self._list_pods(namespace, name)
-            plan = plan_invalid(raw, e.problems, now, self._observe(pods, raw["metadata"]["uid"]),
-                                self.force_delete_after)
-            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
-        uid = job_uid(job)
+            observed, record = self._observe(raw, pods)
+            plan = plan_invalid(raw, e.problems, now, observed, self.force_delete_after)
+            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
-        gated = self._observe_gates(job, uid)
+        gated = self._observe_gates(job, job_uid(job))
         gates = tuple(g for _, g in gated)
-        plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
+        observed, record = self._observe(raw, pods)
+        plan = plan_reconcile(job, observed, now, self.endpoint,
                               self.force_delete_after, capacity, self.profile, self.network, gates)
         if cached is not None and raw.get("status") and (
                 plan.gang_restart or plan.replaced_workers or self._gates_recheck(plan)
@@ -213,10 +215,9 @@ class Reconciler:
             # was confirmed gone by the watch, or never created (its name is deterministic, so a
             # create that still finds it refuses, and creates nothing twice).
             pods = self._list_pods(namespace, name)
-            plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
+            observed, record = self._observe(raw, pods)
+            plan = plan_reconcile(job, observed, now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, gates)
-        status = raw.get("status") or {}
-        record = None if CREATED_PODS in status else createdpods.seed(status, self._observe(pods, uid))
         requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
@@ -240,8 +241,18 @@ class Reconciler:
             del self._created[(namespace, name)]
         return any(p["metadata"]["name"] in created for p in plan.create_pods)
 
-    def _observe(self, pods: list[dict[str, Any]], uid: str) -> list[ObservedPod]:
-        return [ObservedPod.from_pod(p, uid, self.node_gone) for p in pods]
+    def _observe(self, raw: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[list[ObservedPod], dict[str, str] | None]:
+        """The job's pods as the decisions see them, and what this reconcile's status write seeds
+        ``status.createdPods`` with (``createdpods.seed``; None: nothing).
+
+        A pod is the job's only if the operator created it (``ObservedPod.owned``): its UID is in the
+        record, in the seed, or among the creates this reconciler made that no status it read shows yet.
+        """
+        uid = raw["metadata"]["uid"]
+        status = raw.get("status") or {}
+        record = createdpods.seed(status, pods, uid)
+        created = createdpods.known(status, record, self._unrecorded.get(self._job_key(raw)))
+        return [ObservedPod.from_pod(p, uid, created, self.node_gone) for p in pods], record
 
     # ------------------------------------------------------------ admission gates
     def _observe_gates(self, job: RLTrainingJob, uid: str) -> list[tuple[GateClient, Gated[Any]]]:
@@ -317,8 +328,6 @@ class Reconciler:
         the same way, its status recording the pods created before the refusal.
         """
         meta = raw["metadata"]
-        if record is None and not (raw.get("status") or {}):
-            record = createdpods.seed({}, [])  # a job's first status write starts its record (plan_invalid's too)
         stored = self._write_status(raw, raw.get("status") or {}, plan, record)
         for gate, writes in plan.gate_writes.items():  # right after the status
             self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
@@ -347,7 +356,6 @@ class Reconciler:
         patch = {**plan.status, **self._record_patch(stored, record, unrecorded)}
         if _status_changed(stored, patch):
             self._patch_status(raw, patch)
-        self._recorded(key, unrecorded)  # (a write that failed raised: they stay for the next)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
         return _merge_patch(stored, patch)
@@ -364,13 +372,17 @@ class Reconciler:
         entries = {**(record or {}), **new}
         return {CREATED_PODS: entries} if entries or CREATED_PODS not in stored else {}
 
-    def _recorded(self, key: tuple[str, str, str], written: dict[str, str]) -> None:
-        """Forget the pods a status write recorded (a newer pod created under a name since stays)."""
+    def _forget_recorded(self, raw: dict[str, Any]) -> None:
+        """Forget the pods created for the job that its status, as read, records (a newer pod created under a
+        name since stays). Not when the write is sent: until a status read shows them, the reconciler's memory
+        is what makes them the job's (``_observe``), and a write the API server took sends nothing new."""
+        key = self._job_key(raw)
         pending = self._unrecorded.get(key)
         if pending is None:
             return
-        for name, uid in written.items():
-            if pending.get(name) == uid:
+        recorded = (raw.get("status") or {}).get(CREATED_PODS) or {}
+        for name, uid in list(pending.items()):
+            if recorded.get(name) == uid:
                 del pending[name]
         if not pending:
             del self._unrecorded[key]

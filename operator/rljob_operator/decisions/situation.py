@@ -98,10 +98,24 @@ def stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> l
 
 
 def holding_pods(pods: Sequence[ObservedPod]) -> list[ObservedPod]:
-    """Pods of the job (owned, or orphans with its label) that may still hold their node's resources: not
-    in a terminal phase. A quota is given back only once none is left, as a batch Job's terminal condition
-    waits for its terminating pods since Kubernetes 1.31; a pod that exited holds nothing."""
-    return [p for p in pods if (p.owned or p.orphan) and not p.finished]
+    """Pods that claim the job (``ObservedPod.claims_job``: its own, and strangers it deletes) that may still
+    hold their node's resources: not in a terminal phase. A quota is given back only once none is left, as a
+    batch Job's terminal condition waits for its terminating pods since Kubernetes 1.31; a pod that exited
+    holds nothing."""
+    return [p for p in pods if p.claims_job and not p.finished]
+
+
+def stranger_events(pods: Sequence[ObservedPod]) -> list[Event]:
+    """A ForeignPod Warning for each stranger (``ObservedPod.stranger``) not yet being deleted: the reconcile
+    that deletes it says so once, naming the pod and who its creator said it was."""
+    events = []
+    for p in pods:
+        if p.stranger and not p.deleting:
+            said = f" (its creator named itself {p.creator!r})" if p.creator else ""
+            events.append(Event("Warning", "ForeignPod",
+                                f"pod {p.name}{said} claims this job but the operator did not create it for the "
+                                "job: it is not counted, decides nothing, and is deleted"))
+    return events
 
 
 def stopping_look(holding: Sequence[ObservedPod], now: datetime, force_delete_after: float) -> float | None:
@@ -193,7 +207,7 @@ class Situation:
 
     @derived
     def force_delete(self) -> list[str]:
-        return stuck_terminating([p for p in self.pods if p.owned or p.orphan], self.now, self.force_delete_after)
+        return stuck_terminating([p for p in self.pods if p.claims_job], self.now, self.force_delete_after)
 
     @derived
     def holding(self) -> list[ObservedPod]:
@@ -263,12 +277,19 @@ class Situation:
 
     @derived
     def stale_deletions(self) -> list[str]:
-        """Pods of old gangs or beyond the size, and orphans, not yet being deleted."""
+        """Pods of old gangs or beyond the size, orphans under the job's worker names, and strangers, not yet
+        being deleted."""
         stale = [p for p in self.owned if p not in self.current]
-        # Orphans carrying this job's label (a namesake deleted with --cascade=orphan) would block the
-        # gang's names for ever; nothing else manages them.
-        stale += [p for p in self.pods if p.orphan]
+        # Orphans under a worker's name (a namesake deleted with --cascade=orphan) would block the gang's
+        # names for ever, and so would strangers (pods claiming the job the operator did not create):
+        # nothing else manages them.
+        stale += [p for p in self.pods if p.claims_job and not p.owned]
         return [p.name for p in stale if not p.deleting]
+
+    @derived
+    def strangers(self) -> list[str]:
+        """Strangers (``ObservedPod.stranger``) not yet being deleted: every Plan deletes them."""
+        return [p.name for p in self.pods if p.stranger and not p.deleting]
 
     # ------------------------------------------------------------ admission gates
     @derived
@@ -363,16 +384,18 @@ class Situation:
         """A Plan writing draft ``d``; the phase-change Event follows ``events``.
 
         Pods are created with the ConfigMap and Service they mount and resolve, and the
-        NetworkPolicy that admits their traffic (``Children``).
+        NetworkPolicy that admits their traffic (``Children``). Strangers are deleted, whatever
+        the step decided, each with its ForeignPod Event.
         """
         status = self.status(d)
         return Plan(
             status=status_patch(status),
-            delete_pods=delete,
+            delete_pods=delete + [name for name in self.strangers if name not in delete],
             force_delete_pods=self.force_delete,
             children=Children(self.job, status, self.endpoint, self.network) if create else None,
             create_pods=create or [],
-            events=events + transition_event(self.prev.phase, d) + checkpoint_event(self.previous_conditions, d),
+            events=stranger_events(self.pods) + events + transition_event(self.prev.phase, d)
+            + checkpoint_event(self.previous_conditions, d),
             requeue_after=requeue_after,
             gang_restart=gang_restart,
         )
