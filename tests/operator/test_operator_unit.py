@@ -20,6 +20,7 @@ from rljob_operator.cluster import runner
 from rljob_operator.cluster.workqueue import JobKey, WorkQueue
 from rljob_operator.decisions.children import (
     desired_configmap,
+    desired_rendezvous,
     desired_service,
     desired_worker_pod,
     desired_worker_pods,
@@ -285,20 +286,29 @@ def test_configmap_holds_the_trainer_config_and_the_status_ca() -> None:
     assert cm["data"]["status-ca.crt"] == ENDPOINT.ca_pem
 
 
-def test_service_is_headless_publishes_unready_workers_and_selects_worker_0_only() -> None:
+def test_service_is_headless_with_no_selector_and_its_slice_names_the_operators_worker_0_only() -> None:
+    """Labels route nothing (anyone who may create a pod can copy them): the operator writes the Service's one
+    EndpointSlice itself, with the address of the worker 0 it created, under the rendezvous hostname."""
     job = make_job()
     svc = desired_service(job)
     assert svc["metadata"]["name"] == "train"
-    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    selector = svc["spec"]["selector"].items()
-    # Worker 0 (the rendezvous host, whatever its gang generation) and no other worker: the
-    # endpoint controllers re-sync the Service on its pods' events only.
-    assert [i for i in range(3) for g in (0, 5) if selector <= desired_worker_pod(job, i, g)["metadata"]["labels"].items()
-            ] == [0, 0]
-    # ... whose name, through this Service, is the rendezvous endpoint every worker is given.
+    assert svc["spec"]["clusterIP"] == "None" and "selector" not in svc["spec"]
+    worker0 = pod_json(job, 0)
+    worker0["status"]["podIP"] = "10.1.2.3"
+    [seen] = observe(job, worker0)
+    rendezvous = desired_rendezvous(job, seen)
+    assert rendezvous["metadata"]["name"] == "train-rendezvous"
+    assert rendezvous["metadata"]["labels"]["kubernetes.io/service-name"] == "train"
+    assert rendezvous["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] == "rljob-operator"
+    assert rendezvous["metadata"]["ownerReferences"] == svc["metadata"]["ownerReferences"]  # the job's
+    assert rendezvous["addressType"] == "IPv4" and rendezvous["endpoints"] == [{
+        "addresses": ["10.1.2.3"], "hostname": "train-worker-0", "conditions": {"ready": True}, "nodeName": "gpu-node-0",
+        "targetRef": {"kind": "Pod", "namespace": "team-a", "name": "train-worker-0", "uid": seen.uid}}]
+    assert desired_rendezvous(job, None)["endpoints"] == []
+    # ... whose hostname, through this Service, is the rendezvous endpoint every worker is given.
     endpoint = rendezvous_endpoint("train", "default")
     assert endpoint.startswith(f"{desired_worker_pod(job, 0, 0)['spec']['hostname']}.{svc['metadata']['name']}.")
-    assert {p["port"] for p in svc["spec"]["ports"]} == {29500, 9400}
+    assert {p["port"] for p in svc["spec"]["ports"]} == {p["port"] for p in rendezvous["ports"]} == {29500, 9400}
 
 
 def test_user_env_volumes_and_scheduling_fields_reach_the_pod() -> None:

@@ -252,10 +252,16 @@ class RecordingKube:
         self.statuses.append(status)
 
     def create_or_adopt(self, obj: dict[str, Any], uid: str, compare_data: bool = False,
-                        compare_spec: bool = False, look_first: bool = False) -> None:
+                        compare_spec: bool = False, look_first: bool = False,
+                        compare_fields: tuple[str, ...] = ()) -> dict[str, Any]:
         self.calls.append(("look" if look_first else "create", obj["kind"]))
         if self.refuse is not None and self.refuse[0] == obj["kind"]:
             raise self.refuse[1]
+        return obj
+
+    def get_child(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("get", obj["kind"]))
+        return None
 
     def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("create", "Pod"))

@@ -177,3 +177,52 @@ def test_the_watch_cache_keeps_who_a_pod_says_created_it_and_its_address() -> No
     seen = ObservedPod.from_pod(slim, UID, {})
     assert seen == ObservedPod.from_pod(pod, UID, {})
     assert (seen.creator, seen.pod_ip, seen.stranger, seen.owned) == ("notebook", "10.0.0.7", True, False)
+
+
+def addressed(pod: dict[str, Any], ip: str) -> dict[str, Any]:
+    pod["status"]["podIP"] = ip
+    return pod
+
+
+def test_the_rendezvous_names_the_worker_0_the_operator_created_never_a_stranger() -> None:
+    job = make_job(replicas=2, status=RUNNING)
+    gang = [addressed(pod_json(job, 0), "10.0.0.10"), addressed(pod_json(job, 1), "10.0.0.11")]
+    lookalike = addressed(tenants(pod_json(job, 0), name="train-notebook"), "10.0.0.66")
+    lookalike["spec"]["hostname"] = "train-worker-0"  # what a selector-based Service would have answered for
+    plan = decide(job, gang, [lookalike])
+    assert plan.rendezvous is not None
+    assert [e["addresses"] for e in plan.rendezvous["endpoints"]] == [["10.0.0.10"]]
+    # No worker 0 of the operator's (only a stranger under its name): no endpoint, whatever the stranger's address.
+    pending = make_job(replicas=2, status={**RUNNING, "phase": "Pending"})
+    plan = decide(pending, [gang[1]], [addressed(tenants(pod_json(pending, 0)), "10.0.0.66")])
+    assert plan.rendezvous is not None and plan.rendezvous["endpoints"] == []
+    # Worker 0 being deleted, or the job finished: no endpoint either.
+    gang[0]["metadata"]["deletionTimestamp"] = "2030-01-01T11:59:00Z"
+    starting = make_job(replicas=2, status={**RUNNING, "phase": "Starting"})
+    assert decide(starting, gang, []).rendezvous["endpoints"] == []  # type: ignore[index]
+    done = make_job(replicas=2, status={**RUNNING, "phase": "Succeeded", "reason": "Completed",
+                                        "completionTime": "2030-01-01T11:30:00Z"})
+    assert decide(done, [addressed(pod_json(done, 0), "10.0.0.10")], []).rendezvous["endpoints"] == []  # type: ignore[index]
+
+
+def test_the_reconciler_writes_the_rendezvous_slice_when_worker_0_s_address_changes_and_only_then() -> None:
+    job = make_job(replicas=2)
+    gang = [addressed(pod_json(job, i), f"10.0.0.{i + 10}") for i in range(2)]
+    for pod in gang:
+        pod["metadata"]["namespace"] = "team-a"
+    status = {"phase": "Starting", "gangGeneration": 0, "startTime": "2030-01-01T11:00:00Z",
+              "gangStartTime": "2030-01-01T11:59:00Z", "createdPods": created(gang)}
+    kube = RecordingKube(_raw(status))
+    written: list[list[dict[str, Any]]] = []
+    kube.list_pods = lambda namespace, selector: gang  # type: ignore[method-assign]
+    kube.create_or_adopt = lambda obj, uid, **kw: written.append(obj["endpoints"]) or obj  # type: ignore[method-assign]
+    reconciler = _reconciler(kube)
+    try:
+        reconciler.reconcile("team-a", "train")
+        reconciler.reconcile("team-a", "train")  # nothing changed: nothing sent
+        assert [[e["addresses"] for e in endpoints] for endpoints in written] == [[["10.0.0.10"]]]
+        gang[0]["metadata"]["deletionTimestamp"] = "2030-01-01T11:59:30Z"  # worker 0 goes: its address too
+        reconciler.reconcile("team-a", "train")
+        assert written[-1] == []
+    finally:
+        reconciler.close()

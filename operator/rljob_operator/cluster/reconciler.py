@@ -16,6 +16,8 @@ in this order, which is what makes an interrupted reconcile converge:
    reconcile's, which the pods' own watch events bring a second later, before any trainer in them has
    started (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
    until a status read shows them, the reconciler's memory of its creates makes them the job's;
+   then the Service's EndpointSlice, when the address of the worker 0 the operator created changed
+   (the rendezvous: ``children.desired_rendezvous``);
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
@@ -28,10 +30,11 @@ job, or nothing), which is applied from step 1 on: its status, then its Events.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,7 +50,7 @@ from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.createdpods import CREATED_PODS
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
-from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.observed import ObservedPod, controller_uid
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
@@ -140,6 +143,8 @@ class Reconciler:
         self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
         """Per job (namespace, name, uid), pods it created whose UIDs no status it read records yet: they are the
         job's (``_observe``), and its next status write records them (``_write_status``)."""
+        self._rendezvous: dict[tuple[str, str], tuple[str, str]] = {}
+        """Per job, its uid and the endpoints (JSON) its rendezvous EndpointSlice was last seen or written with."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -181,6 +186,7 @@ class Reconciler:
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._children_verified.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
+            self._rendezvous.pop((namespace, name), None)
             for key in [k for k in self._unrecorded if k[:2] == (namespace, name)]:
                 del self._unrecorded[key]
             metrics.JOB_PHASES.set((namespace, name), None)
@@ -344,6 +350,7 @@ class Reconciler:
                      refusal.status or "ChildConflict", rest.status.get("reason") or "nothing more to do")
             self._write_status(raw, stored, rest)
             plan = rest
+        self._write_rendezvous(raw, plan.rendezvous)
         return self._finish(raw, plan, now)
 
     def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan,
@@ -413,10 +420,10 @@ class Reconciler:
             verified = self._children_verified.get((namespace, name))
             if verified is None or verified[0] != uid or not generations <= {verified[1]}:
                 look_first = verified is not None and verified[0] == uid
-                children = [
+                children: list[Future[Any]] = [
                     self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True,
                                       look_first=look_first),
-                    self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid, look_first=look_first),
+                    self._pool.submit(self._service, plan.children.service, uid, look_first),
                 ]
                 if plan.children.networkpolicy is not None:
                     children.append(self._pool.submit(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
@@ -439,6 +446,40 @@ class Reconciler:
             self._unrecorded[key] = {**self._unrecorded.get(key, {}), **createdpods.created(made)}
         if refused is not None:
             raise refused
+
+    def _service(self, service: dict[str, Any], uid: str, look_first: bool) -> None:
+        """The job's headless Service, created or adopted; one with a selector (an earlier version's) is made
+        again without: a selector routes by labels anyone may copy, and the slices Kubernetes made for it would
+        outlive the selector's removal (the EndpointSlice controller leaves a Service without one alone), while
+        they go with the Service (its ownerReference)."""
+        existing = self.kube.create_or_adopt(service, uid, look_first=look_first)
+        if (existing.get("spec") or {}).get("selector"):
+            meta = service["metadata"]
+            log.info("%s/%s: the Service selects pods by labels: making it again without a selector",
+                     meta["namespace"], meta["name"])
+            self.kube.recreate_child(service, existing)
+
+    def _write_rendezvous(self, raw: dict[str, Any], desired: dict[str, Any] | None) -> None:
+        """Bring the job's rendezvous EndpointSlice to ``desired`` (``Plan.rendezvous``) when its endpoints
+        changed. None: not touched. Never created without an endpoint: until the worker 0 the operator created
+        has an address, worker 0's name need not resolve (and a new job has no slice to empty)."""
+        if desired is None:
+            return
+        meta = raw["metadata"]
+        key, uid = (meta["namespace"], meta["name"]), meta["uid"]
+        endpoints = json.dumps(desired["endpoints"], sort_keys=True)
+        known = self._rendezvous.get(key)
+        if known == (uid, endpoints):
+            return
+        mine = known is not None and known[0] == uid
+        if not desired["endpoints"] and not mine:  # what is there? (the operator restarted, or a new job)
+            existing = self.kube.get_child(desired) if raw.get("status") else None
+            controller = controller_uid(existing) if existing is not None else None
+            if existing is None or controller != uid or not existing.get("endpoints"):
+                self._rendezvous[key] = (uid, endpoints)
+                return
+        self.kube.create_or_adopt(desired, uid, look_first=mine, compare_fields=("endpoints", "ports"))
+        self._rendezvous[key] = (uid, endpoints)
 
     @staticmethod
     def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar, overload
 from rljob_contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy, ScalingStatus
 
 from rljob_operator.decisions.checkpoints import Durability, durability
-from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, spec_hash
+from rljob_operator.decisions.children import JobNetwork, desired_rendezvous, desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     Children,
@@ -276,6 +276,13 @@ class Situation:
         return {p.index: p for p in self.current}
 
     @derived
+    def rendezvous(self) -> dict[str, Any]:
+        """The EndpointSlice of the job's Service: the current gang's worker 0 (one the operator created), while
+        it is neither finished nor being deleted; no endpoint otherwise (``children.desired_rendezvous``)."""
+        worker0 = self.by_index.get(0)
+        return desired_rendezvous(self.job, worker0 if worker0 is not None and worker0.active else None)
+
+    @derived
     def stale_deletions(self) -> list[str]:
         """Pods of old gangs or beyond the size, orphans under the job's worker names, and strangers, not yet
         being deleted."""
@@ -380,12 +387,14 @@ class Situation:
         )
 
     def plan(self, d: StatusDraft, *, delete: list[str], events: list[Event], requeue_after: float | None,
-             gang_restart: str | None = None, create: list[dict[str, Any]] | None = None) -> Plan:
+             gang_restart: str | None = None, create: list[dict[str, Any]] | None = None,
+             serving: bool = True) -> Plan:
         """A Plan writing draft ``d``; the phase-change Event follows ``events``.
 
         Pods are created with the ConfigMap and Service they mount and resolve, and the
         NetworkPolicy that admits their traffic (``Children``). Strangers are deleted, whatever
-        the step decided, each with its ForeignPod Event.
+        the step decided, each with its ForeignPod Event. ``serving``: the gang may run, and its
+        worker 0 is the rendezvous (False: no endpoint, as for a job that is stopping its pods).
         """
         status = self.status(d)
         return Plan(
@@ -394,6 +403,7 @@ class Situation:
             force_delete_pods=self.force_delete,
             children=Children(self.job, status, self.endpoint, self.network) if create else None,
             create_pods=create or [],
+            rendezvous=self.rendezvous if serving else desired_rendezvous(self.job, None),
             events=stranger_events(self.pods) + events + transition_event(self.prev.phase, d)
             + checkpoint_event(self.previous_conditions, d),
             requeue_after=requeue_after,
@@ -421,6 +431,7 @@ def settled(ctx: Situation, d: StatusDraft, delete: list[str], events: list[Even
     expired, left = _ttl(ctx.job, d.completion_time, ctx.now)
     d.next_restart_time = None
     looks = [t for t in (left, ctx.stopping_look()) if t is not None]
-    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=min(looks) if looks else None)
+    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=min(looks) if looks else None,
+                    serving=False)
     plan.delete_job = expired and not ctx.holding
     return plan
