@@ -27,7 +27,9 @@ def tenants(pod: dict[str, Any], name: str | None = None, manager: str = "kubect
     if name is not None:
         pod["metadata"]["name"] = name
     pod["metadata"]["uid"] = f"tenant-{pod['metadata']['name']}"
-    pod["metadata"]["managedFields"] = [{"manager": manager, "operation": "Create", "apiVersion": "v1"}]
+    pod["metadata"]["managedFields"] = [  # as the API server records a create, and kwok's status writes
+        {"manager": "kwok", "operation": "Update", "subresource": "status", "fieldsV1": {"f:status": {}}},
+        {"manager": manager, "operation": "Update", "apiVersion": "v1", "fieldsV1": {"f:metadata": {}, "f:spec": {}}}]
     return pod
 
 
@@ -170,10 +172,10 @@ def test_a_job_an_earlier_operator_ran_keeps_the_pods_its_uid_controls_and_no_ot
 def test_the_watch_cache_keeps_who_a_pod_says_created_it_and_its_address() -> None:
     job = make_job()
     pod = tenants(pod_json(job, 0), manager="notebook")
-    pod["metadata"]["managedFields"].append({"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:x": {}}})
+    pod["metadata"]["managedFields"].append({"manager": "annotator", "operation": "Update", "fieldsV1": {"f:metadata": {}}})
     pod["status"]["podIP"] = "10.0.0.7"
     slim = slim_pod(pod)
-    assert slim["metadata"]["managedFields"] == [{"manager": "notebook", "operation": "Create"}]
+    assert [m["manager"] for m in slim["metadata"]["managedFields"]] == ["notebook"]
     seen = ObservedPod.from_pod(slim, UID, {})
     assert seen == ObservedPod.from_pod(pod, UID, {})
     assert (seen.creator, seen.pod_ip, seen.stranger, seen.owned) == ("notebook", "10.0.0.7", True, False)

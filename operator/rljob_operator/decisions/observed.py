@@ -32,10 +32,11 @@ def controller_uid(pod: Mapping[str, Any]) -> str | None:
 
 
 def creating_manager(pod: Mapping[str, Any]) -> str | None:
-    """The field manager its creator named in the create (``managedFields``); the client chooses that name
-    (``?fieldManager=``, ``kubectl --field-manager``), so it says who *claims* to have made the pod, for people."""
+    """The field manager that wrote the pod's spec (``managedFields``: a pod's spec cannot be changed but for
+    its images, so that is its creator). The client chooses that name (``?fieldManager=``, ``kubectl
+    --field-manager``), so it says who *claims* to have made the pod: for people, never for a decision."""
     for entry in (pod.get("metadata") or {}).get("managedFields") or []:
-        if entry.get("operation") == "Create" and entry.get("manager"):
+        if entry.get("manager") and not entry.get("subresource") and "f:spec" in (entry.get("fieldsV1") or {}):
             return str(entry["manager"])
     return None
 
@@ -192,7 +193,7 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     made_by = creating_manager(pod)
     return {
         "metadata": {k: meta[k] for k in _POD_METADATA if k in meta}
-        | ({"managedFields": [{"manager": made_by, "operation": "Create"}]} if made_by else {}),
+        | ({"managedFields": [{"manager": made_by, "fieldsV1": {"f:spec": {}}}]} if made_by else {}),
         "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
         "status": {k: status[k] for k in _POD_STATUS if k in status},
     }
