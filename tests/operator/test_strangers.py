@@ -217,14 +217,22 @@ def test_the_reconciler_writes_the_rendezvous_slice_when_worker_0_s_address_chan
     kube = RecordingKube(_raw(status))
     written: list[list[dict[str, Any]]] = []
     kube.list_pods = lambda namespace, selector: gang  # type: ignore[method-assign]
-    kube.create_or_adopt = lambda obj, uid, **kw: written.append(obj["endpoints"]) or obj  # type: ignore[method-assign]
+    looked: list[bool] = []
+
+    def create_or_adopt(obj: dict[str, Any], uid: str, look_first: bool = False, **kw: Any) -> dict[str, Any]:
+        written.append(obj["endpoints"])
+        looked.append(look_first)
+        return obj
+
+    kube.create_or_adopt = create_or_adopt  # type: ignore[method-assign]
     reconciler = _reconciler(kube)
     try:
-        reconciler.reconcile("team-a", "train")
+        reconciler.reconcile("team-a", "train")  # (looked at once: none there, so created)
         reconciler.reconcile("team-a", "train")  # nothing changed: nothing sent
         assert [[e["addresses"] for e in endpoints] for endpoints in written] == [[["10.0.0.10"]]]
+        assert looked == [False] and [c for c in kube.calls if c[0] == "get"] == [("get", "EndpointSlice")]
         gang[0]["metadata"]["deletionTimestamp"] = "2030-01-01T11:59:30Z"  # worker 0 goes: its address too
         reconciler.reconcile("team-a", "train")
-        assert written[-1] == []
+        assert written[-1] == [] and looked[-1] is True
     finally:
         reconciler.close()

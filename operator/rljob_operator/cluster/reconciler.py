@@ -143,8 +143,9 @@ class Reconciler:
         self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
         """Per job (namespace, name, uid), pods it created whose UIDs no status it read records yet: they are the
         job's (``_observe``), and its next status write records them (``_write_status``)."""
-        self._rendezvous: dict[tuple[str, str], tuple[str, str]] = {}
-        """Per job, its uid and the endpoints (JSON) its rendezvous EndpointSlice was last seen or written with."""
+        self._rendezvous: dict[tuple[str, str], tuple[str, str | None]] = {}
+        """Per job, its uid and the endpoints (JSON) its rendezvous EndpointSlice was last seen or written with
+        (None: it has none)."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -460,26 +461,27 @@ class Reconciler:
             self.kube.recreate_child(service, existing)
 
     def _write_rendezvous(self, raw: dict[str, Any], desired: dict[str, Any] | None) -> None:
-        """Bring the job's rendezvous EndpointSlice to ``desired`` (``Plan.rendezvous``) when its endpoints
-        changed. None: not touched. Never created without an endpoint: until the worker 0 the operator created
-        has an address, worker 0's name need not resolve (and a new job has no slice to empty)."""
+        """Bring the job's rendezvous EndpointSlice to ``desired`` (``Plan.rendezvous``; None: not touched) when
+        its endpoints changed: one request when worker 0 gets its address, one when it goes. Never created
+        without an endpoint (until the worker 0 the operator created has an address, its name need not resolve).
+        What is stored is remembered; after a restart it is looked at once (none for a job without status)."""
         if desired is None:
             return
         meta = raw["metadata"]
         key, uid = (meta["namespace"], meta["name"]), meta["uid"]
         endpoints = json.dumps(desired["endpoints"], sort_keys=True)
         known = self._rendezvous.get(key)
-        if known == (uid, endpoints):
-            return
-        mine = known is not None and known[0] == uid
-        if not desired["endpoints"] and not mine:  # what is there? (the operator restarted, or a new job)
-            existing = self.kube.get_child(desired) if raw.get("status") else None
-            controller = controller_uid(existing) if existing is not None else None
-            if existing is None or controller != uid or not existing.get("endpoints"):
-                self._rendezvous[key] = (uid, endpoints)
-                return
-        self.kube.create_or_adopt(desired, uid, look_first=mine, compare_fields=("endpoints", "ports"))
-        self._rendezvous[key] = (uid, endpoints)
+        stored: str | None = None  # the endpoints of this job's slice as stored (None: it has none)
+        if known is not None and known[0] == uid:
+            stored = known[1]
+        elif raw.get("status"):
+            existing = self.kube.get_child(desired)
+            if existing is not None and controller_uid(existing) == uid:
+                stored = json.dumps(existing.get("endpoints") or [], sort_keys=True)
+        write = stored != endpoints and (stored is not None or bool(desired["endpoints"]))
+        if write:
+            self.kube.create_or_adopt(desired, uid, look_first=stored is not None, compare_fields=("endpoints", "ports"))
+        self._rendezvous[key] = (uid, endpoints if write or stored is not None else None)
 
     @staticmethod
     def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:
