@@ -538,7 +538,8 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
         {"apiGroups": ["rljob.dev"], "resources": ["*"], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["pods", "configmaps", "services", "events"], "verbs": ["*"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
-        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["*"]}], "exp-operator")
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["*"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["*"]}], "exp-operator")
     # The platform's runtimes are cluster-scoped: a namespaced operator reads them through a ClusterRole.
     rbac = "/apis/rbac.authorization.k8s.io/v1"
     kube.request("POST", f"{rbac}/clusterroles", {"metadata": {"name": f"{namespace}-runtimes"}, "rules": [

@@ -11,27 +11,32 @@ in this order, which is what makes an interrupted reconcile converge:
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
    before any pod (a pod no policy selects accepts traffic from anywhere);
 4. the missing pods, under their deterministic names, created concurrently; the UIDs the API
-   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods may
-   speak for the job in the status API) with the job's next status write: the next reconcile's,
-   which the pods' own watch events bring a second later, before any trainer in them has started
-   (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
+   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods are the
+   job's gang and may speak for it in the status API) with the job's next status write: the next
+   reconcile's, which the pods' own watch events bring a second later, before any trainer in them has
+   started (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
+   until a status read shows them, the reconciler's memory of its creates makes them the job's;
+   then the Service's EndpointSlice, when the address of the worker 0 the operator created changed
+   (the rendezvous: ``children.desired_rendezvous``);
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
-can produce a second pod for a name (a crash between a create and its record leaves a pod the
-status API does not hear: the startup or stall timeout restarts its gang, whose pods are
-recorded). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
+can produce a second pod for a name (a crash between a create and its record leaves a pod no
+record names: the next reconcile takes it for a stranger, deletes it and creates it again, recorded;
+nothing on the pod could prove the operator made it, ``decisions.createdpods``). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,7 +55,7 @@ from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
 from rljob_operator.decisions.createdpods import CREATED_PODS
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
-from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.observed import ObservedPod, controller_uid
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
@@ -100,6 +105,19 @@ def _without_nulls(value: Any) -> Any:
 def _status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     """Would the merge patch ``desired`` change ``current``? (A no-op patch still costs a write.)"""
     return any(_without_nulls(current.get(k)) != _without_nulls(v) for k, v in desired.items())
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One decision of a reconcile (``Reconciler._decide``)."""
+
+    plan: Plan
+    record: dict[str, str] | None
+    """What the status write seeds ``status.createdPods`` with (None: nothing)."""
+    gated: list[tuple[GateClient, Gated[Any]]]
+    """The gates that govern the job, each with what its client observed."""
+    runtime: TrainingRuntime | None
+    """The runtime the pods are built from."""
 
 
 class Reconciler:
@@ -163,8 +181,11 @@ class Reconciler:
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
         name → when (monotonic)."""
         self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
-        """Per job (namespace, name, uid), pods it created whose UIDs no status write has recorded yet: the job's
-        next status write records them (``_write_status``)."""
+        """Per job (namespace, name, uid), pods it created whose UIDs no status it read records yet: they are the
+        job's (``_observe``), and its next status write records them (``_write_status``)."""
+        self._rendezvous: dict[tuple[str, str], tuple[str, str | None]] = {}
+        """Per job, its uid and the endpoints (JSON) its rendezvous EndpointSlice was last seen or written with
+        (None: it has none)."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -206,33 +227,29 @@ class Reconciler:
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._children_verified.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
+            self._rendezvous.pop((namespace, name), None)
             for key in [k for k in self._unrecorded if k[:2] == (namespace, name)]:
                 del self._unrecorded[key]
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
+        self._forget_recorded(raw)
         try:
             job = parse_job(raw, f"{namespace}/{name}")
         except ManifestError as e:
             cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
             pods = cached if cached is not None else self._list_pods(namespace, name)
-            plan = plan_invalid(raw, e.problems, now, self._observe(pods, raw["metadata"]["uid"]),
-                                self.force_delete_after)
-            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
+            observed, record = self._observe(raw, pods)
+            plan = plan_invalid(raw, e.problems, now, observed, self.force_delete_after)
+            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         found = self._runtime(job)
         if found is None:
             return RUNTIMES_UNSYNCED_RETRY_SECONDS
-        uid = job_uid(job)
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
-        observed = self._observe(pods, uid)
-        use = self._runtime_in_use(job, observed, now, *found)
-        runtime = resolve(job, use.runtime) if use.runtime is not None else None
-        gated = self._observe_gates(job, uid, runtime)
-        gates = tuple(g for _, g in gated)
-        plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity, self.profile,
-                              self.network, gates, runtime, use.missing, use)
+        decided = self._decide(raw, job, pods, now, found, capacity)
+        plan = decided.plan
         if cached is not None and raw.get("status") and (
                 plan.gang_restart or plan.replaced_workers or self._gates_recheck(plan)
                 or self._unseen_creates(namespace, name, cached, plan)):
@@ -245,21 +262,30 @@ class Reconciler:
             # was confirmed gone by the watch, or never created (its name is deterministic, so a
             # create that still finds it refuses, and creates nothing twice).
             pods = self._list_pods(namespace, name)
-            observed = self._observe(pods, uid)
-            again = self._runtime_in_use(job, observed, now, *found)
-            if again.runtime is not use.runtime:  # the pods listed say another gang: its runtime, its gates' view
-                use, runtime = again, resolve(job, again.runtime) if again.runtime is not None else None
-                gated = self._observe_gates(job, uid, runtime)
-                gates = tuple(g for _, g in gated)
-            plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity, self.profile,
-                                  self.network, gates, runtime, again.missing, again)
-        status = raw.get("status") or {}
-        record = None if CREATED_PODS in status else createdpods.seed(status, observed)
-        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
-        unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
+            decided = self._decide(raw, job, pods, now, found, capacity, decided)
+            plan = decided.plan
+        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=decided.record)
+        unwatched = [c.unwatched_requeue for c, _ in decided.gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
             requeue = min(unwatched)
         return requeue
+
+    def _decide(self, raw: dict[str, Any], job: RLTrainingJob, pods: list[dict[str, Any]], now: datetime,
+                found: tuple[TrainingRuntime | None, str | None], capacity: Capacity | None,
+                before: Decided | None = None) -> Decided:
+        """The Plan for ``job`` with ``pods``, built on the runtime in use (``_runtime_in_use``: the store's
+        ``found``, or the running gang's snapshot), with what each gate observed of it (kept from ``before``, an
+        earlier decision of this reconcile, while the pods are built from the same runtime)."""
+        observed, record = self._observe(raw, pods)
+        use = self._runtime_in_use(job, observed, now, *found)
+        runtime = resolve(job, use.runtime) if use.runtime is not None else None
+        if before is not None and before.runtime is use.runtime:
+            gated = before.gated
+        else:
+            gated = self._observe_gates(job, job_uid(job), runtime)
+        plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity, self.profile,
+                              self.network, tuple(g for _, g in gated), runtime, use.missing, use)
+        return Decided(plan, record, gated, use.runtime)
 
     def _runtime(self, job: RLTrainingJob) -> tuple[TrainingRuntime | None, str | None] | None:
         """(the job's runtime as the store shows it, why it has none); None while the runtimes' (or the
@@ -324,8 +350,18 @@ class Reconciler:
             del self._created[(namespace, name)]
         return any(p["metadata"]["name"] in created for p in plan.create_pods)
 
-    def _observe(self, pods: list[dict[str, Any]], uid: str) -> list[ObservedPod]:
-        return [ObservedPod.from_pod(p, uid, self.node_gone) for p in pods]
+    def _observe(self, raw: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[list[ObservedPod], dict[str, str] | None]:
+        """The job's pods as the decisions see them, and what this reconcile's status write seeds
+        ``status.createdPods`` with (``createdpods.seed``; None: nothing).
+
+        A pod is the job's only if the operator created it (``ObservedPod.owned``): its UID is in the
+        record, in the seed, or among the creates this reconciler made that no status it read shows yet.
+        """
+        uid = raw["metadata"]["uid"]
+        status = raw.get("status") or {}
+        record = createdpods.seed(status, pods, uid)
+        created = createdpods.known(status, record, self._unrecorded.get(self._job_key(raw)))
+        return [ObservedPod.from_pod(p, uid, created, self.node_gone) for p in pods], record
 
     # ------------------------------------------------------------ admission gates
     def _observe_gates(self, job: RLTrainingJob, uid: str,
@@ -404,8 +440,6 @@ class Reconciler:
         the same way, its status recording the pods created before the refusal.
         """
         meta = raw["metadata"]
-        if record is None and not (raw.get("status") or {}):
-            record = createdpods.seed({}, [])  # a job's first status write starts its record (plan_invalid's too)
         stored = self._write_status(raw, raw.get("status") or {}, plan, record)
         for gate, writes in plan.gate_writes.items():  # right after the status
             self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
@@ -422,6 +456,7 @@ class Reconciler:
                      refusal.status or "ChildConflict", rest.status.get("reason") or "nothing more to do")
             self._write_status(raw, stored, rest)
             plan = rest
+        self._write_rendezvous(raw, plan.rendezvous)
         return self._finish(raw, plan, now)
 
     def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan,
@@ -434,7 +469,6 @@ class Reconciler:
         patch = {**plan.status, **self._record_patch(stored, record, unrecorded)}
         if _status_changed(stored, patch):
             self._patch_status(raw, patch)
-        self._recorded(key, unrecorded)  # (a write that failed raised: they stay for the next)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
         return _merge_patch(stored, patch)
@@ -451,13 +485,17 @@ class Reconciler:
         entries = {**(record or {}), **new}
         return {CREATED_PODS: entries} if entries or CREATED_PODS not in stored else {}
 
-    def _recorded(self, key: tuple[str, str, str], written: dict[str, str]) -> None:
-        """Forget the pods a status write recorded (a newer pod created under a name since stays)."""
+    def _forget_recorded(self, raw: dict[str, Any]) -> None:
+        """Forget the pods created for the job that its status, as read, records (a newer pod created under a
+        name since stays). Not when the write is sent: until a status read shows them, the reconciler's memory
+        is what makes them the job's (``_observe``), and a write the API server took sends nothing new."""
+        key = self._job_key(raw)
         pending = self._unrecorded.get(key)
         if pending is None:
             return
-        for name, uid in written.items():
-            if pending.get(name) == uid:
+        recorded = (raw.get("status") or {}).get(CREATED_PODS) or {}
+        for name, uid in list(pending.items()):
+            if recorded.get(name) == uid:
                 del pending[name]
         if not pending:
             del self._unrecorded[key]
@@ -488,10 +526,10 @@ class Reconciler:
             verified = self._children_verified.get((namespace, name))
             if verified is None or verified[0] != uid or not generations <= {verified[1]}:
                 look_first = verified is not None and verified[0] == uid
-                children = [
+                children: list[Future[Any]] = [
                     self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True,
                                       look_first=look_first),
-                    self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid, look_first=look_first),
+                    self._pool.submit(self._service, plan.children.service, uid, look_first),
                 ]
                 if plan.children.networkpolicy is not None:
                     children.append(self._pool.submit(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
@@ -514,6 +552,41 @@ class Reconciler:
             self._unrecorded[key] = {**self._unrecorded.get(key, {}), **createdpods.created(made)}
         if refused is not None:
             raise refused
+
+    def _service(self, service: dict[str, Any], uid: str, look_first: bool) -> None:
+        """The job's headless Service, created or adopted; one with a selector (an earlier version's) is made
+        again without: a selector routes by labels anyone may copy, and the slices Kubernetes made for it would
+        outlive the selector's removal (the EndpointSlice controller leaves a Service without one alone), while
+        they go with the Service (its ownerReference)."""
+        existing = self.kube.create_or_adopt(service, uid, look_first=look_first)
+        if (existing.get("spec") or {}).get("selector"):
+            meta = service["metadata"]
+            log.info("%s/%s: the Service selects pods by labels: making it again without a selector",
+                     meta["namespace"], meta["name"])
+            self.kube.recreate_child(service, existing)
+
+    def _write_rendezvous(self, raw: dict[str, Any], desired: dict[str, Any] | None) -> None:
+        """Bring the job's rendezvous EndpointSlice to ``desired`` (``Plan.rendezvous``; None: not touched) when
+        its endpoints changed: one request when worker 0 gets its address, one when it goes. Never created
+        without an endpoint (until the worker 0 the operator created has an address, its name need not resolve).
+        What is stored is remembered; after a restart it is looked at once (none for a job without status)."""
+        if desired is None:
+            return
+        meta = raw["metadata"]
+        key, uid = (meta["namespace"], meta["name"]), meta["uid"]
+        endpoints = json.dumps(desired["endpoints"], sort_keys=True)
+        known = self._rendezvous.get(key)
+        stored: str | None = None  # the endpoints of this job's slice as stored (None: it has none)
+        if known is not None and known[0] == uid:
+            stored = known[1]
+        elif raw.get("status"):
+            existing = self.kube.get_child(desired)
+            if existing is not None and controller_uid(existing) == uid:
+                stored = json.dumps(existing.get("endpoints") or [], sort_keys=True)
+        write = stored != endpoints and (stored is not None or bool(desired["endpoints"]))
+        if write:
+            self.kube.create_or_adopt(desired, uid, look_first=stored is not None, compare_fields=("endpoints", "ports"))
+        self._rendezvous[key] = (uid, endpoints if write or stored is not None else None)
 
     @staticmethod
     def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:
