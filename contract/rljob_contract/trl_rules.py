@@ -29,7 +29,7 @@ from rljob_contract.trl_fields import TRL_FIELDS
 #: sets instead. The one list: the models and the CRD refuse these under ``spec.training.trl``, and the
 #: worker sets no TRL field that is neither here nor in TRL_DEFAULTS.
 MANAGED_TRL_FIELDS: dict[str, str] = {
-    "output_dir": "spec.checkpoint.storage (the trainer picks the local folder)",
+    "output_dir": "spec.checkpoint.subPath (the runtime's checkpoint storage holds each job's checkpoints)",
     "per_device_train_batch_size": "spec.training.batchSize",
     "max_steps": "spec.training.maxSteps",
     "learning_rate": "spec.training.learningRate",
@@ -62,8 +62,9 @@ CREDENTIAL_NAME_RE = re.compile(
 #: Why a credential-like field is refused under ``spec.training.trl``.
 CREDENTIAL_TRL_MESSAGE = (
     "credentials never go in the manifest (the trainer config is a ConfigMap anyone with `view` reads); "
-    "put the token in a Secret and pass it as an environment variable (spec.workers.env[].valueFrom."
-    "secretKeyRef, for example HF_TOKEN), or use the pod's service account (workload identity)"
+    "put the token in a Secret that the runtime passes as an environment variable (its spec.podTemplate's "
+    "trainer container env[].valueFrom.secretKeyRef, for example HF_TOKEN), or use the pod's service account "
+    "(workload identity)"
 )
 #: TRL config fields that carry credentials: the models and the CRD refuse them under ``spec.training.trl``.
 CREDENTIAL_TRL_FIELDS = tuple(sorted(k for k in TRL_FIELDS if CREDENTIAL_NAME_RE.search(k)))

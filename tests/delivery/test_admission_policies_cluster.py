@@ -3,8 +3,10 @@
 The ValidatingAdmissionPolicy of ``manifests/base/admission-policies.yaml`` (the same as the
 chart's ``templates/admission-policies.yaml``) is installed on the real control plane; an
 ordinary user — a ServiceAccount token whose only rights are on ``rltrainingjobs`` in its
-namespace — runs ``kubectl apply`` with jobs that name a ServiceAccount or a Secret. Each is
-refused, naming the field, until the user is granted the right to use that object directly.
+namespace — runs ``kubectl apply`` with jobs that name an object of the namespace. Since runtimes
+(issue #42) a job names only its reward modules' ConfigMaps (everything that shapes the pod is the
+runtime's, and a job setting it is refused by the CRD); each is refused, naming the field, until the
+user is granted the right to use that object directly.
 """
 
 from __future__ import annotations
@@ -44,38 +46,16 @@ QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 PROBE = "rljob-policy-probe"  # a user who may only create jobs in "default"
 USER = "alice"  # the ordinary user: a ServiceAccount of the test's namespace
 
+def _sourced(*names: str) -> dict[str, Any]:
+    """A spec patch: one custom reward per ConfigMap of ``names`` (module ``m_<name>``, '-' as '_')."""
+    return {"training": {"rewards": [{"name": f"m_{n.replace('-', '_')}:score",
+                                      "source": {"configMap": {"name": n, "key": "r.py"}}} for n in names]}}
+
+
 #: (case, patch of the quickstart's spec, the field the refusal names, kind, the name granted).
 REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
-    ("service-account", {"workers": {"serviceAccountName": "powerful"}},
-     "spec.workers.serviceAccountName", "ServiceAccount", "powerful"),
-    ("pod-template-service-account", {"workers": {"podTemplate": {"spec": {"serviceAccountName": "powerful"}}}},
-     "spec.workers.podTemplate.spec.serviceAccountName", "ServiceAccount", "powerful"),
-    ("checkpoint-secret", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}},
-     "spec.checkpoint.credentialsSecret", "Secret", "s3-keys"),
-    ("mirror-secret", {"checkpoint": {"storage": "s3://bucket/ckpt", "mirrors": [
-        {"location": "s3://backup/ckpt", "credentialsSecret": "backup-keys"}]}},
-     "spec.checkpoint.mirrors[location=s3://backup/ckpt].credentialsSecret", "Secret", "backup-keys"),
-    ("env-secret-key-ref", {"workers": {"env": [
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}}]}},
-     "spec.workers.env[name=HF_TOKEN].valueFrom.secretKeyRef.name", "Secret", "hub"),
-    ("secret-volume", {"workers": {"volumes": [{"name": "creds", "secret": {"secretName": "db"}}]}},
-     "spec.workers.volumes[name=creds].secret.secretName", "Secret", "db"),
-    ("pod-template-env-from", {"workers": {"podTemplate": {"spec": {"containers": [
-        {"name": "trainer", "envFrom": [{"secretRef": {"name": "db"}}]}]}}}},
-     "spec.workers.podTemplate.spec.containers[name=trainer].envFrom[].secretRef.name", "Secret", "db"),
-    ("pod-template-init-container-env", {"workers": {"podTemplate": {"spec": {"initContainers": [
-        {"name": "fetch", "image": "busybox", "env": [
-            {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]}]}}}},
-     "spec.workers.podTemplate.spec.initContainers[name=fetch].env[name=KEY].valueFrom.secretKeyRef.name",
-     "Secret", "db"),
-    ("pod-template-projected-volume", {"workers": {"podTemplate": {"spec": {"volumes": [
-        {"name": "all", "projected": {"sources": [{"secret": {"name": "db"}}]}}]}}}},
-     "spec.workers.podTemplate.spec.volumes[name=all].projected.sources[].secret.name", "Secret", "db"),
-    ("pod-template-csi-secret", {"workers": {"podTemplate": {"spec": {"volumes": [
-        {"name": "csi", "csi": {"driver": "x.example.com", "nodePublishSecretRef": {"name": "db"}}}]}}}},
-     "spec.workers.podTemplate.spec.volumes[name=csi].csi.nodePublishSecretRef.name", "Secret", "db"),
-    ("image-pull-secret", {"workers": {"podTemplate": {"spec": {"imagePullSecrets": [{"name": "registry"}]}}}},
-     "spec.workers.podTemplate.spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
+    ("reward-configmap", _sourced("team-rewards"),
+     "spec.training.rewards[name=m_team_rewards:score].source.configMap.name", "ConfigMap", "team-rewards"),
 ]
 
 # ----------------------------------------------------------------------------- plumbing
@@ -123,7 +103,7 @@ def policy(control_plane: Any, kube: Any, crd_installed: Any) -> Iterator[None]:
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROBE},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PROBE}]}
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump_all([probe, binding]))
-    canary = _quickstart("canary", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "canary"}})
+    canary = _quickstart("canary", _sourced("canary"))
 
     def refused() -> bool:
         # The API server picks a new policy up from a watch: wait until it bites (a dry run as a user).
@@ -156,9 +136,9 @@ def ordinary_user(control_plane: Any, namespace: str, service_account_kubeconfig
 
 
 def _grant(control_plane: Any, namespace: str, kind: str, name: str) -> None:
-    """The right to use ``name`` directly: get a Secret; create a token for a ServiceAccount."""
-    if kind == "Secret":
-        rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [name], "verbs": ["get"]}
+    """The right to use ``name`` directly: get a Secret or ConfigMap; create a token for a ServiceAccount."""
+    if kind in ("Secret", "ConfigMap"):
+        rule = {"apiGroups": [""], "resources": [f"{kind.lower()}s"], "resourceNames": [name], "verbs": ["get"]}
     else:
         rule = {"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": [name],
                 "verbs": ["create"]}
@@ -199,80 +179,46 @@ def test_a_reference_the_creator_could_not_use_is_refused_naming_the_field(
 
 
 @pytest.mark.cluster
-def test_the_ordinary_user_may_still_run_the_quickstart_and_the_trainer_service_account(
+def test_the_ordinary_user_may_still_run_the_quickstart(
         policy: None, ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
-    for doc in (_quickstart("quickstart"),
-                _quickstart("as-trainer", {"workers": {"serviceAccountName": "rljob-trainer"}})):
-        result = _apply(control_plane, ordinary_user, namespace, doc)
-        assert result.returncode == 0, result.stderr
-        assert kube.get_job(namespace, doc["metadata"]["name"]) is not None
-
-
-@pytest.mark.cluster
-def test_impersonating_a_service_account_is_a_right_to_use_it(
-        policy: None, ordinary_user: Path, control_plane: Any, namespace: str) -> None:
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "impersonate-ci", "namespace": namespace},
-            "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["ci"],
-                       "verbs": ["impersonate"]}]}
-    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
-    _kubectl_admin(control_plane, "create", "rolebinding", "impersonate-ci", "--namespace", namespace,
-                   "--role", "impersonate-ci", f"--serviceaccount={namespace}:{USER}")
-    _admitted_after_grant(control_plane, ordinary_user, namespace,
-                          _quickstart("as-ci", {"workers": {"serviceAccountName": "ci"}}))
+    result = _apply(control_plane, ordinary_user, namespace, _quickstart("quickstart"))
+    assert result.returncode == 0, result.stderr
+    assert kube.get_job(namespace, "quickstart") is not None
 
 
 @pytest.mark.cluster
 def test_a_refusal_lists_every_reference_of_its_field(
         policy: None, ordinary_user: Path, control_plane: Any, namespace: str) -> None:
     """The API server reports the first refused field (one validation per field of the table of references);
-    its message lists each reference that field holds, nested ones too."""
-    def secret(name: str) -> dict[str, Any]:
-        return {"secretKeyRef": {"name": name, "key": "k"}}
-
-    doc = _quickstart("many", {
-        "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "a"},
-        "workers": {"env": [{"name": "B", "valueFrom": secret("b")}, {"name": "PLAIN", "value": "1"},
-                            {"name": "D", "valueFrom": secret("d")}],
-                    "podTemplate": {"spec": {"containers": [
-                        {"name": "trainer", "env": [{"name": "C", "valueFrom": secret("c")}]}]}}}})
+    its message lists each reference that field holds."""
+    doc = _quickstart("many", _sourced("a", "b"))
     result = _apply(control_plane, ordinary_user, namespace, doc)
     assert result.returncode != 0
-    assert 'spec.checkpoint.credentialsSecret names Secret "a"' in result.stderr, result.stderr
-
-    _grant(control_plane, namespace, "Secret", "a")
-    wait_for(lambda: "credentialsSecret" not in _apply(control_plane, ordinary_user, namespace, doc).stderr, 30,
-             message="the checkpoint Secret allowed")
+    assert ('spec.training.rewards[name=m_a:score].source.configMap.name names ConfigMap "a"; '
+            'spec.training.rewards[name=m_b:score].source.configMap.name names ConfigMap "b": a job may name only '
+            'objects its creator could use') in result.stderr, result.stderr
+    # (every reference of the field is listed, the allowed ones too.) One of the two is not enough.
+    _grant(control_plane, namespace, "ConfigMap", "a")
     result = _apply(control_plane, ordinary_user, namespace, doc)
-    assert result.returncode != 0
-    assert ('spec.workers.env[name=B].valueFrom.secretKeyRef.name names Secret "b"; '
-            'spec.workers.env[name=D].valueFrom.secretKeyRef.name names Secret "d": a job may name only objects '
-            'its creator could use') in result.stderr, result.stderr
-    for name in ("b", "d"):
-        _grant(control_plane, namespace, "Secret", name)
-    wait_for(lambda: "workers.env[" not in _apply(control_plane, ordinary_user, namespace, doc).stderr, 30,
-             message="the env Secrets allowed")
-    result = _apply(control_plane, ordinary_user, namespace, doc)
-    assert ('spec.workers.podTemplate.spec.containers[name=trainer].env[name=C].valueFrom.secretKeyRef.name '
-            'names Secret "c"') in result.stderr, result.stderr
+    assert result.returncode != 0 and 'names ConfigMap "b"' in result.stderr, result.stderr
+    _grant(control_plane, namespace, "ConfigMap", "b")
+    _admitted_after_grant(control_plane, ordinary_user, namespace, doc)
 
 
 @pytest.mark.cluster
 def test_changing_the_spec_of_a_job_someone_else_created_needs_the_same_rights(
         policy: None, ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
-    """An admin's job names a Secret; the ordinary user may change its status and labels, not its spec.
+    """An admin's job names a ConfigMap; the ordinary user may change its status and labels, not its spec.
 
-    Changing the spec (the image, say) would run the user's code with the admin's Secret.
+    Changing the spec (its training, say) would run the user's choices with the admin's reward module.
     Writes that leave the spec alone (the operator's status, labels) are not checked.
     """
     from kubernetes.client.exceptions import ApiException
-    create_job(kube, namespace, _quickstart("admins", {"checkpoint": {"storage": "s3://bucket/ckpt",
-                                                                      "credentialsSecret": "s3-keys"}}))
-    changed = _quickstart("admins", {"image": "registry.invalid/mine:latest",
-                                     "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}})
+    create_job(kube, namespace, _quickstart("admins", _sourced("admin-rewards")))
+    changed = _quickstart("admins", deep_update(_sourced("admin-rewards"), {"training": {"learningRate": 0.5}}))
     result = _apply(control_plane, ordinary_user, namespace, changed)
     assert result.returncode != 0
-    assert 'spec.checkpoint.credentialsSecret names Secret "s3-keys"' in result.stderr, result.stderr
+    assert 'names ConfigMap "admin-rewards"' in result.stderr, result.stderr
 
     from kubernetes import client
 
@@ -287,12 +233,12 @@ def test_changing_the_spec_of_a_job_someone_else_created_needs_the_same_rights(
         as_user.request("PATCH", f"{path}/status", {"status": {"phase": "Pending"}},
                         content_type="application/merge-patch+json")
         with pytest.raises(ApiException) as refused:
-            as_user.request("PATCH", path, {"spec": {"image": "registry.invalid/mine:latest"}},
+            as_user.request("PATCH", path, {"spec": {"training": {"learningRate": 0.5}}},
                             content_type="application/merge-patch+json")
         assert refused.value.status == 403
     finally:
         user.close()
-    assert kube.get_job(namespace, "admins")["spec"]["image"] != "registry.invalid/mine:latest"
+    assert kube.get_job(namespace, "admins")["spec"]["training"]["learningRate"] != 0.5
 
 
 def _client_configuration(kubeconfig: Path) -> Any:
@@ -465,9 +411,9 @@ def _experiment_of(job: dict[str, Any], overrides: dict[str, Any] | None = None)
 @pytest.mark.cluster
 def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names(
         policy: None, tenant: Any, control_plane: Any, namespace: str) -> None:
-    """Each field of the table (rljob_contract.references), in a job and in an experiment's template, naming an
-    object of another team: refused for a user without the right, naming the field; admitted with it. An arm
-    may not set a field holding references in either spelling."""
+    """Each field of the job's table (rljob_contract.references), in a job and in an experiment's template, naming
+    an object of another team: refused for a user without the right, naming the field; admitted with it. An arm
+    may not set a field holding references, nor the runtime in either spelling."""
     from rljob_contract import references
 
     from tests.contract.test_references import OTHER, reference_spec
@@ -484,11 +430,13 @@ def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names
         refusal = _refusal(tenant, namespace, doc)
         assert refusal is not None and named in refusal and user in refusal, (named, refusal)
 
-    for root in references.override_roots():
-        section, field = root.split(".")
+    for field in references.FIXED_FIELDS:
         for key in {field, to_snake(field)}:
-            arm = _experiment_of(_quickstart(f"arm-{key.lower().replace('_', '-')}"), {section: {key: {}}})
-            assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), (root, key)
+            arm = _experiment_of(_quickstart(f"arm-{key.lower().replace('_', '-')}"), {key: {"name": "x"}})
+            assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), key
+    for ref in references.JOB_REFERENCES:
+        arm = _experiment_of(_quickstart("arm-ref"), reference_spec(ref)[0])
+        assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), ref.path
 
     _role(control_plane, namespace, "use-everything", ALL_RIGHTS, TENANT)
     wait_for(lambda: _refusal(tenant, namespace, cases[0][0]) is None, 30, message="the rights granted in force")

@@ -340,9 +340,9 @@ def test_generator_check_mode_reports_drift(tmp_path: Path) -> None:
 
 
 def test_rendered_crd_equals_the_generated_one_and_is_kept_on_uninstall() -> None:
-    from rljob_operator.crd import crd_manifest, experiment_crd_manifest
+    from rljob_operator.crd import RUNTIME_NAMES, crd_manifest, experiment_crd_manifest, runtime_crd_manifest
 
-    for expected in (crd_manifest(), experiment_crd_manifest()):
+    for expected in (crd_manifest(), experiment_crd_manifest(), *map(runtime_crd_manifest, RUNTIME_NAMES)):
         name = expected["metadata"]["name"]
         crd = one(helm_template(), "CustomResourceDefinition", name)
         assert crd["spec"] == expected["spec"]
@@ -469,6 +469,7 @@ JOB_RULES = [
     {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments/status"], "verbs": ["patch"]},
     {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments/finalizers"], "verbs": ["update"]},
     {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["rljob.dev"], "resources": ["rltrainingruntimes"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["delete"]},
@@ -481,6 +482,7 @@ JOB_RULES = [
 
 CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+RUNTIME_RULES = [{"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"], "verbs": ["list", "watch"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
 ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
@@ -499,9 +501,12 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator-capacity")] == CAPACITY_RULES
     # Kueue: the flavors an admission assigns and the priority classes jobs name, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
+    # The platform's cluster runtimes, read-only (a job's pods are built from its runtime).
+    assert rbac[("ClusterRole", "", "rljob-operator-runtimes")] == RUNTIME_RULES
     # Are the admission policies in force? Its own two policies by name, and the bindings (issue #43 point 6).
     assert rbac[("ClusterRole", "", "rljob-operator-admission")] == ADMISSION_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
+                         ("ClusterRole", "", "rljob-operator-runtimes"),
                          ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),
                          ("ClusterRole", "", "rljob-operator-admission"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
@@ -518,7 +523,8 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     rbac = operator_rbac(docs)
     assert rbac[("Role", "ml-a", "rljob-operator")] == rbac[("Role", "ml-b", "rljob-operator")] == JOB_RULES
     cluster_roles = {k for k in rbac if k[0] == "ClusterRole"}
-    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-capacity"),
+    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-runtimes"),
+                             ("ClusterRole", "", "rljob-operator-capacity"),
                              ("ClusterRole", "", "rljob-operator-kueue"), ("ClusterRole", "", "rljob-operator-admission")}
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]

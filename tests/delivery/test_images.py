@@ -258,7 +258,14 @@ def _api_access_files(kube: Any, control_plane: Any, pod: dict[str, Any]) -> con
 @pytest.mark.cluster
 def test_operator_image_runs_under_the_charts_pod_and_reconciles_a_job(
         built_images: dict[str, str], chart_operator_pod: Any, control_plane: Any, tmp_path: Path) -> None:
-    from tests.support.operator import create_job, free_port, job_manifest, wait_phase
+    from tests.support.operator import (
+        apply_runtime,
+        create_job,
+        free_port,
+        job_manifest,
+        runtime_manifest,
+        wait_phase,
+    )
 
     kube, namespace, jobs, pod = chart_operator_pod
     sc = pod["spec"]["containers"][0]["securityContext"]
@@ -288,8 +295,10 @@ def test_operator_image_runs_under_the_charts_pod_and_reconciles_a_job(
         assert health.status_code == 200
         wait_for(lambda: "rljob_operator_leader 1.0" in serving("/metrics").text, 60, message="leading")
         # With its chart RBAC (the ServiceAccount's token), it reconciles a job into a Running gang.
-        create_job(kube, jobs, job_manifest("img-gang", replicas=2,
-                                            spec={"workers": {"serviceAccountName": "rljob-trainer"}}))
+        apply_runtime(kube, runtime_manifest("trainer-sa", {"podTemplate": {"spec": {
+            "serviceAccountName": "rljob-trainer"}}}, kind="RLTrainingRuntime", namespace=jobs))
+        create_job(kube, jobs, job_manifest("img-gang", replicas=2, spec={
+            "runtimeRef": {"kind": "RLTrainingRuntime", "name": "trainer-sa"}}))
         job = wait_phase(kube, jobs, "img-gang", "Running", timeout=90)
         assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Ready"] == "True"
         assert len(kube.list_pods(jobs, "rljob.dev/job=img-gang")) == 2

@@ -36,9 +36,11 @@ from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import CHART, MANIFESTS, PROMETHEUS, REPO, operator_env, run
 from tests.support.operator import (
     FAST_ENV,
+    apply_runtime,
     create_job,
     free_port,
     job_manifest,
+    runtime_manifest,
     token_for,
     wait_for_events,
     wait_phase,
@@ -48,6 +50,8 @@ pytestmark = pytest.mark.cluster
 SNAPSHOTS = REPO / "tests" / "delivery" / "snapshots"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rltrainingjobs.rljob.dev"
 EXPERIMENT_CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rlexperiments.rljob.dev"
+RUNTIME_CRD_PATHS = tuple(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}.rljob.dev"
+                          for name in ("clusterrltrainingruntimes", "rltrainingruntimes"))
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
@@ -107,7 +111,7 @@ def hand_crd_to_release(kube: Any, release: str, namespace: str) -> None:
 
     patch = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "Helm"}, "annotations": {
         "meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace}}}
-    for path in (CRD_PATH, EXPERIMENT_CRD_PATH):
+    for path in (CRD_PATH, EXPERIMENT_CRD_PATH, *RUNTIME_CRD_PATHS):
         try:
             kube.request("PATCH", path, patch, content_type="application/merge-patch+json")
         except ApiException as e:
@@ -128,9 +132,11 @@ def property_paths(schema: dict[str, Any], at: str = "") -> set[str]:
 def assert_crds_as_generated(kube: Any) -> None:
     """The CRDs on the cluster have every property the models generate, and no other (a key Go's YAML reads
     otherwise than ours, as a plain ``n`` once was, would be a property ``false`` here)."""
-    from rljob_operator.crd import crd_manifest, experiment_crd_manifest
+    from rljob_operator.crd import RUNTIME_NAMES, crd_manifest, experiment_crd_manifest, runtime_crd_manifest
 
-    for path, generated in ((CRD_PATH, crd_manifest()), (EXPERIMENT_CRD_PATH, experiment_crd_manifest())):
+    runtimes = [(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{m['metadata']['name']}", m)
+                for m in map(runtime_crd_manifest, RUNTIME_NAMES)]
+    for path, generated in ((CRD_PATH, crd_manifest()), *runtimes, (EXPERIMENT_CRD_PATH, experiment_crd_manifest())):
         installed = kube.request("GET", path)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         want = property_paths(generated["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         got = property_paths(installed)
@@ -394,8 +400,11 @@ def test_operator_with_the_charts_identity_reconciles_a_job(release: Release, co
     try:
         operator.wait_leader()
         jobs = release.jobs_namespace
-        create_job(kube, jobs, job_manifest("helm-gang", replicas=2,
-                                            spec={"workers": {"serviceAccountName": "rljob-trainer"}}))
+        # The trainers' ServiceAccount comes from the runtime (the chart's own runtimes: the delivery side).
+        apply_runtime(kube, runtime_manifest("trainer-sa", {"podTemplate": {"spec": {
+            "serviceAccountName": "rljob-trainer"}}}, kind="RLTrainingRuntime", namespace=jobs))
+        create_job(kube, jobs, job_manifest("helm-gang", replicas=2, spec={
+            "runtimeRef": {"kind": "RLTrainingRuntime", "name": "trainer-sa"}}))
         if release.mode == "namespaced":  # a job outside watchNamespaces is none of its business
             create_job(kube, release.other_namespace, job_manifest("unwatched", replicas=1))
         job = wait_phase(kube, jobs, "helm-gang", "Running", timeout=90)

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import create_job, get_job, job_pods, wait_for_events, wait_phase
+from tests.support.operator import apply_runtime, create_job, get_job, job_pods, wait_for_events, wait_phase
 from tests.support.s3_server import MotoServer
 from tests.support.trainer import deep_update
 
@@ -59,16 +59,32 @@ def real_operator(real_node: Any, operator: Any) -> Any:
                     env={"RLJOB_OPERATOR_ALLOWED_IMAGES": "localhost/rljob-trainer:*"})
 
 
-def real_job(name: str, endpoint: str | None, bucket_name: str | None,
-             spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The quickstart as two one-process workers on the real node, checkpoints in the bucket (if any)."""
+def real_runtime(kube: Any, namespace: str, endpoint: str | None = None, bucket_name: str | None = None,
+                 service_account: str | None = None) -> str:
+    """An RLTrainingRuntime of ``namespace`` for the real node (its image, no registry), checkpoints in the bucket
+    (if any, with the ``s3-keys`` Secret); its name, for a job's runtimeRef."""
+    name = "real-node-s3" if bucket_name else "real-node"
+    spec: dict[str, Any] = {
+        "image": TRAINER_IMAGE,
+        "imagePullPolicy": "Never",  # loaded into the node's containerd; there is no registry
+        "podTemplate": {"spec": {"nodeSelector": {"rljob.dev/real-node": "true"},
+                                 **({"serviceAccountName": service_account} if service_account else {})}},
+    }
+    if bucket_name:
+        s3_secret(kube, namespace)
+        spec["checkpoint"] = {"storage": f"s3://{bucket_name}", "endpointUrl": endpoint, "credentialsSecret": "s3-keys"}
+    apply_runtime(kube, {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingRuntime",
+                         "metadata": {"name": name, "namespace": namespace}, "spec": spec})
+    return name
+
+
+def real_job(name: str, runtime: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The quickstart as two one-process workers on the real node, on ``runtime`` (``real_runtime``)."""
     doc = {
         "apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": name},
         "spec": {
-            "image": TRAINER_IMAGE,
-            "imagePullPolicy": "Never",  # loaded into the node's containerd; there is no registry
+            "runtimeRef": {"kind": "RLTrainingRuntime", "name": runtime},
             "workers": {"replicas": 2, "procsPerWorker": 1, "gpusPerWorker": 0,
-                        "nodeSelector": {"rljob.dev/real-node": "true"},
                         "resources": {"limits": {"memory": "3Gi"}}},
             "training": {
                 "model": "builtin:tiny",
@@ -81,9 +97,6 @@ def real_job(name: str, endpoint: str | None, bucket_name: str | None,
             "checkpoint": {"everySteps": 20, "keepLast": 2},
         },
     }
-    if bucket_name:
-        doc["spec"]["checkpoint"].update(storage=f"s3://{bucket_name}/{name}", endpointUrl=endpoint,
-                                         credentialsSecret="s3-keys")
     return deep_update(doc, {"spec": spec}) if spec else doc
 
 
@@ -97,8 +110,8 @@ def start_job(kube: Any, namespace: str, bucket: tuple[MotoServer, str], name: s
               spec: dict[str, Any]) -> None:
     """A job checkpointing to the S3 test server, created and Running."""
     server, bucket_name = bucket
-    s3_secret(kube, namespace)
-    create_job(kube, namespace, real_job(name, server.endpoint, bucket_name, spec))
+    runtime = real_runtime(kube, namespace, server.endpoint, bucket_name)
+    create_job(kube, namespace, real_job(name, runtime, spec))
     wait_phase(kube, namespace, name, "Running", timeout=300)
 
 
@@ -123,9 +136,9 @@ def checkpoints_in(server: MotoServer, bucket_name: str, prefix: str) -> set[int
 def test_quickstart_gang_trains_in_real_pods_and_succeeds_with_the_reward_learned(
         real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, tmp_path: Path) -> None:
     server, bucket_name = bucket
-    s3_secret(kube, namespace)
+    runtime = real_runtime(kube, namespace, server.endpoint, bucket_name)
     manifest = tmp_path / "quick.yaml"  # as a user applies it
-    manifest.write_text(yaml.safe_dump(real_job("quick", server.endpoint, bucket_name)))
+    manifest.write_text(yaml.safe_dump(real_job("quick", runtime)))
     subprocess.run([str(real_node.bin / "kubectl"), "--kubeconfig", str(real_node.admin_kubeconfig),
                     "apply", "-n", namespace, "-f", str(manifest)], check=True, capture_output=True)
     wait_phase(kube, namespace, "quick", "Running", timeout=300)
@@ -141,7 +154,7 @@ def test_quickstart_gang_trains_in_real_pods_and_succeeds_with_the_reward_learne
     job = wait_phase(kube, namespace, "quick", "Succeeded", timeout=900)
     assert job["status"]["progress"]["step"] == 120
     assert job["status"]["progress"]["reward"] >= 0.9, job["status"]["progress"]
-    assert checkpoints_in(server, bucket_name, "quick") == {100, 120}  # everySteps 20, keepLast 2
+    assert checkpoints_in(server, bucket_name, f"{namespace}/quick") == {100, 120}  # everySteps 20, keepLast 2
     # Two torchrun nodes train only once they met: worker 1 found worker 0 by its DNS name through
     # the headless Service (RLJOB_RDZV_ENDPOINT), so the steps above are the rendezvous's proof.
 
@@ -150,7 +163,7 @@ def test_a_deleted_worker_restarts_the_gang_which_resumes_from_its_newest_checkp
         real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
     server, bucket_name = bucket
     start_job(kube, namespace, bucket, "resume", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 10}})
-    saved = wait_for(lambda: checkpoints_in(server, bucket_name, "resume") or None, 600, message="a first checkpoint")
+    saved = wait_for(lambda: checkpoints_in(server, bucket_name, f"{namespace}/resume") or None, 600, message="a first checkpoint")
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "resume")}
     kube.request("DELETE", kube.core_path(namespace, "pods", "resume-worker-1"))
 
@@ -181,22 +194,22 @@ def test_suspend_stops_the_gang_with_sigterm_and_a_checkpoint_of_the_step_it_was
     grace = job_pods(kube, namespace, "pause")[0]["spec"]["terminationGracePeriodSeconds"]
     at = wait_for(lambda: (step := progress(kube, namespace, "pause").get("step") or 0) >= 5 and step, 300,
                   message="training under way")
-    assert checkpoints_in(server, bucket_name, "pause") == set()
+    assert checkpoints_in(server, bucket_name, f"{namespace}/pause") == set()
     kube.request("PATCH", kube.job_path(namespace, "pause"), {"spec": {"runPolicy": {"suspend": True}}},
                  content_type="application/merge-patch+json")
     started = time.monotonic()
     wait_for(lambda: not job_pods(kube, namespace, "pause"), grace + 60, message="the gang gone")
     assert time.monotonic() - started < grace, "the pods outlived their grace period"
     wait_phase(kube, namespace, "pause", "Suspended", timeout=60)
-    saved = checkpoints_in(server, bucket_name, "pause")
+    saved = checkpoints_in(server, bucket_name, f"{namespace}/pause")
     assert len(saved) == 1 and at <= min(saved) < 400, (at, sorted(saved))
 
 
 def test_a_worker_over_its_memory_limit_is_oom_killed_by_the_kernel_and_recovered_as_oom(
         real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
     server, bucket_name = bucket
-    s3_secret(kube, namespace)
-    create_job(kube, namespace, real_job("oom", server.endpoint, bucket_name, {
+    runtime = real_runtime(kube, namespace, server.endpoint, bucket_name)
+    create_job(kube, namespace, real_job("oom", runtime, {
         "workers": {"resources": {"limits": {"memory": "200Mi"}}}, "runPolicy": {"backoffLimit": 1}}))
 
     def oom_failure() -> dict[str, Any] | None:
@@ -234,8 +247,8 @@ def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to
 
         pod = wait_for(operator_ready, 300, message="the operator pod Ready (its readiness probe)")
         assert pod["spec"]["nodeName"] == "rljob-real-node"
-        create_job(kube, jobs, real_job("helm-job", None, None, {
-            "workers": {"serviceAccountName": "rljob-trainer"}, "training": {"maxSteps": 20}}))
+        runtime = real_runtime(kube, jobs, service_account="rljob-trainer")
+        create_job(kube, jobs, real_job("helm-job", runtime, {"training": {"maxSteps": 20}}))
         job = wait_phase(kube, jobs, "helm-job", "Succeeded", timeout=900)
         assert job["status"]["progress"]["step"] == 20  # heartbeats reached the in-cluster status API
         assert job["status"]["progress"]["lastHeartbeat"]

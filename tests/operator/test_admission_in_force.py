@@ -83,7 +83,8 @@ def test_policies_of_another_version_are_named_as_such() -> None:
     spec = policies["rljob-job-references"]["spec"]
     spec["validations"] = [v for v in spec["validations"] if "refs0" not in v["expression"]]
     [problem] = enforcement_problems(policies, bindings)
-    assert "lack 1 of this operator's reference checks (first: Secret checkpoint.credentialsSecret)" in problem
+    assert ("lack 1 of this operator's reference checks (first: ConfigMap "
+            "training.rewards[].source.configMap.name)") in problem
     policies, bindings = shipped()
     for v in policies["rljob-queues"]["spec"]["validations"]:
         if v["expression"] == QUEUE_LABEL_KEPT:

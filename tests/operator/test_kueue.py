@@ -3,12 +3,14 @@ assigned flavor, stops gracefully when evicted and gives the quota back (integra
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from rljob_contract.job import RLTrainingJob, parse_job
+from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations.gate import Gated
@@ -28,7 +30,7 @@ from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
 from tests.operator.test_operator_unit import NOW, UID, observe, pod_json
-from tests.support.operator import job_manifest
+from tests.support.operator import job_manifest, on_runtime
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/*",))
 FLAVOR = Flavor("a100", {"pool": "a100"}, [{"key": "pool", "operator": "Equal", "value": "a100",
@@ -45,10 +47,16 @@ def make(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = Non
     return parse_job(doc)
 
 
+def worker_of(job: RLTrainingJob, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A worker pod of ``job`` on the tests' runtime (``runtime`` merged into its spec), as the reconciler builds it
+    for the gates."""
+    return desired_worker_pod(job, 0, 0, runtime=on_runtime(job, runtime))
+
+
 def workload(job: RLTrainingJob, *conditions: tuple[str, str, str], admitted_to: str | None = None,
-             active: bool = True) -> dict[str, Any]:
+             active: bool = True, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job's Workload as Kueue leaves it: ``conditions`` (type, status, reason), an admission."""
-    wl = desired_workload(job, job.replicas, None)
+    wl = desired_workload(job, job.replicas, None, worker_of(job, runtime))
     wl["metadata"].update({"resourceVersion": "7", "generation": 1})
     wl["spec"]["active"] = active
     status: dict[str, Any] = {"conditions": [
@@ -64,8 +72,11 @@ def workload(job: RLTrainingJob, *conditions: tuple[str, str, str], admitted_to:
 ADMITTED = (("QuotaReserved", "True", "QuotaReserved"), ("Admitted", "True", "Admitted"))
 
 
-def reconcile(job: RLTrainingJob, view: QueueView, *pods: dict[str, Any]) -> Plan:
-    return plan_reconcile(job, observe(job, *pods), NOW, profile=PROFILE, gates=(Gated(KUEUE, view),))
+def reconcile(job: RLTrainingJob, view: QueueView, *pods: dict[str, Any], runtime: dict[str, Any] | None = None) -> Plan:
+    """One reconcile of ``job`` on the tests' runtime (``runtime`` merged into its spec), as the reconciler runs it."""
+    view = dataclasses.replace(view, worker=worker_of(job, runtime))
+    return plan_reconcile(job, observe(job, *pods), NOW, profile=PROFILE, gates=(Gated(KUEUE, view),),
+                          runtime=on_runtime(job, runtime))
 
 
 def writes(plan: Plan) -> QueueWrites:
@@ -134,13 +145,23 @@ def test_a_flavor_the_pod_profile_refuses_fails_the_job_naming_it() -> None:
     assert wl["metadata"]["name"] in writes(plan).status  # quota given back
 
 
-def test_a_flavor_label_contradicting_the_jobs_node_selector_fails_the_job_naming_both() -> None:
-    job = make({"workers": {"gpusPerWorker": 2, "nodeSelector": {"pool": "h100"}}},
-               {"phase": "Queued", "gangGeneration": 0})
-    wl = workload(job, *ADMITTED, admitted_to="a100")
-    plan = reconcile(job, QueueView(workloads=[wl], flavors={"a100": FLAVOR}))
+def test_a_flavor_label_contradicting_the_runtimes_node_selector_fails_the_job_naming_both() -> None:
+    job = make(status={"phase": "Queued", "gangGeneration": 0})
+    h100 = {"podTemplate": {"spec": {"nodeSelector": {"pool": "h100"}}}}
+    wl = workload(job, *ADMITTED, admitted_to="a100", runtime=h100)
+    plan = reconcile(job, QueueView(workloads=[wl], flavors={"a100": FLAVOR}), runtime=h100)
     assert plan.status["phase"] == "Failed" and not plan.create_pods
-    assert "spec.workers.nodeSelector[pool]" in plan.status["message"] and "ResourceFlavor a100" in plan.status["message"]
+    assert "spec.podTemplate.spec.nodeSelector[pool]" in plan.status["message"]
+    assert "ResourceFlavor a100" in plan.status["message"]
+
+
+def test_the_workload_counts_the_pod_built_on_the_runtime() -> None:
+    """The Workload's podSet is the worker as built on its runtime: its GPU resource and cpu/memory defaults."""
+    amd = {"gpuResource": "amd.com/gpu", "limits": {"cpuPerWorker": {"default": "4"}}}
+    job = make()
+    plan = reconcile(job, QueueView(), runtime=amd)
+    [container] = writes(plan).create["spec"]["podSets"][0]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"] == {"cpu": "4", "amd.com/gpu": "2"}
 
 
 def test_eviction_stops_the_gang_as_a_new_generation_without_counting_a_restart() -> None:
@@ -240,12 +261,12 @@ def test_suspending_deletes_the_workload_once_the_pods_are_gone() -> None:
                                                                                        "train-worker-1"]
     assert writes(stopping) == QueueWrites()
     plan = reconcile(suspended, view)
-    assert writes(plan).delete == [workload_name(suspended, 2)]
+    assert writes(plan).delete == [workload_name(suspended, 2, worker_of(suspended))]
 
 
 def test_a_finished_workload_never_admits_a_job_revived_by_a_spec_edit() -> None:
     """Kueue gave a finished Workload's quota back: a job revived after a refusable failure queues anew."""
-    failed = make({"image": "registry.invalid/rljob-trainer:new"},
+    failed = make({"training": {"seed": 3}},
                   {"phase": "Failed", "reason": "PolicyViolation", "gangGeneration": 0, "observedGeneration": 1},
                   generation=2)
     wl = workload(failed, *ADMITTED, ("Finished", "True", "Failed"), admitted_to="a100")
@@ -310,7 +331,7 @@ def test_an_unlabelled_job_plans_exactly_as_without_kueue() -> None:
     doc = job_manifest("train", 2, {"workers": {"gpusPerWorker": 2}}, namespace="team-a")
     doc["metadata"].update({"uid": UID, "generation": 1})
     job = parse_job(doc)
-    plain = plan_reconcile(job, [], NOW, profile=PROFILE)
+    plain = plan_reconcile(job, [], NOW, profile=PROFILE, runtime=on_runtime(job))
     assert "kueue" not in plain.gate_writes and len(plain.create_pods) == 2
 
 
@@ -330,18 +351,18 @@ def test_a_queued_job_remembers_its_queue_in_status() -> None:
 def test_a_failed_job_revived_by_an_edit_that_also_removes_its_label_runs_only_through_its_workload() -> None:
     """The exploit: a job Failed on its spec (PolicyViolation) with a queue label; one patch removes the label
     and fixes the spec. The status remembers the queue: the revived job waits for a Workload in that queue."""
-    bad = make({"image": "docker.io/evil:latest"})
+    bad = make({"training": {"trl": {"trust_remote_code": True}}})
     failed = reconcile(bad, QueueView())
     assert failed.status["reason"] == "PolicyViolation" and failed.status["queue"] == "team-a"
 
-    revived = make({"image": "registry.invalid/rljob-trainer:fixed"}, {**failed.status, "observedGeneration": 1},
-                   generation=2)
+    revived = make({"training": {"seed": 3}}, {**failed.status, "observedGeneration": 1}, generation=2)
     revived.metadata.labels.clear()
     assert queue_name(revived) == "team-a"
     client = KueueClient(None, False)  # type: ignore[arg-type]
     client._served = (time.monotonic(), False)  # its answer to "is Kueue installed?", taken just now
     assert client.observe(revived, UID) is not None, "the Kueue gate no longer governs a job whose label went"
-    plan = plan_reconcile(revived, [], NOW, profile=PROFILE, gates=(Gated(KUEUE, QueueView()),))
+    plan = plan_reconcile(revived, [], NOW, profile=PROFILE, gates=(Gated(KUEUE, QueueView()),),
+                          runtime=on_runtime(revived))
     assert plan.status["phase"] == "Queued" and not plan.create_pods
     assert writes(plan).create is not None and writes(plan).create["spec"]["queueName"] == "team-a"
     assert plan.status["queue"] == "team-a"
@@ -354,12 +375,13 @@ def test_where_a_queue_is_required_an_unlabelled_job_is_held_and_a_running_gang_
     job = parse_job(doc)
     required = (Gated(KUEUE, QueueView(required=True)),)
     plan = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1)), NOW, profile=PROFILE,
-                          gates=required)
+                          gates=required, runtime=on_runtime(job))
     assert plan.status["phase"] == "Queued" and plan.status["reason"] == QUEUE_REQUIRED
     assert "metadata.labels[kueue.x-k8s.io/queue-name]" in plan.status["message"]
     assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"] and not plan.create_pods
     assert writes(plan) == QueueWrites()  # no queue: nothing to write to Kueue
-    new = plan_reconcile(parse_job({**doc, "status": {}}), [], NOW, profile=PROFILE, gates=required)
+    fresh = parse_job({**doc, "status": {}})
+    new = plan_reconcile(fresh, [], NOW, profile=PROFILE, gates=required, runtime=on_runtime(fresh))
     assert new.status["reason"] == QUEUE_REQUIRED and not new.create_pods
     # The client governs an unlabelled job only where the platform requires a queue.
     client = KueueClient(None, False, OperatorSettings(require_queue=True))  # type: ignore[arg-type]

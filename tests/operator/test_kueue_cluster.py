@@ -19,12 +19,14 @@ from rljob_operator.names import CONFIG_KEY
 
 from tests.cluster.waiting import wait_for
 from tests.support.operator import (
+    QUICK_EXIT,
     annotate_pod,
     create_job,
     deep_update,
     get_job,
     job_manifest,
     job_pods,
+    on_namespaced_runtime,
     patch_spec,
     wait_for_events,
     wait_phase,
@@ -88,14 +90,17 @@ class Queues:
                 print(f"cleanup of {obj}: {error}")
 
     def job(self, name: str, priority: str | None = None, *, queue: str | None = "lq", user: Any = None,
-            **spec: Any) -> dict[str, Any]:
-        """2 workers × 2 GPUs in the LocalQueue ``queue``; workers stop within 1 s of SIGTERM. Created by
-        ``user`` (a tenant's client; default the admin)."""
+            storage: str | None = None, **spec: Any) -> dict[str, Any]:
+        """2 workers × 2 GPUs in the LocalQueue ``queue``; workers stop within 1 s of SIGTERM (``QUICK_RUNTIME``,
+        or a runtime of the namespace like it whose checkpoints go to ``storage``). Created by ``user`` (a
+        tenant's client; default the admin)."""
         labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
         if priority:
             labels["kueue.x-k8s.io/priority-class"] = priority
-        doc = job_manifest(name, 2, deep_update({"workers": {"gpusPerWorker": 2, "podTemplate": {"spec": {
-            "terminationGracePeriodSeconds": 1}}}, "runPolicy": {"backoffBaseSeconds": 0}}, spec))
+        runtime = on_namespaced_runtime(self.kube, self.namespace, f"{name}-storage", {
+            "checkpoint": {"storage": storage}}) if storage else QUICK_EXIT
+        doc = job_manifest(name, 2, deep_update({"workers": {"gpusPerWorker": 2}, "runPolicy": {"backoffBaseSeconds": 0},
+                                                 **runtime}, spec))
         doc["metadata"]["labels"] = labels
         return create_job(user or self.kube, self.namespace, doc)
 
@@ -216,7 +221,7 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     queues.create(gpus=4, preemption=True)
     low, high = queues.priority_class("low", 100), queues.priority_class("high", 1000)
     operator()
-    queues.job("low", priority=low, checkpoint={"storage": "s3://checkpoints/low", "everySteps": 10})
+    queues.job("low", priority=low, storage="s3://checkpoints", checkpoint={"everySteps": 10})
     running = _running(kube, namespace, "low")
     generation = running["status"]["gangGeneration"]
     first_gang = {p["metadata"]["uid"] for p in _live_pods(kube, namespace, "low")}
@@ -248,7 +253,8 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     # path): it is told the same checkpoint location.
     config_after = kube.request("GET", kube.core_path(namespace, "configmaps", "low-config"))["data"]
     before, after = (yaml.safe_load(c[CONFIG_KEY]) for c in (config_before, config_after))
-    assert after["checkpoint"] == before["checkpoint"] and after["checkpoint"]["storage"] == "s3://checkpoints/low"
+    assert after["checkpoint"] == before["checkpoint"]
+    assert after["checkpoint"]["storage"] == f"s3://checkpoints/{namespace}/low"
 
 
 def test_operator_restart_while_queued_duplicates_nothing_and_suspend_releases_quota(
@@ -362,13 +368,13 @@ def test_a_failed_job_revived_by_a_patch_that_drops_its_queue_runs_only_through_
     proc = operator()
     queues.job("holder")
     _running(kube, namespace, "holder")
-    queues.job("sneaky", user=tenant, image="docker.io/library/evil:latest")
+    queues.job("sneaky", user=tenant, training={"trl": {"trust_remote_code": True}})
     failed = wait_phase(kube, namespace, "sneaky", "Failed", 60, reason="PolicyViolation")["status"]
     assert failed["queue"] == "lq"
 
     tenant.request("PATCH", tenant.job_path(namespace, "sneaky"), {
         "metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}},
-        "spec": {"image": "registry.invalid/rljob-trainer:test"}}, content_type="application/merge-patch+json")
+        "spec": {"training": {"trl": None}}}, content_type="application/merge-patch+json")
     status = wait_phase(kube, namespace, "sneaky", "Queued", 60)["status"]
     assert status["queue"] == "lq" and "kueue.x-k8s.io/queue-name" not in get_job(kube, namespace, "sneaky")[
         "metadata"].get("labels", {})

@@ -25,6 +25,7 @@ from rljob_operator.cluster.handlers import (
 )
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.podwatch import PODS, PodStore
+from rljob_operator.cluster.runtimes import CLUSTER_RUNTIMES, NAMESPACED_RUNTIMES, RuntimeEvents
 from rljob_operator.cluster.streams import Resource, Watches
 from rljob_operator.cluster.workqueue import ExperimentKey, JobKey
 from rljob_operator.experiments.trials import LABEL_EXPERIMENT
@@ -227,7 +228,8 @@ def test_the_runner_wires_one_stream_per_resource_to_its_subscriber() -> None:
 
     leading = asyncio.run(wired())
     by_path = {s.resource.path(None): s for s in leading.watches.streams}
-    assert sorted(by_path) == sorted(r.path(None) for r in (JOBS, PODS, NODES, EXPERIMENTS))
+    assert sorted(by_path) == sorted(r.path(None) for r in (JOBS, PODS, NODES, EXPERIMENTS, CLUSTER_RUNTIMES,
+                                                             NAMESPACED_RUNTIMES))
     assert by_path[JOBS.path(None)].subscriber is leading.job_events
     pods, nodes = by_path[PODS.path(None)].subscriber, by_path[NODES.path(None)].subscriber
     reconciler = leading.work.reconciler
@@ -238,3 +240,8 @@ def test_the_runner_wires_one_stream_per_resource_to_its_subscriber() -> None:
     assert [f.scope for f in by_path[PODS.path(None)].followers] == ["team-a"]
     assert [f.scope for f in by_path[NODES.path(None)].followers] == [None]
     assert gate_resource(WORKLOADS).label_selector == LABEL_JOB
+    cluster, namespaced = (by_path[r.path(None)].subscriber for r in (CLUSTER_RUNTIMES, NAMESPACED_RUNTIMES))
+    assert isinstance(cluster, RuntimeEvents) and isinstance(namespaced, RuntimeEvents)
+    assert cluster.store is namespaced.store is reconciler.runtimes and cluster.queue is leading.work.queue
+    assert [f.scope for f in by_path[CLUSTER_RUNTIMES.path(None)].followers] == [None]
+    assert [f.scope for f in by_path[NAMESPACED_RUNTIMES.path(None)].followers] == ["team-a"]

@@ -54,8 +54,18 @@ def _time(offset_seconds: float | None) -> str | None:
 # ------------------------------------------------------------------------------------------ scenarios
 
 
+def _runtime(r: random.Random) -> dict[str, Any]:
+    """The job's ClusterRLTrainingRuntime, with a random checkpoint location (none: a folder of the pod's)."""
+    spec: dict[str, Any] = {"image": "registry.invalid/rljob-trainer:test"}
+    storage = r.choice((None, None, "s3://bucket/runs", "pvc://claim/runs", "/workspace/output/ckpt"))
+    if storage is not None:
+        spec["checkpoint"] = {"storage": storage}
+    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "ClusterRLTrainingRuntime", "metadata": {"name": "default"},
+            "spec": spec}
+
+
 def _job(r: random.Random) -> dict[str, Any]:
-    """A valid job with a random run policy, size, batch and checkpoint location."""
+    """A valid job with a random run policy, size and batch (its checkpoint location: ``_runtime``)."""
     replicas = r.choice((1, 2, 2, 3, 4))
     workers: dict[str, Any] = {"replicas": replicas, "procsPerWorker": 1}
     autoscaling: dict[str, Any] = {}
@@ -80,14 +90,10 @@ def _job(r: random.Random) -> dict[str, Any]:
     if r.random() < 0.2:
         run_policy["ttlSecondsAfterFinished"] = r.choice((0, 60, 3600))
     checkpoint: dict[str, Any] = {"everySteps": 100, "keepLast": 1}
-    storage = r.choice((None, None, "s3://bucket/runs", "pvc://claim/runs", "/workspace/output/ckpt"))
-    if storage is not None:
-        checkpoint["storage"] = storage
     doc: dict[str, Any] = {
         "apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob",
         "metadata": {"name": "train", "namespace": "team-a", "uid": JOB_UID, "generation": r.randint(1, 3)},
         "spec": {
-            "image": "registry.invalid/rljob-trainer:test",
             "workers": workers,
             "training": {
                 "model": "builtin:tiny", "dataset": {"name": "builtin:repeat-char", "size": 64},
@@ -210,6 +216,7 @@ def _nodes(r: random.Random) -> list[dict[str, Any]] | None:
 def scenario(r: random.Random) -> dict[str, Any]:
     """One reconcile's inputs as plain data; the spec hash of current pods is filled in by the side."""
     job = _job(r)
+    runtime = _runtime(r)
     replicas = job["spec"]["workers"]["replicas"]
     pods_by_gen: list[tuple[int, int]] = []
     gen = r.choice((0, 1, 1, 2))
@@ -224,7 +231,7 @@ def scenario(r: random.Random) -> dict[str, Any]:
     if status:
         job["status"] = status
     return {
-        "job": job, "pods": pods, "now_offset": r.choice((0, 0, 0, 5, 40, 700, 2000)),
+        "job": job, "runtime": runtime, "pods": pods, "now_offset": r.choice((0, 0, 0, 5, 40, 700, 2000)),
         "nodes": _nodes(r), "gone": [n for n in NODES if r.random() < 0.07],
         "force_delete_after": r.choice((60.0, 60.0, 0.0)),
     }
@@ -246,6 +253,11 @@ def decide(s: dict[str, Any]) -> dict[str, Any]:
 
     try:
         job = parse_job(s["job"])
+        on: dict[str, Any] = {}
+        with contextlib.suppress(ImportError):  # a side from before runtimes (issue #42) builds on none
+            from rljob_contract.runtime import parse_runtime, resolve
+
+            on["runtime"] = resolve(job, parse_runtime(s["runtime"]))
         want = spec_hash(job)
         for pod in s["pods"]:
             annotations = pod["metadata"]["annotations"]
@@ -259,7 +271,7 @@ def decide(s: dict[str, Any]) -> dict[str, Any]:
                 for p in s["pods"]]
         capacity = Capacity.from_objects(s["nodes"], s["pods"]) if s["nodes"] is not None else None
         plan = plan_reconcile(job, pods, NOW + timedelta(seconds=s["now_offset"]),
-                              force_delete_after=s["force_delete_after"], capacity=capacity)
+                              force_delete_after=s["force_delete_after"], capacity=capacity, **on)
     except Exception as e:  # an error is a decision too: both sides must raise the same
         return {"error": f"{type(e).__name__}: {e}"}
     children = None if plan.children is None else {

@@ -127,6 +127,11 @@ app.kubernetes.io/component: operator
 - apiGroups: ["rljob.dev"]
   resources: ["rltrainingjobs"]
   verbs: ["create", "patch"]
+# Runtimes of the jobs' namespaces (RLTrainingRuntime): watched, so a reconcile builds a job's pods from its
+# runtime without a request.
+- apiGroups: ["rljob.dev"]
+  resources: ["rltrainingruntimes"]
+  verbs: ["list", "watch"]
 # Worker pods: watched, created under deterministic names, deleted on gang restarts; the status
 # API reads a heartbeat's pod to check it belongs to the job.
 - apiGroups: [""]

@@ -2,7 +2,7 @@
 
 Every replica serves the status API (HTTPS) and ``/metrics``, ``/healthz``, ``/readyz``.
 The replica holding the Lease also runs the watches (``streams``: jobs, worker pods, Nodes,
-experiments, admission gates), the work queue they feed and the periodic resync. Its reconciler writes through a ``Kube`` guarded by the
+experiments, admission gates, runtimes), the work queue they feed and the periodic resync. Its reconciler writes through a ``Kube`` guarded by the
 elector: once the Lease is not fresh no reconcile starts and no write is sent. Losing the
 Lease stops the work queue first and ends the process with status 1, so its pod restarts
 as a standby; SIGTERM/SIGINT stop it cleanly and release the Lease. A Lease
@@ -45,6 +45,7 @@ from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.podwatch import PODS, PodStore
 from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconciler
+from rljob_operator.cluster.runtimes import RUNTIME_RESOURCES, RuntimeEvents, RuntimeStore
 from rljob_operator.cluster.streams import Watches
 from rljob_operator.cluster.workqueue import ExperimentKey, Key, WorkQueue
 from rljob_operator.decisions import podschema
@@ -256,13 +257,15 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     threads = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix="rljob-reconcile")
     jobs = JobCache()  # filled by the watch, read by reconciles instead of a GET of their job
     pods = PodStore.watching(s.namespaces)
+    runtimes = RuntimeStore(s.namespaces)  # filled by the runtimes' watches, read by reconciles
     gone_nodes = GoneNodes()
     profile = PodProfile.from_settings(s)
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
                             profile=profile, network=network, gates=gate_clients, job_cache=jobs,
                             capacity_max_age=s.capacity_refresh_seconds,
-                            pod_cache=pods.pods, node_gone=gone_nodes.gone if watch_nodes else None)
+                            pod_cache=pods.pods, node_gone=gone_nodes.gone if watch_nodes else None,
+                            runtimes=runtimes)
     experiments = ExperimentReconciler(kube, profile, instance=s.identity)
     work = Reconciling(reconciler, experiments, jobs, threads, elector, policies, s.workers)
     work.queue.start()
@@ -277,6 +280,8 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     for gate in gate_watches:
         watches.add(gate_resource(gate), GateEvents(gate, work.queue))
     watches.add(EXPERIMENTS, ExperimentEvents(work.queue))
+    for resource, kind in RUNTIME_RESOURCES:  # a runtime event wakes the jobs waiting for one
+        watches.add(resource, RuntimeEvents(kind, runtimes, jobs, work.queue))
     return Leading(work, watches, job_events, threads)
 
 

@@ -29,6 +29,7 @@ from rljob_contract.job import (
     ScalingStatus,
     WorkersStatus,
 )
+from rljob_contract.runtime import Resolved
 
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import EPHEMERAL, EVENT_REASON, Durability
@@ -81,11 +82,13 @@ class Children:
     endpoint: StatusEndpoint | None = None
     network: JobNetwork | None = None
     """The platform's NetworkPolicy settings; None: the operator makes no NetworkPolicy."""
+    runtime: Resolved | None = None
+    """The job on its runtime (None: on no runtime)."""
 
     @cached_property
     def configmap(self) -> dict[str, Any]:
         job = self.job.model_copy(update={"status": self.status})
-        return desired_configmap(job, self.endpoint)
+        return desired_configmap(job, self.endpoint, self.runtime)
 
     @cached_property
     def service(self) -> dict[str, Any]:
@@ -93,7 +96,7 @@ class Children:
 
     @cached_property
     def networkpolicy(self) -> dict[str, Any] | None:
-        return desired_network_policy(self.job, self.network) if self.network is not None else None
+        return desired_network_policy(self.job, self.network, self.runtime) if self.network is not None else None
 
 
 @dataclass
@@ -267,11 +270,16 @@ def job_status(
     )
 
 
+#: A job waits, Pending with this reason, for a runtime it can run on (``lifecycle.runtime_not_found``).
+RUNTIME_NOT_FOUND = "RuntimeNotFound"
+
+
 def transition_event(prev_phase: str | None, d: StatusDraft) -> list[Event]:
     """The Event of a phase change (none when the phase stays): Warning for trouble, else Normal."""
     if prev_phase == d.phase:
         return []
-    trouble = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason != "Resizing")
+    trouble = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason != "Resizing") \
+        or d.reason == RUNTIME_NOT_FOUND
     kind = "Warning" if trouble else "Normal"
     return [Event(kind, d.reason, f"{prev_phase or 'New'} → {d.phase}: {d.message}")]
 
