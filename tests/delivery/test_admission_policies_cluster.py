@@ -27,6 +27,8 @@ from tests.support.operator import create_job, deep_update
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
 POLICY = "rljob-job-references"
 QUEUES = "rljob-queues"
+RUNTIME_USE = "rljob-runtime-use"
+POLICIES = (POLICY, QUEUES, RUNTIME_USE)
 VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
@@ -91,7 +93,7 @@ def _kubectl_admin(control_plane: Any, *args: str, stdin: str | None = None) -> 
 def _delete_policy(kube: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
-    for path in (f"{BINDING_PATH}/{POLICY}", f"{VAP_PATH}/{POLICY}", f"{BINDING_PATH}/{QUEUES}", f"{VAP_PATH}/{QUEUES}"):
+    for path in [*(f"{BINDING_PATH}/{name}" for name in POLICIES), *(f"{VAP_PATH}/{name}" for name in POLICIES)]:
         try:
             kube.request("DELETE", path)
         except ApiException as e:
@@ -103,10 +105,11 @@ def _delete_policy(kube: Any) -> None:
 def policy(control_plane: Any, kube: Any, crd_installed: Any) -> Iterator[None]:
     """The kustomize base's policy and binding, applied as they ship, and in force."""
     _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))
-    # A probe user who may create jobs (dry runs) in "default", and read no Secret.
+    # A probe user who may create jobs (dry runs) in "default", on the default runtime, and read no Secret.
     probe = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
              "metadata": {"name": PROBE, "namespace": "default"},
-             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["create"]}]}
+             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["create"]},
+                       USE_DEFAULT_RUNTIME]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": PROBE, "namespace": "default"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROBE},
@@ -130,13 +133,20 @@ def policy(control_plane: Any, kube: Any, crd_installed: Any) -> Iterator[None]:
                        f"rolebinding/{PROBE}", f"role/{PROBE}")
 
 
+#: `use` of the runtime the base marks as the default, as the chart's roles grant every job creator.
+USE_DEFAULT_RUNTIME = {"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"],
+                       "resourceNames": ["default"], "verbs": ["use"]}
+
+
 @pytest.fixture
 def ordinary_user(control_plane: Any, namespace: str, service_account_kubeconfig: Any) -> Path:
-    """A kubeconfig whose only rights are on RLTrainingJobs (and their status) in ``namespace``."""
+    """A kubeconfig whose only rights are on RLTrainingJobs (and their status) in ``namespace``, on the
+    default runtime."""
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "jobs-only", "namespace": namespace},
             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingjobs/status"],
-                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}
+                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                      USE_DEFAULT_RUNTIME]}
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
     kubeconfig = service_account_kubeconfig(USER)
     _kubectl_admin(control_plane, "create", "rolebinding", "jobs-only", "--namespace", namespace,
@@ -406,7 +416,8 @@ def tenant(control_plane: Any, namespace: str, service_account_kubeconfig: Any, 
 
     kubeconfig = service_account_kubeconfig(TENANT)
     _role(control_plane, namespace, "create-jobs", [{"apiGroups": ["rljob.dev"], "verbs": ["create"],
-                                                      "resources": ["rltrainingjobs", "rlexperiments"]}], TENANT)
+                                                      "resources": ["rltrainingjobs", "rlexperiments"]},
+                                                     USE_DEFAULT_RUNTIME], TENANT)
     user = client.ApiClient(_client_configuration(kubeconfig))
     try:
         yield Kube(user)
@@ -479,11 +490,10 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
     def by_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
         return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
-    assert sorted(by_name(chart)) == [("ValidatingAdmissionPolicy", POLICY), ("ValidatingAdmissionPolicy", QUEUES),
-                                      ("ValidatingAdmissionPolicyBinding", POLICY),
-                                      ("ValidatingAdmissionPolicyBinding", QUEUES)]
+    assert sorted(by_name(chart)) == sorted((kind, name) for name in POLICIES for kind in (
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"))
     assert by_name(chart) == by_name(base)
-    assert [d["spec"]["validationActions"] for d in chart if d["kind"].endswith("Binding")] == [["Deny"]] * 2
+    assert [d["spec"]["validationActions"] for d in chart if d["kind"].endswith("Binding")] == [["Deny"]] * len(POLICIES)
     required = [d for d in helm_template("--set", "admissionPolicies.requireQueue=true")
                 if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
     assert {v["name"]: v["expression"] for v in required[0]["spec"]["variables"]}["requireQueue"] == "true"
@@ -495,3 +505,131 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
     variables = {v["name"]: v["expression"] for d in opened if d["kind"] == "ValidatingAdmissionPolicy"
                  for v in d["spec"]["variables"]}
     assert variables["openServiceAccounts"] == '["s3-reader"]'
+
+
+# ------------------------------------------------------------------ runtimes (#42)
+
+RUNNER = "carol"  # may create jobs and experiments, and use no runtime
+#: A runtime of the platform's, as its admins write one (the base's "default" under another name).
+CLUSTER_RUNTIME = {**next(d for d in yaml.safe_load_all((MANIFESTS / "base" / "runtimes.yaml").read_text())
+                          if d["metadata"]["name"] == "default"), "metadata": {"name": "test-h100"}}
+
+
+def _use(name: str, resource: str = "clusterrltrainingruntimes") -> dict[str, Any]:
+    return {"apiGroups": ["rljob.dev"], "resources": [resource], "resourceNames": [name], "verbs": ["use"]}
+
+
+@pytest.fixture
+def runner(control_plane: Any, namespace: str, service_account_kubeconfig: Any, experiment_crd: Any) -> Iterator[Any]:
+    """The operator's REST layer as a user who may create and update jobs and experiments in ``namespace``,
+    and use no runtime."""
+    from kubernetes import client
+    from rljob_operator.cluster.kube import Kube
+
+    kubeconfig = service_account_kubeconfig(RUNNER)
+    _role(control_plane, namespace, "runner", [{"apiGroups": ["rljob.dev"], "verbs": ["create", "update", "patch"],
+                                                "resources": ["rltrainingjobs", "rlexperiments"]}], RUNNER)
+    user = client.ApiClient(_client_configuration(kubeconfig))
+    try:
+        yield Kube(user)
+    finally:
+        user.close()
+
+
+@pytest.mark.cluster
+def test_a_runtime_the_creator_may_not_use_is_refused_naming_the_field_until_use_is_granted(
+        policy: None, runner: Any, control_plane: Any, namespace: str) -> None:
+    """Named or by default, in a job or an experiment's template: refused with the field and the rule to ask
+    for; admitted once a RoleBinding of the namespace grants `use` of that runtime (as PodSecurityPolicy's)."""
+    user = f"system:serviceaccount:{namespace}:{RUNNER}"
+    h100 = _quickstart("on-h100", {"runtimeRef": {"kind": "ClusterRLTrainingRuntime", "name": "h100"}})
+    team = _quickstart("on-team", {"runtimeRef": {"kind": "RLTrainingRuntime", "name": "team"}})
+    default = _quickstart("on-default")
+    cases = [
+        (h100, 'spec.runtimeRef names ClusterRLTrainingRuntime "h100", which', "clusterrltrainingruntimes", "h100"),
+        (_experiment_of(h100), 'spec.template.runtimeRef names ClusterRLTrainingRuntime "h100"',
+         "clusterrltrainingruntimes", "h100"),
+        (team, 'spec.runtimeRef names RLTrainingRuntime "team"', "rltrainingruntimes", "team"),
+        (default, 'spec.runtimeRef is not set, so the job would run on the default runtime ClusterRLTrainingRuntime '
+                  '"default"', "clusterrltrainingruntimes", "default"),
+    ]
+    for doc, named, resource, name in cases:
+        refusal = _refusal(runner, namespace, doc) or ""
+        assert RUNTIME_USE in refusal and named in refusal and user in refusal, (named, refusal)
+        assert f"Ask for use on {resource} (API group rljob.dev, resourceNames: {name}) in namespace {namespace}" \
+            in refusal, refusal
+
+    _role(control_plane, namespace, "use-some", [_use("h100"), _use("team", "rltrainingruntimes")], RUNNER)
+    wait_for(lambda: _refusal(runner, namespace, h100) is None, 30, message="use of h100 granted")
+    assert _refusal(runner, namespace, _experiment_of(h100)) is None
+    assert _refusal(runner, namespace, team) is None
+    assert "is not set" in (_refusal(runner, namespace, default) or "")  # h100 is not the default
+    _role(control_plane, namespace, "use-default", [USE_DEFAULT_RUNTIME], RUNNER)
+    wait_for(lambda: _refusal(runner, namespace, default) is None, 30, message="use of the default granted")
+
+
+@pytest.mark.cluster
+def test_changing_the_spec_of_a_job_on_a_runtime_the_user_may_not_use_is_refused(
+        policy: None, runner: Any, control_plane: Any, namespace: str, kube: Any) -> None:
+    """An admin's job runs on h100; the user, who may update jobs, may relabel it but not change its training
+    (that would run the user's settings on a runtime the user may not use), nor move it to h100 from another."""
+    from kubernetes.client.exceptions import ApiException
+
+    create_job(kube, namespace, _quickstart("admins-h100", {"runtimeRef": {"name": "h100"}}))
+    path = runner.job_path(namespace, "admins-h100")
+    runner.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}}, content_type="application/merge-patch+json")
+    with pytest.raises(ApiException) as refused:
+        runner.request("PATCH", path, {"spec": {"training": {"maxSteps": 7}}},
+                       content_type="application/merge-patch+json")
+    assert refused.value.status == 403 and 'spec.runtimeRef names ClusterRLTrainingRuntime "h100"' in refused.value.body
+    _role(control_plane, namespace, "use-default", [USE_DEFAULT_RUNTIME], RUNNER)
+    wait_for(lambda: _refusal(runner, namespace, _quickstart("probe")) is None, 30, message="use of the default")
+    create_job(kube, namespace, _quickstart("mine"))
+    with pytest.raises(ApiException) as moved:
+        runner.request("PATCH", runner.job_path(namespace, "mine"), {"spec": {"runtimeRef": {"name": "h100"}}},
+                       content_type="application/merge-patch+json")
+    assert moved.value.status == 403 and "h100" in moved.value.body
+
+
+@pytest.mark.cluster
+def test_namespace_admins_write_their_runtimes_but_nobody_of_theirs_a_cluster_runtime(
+        control_plane: Any, namespace: str, service_account_kubeconfig: Any, runtime_crds: Any) -> None:
+    """The base's user roles, aggregated into the built-in admin role: a namespace admin may write and use the
+    namespace's RLTrainingRuntimes and use the chart's runtimes, and may neither create nor edit a
+    ClusterRLTrainingRuntime; an ordinary job creator may do neither."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from rljob_operator.cluster.kube import Kube
+
+    _kubectl_admin(control_plane, "apply", "-f", str(MANIFESTS / "base" / "rbac-user-roles.yaml"))
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(CLUSTER_RUNTIME))
+    _kubectl_admin(control_plane, "create", "rolebinding", "admins", "--namespace", namespace, "--clusterrole",
+                   "admin", f"--serviceaccount={namespace}:dana")
+    admin = client.ApiClient(_client_configuration(service_account_kubeconfig("dana")))
+    kubectl = [str(control_plane.bin / "kubectl"), "--kubeconfig", str(control_plane.admin_kubeconfig)]
+    try:
+        as_admin = Kube(admin)
+
+        def may(verb: str, resource: str, name: str = "") -> bool:
+            target = f"{resource}.rljob.dev" + (f"/{name}" if name else "")
+            result = run([*kubectl, "auth", "can-i", verb, target, "--namespace", namespace,
+                          f"--as=system:serviceaccount:{namespace}:dana"], check=False)
+            return result.stdout.strip() == "yes"
+
+        # The aggregation controller folds rljob-admin and rljob-edit into admin: wait for it.
+        wait_for(lambda: may("create", "rltrainingruntimes"), 60, message="rljob-admin aggregated into admin")
+        assert may("use", "clusterrltrainingruntimes", "default") and may("use", "clusterrltrainingruntimes", "cpu")
+        assert may("use", "rltrainingruntimes", "anything-of-theirs")
+        assert not may("use", "clusterrltrainingruntimes", "test-h100")
+        runtimes = "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes"
+        for verb, path, body in (("POST", runtimes, {**CLUSTER_RUNTIME, "metadata": {"name": "mine"}}),
+                                 ("PATCH", f"{runtimes}/{CLUSTER_RUNTIME['metadata']['name']}",
+                                  {"spec": {"image": "registry.invalid/mine:latest"}})):
+            with pytest.raises(ApiException) as refused:
+                as_admin.request(verb, path, body, content_type="application/merge-patch+json"
+                                 if verb == "PATCH" else "application/json")
+            assert refused.value.status == 403, (verb, refused.value.body)
+    finally:
+        admin.close()
+        _kubectl_admin(control_plane, "delete", "--ignore-not-found", "clusterrltrainingruntime",
+                       CLUSTER_RUNTIME["metadata"]["name"])
