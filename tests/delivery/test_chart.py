@@ -642,7 +642,9 @@ def test_the_cpu_default_component_is_the_charts_runtimes_default_name_cpu(tmp_p
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": ["../cluster-wide"], "components": ["../../components/cpu-default"]}))
-    docs = [d for d in yaml.safe_load_all(run([str(bin_dir() / "kubectl"), "kustomize", str(overlay)]).stdout) if d]
+    built = run([str(bin_dir() / "kubectl"), "kustomize", str(overlay)]).stdout
+    assert go_differences(built) == []  # read by kubectl as by these tests
+    docs = [d for d in yaml.safe_load_all(built) if d]
     chart = helm_template("--set", "runtimes.defaultName=cpu")
     assert _kustomized_runtimes(docs) == _kustomized_runtimes(chart)
     assert default_runtimes(docs) == ["cpu"]
