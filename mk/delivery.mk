@@ -7,10 +7,14 @@ DELIVERY_BIN = $$(tools/build-binaries.sh --check)
 chart-crds: $(PY) ## Regenerate the chart's and kustomize's CRD copies from the API models
 	$(PY) -m rljob crd | $(PY) charts/rljob/hack/gen_crds.py
 	$(PY) -m rljob crd --kind RLExperiment | $(PY) charts/rljob/hack/gen_crds.py
+	$(PY) -m rljob crd --kind ClusterRLTrainingRuntime | $(PY) charts/rljob/hack/gen_crds.py
+	$(PY) -m rljob crd --kind RLTrainingRuntime | $(PY) charts/rljob/hack/gen_crds.py
 
 check-chart-crds: $(PY) ## Fail when the chart's or kustomize's CRD drifted from `rljob crd`
 	$(PY) -m rljob crd | $(PY) charts/rljob/hack/gen_crds.py --check
 	$(PY) -m rljob crd --kind RLExperiment | $(PY) charts/rljob/hack/gen_crds.py --check
+	$(PY) -m rljob crd --kind ClusterRLTrainingRuntime | $(PY) charts/rljob/hack/gen_crds.py --check
+	$(PY) -m rljob crd --kind RLTrainingRuntime | $(PY) charts/rljob/hack/gen_crds.py --check
 
 admission-policies: $(PY) ## Regenerate the admission policies' reference checks from contract/rljob_contract/references.py
 	$(PY) charts/rljob/hack/gen_admission.py

@@ -1,7 +1,9 @@
 """The ``rljob`` command line.
 
-* ``rljob train MANIFEST`` — run the job on this machine (CPU: gloo), same manifest as the cluster.
-* ``rljob validate MANIFEST...`` — offline validation; non-zero exit with field paths on error.
+* ``rljob train MANIFEST [--runtime RUNTIME]`` — run the job on this machine (CPU: gloo), same manifest as the
+  cluster; with a runtime, within its bounds and with its checkpoint storage.
+* ``rljob validate MANIFEST... [--runtime RUNTIME]`` — offline validation of jobs, experiments and runtimes;
+  with ``--runtime``, each job also against the runtime it would run on; non-zero exit with field paths on error.
 * ``rljob crd`` — print the RLTrainingJob CustomResourceDefinition (generated from the models).
 * ``rljob experiment EXPERIMENT`` — run an RLExperiment's trials (A/B test or search) on this machine.
 * ``rljob operator`` — run the operator (kopf watches, reconcile, status API, metrics).
@@ -27,6 +29,7 @@ from rljob_contract.pod import EXIT_PERMANENT, METRICS_PORT_ENV
 from rljob_contract.spec import DEFAULT_BEST_METRIC
 
 if TYPE_CHECKING:
+    from rljob_contract.runtime import TrainingRuntime
     from rljob_operator.settings import OperatorSettings
     from rljob_trainer.checkpoints.locations import Location
 
@@ -41,30 +44,79 @@ EXTRA_OF_MODULE = {
 }
 
 
-def _validate_file(path: str) -> list[str]:
-    """``kind/name`` of every RLTrainingJob and RLExperiment in a file; ManifestError on the first bad one."""
+def _validate_file(path: str, runtimes: list[TrainingRuntime] | None = None) -> list[str]:
+    """``kind/name`` of every RLTrainingJob, RLExperiment and runtime in a file; ManifestError on the first bad one
+    (with ``runtimes``, a job outside the bounds of the runtime it would run on is one)."""
     from rljob_contract.experiment import KIND as EXPERIMENT
     from rljob_contract.experiment import parse_experiment
+    from rljob_contract.runtime import RUNTIME_KINDS, parse_runtime
 
-    parsers: dict[str, Callable[[Any, str], Any]] = {JOB: parse_job, EXPERIMENT: parse_experiment}
+    parsers: dict[str, Callable[[Any, str], Any]] = {JOB: parse_job, EXPERIMENT: parse_experiment,
+                                                     **dict.fromkeys(RUNTIME_KINDS, parse_runtime)}
     found = []
     for document in read_documents(path):
         kind = document.get("kind") if isinstance(document, dict) else None
         if kind in parsers:
             parsed = parsers[kind](document, path)
+            if kind == JOB and runtimes is not None:
+                _check_on_runtime(parsed, runtimes, path)
             found.append(f"{kind}/{parsed.metadata.name}")
         elif kind is None:
             parse_job(document, path)  # names what is missing
     if not found:
-        raise ManifestError(path, [f"no {JOB} or {EXPERIMENT} document found"])
+        raise ManifestError(path, [f"no {JOB}, {EXPERIMENT} or runtime document found"])
     return found
 
 
+def runtime_for(job: Any, runtimes: list[TrainingRuntime], source: str) -> TrainingRuntime:
+    """The runtime among ``runtimes`` (a ``--runtime`` file's) that ``job`` runs on: the one its runtimeRef
+    names, else the default one, else the only one; ManifestError naming the job's field when none is."""
+    from rljob_contract.runtime import RuntimeKind, default_runtime
+
+    ref = job.spec.runtime_ref
+    if ref is not None:
+        match = [r for r in runtimes if r.kind == ref.kind and r.metadata.name == ref.name]
+        if not match:
+            given = ", ".join(r.ref for r in runtimes)
+            raise ManifestError(source, [f"spec.runtimeRef: names {ref.kind}/{ref.name}, which --runtime does not "
+                                         f"hold (it holds {given})"])
+        return match[0]
+    chosen = (default_runtime(runtimes, RuntimeKind.namespaced) or default_runtime(runtimes, RuntimeKind.cluster)
+              or (runtimes[0] if len(runtimes) == 1 else None))
+    if chosen is None:
+        raise ManifestError(source, ["spec.runtimeRef: unset, and --runtime holds several runtimes, none marked "
+                                     "default: name one in spec.runtimeRef"])
+    return chosen
+
+
+def _check_on_runtime(job: Any, runtimes: list[TrainingRuntime], source: str) -> None:
+    from rljob_contract.runtime import problems
+
+    runtime = runtime_for(job, runtimes, source)
+    found = problems(job, runtime)
+    if found:
+        raise ManifestError(source, [f"{JOB}/{job.metadata.name} on {runtime.ref}: {p}" for p in found])
+
+
+def _load_runtime_file(path: str | None) -> list[TrainingRuntime] | None:
+    """The runtimes of ``--runtime`` (None: not given); ManifestError naming the file when it holds none."""
+    if path is None:
+        return None
+    from rljob_contract.runtime import load_runtimes
+
+    return load_runtimes(path)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        runtimes = _load_runtime_file(args.runtime)
+    except ManifestError as e:
+        print(str(e), file=sys.stderr)
+        return 1
     failed = False
     for path in args.manifests:
         try:
-            found = _validate_file(path)
+            found = _validate_file(path, runtimes)
         except ManifestError as e:
             failed = True
             print(str(e), file=sys.stderr)
@@ -79,13 +131,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         job = load_job(args.manifest)
+        runtimes = _load_runtime_file(args.runtime)
+        cfg_of = _trainer_config_on(job, runtimes, args.manifest)
     except ManifestError as e:
         report_fatal(str(e))
         return EXIT_PERMANENT
     from rljob_trainer.launch import NodeSettings, launch
 
     output = args.output or os.path.join("runs", job.metadata.name)
-    cfg = job.trainer_config(output_dir=output)
+    cfg = cfg_of(output)
     nproc = args.nproc or job.world_size
     if nproc != job.world_size:
         print(
@@ -109,6 +163,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     return code
 
 
+def _trainer_config_on(job: Any, runtimes: list[TrainingRuntime] | None, source: str) -> Callable[[str], Any]:
+    """output folder → the trainer config of ``job``: on no runtime (checkpoints in the output folder), or on the
+    runtime of ``runtimes`` it runs on (its checkpoint storage; ManifestError when the job is outside its bounds)."""
+    if runtimes is None:
+        return lambda output: job.trainer_config(output)
+    from rljob_contract.runtime import problems, resolve
+
+    runtime = runtime_for(job, runtimes, source)
+    found = problems(job, runtime)
+    if found:
+        raise ManifestError(source, [f"on {runtime.ref}: {p}" for p in found])
+    resolved = resolve(job, runtime)
+    sources = list(resolved.sources) if resolved.sources is not None else None
+    return lambda output: job.trainer_config(output, resolved.checkpoint, sources)
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
     """Run an RLExperiment's trials on this machine (``rljob.experiment``)."""
     from rljob_contract.experiment import load_experiment
@@ -128,9 +198,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from rljob_operator.crd import crd_yaml, experiment_crd_yaml
+    from rljob_operator.crd import CRD_YAML
 
-    text = experiment_crd_yaml() if args.kind == "RLExperiment" else crd_yaml()
+    text = CRD_YAML[args.kind]()
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -413,16 +483,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_flag(p, "output folder (default: runs/<job name>)")
     p.add_argument("--nproc", type=int, help="processes to start (default: replicas × procsPerWorker)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0: any free port)")
+    p.add_argument("--runtime", help="a ClusterRLTrainingRuntime/RLTrainingRuntime file: train within its bounds, "
+                   "checkpoints to its storage (default: no runtime, checkpoints in the output folder)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("validate", help="validate manifests offline (a GitOps pre-commit hook)")
+    p = sub.add_parser("validate", help="validate jobs, experiments and runtimes offline (a GitOps pre-commit hook)")
     p.add_argument("manifests", nargs="+")
+    p.add_argument("--runtime", help="a file of runtimes: also check each job against the one it would run on "
+                   "(its spec.runtimeRef, else the default, else the only one)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("crd", help="print the RLTrainingJob CRD (generated from the API models)")
     add_output_flag(p, "write to this file instead of stdout")
-    p.add_argument("--kind", choices=["RLTrainingJob", "RLExperiment"], default="RLTrainingJob",
-                   help="which CRD (default RLTrainingJob)")
+    p.add_argument("--kind", choices=["RLTrainingJob", "RLExperiment", "ClusterRLTrainingRuntime", "RLTrainingRuntime"],
+                   default="RLTrainingJob", help="which CRD (default RLTrainingJob)")
     p.set_defaults(func=cmd_crd)
 
     add_operator_parser(sub)

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.alias_generators import to_snake
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rljob_contract.job import (
@@ -30,7 +31,7 @@ from rljob_contract.job import (
     read_documents,
 )
 from rljob_contract.pod import format_validation_error, validate_document
-from rljob_contract.references import override_roots, scheme_overrides
+from rljob_contract.references import FIXED_FIELDS, references
 from rljob_contract.rules import Rule, enforce
 from rljob_contract.spec import EVAL_PREFIX, Model, TrainingSpec, check_eval_metric
 
@@ -137,19 +138,20 @@ def _spec_problems(document: dict[str, Any], *loc: str | int) -> list[InitErrorD
 _ABSENT = object()
 
 
-def reference_overrides(overrides: dict[str, Any]) -> list[str]:
-    """The fields of an arm's ``overrides`` that would name a Secret, ConfigMap, ServiceAccount or claim.
+def reference_overrides(overrides: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, why) of each thing an arm's ``overrides`` may not set: the runtime (in either spelling), and any
+    field that names a ConfigMap, Secret, … (``rljob_contract.references``).
 
-    Arms may not: references are checked against the experiment's creator in ``spec.template``
-    (the admission policy; ``rljob_contract.references`` lists them), and trials are created by the operator.
+    An experiment compares training settings on one pod shape, so the runtime is the template's; references are
+    checked against the experiment's creator in ``spec.template`` (the admission policy), and trials are created by
+    the operator.
     """
-    def at(path: str) -> Any:
-        section, field = path.split(".")
-        part = overrides.get(section)
-        return part.get(field, _ABSENT) if isinstance(part, dict) else _ABSENT
-
-    found = [path for path in override_roots() if at(path) is not _ABSENT]
-    found += [path for path, scheme in scheme_overrides() if str(at(path)).startswith(scheme)]
+    found = [(key, "the runtime is the template's: an experiment compares training settings on one pod shape; "
+                   "set spec.template.runtimeRef")
+             for field in FIXED_FIELDS for key in dict.fromkeys((field, to_snake(field))) if key in overrides]
+    found += [(ref.field, f"it names {ref.kind} {ref.name!r}, checked against the experiment's creator in "
+                          "spec.template only: set it there")
+              for ref in references(overrides, prefix="")]
     return found
 
 
@@ -468,9 +470,8 @@ class RLExperimentSpec(Model):
             if arm.name in seen:
                 problems.append(_problem(f"arm {arm.name!r} is given twice", arm.name, i, "name"))
             seen.add(arm.name)
-            problems += [_problem(f"an arm may not set {path} (it can name a Secret, ConfigMap, ServiceAccount or claim, "
-                                  "checked against the experiment's creator in spec.template): set it there", arm.overrides, i, "overrides", path)
-                         for path in reference_overrides(arm.overrides)]
+            problems += [_problem(f"an arm may not set {path}: {why}", arm.overrides, i, "overrides", path)
+                         for path, why in reference_overrides(arm.overrides)]
             problems += _spec_problems(deep_merge(base, arm.overrides), i, "overrides")
         if problems:
             raise ValidationError.from_exception_data("arms", problems)

@@ -1,9 +1,11 @@
 """The RLTrainingJob API (``rljob.dev/v1alpha1``): pydantic models, the single source of truth.
 
 The CRD in ``crds/`` and in the Helm chart is generated from these models (``rljob crd``,
-``rljob_operator.crd``). ``spec.training`` and ``spec.checkpoint`` are the trainer's schema
-(``rljob_contract.spec``); this module embeds them beside the cluster fields
-(``image``, ``workers``, ``runPolicy``) and the status the operator writes.
+``rljob_operator.crd``). ``spec.training`` is the trainer's schema (``rljob_contract.spec``); this module
+embeds it beside what else is the researcher's (the workers' sizes, checkpoint cadence, ``runPolicy``)
+and the status the operator writes. Everything that shapes the pod or touches the platform is the
+runtime's (``rljob_contract.runtime``), named by ``spec.runtimeRef``: a job that still sets such a field
+is refused, naming where it went (:data:`MOVED_TO_RUNTIME`).
 
 Every cross-field rule is one :class:`rljob_contract.rules.Rule` (``SPEC_RULES``, ``WORKER_RULES``
 here, the trainer schema's beside its models): the validators and the CRD's CEL both come from it,
@@ -13,12 +15,16 @@ so the API server rejects the same manifests ``rljob validate`` does.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_snake
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from rljob_trainer.algorithms import ALGORITHMS
 
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
@@ -27,6 +33,8 @@ from rljob_contract.spec import (
     BUILTIN_MODEL_PREFIX,
     BUILTIN_MODELS,
     EVAL_PREFIX,
+    K8S_NAME_PATTERN,
+    CheckpointCadence,
     CheckpointSpec,
     GenerationBatchError,
     Model,
@@ -53,6 +61,8 @@ MAX_CURVE_POINTS = 100
 CATEGORIES = ["all", "rljob"]
 DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+#: A worker's grace period when neither the job nor its runtime says.
+DEFAULT_GRACE_SECONDS = 120
 #: Longest job name: ``<name>-worker-1023`` must stay a DNS label (63 characters).
 MAX_NAME_LENGTH = 50
 
@@ -79,31 +89,141 @@ ROOT_RULES = [Rule(
 )]
 
 
-class ImagePullPolicy(StrEnum):
-    always = "Always"
-    if_not_present = "IfNotPresent"
-    never = "Never"
+# ----------------------------------------------------------------------- the runtime side
+
+CLUSTER_RUNTIME_KIND = "ClusterRLTrainingRuntime"
+NAMESPACED_RUNTIME_KIND = "RLTrainingRuntime"
+
+
+class RuntimeKind(StrEnum):
+    cluster = CLUSTER_RUNTIME_KIND
+    namespaced = NAMESPACED_RUNTIME_KIND
+
+
+class RuntimeRef(Model):
+    """The runtime a job runs on (``rljob_contract.runtime``): the platform's image, pod shape and bounds."""
+
+    kind: RuntimeKind = Field(
+        RuntimeKind.cluster,
+        description="ClusterRLTrainingRuntime (cluster-scoped, the default) or RLTrainingRuntime (in the job's "
+                    "namespace).")
+    name: str = Field(..., min_length=1, max_length=253, pattern=K8S_NAME_PATTERN, description="The runtime's name.")
+
+
+#: Every field that moved from the job to its runtime: job path → the runtime's field. The one table: the
+#: models refuse each (in either spelling, :func:`moved_refusals`), and the CRD keeps each declared only as a
+#: tombstone whose CEL rule says the same (``rljob_operator.crd``), so the API server does not prune it silently.
+MOVED_TO_RUNTIME: dict[str, str] = {
+    "spec.image": "spec.image",
+    "spec.imagePullPolicy": "spec.imagePullPolicy",
+    "spec.workers.gpuResource": "spec.gpuResource",
+    "spec.workers.nodeSelector": "spec.podTemplate.spec.nodeSelector",
+    "spec.workers.tolerations": "spec.podTemplate.spec.tolerations",
+    "spec.workers.affinity": "spec.podTemplate.spec.affinity",
+    "spec.workers.priorityClassName": "spec.podTemplate.spec.priorityClassName",
+    "spec.workers.serviceAccountName": "spec.podTemplate.spec.serviceAccountName",
+    "spec.workers.volumes": "spec.podTemplate.spec.volumes",
+    "spec.workers.volumeMounts": "spec.podTemplate.spec.containers[name=trainer].volumeMounts",
+    "spec.workers.podTemplate": "spec.podTemplate",
+    "spec.workers.env[].valueFrom": "spec.podTemplate.spec.containers[name=trainer].env[].valueFrom",
+    "spec.checkpoint.storage": "spec.checkpoint.storage",
+    "spec.checkpoint.endpointUrl": "spec.checkpoint.endpointUrl",
+    "spec.checkpoint.region": "spec.checkpoint.region",
+    "spec.checkpoint.credentialsSecret": "spec.checkpoint.credentialsSecret",
+    "spec.checkpoint.mirrors": "spec.checkpoint.mirrors",
+}
+
+
+def moved_message(job_path: str) -> str:
+    """Why ``job_path`` is refused: the runtime field to use instead."""
+    return (f"moved to the runtime: set {MOVED_TO_RUNTIME[job_path]} of the {CLUSTER_RUNTIME_KIND} or "
+            f"{NAMESPACED_RUNTIME_KIND} the job runs on (spec.runtimeRef, else the default runtime); a job "
+            "sets only what is the researcher's")
+
+
+def moved_fields(data: Any, at: str) -> list[tuple[tuple[str | int, ...], str]]:
+    """Every moved field ``data`` (the object at ``at``, such as ``spec``) holds, in either spelling, however
+    deep: (its location under ``data``, its job path)."""
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for path in MOVED_TO_RUNTIME:
+        if path.startswith(at + "."):
+            found += [(loc, path) for loc in _locations(data, path[len(at) + 1:].split("."))]
+    return found
+
+
+def _locations(value: Any, parts: list[str]) -> list[tuple[str | int, ...]]:
+    """Where ``parts`` (camelCase, ``[]`` for each item of a list) are present in ``value``, by either spelling."""
+    if not isinstance(value, dict):
+        return []
+    name = parts[0].removesuffix("[]")
+    out: list[tuple[str | int, ...]] = []
+    for key in dict.fromkeys((name, to_snake(name))):
+        if key not in value:
+            continue
+        if len(parts) == 1:
+            out.append((key,))
+        elif parts[0].endswith("[]"):
+            items = value[key] if isinstance(value[key], list) else []
+            out += [(key, i, *rest) for i, item in enumerate(items) for rest in _locations(item, parts[1:])]
+        else:
+            out += [(key, *rest) for rest in _locations(value[key], parts[1:])]
+    return out
+
+
+def moved_refusals(at: str) -> Any:
+    """A ``mode="before"`` model validator refusing every moved field under the object at ``at``, each at its
+    own location (all of them at once: a manifest written for the old API is told every move in one go)."""
+
+    def refuse(cls: Any, data: Any) -> Any:
+        problems = [InitErrorDetails(type=PydanticCustomError("moved_to_runtime", "{message}",
+                                                              {"message": moved_message(path)}),
+                                     loc=loc, input=None)
+                    for loc, path in moved_fields(data, at)]
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        return data
+
+    return model_validator(mode="before")(classmethod(refuse))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ workers
+
+#: The resources a job may size its workers by (GPUs come from gpusPerWorker; anything else is the runtime's).
+WORKER_RESOURCES = ("cpu", "memory")
 
 
 class ResourceRequirements(Model):
-    """CPU, memory and other resources of each worker pod (GPUs come from gpusPerWorker)."""
+    """CPU and memory of each worker pod, within the runtime's limits (GPUs come from gpusPerWorker)."""
 
     requests: dict[str, int | str] = Field(
-        default_factory=dict, description="Minimum resources, for example cpu: 8, memory: 64Gi."
-    )
+        default_factory=dict, description="Minimum resources: cpu (8, 500m) and memory (64Gi). Default: the "
+                                          "runtime's limits.cpuPerWorker/memoryPerWorker default.")
     limits: dict[str, int | str] = Field(
-        default_factory=dict, description="Maximum resources; GPU limits are set from gpusPerWorker."
-    )
+        default_factory=dict, description="Maximum resources: cpu and memory.")
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _cpu_and_memory(cls, v: dict[str, int | str]) -> dict[str, int | str]:
+        from rljob_contract.runtime import parse_quantity
+
+        for key, value in v.items():
+            if key not in WORKER_RESOURCES:
+                raise ValueError(f"@{key}: a job sizes its workers by cpu and memory only; GPUs come from "
+                                 "spec.workers.gpusPerWorker, any other resource from the runtime's spec.podTemplate")
+            try:
+                parse_quantity(value)
+            except ValueError as e:
+                raise ValueError(f"@{key}: {e}") from None
+        return v
 
 
 class EnvVar(Model):
-    """An environment variable of the trainer container."""
+    """A plain environment variable of the trainer container (one from a Secret or ConfigMap is the runtime's)."""
 
     name: str = Field(..., min_length=1, description="Variable name.")
-    value: str | None = Field(None, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(
-        None, description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...)."
-    )
+    value: str = Field("", description="Literal value.")
+
+    _moved = moved_refusals("spec.workers.env[]")
 
 
 class WorkerPodsSpec(WorkersSpec):
@@ -117,56 +237,29 @@ class WorkerPodsSpec(WorkersSpec):
     max_replicas: int | None = Field(
         None, ge=1, le=1024, description="Most workers the job may run with (see minReplicas)."
     )
-    termination_grace_period_seconds: int = Field(
-        120, ge=10, le=3600,
+    termination_grace_period_seconds: int | None = Field(
+        None, ge=10, le=3600,
         description="How long a stopping worker has to save a checkpoint (the trainer saves one on SIGTERM, "
-        "then exits): a resize, a suspend or a gang restart stops workers this way.",
+        "then exits): a resize, a suspend or a gang restart stops workers this way. Default: the runtime's "
+        f"limits.terminationGracePeriodSeconds.default, else {DEFAULT_GRACE_SECONDS}; at most its max.",
     )
     gpus_per_worker: int | None = Field(
         None,
         ge=0,
         le=64,
-        description="GPUs requested (and limited) per worker pod. Default: procsPerWorker. 0 runs on CPU.",
-    )
-    gpu_resource: str = Field(
-        DEFAULT_GPU_RESOURCE,
-        min_length=1,
-        description="Extended resource name of a GPU (nvidia.com/gpu, amd.com/gpu); pods tolerate its taint.",
+        description="GPUs requested (and limited) per worker pod. Default: the runtime's "
+        "limits.gpusPerWorker.default, else procsPerWorker (0 on a runtime whose max is 0). 0 runs on CPU.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
-        description="CPU, memory and other resources of each worker pod.",
+        description="CPU and memory of each worker pod, within the runtime's limits.",
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require.")
-    tolerations: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="Extra tolerations (Kubernetes Toleration); the GPU taint is tolerated already.",
-    )
-    affinity: dict[str, Any] | None = Field(None, description="Kubernetes Affinity of the worker pods.")
-    priority_class_name: str | None = Field(None, description="PriorityClass of the worker pods.")
-    service_account_name: str | None = Field(
-        None, description="Service account of the worker pods (for example one with S3 access through IRSA)."
-    )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment of the trainer container.")
-    volumes: list[dict[str, Any]] = Field(
-        default_factory=list, description="Extra pod volumes (Kubernetes Volume)."
-    )
-    volume_mounts: list[dict[str, Any]] = Field(
-        default_factory=list, description="Extra mounts of the trainer container (Kubernetes VolumeMount)."
-    )
-    pod_template: dict[str, Any] | None = Field(
-        None,
-        description=(
-            "Escape hatch: a partial Pod ({metadata: {labels, annotations}, spec: {...}}) merged over the "
-            "built pod. Maps merge key by key, containers and volumes merge by name, other lists replace. "
-            "The operator's names, labels, restartPolicy, rendezvous env and command always win."
-        ),
-    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64,
+        description="Extra plain environment of the trainer container, when the runtime's jobEnv allows it; the "
+                    "operator's RLJOB_* variables and the runtime's own always win.")
 
-    @property
-    def gpus(self) -> int:
-        """GPUs per worker pod."""
-        return self.procs_per_worker if self.gpus_per_worker is None else self.gpus_per_worker
+    _moved = moved_refusals("spec.workers")
 
     @property
     def elastic(self) -> bool:
@@ -183,13 +276,17 @@ class WorkerPodsSpec(WorkersSpec):
         return min(max(replicas, low), high)
 
     @model_validator(mode="after")
-    def _bounds_and_gpus(self) -> WorkerPodsSpec:
+    def _bounds(self) -> WorkerPodsSpec:
         enforce(self, WORKER_RULES)
         return self
 
 
-def _gpu_section(workers: WorkerPodsSpec) -> str:
-    return next(s for s in ("requests", "limits") if workers.gpu_resource in getattr(workers.resources, s))
+_RESOURCE_KEYS = f"{list(WORKER_RESOURCES)}".replace('"', "'")
+
+
+def _section_holds(section: str, test: Callable[[dict[str, int | str]], bool]) -> Callable[[Any], bool]:
+    """A rule's ``holds`` over ``resources.<section>``."""
+    return lambda resources: test(getattr(resources, section))
 
 
 WORKER_RULES = [
@@ -198,14 +295,56 @@ WORKER_RULES = [
          "spec.workers.maxReplicas must be ≥ minReplicas", ".maxReplicas",
          holds=lambda w: w.min_replicas is None or w.max_replicas is None or w.min_replicas <= w.max_replicas,
          refusal=lambda w: f"@maxReplicas: must be ≥ minReplicas ({w.max_replicas} < {w.min_replicas})"),
-    Rule("spec.workers.resources: no GPU resource", "spec.workers",
-         "!has(self.resources) || ("
-         "(!has(self.resources.requests) || !(self.gpuResource in self.resources.requests)) && "
-         "(!has(self.resources.limits) || !(self.gpuResource in self.resources.limits)))",
-         "spec.workers.resources must not set the GPU resource; use spec.workers.gpusPerWorker", ".resources",
-         holds=lambda w: all(w.gpu_resource not in getattr(w.resources, s) for s in ("requests", "limits")),
-         refusal=lambda w: f"@resources.{_gpu_section(w)}: do not set {w.gpu_resource} here; use gpusPerWorker"),
+    *(Rule(f"spec.workers.resources.{section}: cpu and memory only", "spec.workers.resources",
+           f"!has(self.{section}) || self.{section}.all(k, k in {_RESOURCE_KEYS})",
+           f"spec.workers.resources.{section}: a job sizes its workers by cpu and memory only; GPUs come from "
+           "spec.workers.gpusPerWorker, any other resource from the runtime's spec.podTemplate", f".{section}",
+           holds=_section_holds(section, lambda values: set(values) <= set(WORKER_RESOURCES)),
+           enforced_by="ResourceRequirements._cpu_and_memory")
+      for section in ("requests", "limits")),
+    *(Rule(f"spec.workers.resources.{section}: quantities", "spec.workers.resources",
+           f"!has(self.{section}) || self.{section}.all(k, isQuantity(string(self.{section}[k])))",
+           f"spec.workers.resources.{section}: each value must be a quantity (for example 4, 500m, 16Gi)",
+           f".{section}", holds=_section_holds(section, lambda values: _quantities(values)),
+           enforced_by="ResourceRequirements._cpu_and_memory")
+      for section in ("requests", "limits")),
 ]
+
+
+def _quantities(values: dict[str, int | str]) -> bool:
+    from rljob_contract.runtime import parse_quantity
+
+    try:
+        for value in values.values():
+            parse_quantity(value)
+    except ValueError:
+        return False
+    return True
+
+
+#: spec.checkpoint.subPath: relative, no segment starting with a dot (so no ``..``), no empty segment.
+SUB_PATH_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
+
+
+class JobCheckpointSpec(CheckpointCadence):
+    """How often checkpoints are written and how many are kept; where they go is the runtime's
+    (``<its storage>/<namespace>/<job>[/<subPath>]``)."""
+
+    sub_path: str | None = Field(
+        None, min_length=1, max_length=253, json_schema_extra={"pattern": SUB_PATH_PATTERN},
+        description="A folder under the job's own path on the runtime's checkpoint storage "
+                    "(<storage>/<namespace>/<job>/<subPath>), for example run2 or ablations/lr-3e-4: letters, digits, "
+                    "'.', '_', '-' and '/', no segment starting with '.'.")
+
+    _moved = moved_refusals("spec.checkpoint")
+
+    @field_validator("sub_path")
+    @classmethod
+    def _relative_folder(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(SUB_PATH_PATTERN, v):
+            raise ValueError(f"{v!r} is not a relative folder (letters, digits, '.', '_', '-' and '/', no segment "
+                             "starting with '.', no leading or trailing '/')")
+        return v
 
 
 class RestartPolicy(StrEnum):
@@ -297,19 +436,22 @@ class AutoscalingSpec(Model):
 
 
 class RLTrainingJobSpec(Model):
-    """Desired state of an RL post-training run."""
+    """Desired state of an RL post-training run: what is the researcher's (the rest is the runtime's)."""
 
-    image: str = Field(DEFAULT_IMAGE, min_length=1, description="Trainer container image.")
-    image_pull_policy: ImagePullPolicy | None = Field(
-        None, description="Always, IfNotPresent or Never (default: Kubernetes' rule for the tag)."
-    )
+    runtime_ref: RuntimeRef | None = Field(
+        None, description="The ClusterRLTrainingRuntime or RLTrainingRuntime the job runs on: its image, pod "
+                          "shape, bounds and checkpoint storage. Absent: the default runtime (the namespace's "
+                          "default RLTrainingRuntime, else the default ClusterRLTrainingRuntime).")
     workers: WorkerPodsSpec = Field(default_factory=WorkerPodsSpec, description="Worker pods and processes.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="The training run.")
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    checkpoint: JobCheckpointSpec = Field(
+        default_factory=JobCheckpointSpec, description="Checkpoint cadence and retention (storage: the runtime's).")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspension, deadline and clean-up.")
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Elastic worker count (with workers.minReplicas/maxReplicas)."
     )
+
+    _moved = moved_refusals("spec")
 
     @model_validator(mode="after")
     def _generation_batch_fits(self) -> RLTrainingJobSpec:
@@ -640,8 +782,14 @@ class RLTrainingJob(Model):
             reference = status.scaling.reference_replicas if status and status.scaling else self.replicas
         return training.batch_size * training.gradient_accumulation_steps * reference * self.spec.workers.procs_per_worker
 
-    def trainer_config(self, output_dir: str) -> TrainerConfig:
-        """The trainer's view of this job (what the ConfigMap holds)."""
+    def trainer_config(self, output_dir: str, checkpoint: CheckpointSpec | None = None,
+                       sources: list[str] | None = None) -> TrainerConfig:
+        """The trainer's view of this job (what the ConfigMap holds).
+
+        ``checkpoint``: the job's cadence with the storage its runtime resolved (``runtime.resolve``); None: no
+        runtime, the cadence alone (checkpoints in ``<output_dir>/checkpoints``). ``sources``: the runtime's
+        ``sources.allowed`` (None: no runtime).
+        """
         batch, accumulation, _ = self.batch_shape()
         training = self.spec.training
         if (batch, accumulation) != (training.batch_size, training.gradient_accumulation_steps):
@@ -650,10 +798,15 @@ class RLTrainingJob(Model):
             job_name=self.metadata.name,
             namespace=self.metadata.namespace,
             training=training,
-            checkpoint=self.spec.checkpoint,
+            checkpoint=checkpoint if checkpoint is not None else self.cadence(),
             world_size=self.world_size,
             output_dir=output_dir,
+            sources=sources,
         )
+
+    def cadence(self) -> CheckpointSpec:
+        """The trainer's checkpoint settings from the job alone: its cadence and retention, no storage."""
+        return CheckpointSpec(**{name: getattr(self.spec.checkpoint, name) for name in CheckpointCadence.model_fields})
 
 
 class ManifestError(Exception):

@@ -33,6 +33,8 @@ from pydantic.alias_generators import to_camel
 from rljob_contract.spec import TrainerConfig
 
 # ------------------------------------------------------------------------ environment
+#: What every variable of this contract starts with: a job's own env never sets one (``runtime.resolve``).
+ENV_PREFIX = "RLJOB_"
 # Set by the operator on every worker container (``rljob_operator.decisions.children.worker_env``).
 
 #: Worker pods in the gang (torchrun ``--nnodes``).
@@ -132,6 +134,13 @@ def mirror_env_prefix(index: int) -> str:
 CONFIG_DIR = "/etc/rljob"
 CONFIG_KEY = "trainer.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+#: Where the operator mounts the reward modules of ``spec.training.rewards[].source.configMap`` (one projected
+#: volume, read-only: each module at its ``package/module.py`` path). Beside, not under, CONFIG_DIR: a mount
+#: inside another volume's read-only mount needs a mount point the container runtime cannot create there.
+REWARDS_DIR = "/etc/rljob-rewards"
+#: Set by the launcher for its ranks: the folders (``os.pathsep``-joined) holding reward modules of
+#: ``source`` fields (REWARDS_DIR, and the folder the ``uri`` sources were fetched into); put first on sys.path.
+REWARD_PATH_ENV = "RLJOB_REWARD_PATH"
 #: The in-pod entrypoint (``rljob_trainer.launch.main``).
 TRAINER_MODULE = "rljob_trainer.launch"
 TRAINER_COMMAND = ("python", "-m", TRAINER_MODULE, "--config", CONFIG_PATH)

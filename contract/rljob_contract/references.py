@@ -1,19 +1,22 @@
-"""The one table of references: which fields of a job name a Secret, ConfigMap, ServiceAccount, claim, ….
+"""The one table of references: which fields name a Secret, ConfigMap, ServiceAccount, claim, ….
 
-A job grants nothing beyond its creator's rights, so every field through which it names another
-object of the namespace is listed here, once. From this table come:
+Nothing a job or a namespaced runtime names may grant more than its writer's rights, so every field
+through which one names another object of the namespace is listed here, once: a job's (the reward
+modules' ConfigMaps, :data:`JOB_REFERENCES`) and a runtime's (its pod template, pull Secrets and
+checkpoint storage, :data:`RUNTIME_REFERENCES`: a namespace's admins write RLTrainingRuntimes). From it come:
 
 * the admission policies' CEL (``charts/rljob/hack/gen_admission.py`` writes the reference
   variables of ``charts/rljob/templates/admission-policies.yaml`` and of
   ``manifests/base/admission-policies.yaml``; a test fails on drift);
-* the operator's own checks (``decisions.policy``: Secrets under ``allowSecretReferences``,
-  ServiceAccounts under ``allowedServiceAccounts``) and the fields an experiment's arm may not
-  override (``rljob_contract.experiment``);
+* the operator's own checks of the runtime it builds pods from (``decisions.policy``: Secrets under
+  ``allowSecretReferences``, ServiceAccounts under ``allowedServiceAccounts``) and what an experiment's
+  arm may not override (``rljob_contract.experiment``: no reference, and not the runtime);
 * ``tests/contract/test_references.py`` walks the PodSpec of the API server's OpenAPI document and fails when
   Kubernetes has a reference field this table lacks.
 
-Paths are camelCase, as the API (and :func:`rljob_contract.pod.validate_document`) spells them;
-``[]`` marks a list, whose items are labelled by their ``name`` (``location`` for mirrors).
+Paths are camelCase, as the API (and :func:`rljob_contract.pod.validate_document`) spells them, relative
+to the object's ``spec``; ``[]`` marks a list, whose items are labelled by their ``name`` (``location`` for
+mirrors).
 """
 
 from __future__ import annotations
@@ -90,39 +93,27 @@ def _pod_references() -> tuple[Reference, ...]:
 
 #: PodSpec's reference fields.
 POD_REFERENCES = _pod_references()
-#: Where the job spec holds pod fields itself: (PodSpec path prefix, job spec path prefix).
-_JOB_POD_FIELDS = (("serviceAccountName", "workers.serviceAccountName"), ("volumes[]", "workers.volumes[]"),
-                   ("containers[].env[]", "workers.env[]"), ("", "workers.podTemplate.spec."))
+#: Every reference field of an RLTrainingJob's spec (an RLExperiment's spec.template): its custom rewards' modules.
+JOB_REFERENCES = (Reference("training.rewards[].source.configMap.name", CONFIG_MAP),)
 
 
-def _job_references() -> tuple[Reference, ...]:
-    refs = [Reference("checkpoint.credentialsSecret", SECRET),
+def _runtime_references() -> tuple[Reference, ...]:
+    refs = [Reference("imagePullSecrets[].name", SECRET),
+            Reference("checkpoint.credentialsSecret", SECRET),
             Reference("checkpoint.mirrors[].credentialsSecret", SECRET)]
     for backend in backends():  # a location naming an object of the namespace (pvc://claim/prefix)
         if backend.reference_kind:
             refs += [Reference("checkpoint.storage", backend.reference_kind, backend.prefix),
                      Reference("checkpoint.mirrors[].location", backend.reference_kind, backend.prefix)]
-    for pod_prefix, job_prefix in _JOB_POD_FIELDS:
-        refs += [Reference(job_prefix + r.path.removeprefix(pod_prefix), r.kind) for r in POD_REFERENCES
-                 if r.path.startswith(pod_prefix) and (pod_prefix == "" or r.path[len(pod_prefix):][:1] in ("", "."))]
+    refs += [Reference("podTemplate.spec." + r.path, r.kind) for r in POD_REFERENCES]
     return tuple(refs)
 
 
-#: Every reference field of an RLTrainingJob's spec (an RLExperiment's spec.template).
-JOB_REFERENCES = _job_references()
-
-
-def override_roots() -> tuple[str, ...]:
-    """The job fields (``section.field``) an experiment's arm may not override: they hold references,
-    which are checked against the experiment's creator in its template only. A field that names an object
-    only through a scheme (``checkpoint.storage``) may be overridden with any other location."""
-    roots = {".".join(r.path.replace("[]", "").split(".")[:2]) for r in JOB_REFERENCES if not r.scheme}
-    return tuple(sorted(roots))
-
-
-def scheme_overrides() -> tuple[tuple[str, str], ...]:
-    """(``section.field``, scheme) an arm may override only with a value not starting with the scheme."""
-    return tuple(sorted({(r.path, r.scheme) for r in JOB_REFERENCES if r.scheme and "[]" not in r.path}))
+#: Every reference field of a runtime's spec. An RLTrainingRuntime's are checked against its writer at admission;
+#: a ClusterRLTrainingRuntime's name objects of each job's namespace, and are the platform's own.
+RUNTIME_REFERENCES = _runtime_references()
+#: Job fields an experiment's arm may not override at all: the pod shape an experiment compares training on.
+FIXED_FIELDS = ("runtimeRef",)
 
 
 # ------------------------------------------------------------------------- finding them
@@ -137,10 +128,12 @@ class Found:
     name: str
 
 
-def references(spec: dict[str, Any], prefix: str = "spec.") -> list[Found]:
-    """Every reference in a job spec ``spec`` (camelCase, as the API holds it), in table order."""
+def references(spec: dict[str, Any], prefix: str = "spec.",
+               table: tuple[Reference, ...] = JOB_REFERENCES) -> list[Found]:
+    """Every reference of ``table`` in ``spec`` (camelCase, as the API holds it: a job's spec by default, a
+    runtime's with :data:`RUNTIME_REFERENCES`), in table order."""
     out: list[Found] = []
-    for ref in JOB_REFERENCES:
+    for ref in table:
         for field, value in _walk(spec, ref.path.split("."), prefix.rstrip(".")):
             name = _object_name(value, ref.scheme)
             if name is not None:

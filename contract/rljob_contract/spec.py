@@ -101,6 +101,64 @@ def dataset_rules(at: str) -> list[Rule]:
     )]
 
 
+#: A Kubernetes object name (DNS-1123 subdomain), as a pattern the CRD carries too.
+K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: Largest reward module fetched from a ``uri`` source (a module, not a model: one mebibyte).
+MAX_REWARD_MODULE_BYTES = 1 << 20
+
+
+class ConfigMapReward(Model):
+    """A reward module held in a ConfigMap of the job's namespace (its creator must be able to read it)."""
+
+    name: str = Field(..., min_length=1, max_length=253, pattern=K8S_NAME_PATTERN,
+                      description="The ConfigMap, in the job's namespace.")
+    key: str = Field(..., min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+                     description="Its key holding the module's Python source; the operator mounts it read-only as "
+                                 "<module path>.py in a folder the trainer puts first on sys.path.")
+
+
+class RewardSource(Model):
+    """Where a custom reward's module comes from when the trainer image lacks it: set one of the two."""
+
+    config_map: ConfigMapReward | None = Field(
+        None, description="A ConfigMap of the job's namespace, mounted read-only into the workers.")
+    uri: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description=f"An s3://bucket/key.py object the trainer fetches (at most {MAX_REWARD_MODULE_BYTES} bytes) "
+                    "with the runtime's storage credentials before it imports the module; it must lie under one "
+                    "of the runtime's spec.sources.allowed prefixes.")
+
+    @model_validator(mode="after")
+    def _one(self) -> RewardSource:
+        enforce(self, REWARD_SOURCE_RULES)
+        return self
+
+
+REWARD_SOURCE_RULES = [
+    Rule("spec.training.rewards[].source: one of configMap, uri", "spec.training.rewards[].source",
+         "has(self.configMap) != has(self.uri)",
+         "spec.training.rewards[].source: set configMap or uri (exactly one)", None,
+         holds=lambda s: (s.config_map is None) != (s.uri is None),
+         refusal="set configMap or uri (exactly one)"),
+    Rule("spec.training.rewards[].source.uri: an s3:// .py object", "spec.training.rewards[].source",
+         "!has(self.uri) || (self.uri.startsWith('s3://') && self.uri.endsWith('.py'))",
+         "spec.training.rewards[].source.uri must be an s3://bucket/key.py object", ".uri",
+         holds=lambda s: s.uri is None or (s.uri.startswith("s3://") and s.uri.endswith(".py")
+                                            and len(s.uri) > len("s3://x/.py")),
+         refusal="@uri: must be an s3://bucket/key.py object"),
+]
+
+
+def reward_module(name: str) -> str:
+    """The module of a custom reward ``package.module:function``."""
+    return name.split(":", 1)[0]
+
+
+def reward_module_file(name: str) -> str:
+    """Where a sourced reward's module lies in its folder: ``package/module.py`` for ``package.module:function``."""
+    return reward_module(name).replace(".", "/") + ".py"
+
+
 class RewardSpec(Model):
     """One reward function and its weight in the total reward."""
 
@@ -122,6 +180,14 @@ class RewardSpec(Model):
         ),
     )
 
+    source: RewardSource | None = Field(
+        None,
+        description=(
+            "Where a custom reward's module comes from, when the trainer image does not have it: a ConfigMap of "
+            "the job's namespace or an s3:// object under the runtime's spec.sources.allowed. Not for built-ins."
+        ),
+    )
+
     @field_validator("name")
     @classmethod
     def _name_form(cls, v: str) -> str:
@@ -132,6 +198,13 @@ class RewardSpec(Model):
     def _builtin_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         return check_reward_kwargs(info.data.get("name"), v)
 
+    @model_validator(mode="after")
+    def _sourced_custom(self) -> RewardSpec:
+        if self.source is not None and ":" not in self.name:
+            raise ValueError(f"@source: {self.name} is a built-in reward; only a custom reward "
+                             "(package.module:function) has a source")
+        return self
+
 
 REWARD_RULES = [Rule(
     "spec.training.rewards[].name: built-in or package.module:function", "spec.training.rewards[]",
@@ -140,6 +213,11 @@ REWARD_RULES = [Rule(
     "package.module:function", ".name",
     holds=lambda r: r.name in BUILTIN_REWARDS or bool(CUSTOM_REWARD_RE.match(r.name)),
     enforced_by="check_reward_name",
+), Rule(
+    "spec.training.rewards[].source: custom rewards only", "spec.training.rewards[]",
+    "!has(self.source) || self.name.contains(':')",
+    "spec.training.rewards[].source: only a custom reward (package.module:function) has a source", ".source",
+    holds=lambda r: r.source is None or ":" in r.name, enforced_by="RewardSpec._sourced_custom",
 )]
 
 
@@ -492,7 +570,20 @@ class TrainingSpec(Model):
     @model_validator(mode="after")
     def _one_generation_knob(self) -> TrainingSpec:
         enforce(self, TRAINING_RULES)
+        check_reward_sources(self.rewards)
         return self
+
+
+def check_reward_sources(rewards: list[RewardSpec]) -> None:
+    """Rewards of one module share one source (Python imports a module once, from the first folder that has it)."""
+    sources: dict[str, tuple[int, RewardSource | None]] = {}
+    for i, reward in enumerate(rewards):
+        if ":" not in reward.name:
+            continue
+        first = sources.setdefault(reward_module(reward.name), (i, reward.source))
+        if first[1] != reward.source:
+            raise ValueError(f"@rewards[{i}].source: rewards[{first[0]}] imports module {reward_module(reward.name)} "
+                             "from another source; rewards of one module share its source")
 
 
 #: TrainingSpec's own rules (the spec-wide ones, with workers, are ``job.SPEC_RULES``).
@@ -515,7 +606,7 @@ TRAINING_RULES = [
 #: sets instead. The one list: the models and the CRD refuse these under ``spec.training.trl``, and the
 #: worker sets no TRL field that is neither here nor in TRL_DEFAULTS.
 MANAGED_TRL_FIELDS: dict[str, str] = {
-    "output_dir": "spec.checkpoint.storage (the trainer picks the local folder)",
+    "output_dir": "spec.checkpoint.subPath (the runtime's checkpoint storage holds each job's checkpoints)",
     "per_device_train_batch_size": "spec.training.batchSize",
     "max_steps": "spec.training.maxSteps",
     "learning_rate": "spec.training.learningRate",
@@ -548,8 +639,9 @@ CREDENTIAL_NAME_RE = re.compile(
 #: Why a credential-like field is refused under ``spec.training.trl``.
 CREDENTIAL_TRL_MESSAGE = (
     "credentials never go in the manifest (the trainer config is a ConfigMap anyone with `view` reads); "
-    "put the token in a Secret and pass it as an environment variable (spec.workers.env[].valueFrom."
-    "secretKeyRef, for example HF_TOKEN), or use the pod's service account (workload identity)"
+    "put the token in a Secret that the runtime passes as an environment variable (its spec.podTemplate's "
+    "trainer container env[].valueFrom.secretKeyRef, for example HF_TOKEN), or use the pod's service account "
+    "(workload identity)"
 )
 #: TRL config fields that carry credentials: the models and the CRD refuse them under ``spec.training.trl``.
 CREDENTIAL_TRL_FIELDS = tuple(sorted(k for k in TRL_FIELDS if CREDENTIAL_NAME_RE.search(k)))
@@ -777,17 +869,39 @@ class MirrorSpec(Model):
 DEFAULT_BEST_METRIC = "reward"
 
 
-class CheckpointSpec(Model):
-    """Where and how often checkpoints are written, and how many are kept.
-
-    Credentials are never fields: they come from the pod's service account (IRSA / workload
-    identity), the standard ``AWS_*`` environment, or the Secret named by ``credentialsSecret``.
-    """
+class CheckpointCadence(Model):
+    """How often checkpoints are written, how many are kept, and how they are uploaded: the job's own
+    choices (where they go is the runtime's, :class:`CheckpointStorage`)."""
 
     every_steps: int = Field(50, ge=1, description="Save a checkpoint every N optimizer steps.")
     keep_last: int = Field(3, ge=1, description="Number of newest complete checkpoints kept (locally and remotely).")
     keep_best: int = Field(0, ge=0, description="Also keep the K best checkpoints by bestMetric.")
     best_metric: str = Field(DEFAULT_BEST_METRIC, description="Logged metric that ranks checkpoints for keepBest (higher is better).")
+    upload_retries: int = Field(
+        3, ge=0, le=20,
+        description=(
+            "Retries (with exponential backoff) of a failed upload of one checkpoint to one location before it "
+            "is skipped; training never waits for them."
+        ),
+    )
+    upload_timeout_seconds: int = Field(
+        900, ge=0,
+        description="At the end of training, how long to wait for pending uploads before writing the summary.",
+    )
+    part_size_mib: int = Field(
+        16, ge=5, le=5120,
+        description="Multipart part size (MiB) of uploads; files smaller than this go in one PUT.",
+    )
+    upload_concurrency: int = Field(10, ge=1, le=64, description="Parallel transfers (files and parts) of an upload.")
+
+
+class CheckpointStorage(Model):
+    """Where checkpoints go: a location, its endpoint and credentials, and mirrors.
+
+    Credentials are never fields: they come from the pod's service account (IRSA / workload
+    identity), the standard ``AWS_*`` environment, or the Secret named by ``credentialsSecret``.
+    """
+
     storage: str | None = Field(
         None,
         description=(
@@ -823,22 +937,6 @@ class CheckpointSpec(Model):
             "keeps checkpoints across gang restarts even when the primary is the pod's own folder."
         ),
     )
-    upload_retries: int = Field(
-        3, ge=0, le=20,
-        description=(
-            "Retries (with exponential backoff) of a failed upload of one checkpoint to one location before it "
-            "is skipped; training never waits for them."
-        ),
-    )
-    upload_timeout_seconds: int = Field(
-        900, ge=0,
-        description="At the end of training, how long to wait for pending uploads before writing the summary.",
-    )
-    part_size_mib: int = Field(
-        16, ge=5, le=5120,
-        description="Multipart part size (MiB) of uploads; files smaller than this go in one PUT.",
-    )
-    upload_concurrency: int = Field(10, ge=1, le=64, description="Parallel transfers (files and parts) of an upload.")
 
     _no_credentials = model_validator(mode="before")(_refuse_credentials)
     _endpoint = field_validator("endpoint_url")(_check_endpoint)
@@ -848,6 +946,11 @@ class CheckpointSpec(Model):
     @classmethod
     def _storage_form(cls, v: str | None) -> str | None:
         return None if v is None else _check_location(v)
+
+
+class CheckpointSpec(CheckpointCadence, CheckpointStorage):
+    """The trainer's checkpointing: the job's cadence and retention with the storage its runtime resolved
+    (``rljob_contract.runtime.resolve``: each job under its own path). What the ConfigMap holds."""
 
 
 def location_rules(at: str, field: str, kinds: list[StorageBackend], enforced_by: str) -> list[Rule]:
@@ -867,7 +970,7 @@ def location_rules(at: str, field: str, kinds: list[StorageBackend], enforced_by
     return rules
 
 
-CHECKPOINT_RULES = location_rules("spec.checkpoint", "storage", backends(), "CheckpointSpec._storage_form")
+CHECKPOINT_RULES = location_rules("spec.checkpoint", "storage", backends(), "CheckpointStorage._storage_form")
 #: Mirrors: only pvc:// is checked by the CRD (a bare s3:// mirror is refused by the model alone).
 MIRROR_RULES = location_rules("spec.checkpoint.mirrors[]", "location", [PVC], "MirrorSpec._location")
 
@@ -956,6 +1059,9 @@ class TrainerConfig(Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     world_size: int = Field(1, ge=1, description="Total processes: replicas × procsPerWorker.")
     output_dir: str = Field("runs/job", description="Where logs, TensorBoard events and the summary go.")
+    sources: list[str] | None = Field(
+        None, description="The runtime's spec.sources.allowed: prefixes a reward module's uri must start with "
+                          "(None: no runtime, as `rljob train` without one).")
 
     def checkpoint_location(self) -> str:
         return self.checkpoint.storage or os.path.join(self.output_dir, "checkpoints")

@@ -25,12 +25,16 @@ structural OpenAPI v3 schema:
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.alias_generators import to_snake
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
+from rljob_contract import runtime as rt
 from rljob_contract import yamltext
 from rljob_contract.experiment import EXPERIMENT_RULES, OBJECTIVE_RULES, PARAMETER_RULES
 from rljob_contract.job import (
@@ -38,6 +42,7 @@ from rljob_contract.job import (
     CATEGORIES,
     GROUP,
     KIND,
+    MOVED_TO_RUNTIME,
     PLURAL,
     ROOT_RULES,
     SHORT_NAMES,
@@ -47,6 +52,7 @@ from rljob_contract.job import (
     WORKER_RULES,
     RLTrainingJobSpec,
     RLTrainingJobStatus,
+    moved_message,
 )
 from rljob_contract.rules import cel_list, cel_rules
 from rljob_contract.spec import (
@@ -59,6 +65,7 @@ from rljob_contract.spec import (
     MANAGED_TRL_FIELDS,
     MIRROR_RULES,
     REWARD_RULES,
+    REWARD_SOURCE_RULES,
     TRAINING_RULES,
     dataset_rules,
     describe_type,
@@ -87,7 +94,7 @@ def _rule(rule: str, message: str, field_path: str | None = None, reason: str | 
 CEL_RULES: dict[str, list[dict[str, str]]] = cel_rules(
     ROOT_RULES, SPEC_RULES, LORA_RULES, WORKER_RULES, TRAINING_RULES, EVALUATION_RULES,
     dataset_rules("spec.training.evaluation.dataset"), EVAL_METRIC_RULES, dataset_rules("spec.training.dataset"),
-    REWARD_RULES, CHECKPOINT_RULES, MIRROR_RULES,
+    REWARD_RULES, REWARD_SOURCE_RULES,
 )
 
 def field_node(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
@@ -273,9 +280,8 @@ CEL_BOUNDS: dict[str, dict[str, int]] = {
     "spec.training.model": {"maxLength": 2048},
     "spec.training.dataset.name": {"maxLength": 2048},
     "spec.training.evaluation.dataset.name": {"maxLength": 2048},
-    "spec.checkpoint.storage": {"maxLength": 2048},
-    "spec.checkpoint.mirrors[].location": {"maxLength": 2048},
-    "spec.workers.gpuResource": {"maxLength": 253},
+    "spec.workers.resources.requests": {"maxProperties": 2},
+    "spec.workers.resources.limits": {"maxProperties": 2},
 }
 
 
@@ -390,7 +396,49 @@ def openapi_schema() -> dict[str, Any]:
         _at(root, path).update(bounds)
     for path, rules in CEL_RULES.items():
         _at(root, path).setdefault("x-kubernetes-validations", []).extend(copy.deepcopy(rules))
+    add_tombstones(root)
     return root
+
+
+# ------------------------------------------------------------------------ moved fields
+
+
+def add_tombstones(root: dict[str, Any]) -> None:
+    """Each field of ``MOVED_TO_RUNTIME``, in both spellings, declared only so that a CEL rule can refuse it
+    naming where it went (an undeclared field would be pruned silently, and the job would run without it)."""
+    for path, runtime_path in MOVED_TO_RUNTIME.items():
+        parent, _, name = path.rpartition(".")
+        node = _at(root, parent)
+        for key in dict.fromkeys((name, to_snake(name))):
+            node["properties"][key] = {"description": f"Not a job's field: {moved_message(path)}.",
+                                       **tombstone_type(runtime_path)}
+            node.setdefault("x-kubernetes-validations", []).append(
+                _rule(f"!has(self.{key})", f"{parent}.{key}: {moved_message(path)}", f".{key}"))
+
+
+def tombstone_type(runtime_path: str) -> dict[str, Any]:
+    """The loosest typed node CEL can see for a moved field: the type its runtime field has (any content)."""
+    pod = "spec.podTemplate.spec."
+    if runtime_path.startswith(pod):
+        kind = _pod_field_type(runtime_path[len(pod):].split("."))
+    else:
+        kind = _at(runtime_spec_schema(), runtime_path.removeprefix("spec.")).get("type", "object")
+    if kind == "array":
+        return {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    if kind == "object":
+        return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {"type": kind}
+
+
+#: JSON types of the Pod fields moved fields went to, by name (``rljob crd`` runs without the Kubernetes client;
+#: ``tests/operator/test_runtime_crd.py`` checks these against its models).
+POD_FIELD_TYPES = {"nodeSelector": "object", "tolerations": "array", "affinity": "object", "priorityClassName": "string",
+                   "serviceAccountName": "string", "volumes": "array", "volumeMounts": "array", "valueFrom": "object"}
+
+
+def _pod_field_type(parts: list[str]) -> str:
+    """The JSON type of a Pod field (``containers[name=trainer].volumeMounts``)."""
+    return POD_FIELD_TYPES[parts[-1]]
 
 
 def crd_manifest() -> dict[str, Any]:
@@ -545,3 +593,97 @@ def experiment_crd_yaml() -> str:
         "RLExperiment); do not edit.\n# Regenerate with `make crd`.\n"
     )
     return header + yamltext.dump(experiment_crd_manifest(), sort_keys=False, allow_unicode=True, width=100)
+
+
+# ---------------------------------------------------------------------------- runtimes
+# ClusterRLTrainingRuntime and RLTrainingRuntime share one spec model (rljob_contract.runtime.RuntimeSpec)
+# and so one schema; the namespaced kind refuses a namespaceSelector (rljob_contract.runtime.NAMESPACED_RULES).
+
+RUNTIME_CEL_RULES: dict[str, list[dict[str, str]]] = cel_rules(rt.LIMIT_RULES, CHECKPOINT_RULES, MIRROR_RULES)
+#: Bounds CEL cost estimation needs on the runtimes' strings and lists.
+RUNTIME_CEL_BOUNDS: dict[str, dict[str, int]] = {
+    "spec.checkpoint.storage": {"maxLength": 2048},
+    "spec.checkpoint.mirrors[].location": {"maxLength": 2048},
+}
+#: kind → (plural, singular, short names, scope).
+RUNTIME_NAMES = {
+    rt.CLUSTER_KIND: (rt.CLUSTER_PLURAL, rt.CLUSTER_SINGULAR, rt.CLUSTER_SHORT_NAMES, "Cluster"),
+    rt.NAMESPACED_KIND: (rt.NAMESPACED_PLURAL, rt.NAMESPACED_SINGULAR, rt.NAMESPACED_SHORT_NAMES, "Namespaced"),
+}
+
+
+def runtime_spec_schema() -> dict[str, Any]:
+    """The runtimes' spec schema, CEL rules and bounds applied (the kinds' own rules come on top)."""
+    spec = model_schema(rt.RuntimeSpec)
+    for path, bounds in RUNTIME_CEL_BOUNDS.items():
+        _at(spec, path.removeprefix("spec.")).update(bounds)
+    for path, rules in RUNTIME_CEL_RULES.items():
+        _at(spec, path.removeprefix("spec")).setdefault("x-kubernetes-validations", []).extend(copy.deepcopy(rules))
+    return spec
+
+
+def runtime_openapi_schema(kind: str) -> dict[str, Any]:
+    """The ``openAPIV3Schema`` of a runtime kind."""
+    spec = runtime_spec_schema()
+    if kind == rt.NAMESPACED_KIND:
+        spec.setdefault("x-kubernetes-validations", []).extend(cel_rules(rt.NAMESPACED_RULES)["spec"])
+    what = ("cluster-wide, for jobs of every namespace its namespaceSelector matches" if kind == rt.CLUSTER_KIND
+            else "for the jobs of its own namespace")
+    return {
+        "type": "object",
+        "description": f"What the platform sets for an RLTrainingJob's pods ({what}): image, pod template, GPU "
+                       "resource, bounds on what a job asks, checkpoint storage, sources, egress and queue.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": API_VERSION},
+            "kind": {"type": "string", "description": kind},
+            "metadata": {"type": "object"},
+            "spec": spec,
+        },
+    }
+
+
+def runtime_crd_manifest(kind: str) -> dict[str, Any]:
+    """The CustomResourceDefinition of ``kind`` (ClusterRLTrainingRuntime or RLTrainingRuntime)."""
+    plural, singular, short, scope = RUNTIME_NAMES[kind]
+    default = rt.DEFAULT_RUNTIME_ANNOTATION.replace(".", "\\.")
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}",
+                     "annotations": {"rljob.dev/generated-by": "rljob crd (rljob_operator.crd)"}},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": singular,
+                      "shortNames": list(short), "categories": list(CATEGORIES)},
+            "scope": scope,
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": runtime_openapi_schema(kind)},
+                "additionalPrinterColumns": [
+                    {"name": "Image", "type": "string", "jsonPath": ".spec.image"},
+                    {"name": "GPUs-Max", "type": "integer", "jsonPath": ".spec.limits.gpusPerWorker.max",
+                     "description": "the most GPUs a worker may ask for (empty: no bound)"},
+                    {"name": "Default", "type": "string", "jsonPath": f".metadata.annotations.{default}",
+                     "description": "serves jobs that name no runtime"},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+            }],
+        },
+    }
+
+
+def runtime_crd_yaml(kind: str) -> str:
+    """A runtime kind's CRD as the YAML committed in ``crds/``."""
+    header = (f"# Generated by `rljob crd --kind {kind}` from rljob_contract.runtime ({API_VERSION} {kind}); do not "
+              "edit.\n# Regenerate with `make crd`.\n")
+    return header + yamltext.dump(runtime_crd_manifest(kind), sort_keys=False, allow_unicode=True, width=100)
+
+
+#: ``rljob crd --kind``: every CRD rljob ships, by kind.
+CRD_YAML: dict[str, Callable[[], str]] = {
+    KIND: crd_yaml, "RLExperiment": experiment_crd_yaml,
+    **{kind: functools.partial(runtime_crd_yaml, kind) for kind in RUNTIME_NAMES},
+}

@@ -1,15 +1,14 @@
-"""Tenant isolation (issue #30, points 1-3): one spelling, null is not absent, one table of references.
+"""Tenant isolation (issue #30, points 1-3; issue #42): one spelling, null is not absent, one table of references.
 
-* One spelling: every entry point (a manifest, an experiment's arm merged into its template, a trainer
-  config, ``rljob train``'s file) reads camelCase only; ``pod_template`` is an unknown field whose error
-  names ``podTemplate``, and the free-form pod fields (``podTemplate``, volumes, env's valueFrom) are
-  checked against Kubernetes' own schema.
-* Null is not absent: the ``podTemplate`` merge keeps every field the operator sets when the template
+* One spelling: every entry point (a manifest, a runtime, an experiment's arm merged into its template, a
+  trainer config, ``rljob train``'s file) reads camelCase only; a Python spelling is an unknown field whose
+  error names the API's, and the runtime's free-form ``podTemplate`` is checked against Kubernetes' own schema.
+* Null is not absent: the ``podTemplate`` merge keeps every field the operator sets when the runtime's template
   says null, {}, [] or nothing, and the pod profile judges the pod as built.
-* One table: ``rljob_contract.references`` lists every reference field; the admission policies are
-  generated from it (the committed ones must equal the generated), the operator's checks read it, and
-  the ``cluster`` tests walk the API server's PodSpec for reference fields the table lacks and try every
-  field of the table on the real admission policy as a user with no rights on what it names.
+* One table: ``rljob_contract.references`` lists every reference field of a job (its reward modules'
+  ConfigMaps) and of a runtime (its pod template, pull Secrets, checkpoint storage); the admission policies are
+  generated from it (the committed ones must equal the generated), the operator's checks read it, and the
+  ``cluster`` tests walk the API server's PodSpec for reference fields the table lacks.
 """
 
 from __future__ import annotations
@@ -26,26 +25,31 @@ from rljob_contract import references as refs
 from rljob_contract.experiment import parse_experiment
 from rljob_contract.job import ManifestError, load_job, parse_job
 from rljob_contract.pod import ConfigError, load_config
+from rljob_contract.runtime import parse_runtime
 from rljob_operator.decisions import policy
 from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.policy import PodProfile, violations
 
 from tests.delivery.test_chart import REPO
-from tests.support.operator import job_manifest
+from tests.support.operator import TEST_RUNTIME, job_manifest, on_runtime, runtime_manifest
 from tests.support.trainer import deep_update
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",))
 OTHER = "other-team"
 #: The item a list gets, by the list's field (its label key set so refusals can name it).
-_ITEMS = {"mirrors": {"location": "s3://bucket/mirror"}, "envFrom": {}, "sources": {}}
+_ITEMS = {"mirrors": {"location": "s3://bucket/mirror"}, "envFrom": {}, "sources": {},
+          "rewards": {"name": "team_rewards:score"}}
+RUNTIME = f"ClusterRLTrainingRuntime/{TEST_RUNTIME}: "
 
 
 def reference_spec(ref: refs.Reference, name: str = OTHER) -> tuple[dict[str, Any], str]:
-    """(a job spec patch naming ``name`` at ``ref``'s field, the field as the admission policy labels it)."""
+    """(a spec patch naming ``name`` at ``ref``'s field, the field as the admission policy labels it)."""
     parts = ref.path.split(".")
     spec = _build(parts, f"{ref.scheme}{name}/run" if ref.scheme else name, ref)
     if parts[0] == "checkpoint":
         spec = deep_update({"checkpoint": {"storage": "s3://bucket/ckpt"}}, spec)
+    if parts[0] == "training":
+        spec["training"]["rewards"][0]["source"]["configMap"]["key"] = "team_rewards.py"
     return spec, "spec." + _label(spec, parts)
 
 
@@ -73,7 +77,11 @@ def _label(value: Any, parts: list[str]) -> str:
     return ".".join(out)
 
 
-CASES = [pytest.param(ref, id=ref.path) for ref in refs.JOB_REFERENCES]
+def _on_runtime(ref: refs.Reference, name: str = OTHER) -> tuple[Any, Any]:
+    """(a plain job, resolved on a runtime naming ``name`` at ``ref``'s field)."""
+    spec, _ = reference_spec(ref, name)
+    job = parse_job(job_manifest("refs"))
+    return job, on_runtime(job, spec)
 
 
 # -------------------------------------------------------------------------------- the table
@@ -94,41 +102,58 @@ def test_the_committed_admission_policies_are_generated_from_the_table() -> None
     assert len(policy_doc["spec"]["validations"]) == len(refs.JOB_REFERENCES) + 1
 
 
-@pytest.mark.parametrize("ref", CASES)
-def test_each_reference_of_the_table_is_found_where_a_job_names_it(ref: refs.Reference) -> None:
+@pytest.mark.parametrize("ref", [pytest.param(ref, id=ref.path) for ref in refs.JOB_REFERENCES])
+def test_each_reference_of_a_job_is_found_where_a_job_names_it(ref: refs.Reference) -> None:
     spec, _ = reference_spec(ref)
     job = parse_job(job_manifest("refs", spec=spec))
     found = refs.references(job.spec.model_dump(by_alias=True, mode="json"))
     assert [(f.kind, f.name) for f in found] == [(ref.kind, OTHER)], found
 
 
-@pytest.mark.parametrize("ref", [pytest.param(r, id=r.path) for r in refs.JOB_REFERENCES
-                                 if r.kind in (refs.SECRET, refs.SERVICE_ACCOUNT)])
-def test_the_pod_profile_checks_every_secret_and_service_account_of_the_table(ref: refs.Reference) -> None:
-    """A ServiceAccount the profile does not allow, and (with allowSecretReferences false) any Secret, is refused
-    wherever the table says a job can name it, naming that field."""
+@pytest.mark.parametrize("ref", [pytest.param(ref, id=ref.path) for ref in refs.RUNTIME_REFERENCES])
+def test_each_reference_of_a_runtime_is_found_where_a_runtime_names_it(ref: refs.Reference) -> None:
     spec, _ = reference_spec(ref)
-    job = parse_job(job_manifest("refs", spec=spec))
+    runtime = parse_runtime(runtime_manifest(spec=spec))
+    found = refs.references(runtime.spec.model_dump(by_alias=True, mode="json"), table=refs.RUNTIME_REFERENCES)
+    assert [(f.kind, f.name) for f in found] == [(ref.kind, OTHER)], found
+
+
+def test_a_job_names_no_pod_field_any_more() -> None:
+    """The job's table is its reward modules' ConfigMaps alone: everything that shapes the pod is the runtime's."""
+    assert [r.path for r in refs.JOB_REFERENCES] == ["training.rewards[].source.configMap.name"]
+    assert not any(r.path.startswith("workers.") for r in refs.JOB_REFERENCES)
+    assert {r.path for r in refs.POD_REFERENCES} == {r.path.removeprefix("podTemplate.spec.")
+                                                     for r in refs.RUNTIME_REFERENCES if r.path.startswith("podTemplate.")}
+
+
+@pytest.mark.parametrize("ref", [pytest.param(r, id=r.path) for r in refs.RUNTIME_REFERENCES
+                                 if r.kind in (refs.SECRET, refs.SERVICE_ACCOUNT)])
+def test_the_pod_profile_checks_every_secret_and_service_account_of_the_runtime(ref: refs.Reference) -> None:
+    """A ServiceAccount the profile does not allow, and (with allowSecretReferences false) any Secret, is refused
+    wherever the table says a runtime can name it, naming the runtime and that field."""
+    job, runtime = _on_runtime(ref)
     no_secrets = PodProfile(allowed_images=PROFILE.allowed_images, allow_secret_references=False)
     allowed = PodProfile(allowed_images=PROFILE.allowed_images, allowed_service_accounts=(OTHER,))
     refused, permitted = (no_secrets, PROFILE) if ref.kind == refs.SECRET else (PROFILE, allowed)
-    named = [p.split(": ")[0] for p in violations(job, refused) if f"'{OTHER}'" in p]
+    named = [p.removeprefix(RUNTIME).split(": ")[0] for p in violations(job, refused, runtime) if f"'{OTHER}'" in p]
     assert [n.replace("[0]", "") for n in named] == ["spec." + ref.path.replace("[]", "")], named
-    assert [p for p in violations(job, permitted) if f"'{OTHER}'" in p] == []
+    assert [p for p in violations(job, permitted, runtime) if f"'{OTHER}'" in p] == []
 
 
 # ----------------------------------------------------------------------------- one spelling
 
-#: Typed fields whose Python spelling differs: each must be an unknown field naming the API's spelling.
-SNAKE_FIELDS = [("workers", "serviceAccountName"), ("workers", "podTemplate"), ("checkpoint", "credentialsSecret")]
+#: Typed fields of a job whose Python spelling differs: each must be an unknown field naming the API's spelling.
+SNAKE_FIELDS = [("workers", "gpusPerWorker"), ("workers", "minReplicas"), ("checkpoint", "subPath"),
+                ("checkpoint", "keepLast"), (None, "runtimeRef")]
 
 
 @pytest.mark.parametrize("section,field", SNAKE_FIELDS)
 def test_the_python_spelling_of_a_field_is_refused_naming_the_api_spelling(
-        section: str, field: str, tmp_path: Path) -> None:
-    value: Any = {"spec": {}} if field == "podTemplate" else OTHER
-    doc = job_manifest("snake", spec=deep_update({"checkpoint": {"storage": "s3://b/c"}}, {section: {to_snake(field): value}}))
-    expected = f"spec.{section}.{to_snake(field)}: unknown field (field names are camelCase: write {field!r})"
+        section: str | None, field: str, tmp_path: Path) -> None:
+    value: Any = {"name": OTHER} if field == "runtimeRef" else "x" if field == "subPath" else 2
+    doc = job_manifest("snake", spec={section: {to_snake(field): value}} if section else {to_snake(field): value})
+    where = f"spec.{section}." if section else "spec."
+    expected = f"{where}{to_snake(field)}: unknown field (field names are camelCase: write {field!r})"
     with pytest.raises(ManifestError) as err:
         parse_job(doc)
     assert expected in err.value.problems
@@ -140,6 +165,17 @@ def test_the_python_spelling_of_a_field_is_refused_naming_the_api_spelling(
     assert expected in err.value.problems
 
 
+@pytest.mark.parametrize("section,field", [("checkpoint", "credentialsSecret"), (None, "gpuResource"),
+                                           (None, "podTemplate"), ("limits", "gpusPerWorker")])
+def test_a_runtimes_python_spelling_is_refused_naming_the_api_spelling(section: str | None, field: str) -> None:
+    value: Any = {} if field in ("podTemplate", "gpusPerWorker") else OTHER
+    doc = runtime_manifest(spec={section: {to_snake(field): value}} if section else {to_snake(field): value})
+    where = f"spec.{section}." if section else "spec."
+    with pytest.raises(ManifestError) as err:
+        parse_runtime(doc)
+    assert f"{where}{to_snake(field)}: unknown field (field names are camelCase: write {field!r})" in err.value.problems
+
+
 def test_the_trainer_config_file_takes_the_api_spelling_only(tmp_path: Path) -> None:
     path = tmp_path / "trainer.yaml"
     path.write_text(yaml.safe_dump({"jobName": "x", "checkpoint": {"storage": "s3://b/c", "credentials_secret": "s"}}))
@@ -147,25 +183,22 @@ def test_the_trainer_config_file_takes_the_api_spelling_only(tmp_path: Path) -> 
         load_config(path)
 
 
-#: The pod-level references of the table, each spelled the Python way inside podTemplate or volumes.
-SNAKE_POD = [pytest.param(ref, id=ref.path) for ref in refs.JOB_REFERENCES
-             if ref.path.startswith("workers.") and any(to_snake(p) != p for p in ref.path.split(".")[2:])]
+#: The pod-level references of the runtime's table, each spelled the Python way inside its podTemplate.
+SNAKE_POD = [pytest.param(ref, id=ref.path) for ref in refs.RUNTIME_REFERENCES
+             if ref.path.startswith("podTemplate.") and any(to_snake(p) != p for p in ref.path.split(".")[2:])]
 
 
 @pytest.mark.parametrize("ref", SNAKE_POD)
-def test_a_python_spelling_inside_the_free_form_pod_fields_is_refused(ref: refs.Reference) -> None:
-    """podTemplate, volumes and env's valueFrom are free-form in the CRD: Kubernetes' own schema checks them."""
+def test_a_python_spelling_inside_the_runtimes_pod_template_is_refused(ref: refs.Reference) -> None:
+    """podTemplate is free-form in the CRD: Kubernetes' own schema checks it, naming the runtime and the field."""
     parts = ref.path.split(".")
     at = next(i for i, p in enumerate(parts) if i >= 2 and to_snake(p.removesuffix("[]")) != p.removesuffix("[]"))
     spelled = refs.Reference(".".join([*parts[:at], to_snake(parts[at]), *parts[at + 1:]]), ref.kind)
-    spec, _ = reference_spec(spelled)
-    try:
-        problems = violations(parse_job(job_manifest("snake", spec=spec)), PROFILE)
-    except ManifestError as e:  # a typed field on the way (env[].valueFrom): refused when parsed
-        problems = e.problems
+    job, runtime = _on_runtime(spelled)
     camel = parts[at].removesuffix("[]")
-    assert any(f".{to_snake(camel)}: unknown field (field names are camelCase: write {camel!r})" in p
-               for p in problems), problems
+    assert any(p.startswith(RUNTIME + "spec.podTemplate.") and
+               f".{to_snake(camel)}: unknown field (field names are camelCase: write {camel!r})" in p
+               for p in violations(job, PROFILE, runtime)), violations(job, PROFILE, runtime)
 
 
 def _experiment(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -174,26 +207,27 @@ def _experiment(overrides: dict[str, Any]) -> dict[str, Any]:
             "spec": {"template": template, "arms": [{"name": "a", "overrides": overrides}]}}
 
 
-@pytest.mark.parametrize("root", refs.override_roots())
 @pytest.mark.parametrize("spelling", ["camel", "snake", "null"])
-def test_an_arm_may_not_override_a_field_holding_references_in_any_spelling(root: str, spelling: str) -> None:
-    section, field = root.split(".")
-    key = to_snake(field) if spelling == "snake" else field
-    value = None if spelling == "null" else {"spec": {"serviceAccountName": OTHER}} if field == "podTemplate" \
-        else [] if field in ("env", "volumes", "mirrors") else OTHER
+def test_an_arm_may_not_change_the_runtime_in_any_spelling(spelling: str) -> None:
+    """Trials inherit the template's runtimeRef: an experiment compares training settings on one pod shape."""
+    key = "runtime_ref" if spelling == "snake" else "runtimeRef"
     with pytest.raises(ManifestError) as err:
-        parse_experiment(_experiment({section: {key: value}}))
-    where = f"spec.arms[0].overrides.{section}.{key}: "
-    if spelling == "snake" and key != field:
-        assert f"{where}unknown field (field names are camelCase: write {field!r})" in err.value.problems
-    else:
-        assert any(p.startswith(where + "an arm may not set") for p in err.value.problems), err.value.problems
+        parse_experiment(_experiment({key: None if spelling == "null" else {"name": OTHER}}))
+    assert any(p.startswith(f"spec.arms[0].overrides.{key}: an arm may not set {key}: the runtime is the template's")
+               for p in err.value.problems), err.value.problems
 
 
-def test_an_arm_may_override_storage_but_not_with_a_claim() -> None:
-    parse_experiment(_experiment({"checkpoint": {"storage": "s3://bucket/arm-a"}}))
-    with pytest.raises(ManifestError, match=re.escape("spec.arms[0].overrides.checkpoint.storage: an arm may not set")):
-        parse_experiment(_experiment({"checkpoint": {"storage": f"pvc://{OTHER}/run"}}))
+@pytest.mark.parametrize("ref", [pytest.param(ref, id=ref.path) for ref in refs.JOB_REFERENCES])
+def test_an_arm_may_not_name_an_object_the_template_does_not(ref: refs.Reference) -> None:
+    spec, _ = reference_spec(ref)
+    with pytest.raises(ManifestError) as err:
+        parse_experiment(_experiment(spec))
+    assert any(re.match(r"spec\.arms\[0\]\.overrides\..*: an arm may not set .* names ", p) for p in err.value.problems), \
+        err.value.problems
+
+
+def test_an_arm_may_override_rewards_that_name_nothing() -> None:
+    parse_experiment(_experiment({"training": {"rewards": [{"name": "regex_match", "kwargs": {"pattern": "a"}}]}}))
 
 
 # --------------------------------------------------------------------------- null is not absent
@@ -233,19 +267,21 @@ def _at(value: Any, path: tuple[str | int, ...]) -> Any:
 def test_an_empty_template_value_never_removes_a_safety_field(path: tuple[str | int, ...], empty: Any) -> None:
     plain = desired_worker_pod(parse_job(job_manifest("plain")), 0, 0)["spec"]
     template = {} if empty is _NOTHING else _template_at(path, empty)
-    job = parse_job(job_manifest("empty", spec={"workers": {"podTemplate": {"spec": template}}}))
-    built = desired_worker_pod(job, 0, 0)["spec"]
+    job = parse_job(job_manifest("empty"))
+    runtime = on_runtime(job, {"podTemplate": {"spec": template}})
+    built = desired_worker_pod(job, 0, 0, runtime=runtime)["spec"]
     for where, value in SAFETY:
         assert _at(built, where) == _at(plain, where), (where, _at(built, where))
         if value is not None:
             assert _at(built, where) == value
-    assert violations(job, PROFILE) == []
+    assert violations(job, PROFILE, runtime) == []
 
 
 def test_dropped_capabilities_are_added_to_all_never_replace_it() -> None:
-    job = parse_job(job_manifest("drop", spec={"workers": {"podTemplate": {"spec": _template_at(
-        ("containers", 0, "securityContext", "capabilities", "drop"), ["NET_RAW"])}}}))
-    drop = desired_worker_pod(job, 0, 0)["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"]
+    job = parse_job(job_manifest("drop"))
+    runtime = on_runtime(job, {"podTemplate": {"spec": _template_at(
+        ("containers", 0, "securityContext", "capabilities", "drop"), ["NET_RAW"])}})
+    drop = desired_worker_pod(job, 0, 0, runtime=runtime)["spec"]["containers"][0]["securityContext"]["capabilities"]["drop"]
     assert drop == ["ALL", "NET_RAW"]
 
 
@@ -269,7 +305,7 @@ def test_the_profile_judges_the_built_pod_whatever_merged_it(field: str, mutate:
     mutate(pod)
     problems = policy._built_pod(pod, PROFILE, None)
     assert [p.split(": ")[0] for p in problems] == [
-        f"spec.workers.podTemplate.spec.containers[name=trainer].securityContext.{field}"], problems
+        f"spec.podTemplate.spec.containers[name=trainer].securityContext.{field}"], problems
     assert policy._built_pod(pod, PodProfile(level="baseline"), None) == []
 
 

@@ -11,20 +11,23 @@ import re
 from typing import Any
 
 import pytest
-from rljob_contract import experiment, job, spec
+from rljob_contract import experiment, job, runtime, spec
 from rljob_contract.experiment import parse_experiment
 from rljob_contract.job import ManifestError, parse_job
 from rljob_contract.rules import Rule, cel_rules
+from rljob_contract.runtime import parse_runtime
 from rljob_operator import crd
 
-from tests.support.operator import job_manifest
+from tests.support.operator import job_manifest, runtime_manifest
 from tests.support.trainer import deep_update
 
 #: Every rule list, as crd.py reads them.
 JOB_RULES: list[Rule] = [*job.ROOT_RULES, *job.SPEC_RULES, *spec.LORA_RULES, *job.WORKER_RULES, *spec.TRAINING_RULES,
                          *spec.EVALUATION_RULES, *spec.dataset_rules("spec.training.evaluation.dataset"),
                          *spec.EVAL_METRIC_RULES, *spec.dataset_rules("spec.training.dataset"), *spec.REWARD_RULES,
-                         *spec.CHECKPOINT_RULES, *spec.MIRROR_RULES]
+                         *spec.REWARD_SOURCE_RULES]
+RUNTIME_RULES: list[Rule] = [*runtime.LIMIT_RULES, *spec.CHECKPOINT_RULES, *spec.MIRROR_RULES]
+NAMESPACED_RULES: list[Rule] = list(runtime.NAMESPACED_RULES)
 EXPERIMENT_RULES: list[Rule] = [*experiment.EXPERIMENT_RULES, *experiment.PARAMETER_RULES,
                                 *experiment.OBJECTIVE_RULES]
 
@@ -54,8 +57,15 @@ JOB_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                             {"autoscaling": {"policy": "Capacity"}, "workers": ELASTIC}),
     "spec.workers: minReplicas ≤ maxReplicas": ({"workers": {"minReplicas": 4, "maxReplicas": 2}},
                                                {"workers": {"minReplicas": 2, "maxReplicas": 4}}),
-    "spec.workers.resources: no GPU resource": ({"workers": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}},
-                                                {"workers": {"resources": {"limits": {"cpu": "1"}}}}),
+    "spec.workers.resources.requests: cpu and memory only": (
+        {"workers": {"resources": {"requests": {"nvidia.com/gpu": "1"}}}},
+        {"workers": {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}}),
+    "spec.workers.resources.limits: cpu and memory only": ({"workers": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}},
+                                                           {"workers": {"resources": {"limits": {"cpu": "1"}}}}),
+    "spec.workers.resources.requests: quantities": ({"workers": {"resources": {"requests": {"memory": "lots"}}}},
+                                                    {"workers": {"resources": {"requests": {"memory": "16Gi"}}}}),
+    "spec.workers.resources.limits: quantities": ({"workers": {"resources": {"limits": {"cpu": "1.5.2"}}}},
+                                                  {"workers": {"resources": {"limits": {"cpu": 2}}}}),
     "spec.training.lora.targetModules: all-linear alone": (
         {"training": {"lora": {"targetModules": ["all-linear", "q_proj"]}}},
         {"training": {"lora": {"targetModules": ["q_proj", "v_proj"]}}}),
@@ -83,12 +93,47 @@ JOB_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                                                      {"training": {"dataset": {"name": "builtin:add-digits"}}}),
     "spec.training.rewards[].name: built-in or package.module:function": (
         {"training": {"rewards": [{"name": "nope"}]}}, {"training": {"rewards": [{"name": "exact_match"}]}}),
+    "spec.training.rewards[].source: custom rewards only": (
+        {"training": {"rewards": [{"name": "exact_match", "source": {"uri": "s3://b/m.py"}}]}},
+        {"training": {"rewards": [{"name": "m:f", "source": {"uri": "s3://b/m.py"}}]}}),
+    "spec.training.rewards[].source: one of configMap, uri": (
+        {"training": {"rewards": [{"name": "m:f", "source": {}}]}},
+        {"training": {"rewards": [{"name": "m:f", "source": {"configMap": {"name": "c", "key": "m.py"}}}]}}),
+    "spec.training.rewards[].source.uri: an s3:// .py object": (
+        {"training": {"rewards": [{"name": "m:f", "source": {"uri": "s3://b/m.txt"}}]}},
+        {"training": {"rewards": [{"name": "m:f", "source": {"uri": "s3://b/dir/m.py"}}]}}),
+}
+#: Rule name → (patch of a runtime's spec that breaks it, one that keeps it).
+RUNTIME_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "spec.limits.gpusPerWorker: default ≤ max": ({"limits": {"gpusPerWorker": {"default": 4, "max": 2}}},
+                                                {"limits": {"gpusPerWorker": {"default": 2, "max": 2}}}),
+    "spec.limits.terminationGracePeriodSeconds: default ≤ max": (
+        {"limits": {"terminationGracePeriodSeconds": {"default": 300, "max": 60}}},
+        {"limits": {"terminationGracePeriodSeconds": {"default": 30, "max": 60}}}),
+    "spec.limits.activeDeadlineSeconds: default ≤ max": ({"limits": {"activeDeadlineSeconds": {"default": 7, "max": 6}}},
+                                                        {"limits": {"activeDeadlineSeconds": {"max": 6}}}),
+    "spec.limits.cpuPerWorker.default: a quantity": ({"limits": {"cpuPerWorker": {"default": "four"}}},
+                                                     {"limits": {"cpuPerWorker": {"default": "500m"}}}),
+    "spec.limits.cpuPerWorker.max: a quantity": ({"limits": {"cpuPerWorker": {"max": "1e"}}},
+                                                 {"limits": {"cpuPerWorker": {"max": 32}}}),
+    "spec.limits.cpuPerWorker: default ≤ max": ({"limits": {"cpuPerWorker": {"default": "2", "max": "1500m"}}},
+                                               {"limits": {"cpuPerWorker": {"default": "1", "max": "1500m"}}}),
+    "spec.limits.memoryPerWorker.default: a quantity": ({"limits": {"memoryPerWorker": {"default": "16GB"}}},
+                                                        {"limits": {"memoryPerWorker": {"default": "16G"}}}),
+    "spec.limits.memoryPerWorker.max: a quantity": ({"limits": {"memoryPerWorker": {"max": "-1Gi"}}},
+                                                    {"limits": {"memoryPerWorker": {"max": "1Ti"}}}),
+    "spec.limits.memoryPerWorker: default ≤ max": ({"limits": {"memoryPerWorker": {"default": "2Gi", "max": "2G"}}},
+                                                  {"limits": {"memoryPerWorker": {"default": "2G", "max": "2Gi"}}}),
     "spec.checkpoint.storage: the s3:// rule": ({"checkpoint": {"storage": "s3://"}},
-                                                      {"checkpoint": {"storage": "s3://bucket/run1"}}),
+                                                {"checkpoint": {"storage": "s3://bucket/run1"}}),
     "spec.checkpoint.storage: the pvc:// rule": ({"checkpoint": {"storage": "pvc://Bad/run1"}},
-                                            {"checkpoint": {"storage": "pvc://claim/run1"}}),
+                                                 {"checkpoint": {"storage": "pvc://claim/run1"}}),
     "spec.checkpoint.mirrors[].location: the pvc:// rule": ({"checkpoint": {"mirrors": [{"location": "pvc://c/../x"}]}},
-                                                        {"checkpoint": {"mirrors": [{"location": "pvc://c/m"}]}}),
+                                                            {"checkpoint": {"mirrors": [{"location": "pvc://c/m"}]}}),
+}
+NAMESPACED_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "spec.namespaceSelector: ClusterRLTrainingRuntime only": ({"namespaceSelector": {"matchLabels": {"team": "a"}}},
+                                                              {}),
 }
 #: The one rule on the resource itself (metadata is untyped in the CRD).
 NAME_CASE = ("metadata.name: length", "j" * (job.MAX_NAME_LENGTH + 1), "j" * job.MAX_NAME_LENGTH)
@@ -141,6 +186,14 @@ def job_doc(patch: dict[str, Any], name: str = "rule") -> dict[str, Any]:
     return deep_update(job_manifest(name), {"spec": patch})
 
 
+def runtime_doc(patch: dict[str, Any], name: str = "rule") -> dict[str, Any]:
+    return runtime_manifest(name, patch)
+
+
+def namespaced_runtime_doc(patch: dict[str, Any], name: str = "rule") -> dict[str, Any]:
+    return runtime_manifest(name, patch, kind="RLTrainingRuntime")
+
+
 def experiment_doc(patch: dict[str, Any], name: str = "rule") -> dict[str, Any]:
     patch = copy.deepcopy(patch)
     template = copy.deepcopy(job_manifest("t", replicas=1)["spec"])
@@ -166,8 +219,14 @@ def test_every_rule_has_its_cases_and_the_crd_has_every_rule() -> None:
     assert all(r.cel_rule() in crd_rules for r in JOB_RULES)
     crd_rules = [v for rules in crd.EXPERIMENT_CEL_RULES.values() for v in rules]
     assert all(r.cel_rule() in crd_rules for r in EXPERIMENT_RULES)
+    assert {r.name for r in RUNTIME_RULES} == set(RUNTIME_CASES)
+    assert {r.name for r in NAMESPACED_RULES} == set(NAMESPACED_CASES)
+    crd_rules = [v for rules in crd.RUNTIME_CEL_RULES.values() for v in rules]
+    assert all(r.cel_rule() in crd_rules for r in RUNTIME_RULES)
+    namespaced = crd.runtime_openapi_schema("RLTrainingRuntime")["properties"]["spec"]["x-kubernetes-validations"]
+    assert all(r.cel_rule() in namespaced for r in NAMESPACED_RULES)
     # Each CEL message names the field its refusal is about.
-    assert [r.name for r in [*JOB_RULES, *EXPERIMENT_RULES]
+    assert [r.name for r in [*JOB_RULES, *EXPERIMENT_RULES, *RUNTIME_RULES, *NAMESPACED_RULES]
             if named_field(r).replace("[]", "").rsplit(".", 1)[-1] not in r.message] == []
 
 
@@ -203,6 +262,8 @@ def _refused(parse: Any, doc: dict[str, Any]) -> list[str]:
 KINDS: dict[str, tuple[list[Rule], dict[str, Any], Any, Any]] = {
     "job": (JOB_RULES, JOB_CASES, job_doc, parse_job),
     "experiment": (EXPERIMENT_RULES, EXPERIMENT_CASES, experiment_doc, parse_experiment),
+    "runtime": (RUNTIME_RULES, RUNTIME_CASES, runtime_doc, parse_runtime),
+    "namespaced runtime": (NAMESPACED_RULES, NAMESPACED_CASES, namespaced_runtime_doc, parse_runtime),
 }
 
 

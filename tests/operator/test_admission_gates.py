@@ -67,7 +67,7 @@ class ApprovalClient:
     def __init__(self, kube: Kube, watched: bool) -> None:
         self.unwatched_requeue = None if watched else 7.0
 
-    def observe(self, job: RLTrainingJob, uid: str) -> Gated[str | None] | None:
+    def observe(self, job: RLTrainingJob, uid: str, worker: Any = None) -> Gated[str | None] | None:
         return Gated(APPROVAL_GATE, job.metadata.annotations.get(APPROVAL))
 
     def recheck(self, writes: Any) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from rljob_contract.job import ManifestError, RLTrainingJob, parse_job
+from rljob_contract.runtime import Resolved, parse_runtime
 from rljob_contract.spec import TrainerConfig
 from rljob_operator import crd
 from rljob_operator.decisions.checkpoints import CONDITION, EVENT_REASON, durability, mounted_location
@@ -26,19 +27,29 @@ from rljob_trainer.checkpoints.plan import location_for, storage_plan
 from rljob_trainer.errors import PermanentError
 from rljob_trainer.storage_backends.pvc import parse_claim
 
-from tests.support.operator import deep_update, job_manifest
+from tests.support.operator import job_manifest, on_runtime, runtime_manifest
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
-def make_job(checkpoint: dict[str, Any] | None = None, workers: dict[str, Any] | None = None,
-             status: dict[str, Any] | None = None, generation: int = 1) -> RLTrainingJob:
+def make_job(status: dict[str, Any] | None = None, generation: int = 1, sub_path: str | None = None) -> RLTrainingJob:
     doc = job_manifest("train", 2, namespace="team-a")
-    doc = deep_update(doc, {"spec": {"checkpoint": checkpoint or {}, "workers": workers or {}}})
     doc["metadata"].update({"uid": "uid-1", "generation": generation})
+    if sub_path:
+        doc["spec"]["checkpoint"]["subPath"] = sub_path
     if status is not None:
         doc["status"] = status
     return parse_job(doc)
+
+
+def runtime(job: RLTrainingJob, checkpoint: dict[str, Any] | None = None,
+            template: dict[str, Any] | None = None) -> Resolved:
+    """``job`` on a runtime with this checkpoint storage and pod template."""
+    return on_runtime(job, {"checkpoint": checkpoint or {}, **({"podTemplate": template} if template else {})})
+
+
+#: Where a runtime's storage prefix puts job team-a/train.
+OWN = "team-a/train"
 
 
 def condition(plan: Plan) -> dict[str, Any]:
@@ -60,8 +71,11 @@ def test_a_pvc_location_names_a_claim_and_an_optional_prefix() -> None:
     assert parse_claim("pvc://ckpt/team-a/run1") == ("ckpt", "team-a/run1")
     assert parse_claim("pvc://ckpt.fast/") == ("ckpt.fast", "")
     assert parse_claim("s3://ckpt/run1") is None
-    job = make_job({"storage": "pvc://ckpt/run1", "mirrors": [{"location": "pvc://backup"}]})
-    assert job.spec.checkpoint.storage == "pvc://ckpt/run1"
+    resolved = runtime(make_job(), {"storage": "pvc://ckpt/run1", "mirrors": [{"location": "pvc://backup"}]})
+    assert resolved.checkpoint.storage == f"pvc://ckpt/run1/{OWN}"
+    assert [m.location for m in resolved.checkpoint.mirrors] == [f"pvc://backup/{OWN}"]
+    assert runtime(make_job(sub_path="ablation/lr"), {"storage": "pvc://ckpt"}).checkpoint.storage == \
+        f"pvc://ckpt/{OWN}/ablation/lr"
 
 
 @pytest.mark.parametrize(("checkpoint", "field", "says"), [
@@ -74,13 +88,13 @@ def test_a_pvc_location_names_a_claim_and_an_optional_prefix() -> None:
 def test_a_malformed_pvc_location_is_refused_naming_the_field(checkpoint: dict[str, Any], field: str,
                                                               says: str) -> None:
     with pytest.raises(ManifestError) as error:
-        make_job(checkpoint)
+        parse_runtime(runtime_manifest(spec={"checkpoint": checkpoint}))
     problems = [p.replace("[", ".").replace("]", "") for p in error.value.problems]
     assert any(p.startswith(field) and says in p for p in problems), error.value.problems
 
 
 def test_the_crd_refuses_malformed_pvc_locations_with_the_models_rule() -> None:
-    root = crd.openapi_schema()["properties"]["spec"]["properties"]["checkpoint"]
+    root = crd.runtime_openapi_schema("ClusterRLTrainingRuntime")["properties"]["spec"]["properties"]["checkpoint"]
     storage_rules = [r for r in root["x-kubernetes-validations"] if "pvc://" in r["rule"]]
     mirror_rules = root["properties"]["mirrors"]["items"]["x-kubernetes-validations"]
     assert [r["fieldPath"] for r in storage_rules] == [".storage"]
@@ -99,9 +113,10 @@ def test_the_printer_column_shows_whether_checkpoints_are_durable() -> None:
 
 
 def test_every_worker_mounts_each_named_claim_once_read_write() -> None:
-    job = make_job({"storage": "pvc://ckpt/runs/a", "mirrors": [
+    job = make_job()
+    on = runtime(job, {"storage": "pvc://ckpt/runs/a", "mirrors": [
         {"location": "pvc://backup.disk/a"}, {"location": "pvc://ckpt/copy"}, {"location": "s3://b/a"}]})
-    for pod in desired_worker_pods(job, 0):
+    for pod in desired_worker_pods(job, 0, runtime=on):
         claims = [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
         assert claims == [
             {"name": "rljob-checkpoints-0", "persistentVolumeClaim": {"claimName": "ckpt", "readOnly": False}},
@@ -115,21 +130,24 @@ def test_every_worker_mounts_each_named_claim_once_read_write() -> None:
 
 
 def test_a_job_without_a_pvc_location_mounts_no_claim() -> None:
-    pod = desired_worker_pod(make_job({"storage": "s3://b/run"}), 0, 0)
+    job = make_job()
+    pod = desired_worker_pod(job, 0, 0, runtime=runtime(job, {"storage": "s3://b/run"}))
     assert not [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
     assert not [m for m in trainer(pod)["volumeMounts"] if m["mountPath"].startswith("/var/lib/rljob")]
 
 
 def test_the_trainer_config_names_the_mounted_folder_not_the_claim() -> None:
-    job = make_job({"storage": "pvc://ckpt/runs/a", "mirrors": [{"location": "pvc://backup"},
-                                                                 {"location": "s3://b/a", "region": "eu-west-1"}]})
-    config = TrainerConfig.model_validate(yaml.safe_load(desired_configmap(job)["data"][CONFIG_KEY]))
-    assert config.checkpoint.storage == "/var/lib/rljob/checkpoints/ckpt/runs/a"
-    assert [m.location for m in config.checkpoint.mirrors] == ["/var/lib/rljob/checkpoints/backup", "s3://b/a"]
+    job = make_job()
+    on = runtime(job, {"storage": "pvc://ckpt/runs/a", "mirrors": [{"location": "pvc://backup"},
+                                                                   {"location": "s3://b/a", "region": "eu-west-1"}]})
+    config = TrainerConfig.model_validate(yaml.safe_load(desired_configmap(job, runtime=on)["data"][CONFIG_KEY]))
+    assert config.checkpoint.storage == f"/var/lib/rljob/checkpoints/ckpt/runs/a/{OWN}"
+    assert [m.location for m in config.checkpoint.mirrors] == [f"/var/lib/rljob/checkpoints/backup/{OWN}",
+                                                               f"s3://b/a/{OWN}"]
     assert config.checkpoint.mirrors[1].region == "eu-west-1"
-    assert job.spec.checkpoint.storage == "pvc://ckpt/runs/a"  # the job itself is not rewritten
+    assert on.checkpoint.storage == f"pvc://ckpt/runs/a/{OWN}"  # the resolved runtime itself is not rewritten
     # Every mounted folder the trainer is told about is inside a mount the pod has.
-    mounts = [m["mountPath"] for m in trainer(desired_worker_pod(job, 0, 0))["volumeMounts"]]
+    mounts = [m["mountPath"] for m in trainer(desired_worker_pod(job, 0, 0, runtime=on))["volumeMounts"]]
     for folder in (config.checkpoint.storage, config.checkpoint.mirrors[0].location):
         assert any(folder == m or folder.startswith(m + "/") for m in mounts), (folder, mounts)
 
@@ -161,43 +179,45 @@ def test_rljob_checkpoints_on_a_pvc_location_says_why_in_one_line(capsys: pytest
 # ------------------------------------------------------------------------- durability
 
 
-@pytest.mark.parametrize(("checkpoint", "workers", "durable", "says"), [
-    ({}, {}, False, "/workspace/output/checkpoints (spec.checkpoint.storage is not set) on the pod's emptyDir "
-                    "volume rljob-workspace: every gang restart deletes them"),
-    ({"storage": "s3://b/run"}, {}, True, "s3://b/run"),
-    ({"storage": "pvc://ckpt/run"}, {}, True, "pvc://ckpt/run"),
-    ({"storage": "/workspace/ckpt"}, {}, False, "emptyDir volume rljob-workspace"),
-    ({"storage": "ckpt"}, {}, False, "the container's own filesystem"),
-    ({"mirrors": [{"location": "pvc://backup/run"}]}, {}, True, "pvc://backup/run"),
-    ({"storage": "/data/run"}, {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
-                                "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+def _mounted(volume: dict[str, Any], path: str) -> dict[str, Any]:
+    """A runtime pod template mounting ``volume`` into the trainer at ``path``."""
+    return {"spec": {"volumes": [volume],
+                     "containers": [{"name": "trainer", "volumeMounts": [{"name": volume["name"], "mountPath": path}]}]}}
+
+
+@pytest.mark.parametrize(("checkpoint", "template", "durable", "says"), [
+    ({}, None, False, "/workspace/output/checkpoints (the runtime's spec.checkpoint.storage is not set) on the pod's "
+                      "emptyDir volume rljob-workspace: every gang restart deletes them"),
+    ({"storage": "s3://b/run"}, None, True, f"s3://b/run/{OWN}"),
+    ({"storage": "pvc://ckpt/run"}, None, True, f"pvc://ckpt/run/{OWN}"),
+    ({"storage": "/workspace/ckpt"}, None, False, "emptyDir volume rljob-workspace"),
+    ({"storage": "ckpt"}, None, False, "the container's own filesystem"),
+    ({"mirrors": [{"location": "pvc://backup/run"}]}, None, True, f"pvc://backup/run/{OWN}"),
+    ({"storage": "/data/run"}, _mounted({"name": "data", "persistentVolumeClaim": {"claimName": "d"}}, "/data"),
      True, "on volume data (persistentVolumeClaim)"),
-    ({"storage": "/data/run"}, {"volumes": [{"name": "data", "emptyDir": {}}],
-                                "volumeMounts": [{"name": "data", "mountPath": "/data/"}]},
-     False, "emptyDir volume data"),
-    ({"storage": "/data/run"}, {"podTemplate": {"spec": {
-        "volumes": [{"name": "nfs", "nfs": {"server": "nfs.local", "path": "/export"}}],
-        "containers": [{"name": "trainer", "volumeMounts": [{"name": "nfs", "mountPath": "/data"}]}]}}},
+    ({"storage": "/data/run"}, _mounted({"name": "data", "emptyDir": {}}, "/data/"), False, "emptyDir volume data"),
+    ({"storage": "/data/run"}, _mounted({"name": "nfs", "nfs": {"server": "nfs.local", "path": "/export"}}, "/data"),
      True, "on volume nfs (nfs)"),
 ])
 def test_checkpoints_are_durable_only_where_they_outlive_the_pod(
-    checkpoint: dict[str, Any], workers: dict[str, Any], durable: bool, says: str
+    checkpoint: dict[str, Any], template: dict[str, Any] | None, durable: bool, says: str
 ) -> None:
-    job = make_job(checkpoint, workers)
-    found = durability(job.spec.checkpoint, lambda: desired_worker_pod(job, 0, 0))
+    job = make_job()
+    on = runtime(job, checkpoint, template)
+    found = durability(on.checkpoint, lambda: desired_worker_pod(job, 0, 0, runtime=on))
     assert (found.durable, found.status, found.reason) == (durable, str(durable), "Durable" if durable else "Ephemeral")
     assert says in found.message
     if not durable:  # the message says what to set
-        assert "spec.checkpoint.storage to pvc://<claim>/<prefix>" in found.message
+        assert "spec.checkpoint.storage is pvc://<claim>/<prefix>" in found.message
 
 
 def test_a_remote_location_is_judged_without_building_a_pod() -> None:
-    job = make_job({"storage": "/workspace/x", "mirrors": [{"location": "s3://b/x"}]})
+    on = runtime(make_job(), {"storage": "/workspace/x", "mirrors": [{"location": "s3://b/x"}]})
 
     def no_pod() -> dict[str, Any]:
         raise AssertionError("a pod was built")
 
-    assert durability(job.spec.checkpoint, no_pod).durable
+    assert durability(on.checkpoint, no_pod).durable
 
 
 # ------------------------------------------------------------- the condition and the Event
@@ -221,10 +241,11 @@ def test_the_warning_is_not_repeated_at_later_reconciles() -> None:
         assert condition(plan)["lastTransitionTime"] == condition(first)["lastTransitionTime"]
 
 
-def test_an_edit_to_durable_storage_clears_it_and_an_edit_back_warns_again() -> None:
+def test_a_runtime_with_durable_storage_clears_it_and_one_without_warns_again() -> None:
     first = plan_reconcile(make_job(), [], NOW)
-    fixed = plan_reconcile(make_job({"storage": "pvc://ckpt/run"}, status=first.status, generation=2), [],
-                           NOW + timedelta(minutes=1))
+    edited = make_job(status=first.status, generation=2)
+    fixed = plan_reconcile(edited, [], NOW + timedelta(minutes=1),
+                           runtime=runtime(edited, {"storage": "pvc://ckpt/run"}))
     assert (condition(fixed)["status"], condition(fixed)["reason"]) == ("True", "Durable")
     assert warnings(fixed) == [] and condition(fixed)["observedGeneration"] == 2
     again = plan_reconcile(make_job(status=fixed.status, generation=3), [], NOW + timedelta(minutes=2))
@@ -232,7 +253,8 @@ def test_an_edit_to_durable_storage_clears_it_and_an_edit_back_warns_again() -> 
 
 
 def test_a_job_with_durable_storage_is_never_warned() -> None:
-    plan = plan_reconcile(make_job({"storage": "s3://b/run"}), [], NOW)
+    job = make_job()
+    plan = plan_reconcile(job, [], NOW, runtime=runtime(job, {"storage": "s3://b/run"}))
     assert condition(plan)["status"] == "True" and warnings(plan) == []
 
 
@@ -246,8 +268,9 @@ def test_a_status_written_without_the_spec_keeps_the_condition() -> None:
 def test_a_job_failing_its_policy_check_is_not_also_warned() -> None:
     from rljob_operator.decisions.policy import PodProfile
 
-    job = make_job(workers={"serviceAccountName": "admin"})
-    plan = plan_reconcile(job, [], NOW, profile=PodProfile(allowed_images=("*",)))
+    job = make_job()
+    plan = plan_reconcile(job, [], NOW, profile=PodProfile(allowed_images=("*",)),
+                          runtime=runtime(job, template={"spec": {"serviceAccountName": "admin"}}))
     assert plan.status["phase"] == "Failed" and plan.status["reason"] == "PolicyViolation"
     assert warnings(plan) == []
 

@@ -33,8 +33,7 @@ from rljob_operator.decisions.policy import PodProfile
 from tests.support.experiment_maxima import largest_status
 
 NOW = "2026-01-01T00:00:00Z"
-TEMPLATE = {"image": "ghcr.io/rljob/trainer:0.1.0",
-            "training": {"learningRate": 0.001, "maxSteps": 40, "seed": 7}}
+TEMPLATE = {"training": {"learningRate": 0.001, "maxSteps": 40, "seed": 7}}
 
 
 def experiment(spec: dict[str, Any], labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -227,10 +226,11 @@ def test_too_many_failed_trials_fail_the_search() -> None:
 
 
 def test_the_pod_profile_applies_to_trials() -> None:
-    doc = experiment({**AB, "template": {**TEMPLATE, "image": "evil.example/miner:1"}})
+    remote = {"training": {**TEMPLATE["training"], "trl": {"trust_remote_code": True}}}
+    doc = experiment({**AB, "template": remote})
     p = plan(doc, [])
     assert p.create == [] and p.status["phase"] == "Failed" and p.status["reason"] == "PolicyViolation"
-    assert "spec.template.image" in p.status["message"]
+    assert "spec.template.training.trl.trust_remote_code" in p.status["message"]
 
 
 def test_the_largest_status_is_bounded_whatever_the_trial_jobs_say() -> None:

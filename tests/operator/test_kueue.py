@@ -3,9 +3,11 @@ assigned flavor, stops gracefully when evicted and gives the quota back (integra
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rljob_contract.job import RLTrainingJob, parse_job
+from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations.gate import Gated
@@ -21,7 +23,7 @@ from rljob_operator.integrations.kueue.decide import (
 from rljob_operator.times import rfc3339
 
 from tests.operator.test_operator_unit import NOW, UID, observe, pod_json
-from tests.support.operator import job_manifest
+from tests.support.operator import job_manifest, on_runtime
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/*",))
 FLAVOR = Flavor("a100", {"pool": "a100"}, [{"key": "pool", "operator": "Equal", "value": "a100",
@@ -38,10 +40,16 @@ def make(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = Non
     return parse_job(doc)
 
 
+def worker_of(job: RLTrainingJob, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A worker pod of ``job`` on the tests' runtime (``runtime`` merged into its spec), as the reconciler builds it
+    for the gates."""
+    return desired_worker_pod(job, 0, 0, runtime=on_runtime(job, runtime))
+
+
 def workload(job: RLTrainingJob, *conditions: tuple[str, str, str], admitted_to: str | None = None,
-             active: bool = True) -> dict[str, Any]:
+             active: bool = True, runtime: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job's Workload as Kueue leaves it: ``conditions`` (type, status, reason), an admission."""
-    wl = desired_workload(job, job.replicas, None)
+    wl = desired_workload(job, job.replicas, None, worker_of(job, runtime))
     wl["metadata"].update({"resourceVersion": "7", "generation": 1})
     wl["spec"]["active"] = active
     status: dict[str, Any] = {"conditions": [
@@ -57,8 +65,11 @@ def workload(job: RLTrainingJob, *conditions: tuple[str, str, str], admitted_to:
 ADMITTED = (("QuotaReserved", "True", "QuotaReserved"), ("Admitted", "True", "Admitted"))
 
 
-def reconcile(job: RLTrainingJob, view: QueueView, *pods: dict[str, Any]) -> Plan:
-    return plan_reconcile(job, observe(job, *pods), NOW, profile=PROFILE, gates=(Gated(KUEUE, view),))
+def reconcile(job: RLTrainingJob, view: QueueView, *pods: dict[str, Any], runtime: dict[str, Any] | None = None) -> Plan:
+    """One reconcile of ``job`` on the tests' runtime (``runtime`` merged into its spec), as the reconciler runs it."""
+    view = dataclasses.replace(view, worker=worker_of(job, runtime))
+    return plan_reconcile(job, observe(job, *pods), NOW, profile=PROFILE, gates=(Gated(KUEUE, view),),
+                          runtime=on_runtime(job, runtime))
 
 
 def writes(plan: Plan) -> QueueWrites:
@@ -127,13 +138,23 @@ def test_a_flavor_the_pod_profile_refuses_fails_the_job_naming_it() -> None:
     assert wl["metadata"]["name"] in writes(plan).status  # quota given back
 
 
-def test_a_flavor_label_contradicting_the_jobs_node_selector_fails_the_job_naming_both() -> None:
-    job = make({"workers": {"gpusPerWorker": 2, "nodeSelector": {"pool": "h100"}}},
-               {"phase": "Queued", "gangGeneration": 0})
-    wl = workload(job, *ADMITTED, admitted_to="a100")
-    plan = reconcile(job, QueueView(workloads=[wl], flavors={"a100": FLAVOR}))
+def test_a_flavor_label_contradicting_the_runtimes_node_selector_fails_the_job_naming_both() -> None:
+    job = make(status={"phase": "Queued", "gangGeneration": 0})
+    h100 = {"podTemplate": {"spec": {"nodeSelector": {"pool": "h100"}}}}
+    wl = workload(job, *ADMITTED, admitted_to="a100", runtime=h100)
+    plan = reconcile(job, QueueView(workloads=[wl], flavors={"a100": FLAVOR}), runtime=h100)
     assert plan.status["phase"] == "Failed" and not plan.create_pods
-    assert "spec.workers.nodeSelector[pool]" in plan.status["message"] and "ResourceFlavor a100" in plan.status["message"]
+    assert "spec.podTemplate.spec.nodeSelector[pool]" in plan.status["message"]
+    assert "ResourceFlavor a100" in plan.status["message"]
+
+
+def test_the_workload_counts_the_pod_built_on_the_runtime() -> None:
+    """The Workload's podSet is the worker as built on its runtime: its GPU resource and cpu/memory defaults."""
+    amd = {"gpuResource": "amd.com/gpu", "limits": {"cpuPerWorker": {"default": "4"}}}
+    job = make()
+    plan = reconcile(job, QueueView(), runtime=amd)
+    [container] = writes(plan).create["spec"]["podSets"][0]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"] == {"cpu": "4", "amd.com/gpu": "2"}
 
 
 def test_eviction_stops_the_gang_as_a_new_generation_without_counting_a_restart() -> None:
@@ -177,7 +198,7 @@ def test_finishing_marks_the_workload_finished_and_suspending_deletes_it() -> No
     suspended = make({"runPolicy": {"suspend": True}}, {"phase": "Running", "gangGeneration": 0})
     plan = reconcile(suspended, QueueView(workloads=[workload(suspended, *ADMITTED, admitted_to="a100")]))
     assert plan.status["phase"] == "Suspended"
-    assert writes(plan).delete == [workload_name(suspended, 2)]
+    assert writes(plan).delete == [workload_name(suspended, 2, worker_of(suspended))]
 
 
 def test_a_new_size_is_a_new_workload_and_the_old_one_goes() -> None:
@@ -219,5 +240,5 @@ def test_an_unlabelled_job_plans_exactly_as_without_kueue() -> None:
     doc = job_manifest("train", 2, {"workers": {"gpusPerWorker": 2}}, namespace="team-a")
     doc["metadata"].update({"uid": UID, "generation": 1})
     job = parse_job(doc)
-    plain = plan_reconcile(job, [], NOW, profile=PROFILE)
+    plain = plan_reconcile(job, [], NOW, profile=PROFILE, runtime=on_runtime(job))
     assert "kueue" not in plain.gate_writes and len(plain.create_pods) == 2

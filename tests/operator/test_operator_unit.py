@@ -41,7 +41,15 @@ from rljob_operator.names import (
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
-from tests.support.operator import INVALID_MANIFESTS, REPO, deep_update, invalid_manifest, job_manifest
+from tests.support.operator import (
+    INVALID_MANIFESTS,
+    REPO,
+    TEST_IMAGE,
+    deep_update,
+    invalid_manifest,
+    job_manifest,
+    on_runtime,
+)
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 UID = "0123456789abcdef-uid"
@@ -188,13 +196,14 @@ def test_crd_names_subresources_and_columns() -> None:
 
 
 def test_cel_rules_sit_where_their_fields_are() -> None:
-    schema = crd.openapi_schema()
-    for path, rules in crd.CEL_RULES.items():
-        node = crd._at(schema, path)
-        assert node["x-kubernetes-validations"] == rules
-        for rule in rules:
-            if "fieldPath" in rule:  # the field a rule names exists under it
-                crd._at(node, rule["fieldPath"].strip("."))
+    runtime = {"properties": {"spec": crd.runtime_spec_schema()}}
+    for schema, table in ((crd.openapi_schema(), crd.CEL_RULES), (runtime, crd.RUNTIME_CEL_RULES)):
+        for path, rules in table.items():
+            node = crd._at(schema, path)
+            assert node["x-kubernetes-validations"][:len(rules)] == rules  # the moved fields' rules follow
+            for rule in node["x-kubernetes-validations"]:
+                if "fieldPath" in rule:  # the field a rule names exists under it
+                    crd._at(node, rule["fieldPath"].strip("."))
 
 
 @pytest.mark.parametrize(("case", "patch", "field"), INVALID_MANIFESTS, ids=[c[0] for c in INVALID_MANIFESTS])
@@ -250,8 +259,23 @@ def test_gpus_are_requested_and_limited_and_their_taint_tolerated() -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
     cpu_job = make_job(spec={"workers": {"gpusPerWorker": 0}})
     assert "nvidia.com/gpu" not in str(desired_worker_pod(cpu_job, 0, 0)["spec"]["containers"][0]["resources"])
-    amd = make_job(spec={"workers": {"gpuResource": "amd.com/gpu", "gpusPerWorker": 4}})
-    assert desired_worker_pod(amd, 0, 0)["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}
+    amd = make_job(spec={"workers": {"gpusPerWorker": 4}})
+    pod = desired_worker_pod(amd, 0, 0, runtime=on_runtime(amd, {"gpuResource": "amd.com/gpu"}))
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}
+    assert pod["spec"]["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_a_cpu_runtime_gives_a_job_no_gpus_and_defaults_fill_its_sizes() -> None:
+    """The quickstart's procsPerWorker: 2 asks for 2 GPUs on a GPU runtime and none on a CPU one (max 0)."""
+    job = make_job(spec={"workers": {"procsPerWorker": 2}, "training": {"batchSize": 2}})
+    cpu = on_runtime(job, {"limits": {"gpusPerWorker": {"max": 0}, "cpuPerWorker": {"default": "2"},
+                                      "memoryPerWorker": {"default": "4Gi"},
+                                      "terminationGracePeriodSeconds": {"default": 30}}})
+    pod = desired_worker_pod(job, 0, 0, runtime=cpu)
+    assert pod["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 30 and env_of(pod)["RLJOB_SHUTDOWN_TIMEOUT"] == "20"
+    gpu = desired_worker_pod(job, 0, 0, runtime=on_runtime(job))["spec"]["containers"][0]["resources"]
+    assert gpu["limits"] == {"nvidia.com/gpu": "2"}
 
 
 def test_health_probes_are_on_worker_zero_only() -> None:
@@ -298,20 +322,29 @@ def test_service_is_headless_publishes_unready_workers_and_selects_worker_0_only
     assert {p["port"] for p in svc["spec"]["ports"]} == {29500, 9400}
 
 
-def test_user_env_volumes_and_scheduling_fields_reach_the_pod() -> None:
+def test_the_jobs_env_and_the_runtimes_pod_fields_reach_the_pod() -> None:
     job = make_job(spec={"workers": {
-        "env": [{"name": "HF_HOME", "value": "/cache"}, {"name": "RLJOB_NODE_RANK", "value": "7"}],
+        "env": [{"name": "HF_HOME", "value": "/cache"}, {"name": "RLJOB_NODE_RANK", "value": "7"},
+                {"name": "HF_TOKEN", "value": "mine"}],
+    }})
+    runtime = on_runtime(job, {"imagePullSecrets": [{"name": "regcred"}], "podTemplate": {"spec": {
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "prompts"}}],
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "containers": [{"name": "trainer", "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}]}],
         "nodeSelector": {"pool": "h100"},
         "tolerations": [{"key": "spot", "operator": "Exists"}],
         "priorityClassName": "training", "serviceAccountName": "s3-reader",
         "affinity": {"nodeAffinity": {}},
-    }})
-    pod = desired_worker_pod(job, 1, 0)
+    }}})
+    pod = desired_worker_pod(job, 1, 0, runtime=runtime)
     env = env_of(pod)
     assert env["HF_HOME"] == "/cache" and env["RLJOB_NODE_RANK"] == "1"  # the contract wins
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "t"}}  # and so does the runtime
     assert [e["name"] for e in pod["spec"]["containers"][0]["env"]].count("RLJOB_NODE_RANK") == 1
+    assert [e["name"] for e in pod["spec"]["containers"][0]["env"]].count("HF_TOKEN") == 1
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    forbidden = on_runtime(job, {"jobEnv": "Forbidden"})
+    assert "HF_HOME" not in env_of(desired_worker_pod(job, 1, 0, runtime=forbidden))
     assert {"name": "data", "mountPath": "/data"} in pod["spec"]["containers"][0]["volumeMounts"]
     assert any(v["name"] == "data" for v in pod["spec"]["volumes"])
     spec = pod["spec"]
@@ -321,7 +354,8 @@ def test_user_env_volumes_and_scheduling_fields_reach_the_pod() -> None:
 
 
 def test_pod_template_merges_but_operator_fields_win() -> None:
-    job = make_job(spec={"workers": {"podTemplate": {
+    job = make_job()
+    runtime = on_runtime(job, {"podTemplate": {
         "metadata": {"labels": {"team": "rl", LABEL_JOB: "other"}, "annotations": {"a": "b"}},
         "spec": {
             "restartPolicy": "Always",
@@ -332,15 +366,15 @@ def test_pod_template_merges_but_operator_fields_win() -> None:
             ],
             "tolerations": [{"key": "x", "operator": "Exists"}],
         },
-    }}})
-    pod = desired_worker_pod(job, 0, 0)
+    }})
+    pod = desired_worker_pod(job, 0, 0, runtime=runtime)
     assert pod["metadata"]["labels"]["team"] == "rl" and pod["metadata"]["labels"][LABEL_JOB] == "train"
     assert pod["metadata"]["annotations"]["a"] == "b"
     assert pod["spec"]["restartPolicy"] == "Never" and pod["spec"]["schedulerName"] == "volcano"
     trainer, sidecar = pod["spec"]["containers"]
     assert trainer["command"][:3] == ["python", "-m", "rljob_trainer.launch"]
     # The template's fields merge into ours (so the pod still meets Pod Security "restricted").
-    assert trainer["securityContext"]["runAsUser"] == 1000 and trainer["image"] == job.spec.image
+    assert trainer["securityContext"]["runAsUser"] == 1000 and trainer["image"] == runtime.image == TEST_IMAGE
     assert trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert len(pod["spec"]["tolerations"]) == 2
@@ -361,7 +395,7 @@ def test_spec_hash_changes_with_the_gang_spec_but_not_run_policy_or_size() -> No
     # The size is the operator's decision (status.scaling): a resize restarts the gang itself.
     assert spec_hash(job) == spec_hash(make_job(replicas=4, spec={"workers": {"maxReplicas": 8}}))
     assert spec_hash(job) != spec_hash(make_job(spec={"workers": {"procsPerWorker": 2}}))
-    assert spec_hash(job) != spec_hash(make_job(spec={"image": "other:1"}))
+    assert spec_hash(job) != spec_hash(make_job(spec={"training": {"seed": 5}}))
 
 
 # ---------------------------------------------------------------------- plans
@@ -528,7 +562,7 @@ def test_a_finished_job_creates_nothing() -> None:
 def test_a_spec_change_restarts_the_gang() -> None:
     old = make_job(replicas=3)
     pods = [pod_json(old, 0), pod_json(old, 1), pod_json(old, 2)]
-    job = make_job(replicas=3, spec={"image": "trainer:2"},
+    job = make_job(replicas=3, spec={"training": {"seed": 5}},
                    status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0}, generation=2)
     plan = plan_reconcile(job, observe(job, *pods), NOW)
     assert plan.status["gangGeneration"] == 1 and plan.gang_restart == "SpecChanged"
@@ -942,10 +976,10 @@ def test_in_a_cluster_replicas_share_one_certificate_secret(monkeypatch: pytest.
 def test_storage_credentials_come_from_secrets_mounted_as_files_never_environment() -> None:
     from rljob_contract import pod as contract
 
-    job = make_job(spec={"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-creds",
-                                        "mirrors": [{"location": "s3://backup/run"},
-                                                    {"location": "s3://other/run", "credentialsSecret": "other"}]}})
-    pod = desired_worker_pod(job, 0, 0)
+    job = make_job()
+    pod = desired_worker_pod(job, 0, 0, runtime=on_runtime(job, {"checkpoint": {
+        "storage": "s3://bucket/run", "credentialsSecret": "s3-creds",
+        "mirrors": [{"location": "s3://backup/run"}, {"location": "s3://other/run", "credentialsSecret": "other"}]}}))
     container = pod["spec"]["containers"][0]
     assert "envFrom" not in container
     assert not [e for e in container["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]]

@@ -131,8 +131,8 @@ def test_status_phase_is_a_plain_str_however_it_is_given() -> None:
 
 def test_a_finished_job_is_decided_by_the_first_step_without_hashing_its_spec(monkeypatch: pytest.MonkeyPatch
                                                                                 ) -> None:
-    assert [s.__name__ for s in STEPS][:5] == ["finished", "policy_violation", "suspended", "deadline_passed",
-                                              "succeeded"]
+    assert [s.__name__ for s in STEPS][:6] == ["finished", "runtime_not_found", "policy_violation", "suspended",
+                                              "deadline_passed", "succeeded"]
     assert STEPS[-1].__name__ == "progress"
 
     def no_hash(job: Any) -> str:
@@ -157,9 +157,9 @@ def test_a_plan_renders_its_configmap_only_when_read(monkeypatch: pytest.MonkeyP
     rendered: list[str] = []
     real = plan_module.desired_configmap
 
-    def counted(job: Any, endpoint: Any) -> dict[str, Any]:
+    def counted(job: Any, endpoint: Any, runtime: Any) -> dict[str, Any]:
         rendered.append("cm")
-        return real(job, endpoint)
+        return real(job, endpoint, runtime)
 
     monkeypatch.setattr(plan_module, "desired_configmap", counted)
     plan = plan_reconcile(make_job(), [], NOW, ENDPOINT)  # the reconciler may discard it (a lagging watch)

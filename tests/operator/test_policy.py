@@ -28,12 +28,16 @@ from rljob_operator.settings import OperatorSettings
 from tests.cluster.waiting import wait_for
 from tests.operator.test_operator_unit import NOW, make_job, observe, pod_json
 from tests.support.operator import (
+    TEST_RUNTIME,
+    apply_runtime,
     create_job,
     events_for,
     get_job,
     job_manifest,
     job_pods,
+    on_runtime,
     patch_spec,
+    runtime_manifest,
     wait_phase,
 )
 
@@ -41,18 +45,29 @@ TEST_IMAGES = ("registry.invalid/rljob-trainer:*",)
 #: The default profile, with the tests' image allowed (as FAST_ENV does for the operator process).
 PROFILE = PodProfile(allowed_images=TEST_IMAGES)
 FOREIGN_IMAGE = "docker.io/library/busybox:latest"
-TEMPLATE = "spec.workers.podTemplate.spec"
+TEMPLATE = "spec.podTemplate.spec"
+#: How a refusal names the tests' runtime before its field.
+RUNTIME = f"ClusterRLTrainingRuntime/{TEST_RUNTIME}: "
 
 
 def _template(spec: dict[str, Any]) -> dict[str, Any]:
-    return {"workers": {"podTemplate": {"spec": spec}}}
+    """A runtime spec patch: its pod template's spec."""
+    return {"podTemplate": {"spec": spec}}
 
 
 def _trainer(security_context: dict[str, Any]) -> dict[str, Any]:
     return _template({"containers": [{"name": "trainer", "securityContext": security_context}]})
 
 
-#: (case, spec patch, the field the PolicyViolation must name) under the default (restricted) profile.
+def _checked(job_patch: dict[str, Any] | None = None, runtime: dict[str, Any] | None = None,
+             profile: PodProfile = PROFILE) -> list[str]:
+    """The violations of a job (``job_patch``) on the tests' runtime (``runtime`` merged into its spec)."""
+    job = make_job(spec=job_patch)
+    return violations(job, profile, on_runtime(job, runtime))
+
+
+#: (case, runtime spec patch, the runtime's field the PolicyViolation must name) under the default (restricted)
+#: profile: a runtime gets no more than a job did (a namespace's admins write RLTrainingRuntimes).
 ESCALATIONS: list[tuple[str, dict[str, Any], str]] = [
     ("privileged", _trainer({"privileged": True}), f"{TEMPLATE}.containers[0].securityContext.privileged"),
     ("root-pod", _template({"securityContext": {"runAsUser": 0}}), f"{TEMPLATE}.securityContext.runAsUser"),
@@ -64,9 +79,7 @@ ESCALATIONS: list[tuple[str, dict[str, Any], str]] = [
     ("host-network", _template({"hostNetwork": True}), f"{TEMPLATE}.hostNetwork"),
     ("host-pid", _template({"hostPID": True}), f"{TEMPLATE}.hostPID"),
     ("host-ipc", _template({"hostIPC": True}), f"{TEMPLATE}.hostIPC"),
-    ("host-path", {"workers": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}},
-     "spec.workers.volumes[0].hostPath"),
-    ("host-path-template", _template({"volumes": [{"name": "host", "hostPath": {"path": "/var/run"}}]}),
+    ("host-path", _template({"volumes": [{"name": "host", "hostPath": {"path": "/var/run"}}]}),
      f"{TEMPLATE}.volumes[0].hostPath"),
     ("node-name", _template({"nodeName": "some-gpu-node"}), f"{TEMPLATE}.nodeName"),
     ("capabilities", _trainer({"capabilities": {"add": ["SYS_ADMIN"]}}),
@@ -83,37 +96,41 @@ ESCALATIONS: list[tuple[str, dict[str, Any], str]] = [
     ("foreign-image", {"image": FOREIGN_IMAGE}, "spec.image"),
     ("foreign-image-template", _template({"containers": [{"name": "trainer", "image": FOREIGN_IMAGE}]}),
      f"{TEMPLATE}.containers[0].image"),
-    ("foreign-service-account", {"workers": {"serviceAccountName": "cluster-admin-sa"}},
-     "spec.workers.serviceAccountName"),
-    ("foreign-service-account-template", _template({"serviceAccountName": "cluster-admin-sa"}),
-     f"{TEMPLATE}.serviceAccountName"),
+    ("foreign-service-account", _template({"serviceAccountName": "cluster-admin-sa"}), f"{TEMPLATE}.serviceAccountName"),
     ("token-mounted", _template({"automountServiceAccountToken": True}), f"{TEMPLATE}.automountServiceAccountToken"),
-    ("token-volume", {"workers": {"volumes": [{"name": "tok", "projected": {"sources": [
-        {"serviceAccountToken": {"path": "token"}}]}}]}},
-     "spec.workers.volumes[0].projected.sources[0].serviceAccountToken"),
-    ("control-plane-toleration", {"workers": {"tolerations": [
-        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]}},
-     "spec.workers.tolerations[0].key"),
+    ("token-volume", _template({"volumes": [{"name": "tok", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token"}}]}}]}),
+     f"{TEMPLATE}.volumes[0].projected.sources[0].serviceAccountToken"),
+    ("control-plane-toleration", _template({"tolerations": [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]}),
+     f"{TEMPLATE}.tolerations[0].key"),
+    # gpuResource becomes a toleration: named after a control-plane taint, it would seat the workers next to etcd.
+    ("control-plane-gpu-resource", {"gpuResource": "node-role.kubernetes.io/control-plane"}, "spec.gpuResource"),
+]
+#: (case, job spec patch, field): what the job itself may still ask for that the profile refuses.
+JOB_ESCALATIONS: list[tuple[str, dict[str, Any], str]] = [
     ("trust-remote-code", {"training": {"trl": {"trust_remote_code": True}}}, "spec.training.trl.trust_remote_code"),
     ("trust-remote-code-kwargs", {"training": {"trl": {"model_init_kwargs": {"trust_remote_code": True}}}},
      "spec.training.trl.model_init_kwargs.trust_remote_code"),
 ]
 
-#: (case, spec patch, field): Secret references, refused when allowSecretReferences is false.
+#: (case, runtime spec patch, field): Secret references, refused when allowSecretReferences is false.
 SECRET_REFERENCES: list[tuple[str, dict[str, Any], str]] = [
-    ("secret-env", {"workers": {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "hf", "key": "token"}}}]}}, "spec.workers.env[0].valueFrom.secretKeyRef.name"),
+    ("secret-env", _template({"containers": [{"name": "trainer", "env": [{"name": "HF_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "hf", "key": "token"}}}]}]}), f"{TEMPLATE}.containers[0].env[0].valueFrom.secretKeyRef.name"),
     ("secret-credentials", {"checkpoint": {"storage": "s3://bucket/run", "credentialsSecret": "s3-keys"}},
      "spec.checkpoint.credentialsSecret"),
-    ("secret-volume", {"workers": {"volumes": [{"name": "keys", "secret": {"secretName": "keys"}}]}},
-     "spec.workers.volumes[0].secret.secretName"),
+    ("secret-volume", _template({"volumes": [{"name": "keys", "secret": {"secretName": "keys"}}]}),
+     f"{TEMPLATE}.volumes[0].secret.secretName"),
     ("secret-env-from", _template({"containers": [{"name": "trainer", "envFrom": [{"secretRef": {"name": "k"}}]}]}),
      f"{TEMPLATE}.containers[0].envFrom[0].secretRef.name"),
+    ("secret-pull", {"imagePullSecrets": [{"name": "regcred"}]}, "spec.imagePullSecrets[0].name"),
 ]
 
 
 def _named(problems: list[str], field: str, level: str = "restricted") -> bool:
-    return any(p.startswith(f"{field}: ") and f'not allowed by the platform profile "{level}"' in p
+    """A problem names ``field`` (the runtime's, after the runtime; or the job's) with the profile's refusal."""
+    return any(p.removeprefix(RUNTIME).startswith(f"{field}: ") and f'not allowed by the platform profile "{level}"' in p
                for p in problems)
 
 
@@ -121,83 +138,102 @@ def _named(problems: list[str], field: str, level: str = "restricted") -> bool:
 
 
 @pytest.mark.parametrize("case,patch,field", ESCALATIONS, ids=[c for c, _, _ in ESCALATIONS])
-def test_each_escalation_is_named_by_its_field(case: str, patch: dict[str, Any], field: str) -> None:
-    problems = violations(make_job(spec=patch), PROFILE)
+def test_each_escalation_of_a_runtime_is_named_by_the_runtime_and_its_field(case: str, patch: dict[str, Any],
+                                                                            field: str) -> None:
+    problems = _checked(runtime=patch)
     assert _named(problems, field), problems
+    assert all(p.startswith(RUNTIME) for p in problems), problems
+
+
+@pytest.mark.parametrize("case,patch,field", JOB_ESCALATIONS, ids=[c for c, _, _ in JOB_ESCALATIONS])
+def test_each_escalation_of_a_job_is_named_by_its_field(case: str, patch: dict[str, Any], field: str) -> None:
+    assert _named(_checked(patch), field)
 
 
 def test_the_quickstart_job_and_the_default_image_need_nothing_beyond_the_default_profile() -> None:
-    assert violations(make_job(), PROFILE) == []
-    assert violations(make_job(spec={"image": DEFAULT_IMAGE}), PodProfile()) == []
+    assert _checked() == []
+    assert _checked(runtime={"image": DEFAULT_IMAGE}, profile=PodProfile()) == []
+    assert violations(make_job(), PodProfile()) == []  # on no runtime: rljob's own image
     # Harmless pod template fields and volumes stay allowed.
-    tame = {"workers": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
-                        "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1, "containers": [
-                            {"name": "trainer", "securityContext": {"runAsUser": 1000}}]}}}}
-    assert violations(make_job(spec=tame), PROFILE) == []
+    tame = _template({"terminationGracePeriodSeconds": 1,
+                      "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+                      "containers": [{"name": "trainer", "securityContext": {"runAsUser": 1000},
+                                      "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]})
+    assert _checked(runtime=tame) == []
     # The namespace's default ServiceAccount, and one the platform allowed (with its token: workload identity).
-    assert violations(make_job(spec={"workers": {"serviceAccountName": "default"}}), PROFILE) == []
+    assert _checked(runtime=_template({"serviceAccountName": "default"})) == []
     allowed = PodProfile(allowed_images=TEST_IMAGES, allowed_service_accounts=("s3-writer",))
-    job = make_job(spec={"workers": {"serviceAccountName": "s3-writer",
-                                     "podTemplate": {"spec": {"automountServiceAccountToken": True}}}})
-    assert violations(job, allowed) == []
+    identity = _template({"serviceAccountName": "s3-writer", "automountServiceAccountToken": True})
+    assert _checked(runtime=identity, profile=allowed) == []
 
 
 @pytest.mark.parametrize("case,patch,field", SECRET_REFERENCES, ids=[c for c, _, _ in SECRET_REFERENCES])
 def test_secret_references_are_refused_only_where_the_profile_says_so(case: str, patch: dict[str, Any],
                                                                      field: str) -> None:
-    job = make_job(spec=patch)
-    assert violations(job, PROFILE) == []
+    assert _checked(runtime=patch) == []
     no_secrets = PodProfile(allowed_images=TEST_IMAGES, allow_secret_references=False)
-    assert _named(violations(job, no_secrets), field)
+    assert _named(_checked(runtime=patch, profile=no_secrets), field)
 
 
 def test_baseline_allows_root_but_nothing_host_level_and_privileged_only_checks_references() -> None:
     baseline = PodProfile(level="baseline", allowed_images=TEST_IMAGES)
     privileged = PodProfile(level="privileged", allowed_images=TEST_IMAGES)
-    root = make_job(spec=_trainer({"runAsUser": 0, "capabilities": {"add": ["CHOWN"]}}))
-    assert violations(root, baseline) == [] and _named(violations(root, PROFILE), "spec.workers.podTemplate.spec."
-                                                                                   "containers[0].securityContext.runAsUser")
-    host = make_job(spec=_template({"hostNetwork": True, "containers": [
-        {"name": "trainer", "securityContext": {"privileged": True}}]}))
-    assert _named(violations(host, baseline), f"{TEMPLATE}.hostNetwork", "baseline")
-    assert _named(violations(host, baseline), f"{TEMPLATE}.containers[0].securityContext.privileged", "baseline")
-    assert violations(host, privileged) == []
+    root = _trainer({"runAsUser": 0, "capabilities": {"add": ["CHOWN"]}})
+    assert _checked(runtime=root, profile=baseline) == []
+    assert _named(_checked(runtime=root), f"{TEMPLATE}.containers[0].securityContext.runAsUser")
+    host = _template({"hostNetwork": True, "containers": [{"name": "trainer", "securityContext": {"privileged": True}}]})
+    assert _named(_checked(runtime=host, profile=baseline), f"{TEMPLATE}.hostNetwork", "baseline")
+    assert _named(_checked(runtime=host, profile=baseline), f"{TEMPLATE}.containers[0].securityContext.privileged",
+                  "baseline")
+    assert _checked(runtime=host, profile=privileged) == []
     # Images, ServiceAccounts and trust_remote_code are checked at every level.
-    foreign = make_job(spec={"image": FOREIGN_IMAGE, "workers": {"serviceAccountName": "x"},
-                             "training": {"trl": {"trust_remote_code": True}}})
-    assert {p.split(":")[0] for p in violations(foreign, privileged)} == {
-        "spec.image", "spec.workers.serviceAccountName", "spec.training.trl.trust_remote_code"}
-    assert violations(foreign, PodProfile(level="privileged", allowed_images=("*",), allowed_service_accounts=("x",),
-                                          allow_trust_remote_code=True)) == []
+    remote = {"training": {"trl": {"trust_remote_code": True}}}
+    foreign = {"image": FOREIGN_IMAGE, **_template({"serviceAccountName": "x"})}
+    assert {p.removeprefix(RUNTIME).split(":")[0] for p in _checked(remote, foreign, privileged)} == {
+        "spec.image", f"{TEMPLATE}.serviceAccountName", "spec.training.trl.trust_remote_code"}
+    assert _checked(remote, foreign, PodProfile(level="privileged", allowed_images=("*",),
+                                                allowed_service_accounts=("x",), allow_trust_remote_code=True)) == []
+
+
+def test_a_job_outside_its_runtimes_bounds_is_refused_naming_the_field_and_the_bound() -> None:
+    problems = _checked({"workers": {"gpusPerWorker": 4}}, {"limits": {"gpusPerWorker": {"max": 2}}})
+    assert problems == [f"spec.workers.gpusPerWorker: 4 GPUs per worker (runtime ClusterRLTrainingRuntime/"
+                        f"{TEST_RUNTIME} allows at most 2)"]
 
 
 def test_a_verdict_is_remembered_for_an_unchanged_job_and_made_again_when_its_input_changes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``policy.checked``: reconciles of an unchanged job check nothing again; a new spec (even one that
-    kept its generation, as tests build them), new labels or another profile get a verdict of their own."""
+    kept its generation, as tests build them), new labels, another runtime or another profile get a verdict of
+    their own."""
     from collections import OrderedDict
 
     from rljob_operator.decisions import policy
 
     calls: list[str] = []
     real = policy.violations
-    monkeypatch.setattr(policy, "violations", lambda job, profile: calls.append(job.metadata.name) or real(job, profile))
+    monkeypatch.setattr(policy, "violations",
+                        lambda job, profile, runtime: calls.append(job.metadata.name) or real(job, profile, runtime))
     monkeypatch.setattr(policy, "_checked", OrderedDict())
-    assert policy.checked(make_job(), PROFILE) == [] and policy.checked(make_job(), PROFILE) == []
+    job = make_job()
+    on = on_runtime(job)
+    assert policy.checked(make_job(), PROFILE, on) == [] and policy.checked(make_job(), PROFILE, on) == []
     assert len(calls) == 1  # the second reconcile parsed the job again: same input, same verdict
-    case, patch, field = ESCALATIONS[0]
+    case, patch, field = JOB_ESCALATIONS[0]
     escalated = make_job(spec=patch)  # same uid, same generation: only the spec differs
-    assert any(v.startswith(field) for v in policy.checked(escalated, PROFILE)), case
+    assert any(v.startswith(field) for v in policy.checked(escalated, PROFILE, on)), case
     relabelled = make_job()
     relabelled.metadata.labels["team"] = "b"
     foreign = PodProfile(allowed_images=("registry.invalid/nothing-else:*",))
-    assert policy.checked(relabelled, PROFILE) == []
-    assert any(v.startswith("spec.image") for v in policy.checked(make_job(), foreign))
+    assert policy.checked(relabelled, PROFILE, on) == []
+    assert any(v.startswith(RUNTIME + "spec.image") for v in policy.checked(make_job(), foreign, on))
     assert len(calls) == 4
+    edited = on_runtime(job, _template({"hostNetwork": True}))  # the runtime was edited: a verdict of its own
+    assert policy.checked(make_job(), PROFILE, edited) != [] and len(calls) == 5
     monkeypatch.setattr(policy, "CHECKED_KEPT", 2)
     relabelled.metadata.labels["team"] = "c"
-    policy.checked(relabelled, PROFILE)  # a fifth key: the three oldest go
-    assert len(policy._checked) == 2 and len(calls) == 5
+    policy.checked(relabelled, PROFILE, on)  # a sixth key: the oldest go
+    assert len(policy._checked) == 2 and len(calls) == 6
 
 
 def test_the_operator_loads_the_pod_schema_at_start_and_its_first_check_imports_nothing() -> None:
@@ -214,16 +250,17 @@ loaded = podschema.load_models()
 assert {"V1Pod", "V1Container", "V1EnvVarSource", "V1Toleration", "V1Affinity", "V1Volume", "V1VolumeMount",
         "V1PodSecurityContext", "V1Probe"} <= loaded, sorted(loaded)
 before = set(sys.modules)
-workers = {"podTemplate": {"metadata": {"labels": {"a": "b"}}, "spec": {
+runtime = {"podTemplate": {"metadata": {"labels": {"a": "b"}}, "spec": {
     "containers": [{"name": "trainer", "securityContext": {"capabilities": {"drop": ["ALL"]}},
-                    "readinessProbe": {"exec": {"command": ["true"]}}}],
+                    "readinessProbe": {"exec": {"command": ["true"]}},
+                    "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+                    "env": [{"name": "E", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}],
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}]}]}}},
-    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule"}]}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "k", "whenUnsatisfiable": "DoNotSchedule"}],
     "volumes": [{"name": "v", "csi": {"driver": "d", "volumeAttributes": {"a": "b"}}}],
-    "volumeMounts": [{"name": "v", "mountPath": "/v"}], "tolerations": [{"key": "k", "operator": "Exists"}],
-    "env": [{"name": "E", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}
-assert podschema.unknown_fields(workers) == []
+    "tolerations": [{"key": "k", "operator": "Exists"}]}}}
+assert podschema.unknown_fields(runtime) == []
 assert podschema.unknown_fields({"podTemplate": {"spec": {"nodeSelectr": {}}}}) != []
 print(sorted(set(sys.modules) - before))
 """
@@ -243,22 +280,24 @@ def test_the_profile_comes_from_the_operator_settings_and_refuses_an_unknown_lev
 
 
 def test_a_violating_job_fails_before_any_pod_and_is_checked_again_once_edited() -> None:
-    job = make_job(spec=_template({"hostNetwork": True}))
-    plan = plan_reconcile(job, [], NOW, profile=PROFILE)
+    job = make_job()
+    hostnet = on_runtime(job, _template({"hostNetwork": True}))
+    plan = plan_reconcile(job, [], NOW, profile=PROFILE, runtime=hostnet)
     assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "PolicyViolation")
-    assert plan.status["message"].startswith(f"{TEMPLATE}.hostNetwork: host networking is not allowed")
+    assert plan.status["message"].startswith(f"{RUNTIME}{TEMPLATE}.hostNetwork: host networking is not allowed")
     assert not plan.create_pods and plan.children is None and plan.requeue_after is None
     assert [e.reason for e in plan.events] == ["PolicyViolation"]
-    # A running gang whose spec was edited into a violation is stopped.
-    running = make_job(spec=_template({"hostNetwork": True}), status={"phase": "Running", "gangGeneration": 0})
-    plan = plan_reconcile(running, observe(running, pod_json(running, 0), pod_json(running, 1)), NOW, profile=PROFILE)
+    # A running gang now on a violating runtime is stopped.
+    running = make_job(status={"phase": "Running", "gangGeneration": 0})
+    plan = plan_reconcile(running, observe(running, pod_json(running, 0), pod_json(running, 1)), NOW, profile=PROFILE,
+                          runtime=hostnet)
     assert plan.status["reason"] == "PolicyViolation" and sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"]
-    # Failed stays Failed (no retry loop) until the spec is edited; an allowed edit runs the job.
+    # Failed stays Failed (no retry loop) until the spec is edited; an edit onto an allowed runtime runs the job.
     failed = {"phase": "Failed", "reason": "PolicyViolation", "message": "x", "observedGeneration": 1}
-    same = make_job(spec=_template({"hostNetwork": True}), status=failed)
-    assert plan_reconcile(same, [], NOW, profile=PROFILE).create_pods == []
+    same = make_job(status=failed)
+    assert plan_reconcile(same, [], NOW, profile=PROFILE, runtime=hostnet).create_pods == []
     fixed = make_job(status=failed, generation=2)
-    assert len(plan_reconcile(fixed, [], NOW, profile=PROFILE).create_pods) == 2
+    assert len(plan_reconcile(fixed, [], NOW, profile=PROFILE, runtime=on_runtime(fixed)).create_pods) == 2
 
 
 def test_an_admission_refusal_fails_the_job_but_the_operators_own_rbac_is_retried() -> None:
@@ -341,12 +380,19 @@ def _pod_posts(op: Any) -> float:
 @pytest.mark.cluster
 def test_each_escalation_fails_policy_violation_and_no_pod_ever_exists(kube, namespace, operator, core_v1,
                                                                       ordinary_user) -> None:
+    """Whatever a runtime (a namespace's admins write RLTrainingRuntimes) or a job asks beyond the profile: the job
+    fails PolicyViolation naming the field, and no pod is ever sent."""
     _label_namespace(core_v1, namespace, "restricted")
     user = ordinary_user
     op = operator(env={"RLJOB_OPERATOR_ALLOW_SECRET_REFERENCES": "false"})
     cases = ESCALATIONS + SECRET_REFERENCES
     for case, patch, _ in cases:
+        apply_runtime(kube, runtime_manifest(f"p-{case}", patch, kind="RLTrainingRuntime", namespace=namespace))
+        create_job(user, namespace, job_manifest(f"p-{case}"[:50], replicas=1, spec={
+            "runtimeRef": {"kind": "RLTrainingRuntime", "name": f"p-{case}"}}))
+    for case, patch, _ in JOB_ESCALATIONS:
         create_job(user, namespace, job_manifest(f"p-{case}"[:50], replicas=1, spec=patch))
+    cases += JOB_ESCALATIONS
     for case, _, field in cases:
         job = wait_phase(kube, namespace, f"p-{case}"[:50], "Failed", reason="PolicyViolation", timeout=60)
         assert f"{field}: " in job["status"]["message"], (case, job["status"]["message"])
@@ -359,8 +405,8 @@ def test_each_escalation_fails_policy_violation_and_no_pod_ever_exists(kube, nam
     with pytest.raises(ApiException) as e:
         create_job(user, namespace, job_manifest("hub-token", spec={"training": {"trl": {"hub_token": "hf_x"}}}))
     assert e.value.status == 422 and "spec.training.trl.hub_token" in str(e.value.body)
-    # An edit that removes the escalation re-checks the job: the same user's quickstart-shaped job runs.
-    patch_spec(user, namespace, "p-host-network", {"workers": {"podTemplate": None}})
+    # An edit onto an allowed runtime re-checks the job: the same user's quickstart-shaped job runs.
+    patch_spec(user, namespace, "p-host-network", {"runtimeRef": None})
     wait_phase(kube, namespace, "p-host-network", "Running", timeout=60)
 
 
@@ -370,7 +416,10 @@ def test_a_pod_admission_refuses_fails_the_job_with_podrejected_after_one_attemp
     _label_namespace(core_v1, namespace, "restricted")
     # The platform allows privileged pods, the namespace does not: PodSecurity admission has the last word.
     op = operator(env={"RLJOB_OPERATOR_POD_PROFILE": "privileged"})
-    create_job(kube, namespace, job_manifest("hostnet", replicas=1, spec=_template({"hostNetwork": True})))
+    apply_runtime(kube, runtime_manifest("hostnet", _template({"hostNetwork": True}), kind="RLTrainingRuntime",
+                                         namespace=namespace))
+    create_job(kube, namespace, job_manifest("hostnet", replicas=1, spec={
+        "runtimeRef": {"kind": "RLTrainingRuntime", "name": "hostnet"}}))
     job = wait_phase(kube, namespace, "hostnet", "Failed", reason="PodRejected", timeout=60)
     assert "violates PodSecurity" in job["status"]["message"] and "hostNetwork" in job["status"]["message"]
     assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Failed"] == "True"

@@ -17,7 +17,7 @@ from rljob_operator.names import CONFIG_KEY
 from rljob_operator.times import rfc3339
 
 from tests.operator.test_operator_unit import NOW, UID, env_of, observe, pod_json
-from tests.support.operator import job_manifest
+from tests.support.operator import job_manifest, on_runtime
 
 ELASTIC = {"workers": {"minReplicas": 1, "maxReplicas": 4}}
 CAPACITY = {"workers": {"minReplicas": 2, "maxReplicas": 4},
@@ -189,9 +189,9 @@ def test_capacity_only_counts_nodes_the_job_may_use() -> None:
     plan = plan_reconcile(job, observe(job, *pods), NOW + timedelta(seconds=61),
                           capacity=cluster(nodes + other, pods + [busy]))
     assert plan.delete_pods == [] and plan.status["scaling"]["replicas"] == 2
-    tolerant = make(2, {**CAPACITY, "workers": {**CAPACITY["workers"], "tolerations": [
-        {"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"}]}})
-    worker = desired_worker_pod(tolerant, 0, 0)["spec"]
+    tolerant = on_runtime(job, {"podTemplate": {"spec": {"tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"}]}}})
+    worker = desired_worker_pod(job, 0, 0, runtime=tolerant)["spec"]
     assert cluster(nodes + other, [busy]).slots(worker) == 10  # a, b and the tainted node's 8
 
 

@@ -3,9 +3,13 @@
 A pytest plugin (``tests/conftest.py``): every test module gets these fixtures by name.
 
 * ``job_manifest(name, ...)``: a small valid RLTrainingJob (2 workers × 1 GPU by default).
+* ``runtime_manifest(name, ...)``, ``test_runtime(...)``: a runtime like the one the tests' control plane has
+  as its default (``TEST_RUNTIME``: the tests' image, GPUs as ``nvidia.com/gpu``, no bounds), as a manifest or
+  parsed; ``on_runtime(job, ...)`` resolves a job on one.
 * ``INVALID_MANIFESTS``: (case, spec patch, field) — each must be rejected naming ``field``,
-  by the models (unit tests) and by the API server (schema and CEL, cluster tests).
-* ``crd_installed``, ``experiment_crd`` (session): the generated CRDs applied to the test control plane.
+  by the models (unit tests) and by the API server (schema and CEL, cluster tests); ``INVALID_RUNTIMES`` alike.
+* ``crd_installed``, ``experiment_crd`` (session): the generated CRDs applied to the test control plane, with
+  the default ClusterRLTrainingRuntime ``TEST_RUNTIME`` every job without a runtimeRef runs on.
 * ``operator`` (function): ``start(**opts) -> OperatorProcess`` running ``rljob operator``
   against the test's namespace, with short intervals; every process is stopped afterwards.
 * ``wait_gang(kube, namespace, name, generation)``: the job once that gang generation runs
@@ -45,15 +49,51 @@ FAST_ENV = {
 }
 
 
+#: The tests' trainer image (kwok never pulls it).
+TEST_IMAGE = "registry.invalid/rljob-trainer:test"
+#: The default ClusterRLTrainingRuntime of the tests' control plane (``crd_installed``): what every job ran with
+#: before runtimes (the tests' image, nvidia.com/gpu, no bounds, checkpoints in the pods).
+TEST_RUNTIME = "rljob-tests"
+
+
+def runtime_manifest(name: str = TEST_RUNTIME, spec: dict[str, Any] | None = None, *,
+                     kind: str = "ClusterRLTrainingRuntime", default: bool = False,
+                     namespace: str | None = None) -> dict[str, Any]:
+    """A runtime: the tests' image, ``spec`` merged over it; ``default``: marked as the default runtime."""
+    doc: dict[str, Any] = {"apiVersion": "rljob.dev/v1alpha1", "kind": kind, "metadata": {"name": name},
+                           "spec": {"image": TEST_IMAGE}}
+    if default:
+        doc["metadata"]["annotations"] = {"rljob.dev/is-default-runtime": "true"}
+    if namespace:
+        doc["metadata"]["namespace"] = namespace
+    return deep_update(doc, {"spec": spec}) if spec else doc
+
+
+def test_runtime(spec: dict[str, Any] | None = None, **kw: Any) -> Any:
+    """``runtime_manifest(...)`` parsed (a ``TrainingRuntime``)."""
+    from rljob_contract.runtime import parse_runtime
+
+    return parse_runtime(runtime_manifest(spec=spec, **kw))
+
+
+test_runtime.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
+def on_runtime(job: Any, spec: dict[str, Any] | None = None, **kw: Any) -> Any:
+    """``job`` resolved on ``test_runtime(spec)`` (a ``Resolved``: what the operator builds its pods from)."""
+    from rljob_contract.runtime import resolve
+
+    return resolve(job, test_runtime(spec, **kw))
+
+
 def job_manifest(name: str, replicas: int = 2, spec: dict[str, Any] | None = None,
                  namespace: str | None = None) -> dict[str, Any]:
-    """A small valid job: ``replicas`` workers × 1 process × 1 GPU, the built-in tiny task."""
+    """A small valid job: ``replicas`` workers × 1 process × 1 GPU, the built-in tiny task, on the default runtime."""
     doc: dict[str, Any] = {
         "apiVersion": "rljob.dev/v1alpha1",
         "kind": "RLTrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "image": "registry.invalid/rljob-trainer:test",
             "workers": {"replicas": replicas, "procsPerWorker": 1},
             "training": {
                 "model": "builtin:tiny",
@@ -86,11 +126,22 @@ INVALID_MANIFESTS: list[tuple[str, dict[str, Any], str]] = [
     ("grace-period-too-short", {"spec": {"workers": {"terminationGracePeriodSeconds": 1}}},
      "spec.workers.terminationGracePeriodSeconds"),
     ("gpu-in-resources", {"spec": {"workers": {"resources": {"limits": {"nvidia.com/gpu": 1}}}}},
-     "spec.workers.resources"),
+     "spec.workers.resources.limits"),
+    ("resources-not-a-quantity", {"spec": {"workers": {"resources": {"requests": {"memory": "lots"}}}}},
+     "spec.workers.resources.requests"),
     ("env-without-name", {"spec": {"workers": {"env": [{"value": "x"}]}}}, "spec.workers.env[0].name"),
     ("unknown-field", {"spec": {"workers": {"replica": 2}}}, "spec.workers.replica"),
-    ("empty-image", {"spec": {"image": ""}}, "spec.image"),
-    ("unknown-pull-policy", {"spec": {"imagePullPolicy": "Sometimes"}}, "spec.imagePullPolicy"),
+    ("runtime-ref-without-name", {"spec": {"runtimeRef": {"kind": "RLTrainingRuntime"}}}, "spec.runtimeRef.name"),
+    ("runtime-ref-unknown-kind", {"spec": {"runtimeRef": {"kind": "Runtime", "name": "x"}}},
+     "spec.runtimeRef.kind"),
+    ("sub-path-leaves-the-job", {"spec": {"checkpoint": {"subPath": "../other-job"}}}, "spec.checkpoint.subPath"),
+    ("reward-source-on-a-built-in", {"spec": {"training": {"rewards": [
+        {"name": "repeat_char", "source": {"uri": "s3://b/m.py"}}]}}}, "spec.training.rewards[0].source"),
+    ("reward-source-both", {"spec": {"training": {"rewards": [
+        {"name": "m:f", "source": {"uri": "s3://b/m.py", "configMap": {"name": "c", "key": "m.py"}}}]}}},
+     "spec.training.rewards[0].source"),
+    ("reward-source-uri-not-s3", {"spec": {"training": {"rewards": [
+        {"name": "m:f", "source": {"uri": "https://x/m.py"}}]}}}, "spec.training.rewards[0].source.uri"),
     ("unknown-algorithm", {"spec": {"training": {"algorithm": "ppo"}}}, "spec.training.algorithm"),
     ("unknown-strategy", {"spec": {"training": {"strategy": "ppo"}}}, "spec.training.strategy"),
     ("strategy-of-another-algorithm", {"spec": {"training": {"algorithm": "rloo", "strategy": "dapo"}}},
@@ -110,14 +161,6 @@ INVALID_MANIFESTS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-builtin-dataset", {"spec": {"training": {"dataset": {"name": "builtin:nope"}}}},
      "spec.training.dataset.name"),
     ("dataset-size-zero", {"spec": {"training": {"dataset": {"size": 0}}}}, "spec.training.dataset.size"),
-    ("s3-without-bucket", {"spec": {"checkpoint": {"storage": "s3://"}}}, "spec.checkpoint.storage"),
-    ("pvc-without-claim", {"spec": {"checkpoint": {"storage": "pvc:///run1"}}}, "spec.checkpoint.storage"),
-    ("pvc-claim-not-a-name", {"spec": {"checkpoint": {"storage": "pvc://Team_Ckpt/run1"}}},
-     "spec.checkpoint.storage"),
-    ("pvc-prefix-leaves-the-claim", {"spec": {"checkpoint": {"storage": "pvc://ckpt/../other"}}},
-     "spec.checkpoint.storage"),
-    ("pvc-mirror-prefix-leaves-the-claim", {"spec": {"checkpoint": {"mirrors": [{"location": "pvc://ckpt/a/../.."}]}}},
-     "spec.checkpoint.mirrors[0].location"),
     ("deadline-zero", {"spec": {"runPolicy": {"activeDeadlineSeconds": 0}}},
      "spec.runPolicy.activeDeadlineSeconds"),
     ("ttl-negative", {"spec": {"runPolicy": {"ttlSecondsAfterFinished": -1}}},
@@ -142,6 +185,38 @@ INVALID_MANIFESTS: list[tuple[str, dict[str, Any], str]] = [
 
 def invalid_manifest(case: str, patch: dict[str, Any]) -> dict[str, Any]:
     return deep_update(job_manifest("bad-" + case[:40]), patch)
+
+
+#: (case, patch of a runtime manifest, the field the error must name): each refused by the models and the CRD.
+INVALID_RUNTIMES: list[tuple[str, dict[str, Any], str]] = [
+    ("no-image", {"spec": {"image": None}}, "spec.image"),
+    ("empty-image", {"spec": {"image": ""}}, "spec.image"),
+    ("unknown-pull-policy", {"spec": {"imagePullPolicy": "Sometimes"}}, "spec.imagePullPolicy"),
+    ("s3-without-bucket", {"spec": {"checkpoint": {"storage": "s3://"}}}, "spec.checkpoint.storage"),
+    ("pvc-without-claim", {"spec": {"checkpoint": {"storage": "pvc:///run1"}}}, "spec.checkpoint.storage"),
+    ("pvc-claim-not-a-name", {"spec": {"checkpoint": {"storage": "pvc://Team_Ckpt/run1"}}},
+     "spec.checkpoint.storage"),
+    ("pvc-prefix-leaves-the-claim", {"spec": {"checkpoint": {"storage": "pvc://ckpt/../other"}}},
+     "spec.checkpoint.storage"),
+    ("pvc-mirror-prefix-leaves-the-claim", {"spec": {"checkpoint": {"mirrors": [{"location": "pvc://ckpt/a/../.."}]}}},
+     "spec.checkpoint.mirrors[0].location"),
+    ("gpu-default-above-max", {"spec": {"limits": {"gpusPerWorker": {"default": 4, "max": 2}}}},
+     "spec.limits.gpusPerWorker.default"),
+    ("grace-default-above-max", {"spec": {"limits": {"terminationGracePeriodSeconds": {"default": 600, "max": 60}}}},
+     "spec.limits.terminationGracePeriodSeconds.default"),
+    ("cpu-not-a-quantity", {"spec": {"limits": {"cpuPerWorker": {"max": "many"}}}}, "spec.limits.cpuPerWorker.max"),
+    ("memory-default-above-max", {"spec": {"limits": {"memoryPerWorker": {"default": "2Gi", "max": "1Gi"}}}},
+     "spec.limits.memoryPerWorker.default"),
+    ("grace-max-above-the-api", {"spec": {"limits": {"terminationGracePeriodSeconds": {"max": 31536000}}}},
+     "spec.limits.terminationGracePeriodSeconds.max"),
+    ("unknown-job-env", {"spec": {"jobEnv": "Sometimes"}}, "spec.jobEnv"),
+    ("queue-not-a-name", {"spec": {"queue": {"name": "Team A"}}}, "spec.queue.name"),
+    ("unknown-field", {"spec": {"imagePullSecret": [{"name": "x"}]}}, "spec.imagePullSecret"),
+]
+
+
+def invalid_runtime(case: str, patch: dict[str, Any]) -> dict[str, Any]:
+    return deep_update(runtime_manifest("bad-" + case[:40]), patch)
 
 
 def free_port() -> int:
@@ -200,12 +275,43 @@ def install_crd(kube: Any, crd: dict[str, Any], plural: str) -> dict[str, Any]:
     return crd
 
 
+RUNTIMES = "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes"
+
+
+def apply_runtime(kube: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """Create (or replace) a runtime; RLTrainingRuntimes in their ``metadata.namespace``."""
+    from kubernetes.client.exceptions import ApiException
+
+    namespace = doc["metadata"].get("namespace")
+    base = f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rltrainingruntimes" if namespace else RUNTIMES
+    try:
+        return kube.request("POST", base, doc, query={"fieldValidation": "Strict"})  # type: ignore[no-any-return]
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    current = kube.request("GET", f"{base}/{doc['metadata']['name']}")
+    doc = deep_update(doc, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}})
+    return kube.request("PUT", f"{base}/{doc['metadata']['name']}", doc)  # type: ignore[no-any-return]
+
+
 @pytest.fixture(scope="session")
-def crd_installed(kube: Any) -> dict[str, Any]:
-    """The generated RLTrainingJob CRD, created (or replaced) and Established."""
+def runtime_crds(kube: Any) -> None:
+    """The generated ClusterRLTrainingRuntime and RLTrainingRuntime CRDs, created (or replaced) and Established."""
+    from rljob_contract.runtime import CLUSTER_KIND, CLUSTER_PLURAL, NAMESPACED_KIND, NAMESPACED_PLURAL
+    from rljob_operator.crd import runtime_crd_manifest
+
+    install_crd(kube, runtime_crd_manifest(CLUSTER_KIND), CLUSTER_PLURAL)
+    install_crd(kube, runtime_crd_manifest(NAMESPACED_KIND), NAMESPACED_PLURAL)
+
+
+@pytest.fixture(scope="session")
+def crd_installed(kube: Any, runtime_crds: None) -> dict[str, Any]:
+    """The generated RLTrainingJob CRD, created (or replaced) and Established, and the runtimes' CRDs with the
+    default ClusterRLTrainingRuntime ``TEST_RUNTIME`` (what a job without a runtimeRef runs on)."""
     from rljob_operator.crd import crd_manifest
 
     crd = install_crd(kube, crd_manifest(), "rltrainingjobs")
+    apply_runtime(kube, runtime_manifest(default=True))
     time.sleep(1)  # discovery catches up
     return crd
 

@@ -82,8 +82,9 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
     """
     from rljob_trainer.checkpoints.resume import StorageUnavailable, prepare_checkpoint_storage
     from rljob_trainer.data import check_dataset_source
-    from rljob_trainer.rewards import resolve_rewards
+    from rljob_trainer.rewards import prepare_reward_sources, resolve_rewards
 
+    reward_env = prepare_reward_sources(cfg)
     resolve_rewards(cfg.training.rewards)
     check_dataset_source(cfg.training.dataset)
     evaluation = cfg.training.evaluation
@@ -101,7 +102,7 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
     try:
         # A denied or missing bucket is a PermanentError here, before any rank starts; every node
         # fetches (and verifies) its own copy of the checkpoint to resume from.
-        env = prepare_checkpoint_storage(cfg)
+        env = {**reward_env, **prepare_checkpoint_storage(cfg)}
     except StorageUnavailable as e:
         report_fatal(f"spec.checkpoint.storage: {e}")
         raise SystemExit(EXIT_RETRYABLE) from e

@@ -27,6 +27,7 @@ import kopf
 
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.podwatch import PODS, PodWatch
+from rljob_operator.cluster.runtimes import RuntimeStore, runtime_streams
 from rljob_operator.cluster.streams import JobStream, ResourceStream
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.observed import ObservedPod
@@ -128,7 +129,7 @@ class JobWatch:
     def __init__(self, configuration: Any, enqueue: Callable[..., None], forget: Callable[[JobKey], None],
                  gate_watches: Sequence[GateWatch] = (), watch_nodes: bool = False,
                  nodes_changed: Callable[[], None] | None = None, jobs: JobCache | None = None,
-                 namespaces: list[str] | None = None) -> None:
+                 namespaces: list[str] | None = None, runtimes: RuntimeStore | None = None) -> None:
         """``namespaces``: those watched (none: the whole cluster). ``nodes_changed``: called (with
         ``watch_nodes``) when a Node is added or deleted; ``jobs``: the cache the watch keeps the jobs
         in (the reconciler's; a new one if None)."""
@@ -142,7 +143,10 @@ class JobWatch:
         """The worker pods by job (``PodWatch``: kopf's stream without kopf's per-object machinery)."""
         self.job_stream = JobStream(namespaces or [], self.job_event)
         """The RLTrainingJobs, read the same way."""
-        self.streams: tuple[ResourceStream, ...] = (self.job_stream, self.pods)
+        self.runtimes = runtimes if runtimes is not None else RuntimeStore(namespaces or [])
+        """The runtimes (both kinds), from their own streams; reconciles look a job's runtime up here."""
+        self.streams: tuple[ResourceStream, ...] = (
+            self.job_stream, self.pods, *runtime_streams(namespaces or [], self.runtimes, self.runtimes_changed))
         self.gone_nodes: dict[str, float] = {}
         """Nodes the watch saw deleted (and not created again since): name → when (monotonic)."""
         registry = self.registry
@@ -196,6 +200,13 @@ class JobWatch:
             for wait in waits:
                 wait.cancel()
         return waits[done.pop()]
+
+    def runtimes_changed(self) -> None:
+        """A runtime came, changed or went: the jobs waiting for one look again."""
+        from rljob_operator.decisions.lifecycle import RUNTIME_NOT_FOUND
+
+        for key in self.jobs.with_reason(RUNTIME_NOT_FOUND):
+            self.enqueue(key)
 
     def job_event(self, type: str | None, key: JobKey, job: Mapping[str, Any]) -> None:
         """An RLTrainingJob's event (type None: listed, not deleted): the cache first, then the queue."""

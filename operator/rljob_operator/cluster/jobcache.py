@@ -138,3 +138,8 @@ class JobCache:
             if shown is not None and _version(shown) == _version(body):
                 self._written.pop(key, None)
                 self._own.pop(key, None)
+
+    def with_reason(self, reason: str) -> list[JobKey]:
+        """The jobs whose status, as the watch last showed it, has ``reason`` (say, waiting for a runtime)."""
+        with self._lock:
+            return [key for key, body in self._bodies.items() if (body.get("status") or {}).get("reason") == reason]

@@ -22,6 +22,7 @@ job, or nothing), which is applied from step 1 on: its status, then its Events.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -31,13 +32,15 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from rljob_contract.job import ManifestError, RLTrainingJob, ScalingPolicy, parse_job
+from rljob_contract.runtime import Resolved, resolve
 
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube
+from rljob_operator.cluster.runtimes import RuntimeStore
 from rljob_operator.cluster.workqueue import JobKey
-from rljob_operator.decisions.children import JobNetwork
+from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
@@ -55,6 +58,8 @@ log = logging.getLogger("rljob.reconciler")
 CAPACITY_MAX_AGE_SECONDS = 1.0
 #: How long a pod this operator created may be absent from its watch before it is no longer looked up.
 UNSEEN_CREATE_SECONDS = 30.0
+#: How soon a job is looked at again while the runtimes' watches have not listed yet.
+RUNTIMES_UNSYNCED_RETRY_SECONDS = 0.5
 #: Threads for a reconcile's concurrent requests (a gang's creates and deletes, its children), per reconcile worker.
 REQUEST_THREADS_PER_WORKER = 2
 
@@ -99,10 +104,13 @@ class Reconciler:
         node_gone: Callable[[str | None], bool] | None = None,
         request_threads: int = 8,
         job_cache: JobCache | None = None,
+        runtimes: RuntimeStore | None = None,
     ) -> None:
         """``request_threads``: how many of the reconciles' concurrent requests may be in flight at once;
-        ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job)."""
+        ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job); ``runtimes``: the
+        runtimes as their watches show them (None: every job is built on no runtime, for tests of other parts)."""
         self.kube = kube
+        self.runtimes = runtimes
         self.job_cache = job_cache
         self.node_gone = node_gone
         """Was this Node deleted? (the Node watch; None: not watched, the pod GC removes such pods)."""
@@ -175,14 +183,18 @@ class Reconciler:
             plan = plan_invalid(raw, e.problems, now)
             self._apply(raw, plan, now)
             return None
+        found = self._runtime(job)
+        if found is None:
+            return RUNTIMES_UNSYNCED_RETRY_SECONDS
+        runtime, missing = found
         uid = job_uid(job)
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
-        gated = self._observe_gates(job, uid)
+        gated = self._observe_gates(job, uid, runtime)
         gates = tuple(g for _, g in gated)
         plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
-                              self.force_delete_after, capacity, self.profile, self.network, gates)
+                              self.force_delete_after, capacity, self.profile, self.network, gates, runtime, missing)
         if cached is not None and raw.get("status") and (
                 plan.gang_restart or plan.replaced_workers or self._gates_recheck(plan)
                 or self._unseen_creates(namespace, name, cached, plan)):
@@ -196,12 +208,22 @@ class Reconciler:
             # create that still finds it refuses, and creates nothing twice).
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
-                                  self.force_delete_after, capacity, self.profile, self.network, gates)
+                                  self.force_delete_after, capacity, self.profile, self.network, gates, runtime,
+                                  missing)
         requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
         unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
             requeue = min(unwatched)
         return requeue
+
+    def _runtime(self, job: RLTrainingJob) -> tuple[Resolved | None, str | None] | None:
+        """(the job on its runtime, why it has none); None while the runtimes' watches have not listed yet."""
+        if self.runtimes is None:
+            return None, None
+        if not self.runtimes.synced():
+            return None
+        runtime, missing = self.runtimes.lookup(job)
+        return (resolve(job, runtime) if runtime is not None else None), missing
 
     def _unseen_creates(self, namespace: str, name: str, cached: list[dict[str, Any]], plan: Plan) -> bool:
         """Would ``plan`` create a pod this reconciler created before and the watch has not shown yet?
@@ -224,9 +246,12 @@ class Reconciler:
         return [ObservedPod.from_pod(p, uid, self.node_gone) for p in pods]
 
     # ------------------------------------------------------------ admission gates
-    def _observe_gates(self, job: RLTrainingJob, uid: str) -> list[tuple[GateClient, Gated[Any]]]:
-        """The gates that govern ``job``, each with what its client observed."""
-        observed = ((client, client.observe(job, uid)) for client in self.gates.values())
+    def _observe_gates(self, job: RLTrainingJob, uid: str,
+                       runtime: Resolved | None) -> list[tuple[GateClient, Gated[Any]]]:
+        """The gates that govern ``job``, each with what its client observed (and the worker pod as built on
+        ``runtime``: what a gate counts and places)."""
+        worker = functools.cache(lambda: desired_worker_pod(job, 0, 0, runtime=runtime)) if runtime is not None else None
+        observed = ((client, client.observe(job, uid, worker)) for client in self.gates.values())
         return [(client, gated) for client, gated in observed if gated is not None]
 
     def _gates_recheck(self, plan: Plan) -> bool:

@@ -31,6 +31,7 @@ from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconciler
+from rljob_operator.cluster.runtimes import RuntimeStore
 from rljob_operator.cluster.workqueue import ExperimentKey, Key, WorkQueue
 from rljob_operator.decisions import podschema
 from rljob_operator.decisions.children import JobNetwork
@@ -187,12 +188,13 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     # 6 on a 2-core node, whatever s.workers says, and it is shared with everything else in the loop.
     threads = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix="rljob-reconcile")
     jobs = JobCache()  # filled by the watch, read by reconciles instead of a GET of their job
+    runtimes = RuntimeStore(s.namespaces)  # filled by the runtimes' watches, read by reconciles
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
                             profile=PodProfile.from_settings(s), network=network, gates=gate_clients, job_cache=jobs,
                             pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
                             node_gone=(lambda node: watch_ref[0].node_gone(node) if watch_ref else False)
-                            if watch_nodes else None)
+                            if watch_nodes else None, runtimes=runtimes)
 
     experiments = ExperimentReconciler(kube, PodProfile.from_settings(s), instance=s.identity)
 
@@ -214,7 +216,7 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     queue.start()
     watch = JobWatch(api_client.configuration, queue.add, queue.forget, gate_watches=gate_watches,
                      watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity, jobs=jobs,
-                     namespaces=s.namespaces)
+                     namespaces=s.namespaces, runtimes=runtimes)
     register_experiments(watch.registry, queue.add)
     check_handlers(watch.registry)
     watch_ref.append(watch)

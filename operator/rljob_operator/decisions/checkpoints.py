@@ -1,6 +1,7 @@
 """Where a job's checkpoints live in its pods, and whether they outlive the gang (pure).
 
-``spec.checkpoint.storage`` and each mirror's ``location`` may name something the pods must mount,
+The checkpoint storage a job resolved from its runtime (``rljob_contract.runtime.resolve``: the runtime's
+``spec.checkpoint``, each location under the job's own path) may name something the pods must mount,
 as its storage backend says (``rljob_trainer.storage_backends``; today a PersistentVolumeClaim of the
 job's namespace, ``pvc://claim/prefix``). The operator mounts each such volume once, read-write, at
 ``CLAIMS_DIR/<claim>`` in every worker (:func:`claim_volumes`), and the trainer config in the
@@ -41,8 +42,9 @@ POD_BOUND_VOLUMES = frozenset({
 })
 #: What to set, said in every Ephemeral message.
 ADVICE = (
-    "set spec.checkpoint.storage to pvc://<claim>/<prefix> (a PersistentVolumeClaim of this namespace) or "
-    "s3://<bucket>/<prefix>, or add such a location to spec.checkpoint.mirrors"
+    "run the job on a runtime (spec.runtimeRef) whose spec.checkpoint.storage is pvc://<claim>/<prefix> (a "
+    "PersistentVolumeClaim of this namespace) or s3://<bucket>/<prefix>, or has such a location in its "
+    "spec.checkpoint.mirrors"
 )
 
 
@@ -154,7 +156,7 @@ def durability(checkpoint: CheckpointSpec, worker_pod: Callable[[], dict[str, An
         return Durability(True, f"checkpoints go to {uri} on volume {volume} ({kind}), which outlives the worker pods")
     volume, kind = where[primary]
     on = f"the pod's {kind} volume {volume}" if volume else "the container's own filesystem"
-    default = "" if checkpoint.storage else " (spec.checkpoint.storage is not set)"
+    default = "" if checkpoint.storage else " (the runtime's spec.checkpoint.storage is not set)"
     return Durability(False, f"checkpoints go to {primary}{default} on {on}: every gang restart deletes them and "
                              f"the job starts again from step 0; {ADVICE}")
 

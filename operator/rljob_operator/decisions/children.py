@@ -5,6 +5,11 @@ A job owns a ConfigMap and a headless Service, both named after the job, a Netwo
 after a crash finds what it made and never makes a second copy; ownerReferences let the
 garbage collector delete everything with the job.
 
+Every pod is built from the job on its runtime (``rljob_contract.runtime.resolve``: the image, GPU
+resource, sizes, checkpoint storage and the runtime's ``podTemplate``, merged over what the operator
+builds); each builder takes the :class:`~rljob_contract.runtime.Resolved` runtime (None: the job on no
+runtime, as ``rljob train`` runs it: for tests of other decisions).
+
 The pods follow the trainer's in-pod contract (``rljob_contract.pod``): the command
 ``python -m rljob_trainer.launch --config /etc/rljob/trainer.yaml``, the ``RLJOB_*``
 rendezvous environment (c10d hosted by worker 0, reached through the headless Service),
@@ -23,6 +28,8 @@ from typing import Any
 
 from rljob_contract import pod as contract
 from rljob_contract.job import RLTrainingJob
+from rljob_contract.runtime import Resolved, resolve
+from rljob_contract.spec import reward_module_file
 
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.decisions.egress import Egress, egress_rules
@@ -70,6 +77,11 @@ def _metadata(job: RLTrainingJob, name: str, component: str) -> dict[str, Any]:
     }
 
 
+def resolved(job: RLTrainingJob, runtime: Resolved | None) -> Resolved:
+    """``runtime``, else the job on no runtime (``resolve(job, None)``)."""
+    return runtime if runtime is not None else resolve(job, None)
+
+
 def spec_hash(job: RLTrainingJob) -> str:
     """Fingerprint of everything a running gang was built from (all of spec but runPolicy and sizing).
 
@@ -91,14 +103,16 @@ def spec_hash(job: RLTrainingJob) -> str:
 # ---------------------------------------------------------------------------- children
 
 
-def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None) -> dict[str, Any]:
+def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None,
+                      runtime: Resolved | None = None) -> dict[str, Any]:
     """The trainer config (and the status API's CA) that every worker mounts at /etc/rljob.
 
     After an out-of-memory failure the batch shape OOM recovery chose (``status.oomRecovery``)
     replaces the spec's per-device batch and accumulation. A ``pvc://claim/prefix`` checkpoint
     location becomes the folder the claim is mounted at (``checkpoints.mounted_checkpoint``).
     """
-    config = job.trainer_config(output_dir=OUTPUT_DIR)
+    r = resolved(job, runtime)
+    config = job.trainer_config(OUTPUT_DIR, r.checkpoint, list(r.sources) if r.sources is not None else None)
     config = config.model_copy(update={"checkpoint": mounted_checkpoint(config.checkpoint)})
     data = {CONFIG_KEY: contract.dump_config(config)}
     if endpoint is not None and endpoint.ca_pem:
@@ -148,7 +162,7 @@ class JobNetwork:
     """Where the job's pods may connect to (``decisions.egress``); None: anywhere (ingress only)."""
 
 
-def desired_network_policy(job: RLTrainingJob, network: JobNetwork) -> dict[str, Any]:
+def desired_network_policy(job: RLTrainingJob, network: JobNetwork, runtime: Resolved | None = None) -> dict[str, Any]:
     """Ingress to the job's worker pods: everything from the job's own pods, metrics from ``metrics_from``;
     with ``network.egress``, egress only to DNS, the job's own pods, the status API and object storage.
 
@@ -165,7 +179,7 @@ def desired_network_policy(job: RLTrainingJob, network: JobNetwork) -> dict[str,
     spec: dict[str, Any] = {"podSelector": copy.deepcopy(own), "policyTypes": ["Ingress"], "ingress": ingress}
     if network.egress is not None:
         spec["policyTypes"] = ["Ingress", "Egress"]
-        spec["egress"] = egress_rules(own, network.egress)
+        spec["egress"] = egress_rules(own, network.egress) + runtime_egress(resolved(job, runtime))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -174,16 +188,25 @@ def desired_network_policy(job: RLTrainingJob, network: JobNetwork) -> dict[str,
     }
 
 
+def runtime_egress(runtime: Resolved) -> list[dict[str, Any]]:
+    """The runtime's extra egress (``spec.egress.to``), as the API server stores NetworkPolicy rules."""
+    return [{"to": [{"ipBlock": {"cidr": rule.cidr}}],
+             **({"ports": [{"protocol": "TCP", "port": p} for p in rule.ports]} if rule.ports else {})}
+            for rule in runtime.egress]
+
+
 def worker_env(
-    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None
+    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None,
+    runtime: Resolved | None = None,
 ) -> list[dict[str, Any]]:
     """The ``RLJOB_*`` environment of worker ``index`` (the trainer's in-pod contract)."""
     name, namespace, workers = job.metadata.name, job_namespace(job), job.spec.workers
+    grace = resolved(job, runtime).termination_grace_period_seconds
     env: list[dict[str, Any]] = [
         {"name": contract.NNODES_ENV, "value": str(job.replicas)},
         # The launcher's wait for ranks saving their checkpoint on SIGTERM, inside the pod's grace period.
         {"name": contract.SHUTDOWN_TIMEOUT_ENV,
-         "value": str(max(5, workers.termination_grace_period_seconds - 10))},
+         "value": str(max(5, grace - 10))},
         {"name": contract.NODE_RANK_ENV, "value": str(index)},
         {"name": contract.NPROC_PER_NODE_ENV, "value": str(workers.procs_per_worker)},
         {"name": contract.RDZV_ENDPOINT_ENV, "value": rendezvous_endpoint(name, namespace)},
@@ -206,12 +229,11 @@ def worker_env(
     return env
 
 
-def _resources(job: RLTrainingJob) -> dict[str, Any]:
-    workers = job.spec.workers
-    requests: dict[str, Any] = {k: str(v) for k, v in workers.resources.requests.items()}
-    limits: dict[str, Any] = {k: str(v) for k, v in workers.resources.limits.items()}
-    if workers.gpus:  # extended resources: requests must equal limits
-        requests[workers.gpu_resource] = limits[workers.gpu_resource] = str(workers.gpus)
+def _resources(runtime: Resolved) -> dict[str, Any]:
+    requests: dict[str, Any] = dict(runtime.resources.get("requests") or {})
+    limits: dict[str, Any] = dict(runtime.resources.get("limits") or {})
+    if runtime.gpus_per_worker:  # extended resources: requests must equal limits
+        requests[runtime.gpu_resource] = limits[runtime.gpu_resource] = str(runtime.gpus_per_worker)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -261,29 +283,27 @@ def _worker_metadata(job: RLTrainingJob, index: int, generation: int) -> dict[st
     return metadata
 
 
-def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]]) -> dict[str, Any]:
-    """The trainer container: our environment over the user's, the operator's mounts, probes on worker 0."""
-    workers = job.spec.workers
-    user_env = [e.model_dump(by_alias=True, exclude_none=True) for e in workers.env]
+def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]], runtime: Resolved) -> dict[str, Any]:
+    """The trainer container: our environment over the job's, the operator's mounts, probes on worker 0."""
     ours = {e["name"] for e in env}
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": job.spec.image,
+        "image": runtime.image,
         "command": list(TRAINER_COMMAND),
-        "env": [e for e in user_env if e["name"] not in ours] + env,
+        "env": [dict(e) for e in runtime.env if e["name"] not in ours] + env,
         "ports": [
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "resources": _resources(job),
+        "resources": _resources(runtime),
         "volumeMounts": [
             {"name": "rljob-config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "rljob-workspace", "mountPath": "/workspace"},
             {"name": "rljob-shm", "mountPath": "/dev/shm"},
             {"name": "rljob-tmp", "mountPath": "/tmp"},
-            *claim_volumes(job.spec.checkpoint)[1],
-            *credential_volumes(job.spec.checkpoint)[1],
-            *copy.deepcopy(workers.volume_mounts),
+            *claim_volumes(runtime.checkpoint)[1],
+            *credential_volumes(runtime.checkpoint)[1],
+            *reward_volumes(job)[1],
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # Pod Security "restricted": the root filesystem is read-only, so HF, matplotlib,
@@ -295,12 +315,29 @@ def _trainer_container(job: RLTrainingJob, index: int, env: list[dict[str, Any]]
         },
         **_probes(index),
     }
-    if job.spec.image_pull_policy:
-        container["imagePullPolicy"] = job.spec.image_pull_policy
+    if runtime.image_pull_policy:
+        container["imagePullPolicy"] = runtime.image_pull_policy
     return container
 
 
-def _volumes(job: RLTrainingJob) -> list[dict[str, Any]]:
+def reward_volumes(job: RLTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, trainer volumeMounts) of the reward modules from ConfigMaps (``rewards[].source.configMap``):
+    one projected volume, read-only at ``REWARDS_DIR``, each module at its ``package/module.py`` path."""
+    sources: list[dict[str, Any]] = []
+    for reward in job.spec.training.rewards:
+        source = reward.source.config_map if reward.source is not None else None
+        if source is not None:
+            item = {"configMap": {"name": source.name, "items": [{"key": source.key,
+                                                                   "path": reward_module_file(reward.name)}]}}
+            if item not in sources:
+                sources.append(item)
+    if not sources:
+        return [], []
+    return ([{"name": "rljob-rewards", "projected": {"sources": sources, "defaultMode": 0o444}}],
+            [{"name": "rljob-rewards", "mountPath": contract.REWARDS_DIR, "readOnly": True}])
+
+
+def _volumes(job: RLTrainingJob, runtime: Resolved) -> list[dict[str, Any]]:
     """The operator's volumes: the ConfigMap, scratch space, shared memory, /tmp, the checkpoint claims and
     the storage credentials' Secrets."""
     return [
@@ -309,8 +346,9 @@ def _volumes(job: RLTrainingJob) -> list[dict[str, Any]]:
         # NCCL and DataLoader workers need more shared memory than a container's 64 MiB.
         {"name": "rljob-shm", "emptyDir": {"medium": "Memory"}},
         {"name": "rljob-tmp", "emptyDir": {}},
-        *claim_volumes(job.spec.checkpoint)[0],
-        *credential_volumes(job.spec.checkpoint)[0],
+        *claim_volumes(runtime.checkpoint)[0],
+        *credential_volumes(runtime.checkpoint)[0],
+        *reward_volumes(job)[0],
     ]
 
 
@@ -344,61 +382,46 @@ def _pod_security_context() -> dict[str, Any]:
     }
 
 
-def _add_scheduling(job: RLTrainingJob, spec: dict[str, Any]) -> None:
-    """The user's placement and identity fields, set only when given."""
-    workers = job.spec.workers
-    if workers.node_selector:
-        spec["nodeSelector"] = dict(workers.node_selector)
-    if workers.affinity:
-        spec["affinity"] = copy.deepcopy(workers.affinity)
-    if workers.priority_class_name:
-        spec["priorityClassName"] = workers.priority_class_name
-    if workers.service_account_name:
-        spec["serviceAccountName"] = workers.service_account_name
-
-
 def desired_worker_pod(
-    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None
+    job: RLTrainingJob, index: int, generation: int, endpoint: StatusEndpoint | None = None,
+    runtime: Resolved | None = None,
 ) -> dict[str, Any]:
-    """Worker ``index`` of gang ``generation``: one torchrun node (then ``workers.podTemplate`` merged)."""
-    name, workers = job.metadata.name, job.spec.workers
+    """Worker ``index`` of gang ``generation``: one torchrun node (then the runtime's ``podTemplate`` merged)."""
+    name, r = job.metadata.name, resolved(job, runtime)
     metadata = _worker_metadata(job, index, generation)
-    env = worker_env(job, index, generation, endpoint)
-    container = _trainer_container(job, index, env)
-    volumes = _volumes(job)
+    env = worker_env(job, index, generation, endpoint, r)
+    container = _trainer_container(job, index, env, r)
+    volumes = _volumes(job, r)
     if endpoint is not None:
         token_volume, token_mount = _status_token(endpoint)
         container["volumeMounts"].append(token_mount)
         volumes.append(token_volume)
-    volumes.extend(copy.deepcopy(workers.volumes))
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": metadata["name"],
         "subdomain": service_name(name),
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": workers.termination_grace_period_seconds,
+        "terminationGracePeriodSeconds": r.termination_grace_period_seconds,
         # Trainers need no Kubernetes API access: the heartbeat token is a separate projected volume.
         "automountServiceAccountToken": False,
         "securityContext": _pod_security_context(),
         "containers": [container],
         "volumes": volumes,
-        "tolerations": [
-            {"key": workers.gpu_resource, "operator": "Exists", "effect": "NoSchedule"},
-            *copy.deepcopy(workers.tolerations),
-        ],
+        "tolerations": [{"key": r.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}],
     }
-    _add_scheduling(job, spec)
+    if r.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": secret} for secret in r.image_pull_secrets]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-    if workers.pod_template:
-        pod = _apply_pod_template(pod, workers.pod_template, metadata, env)
+    if r.pod_template:
+        pod = _apply_pod_template(pod, r.pod_template, metadata, env)
     return pod
 
 
 def desired_worker_pods(
-    job: RLTrainingJob, generation: int, endpoint: StatusEndpoint | None = None
+    job: RLTrainingJob, generation: int, endpoint: StatusEndpoint | None = None, runtime: Resolved | None = None,
 ) -> list[dict[str, Any]]:
     """Every worker pod of gang ``generation``, in index order."""
-    return [desired_worker_pod(job, i, generation, endpoint) for i in range(job.replicas)]
+    return [desired_worker_pod(job, i, generation, endpoint, runtime) for i in range(job.replicas)]
 
 
 # ------------------------------------------------------------------- pod template merge
@@ -447,7 +470,7 @@ def merge_pod_template(base: Any, override: Any, key: str | None = None) -> Any:
 def _apply_pod_template(
     pod: dict[str, Any], template: dict[str, Any], metadata: dict[str, Any], env: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """``workers.podTemplate`` merged over ``pod``; the names, labels, command and environment we rely on win."""
+    """The runtime's ``podTemplate`` merged over ``pod``; the names, labels, command and environment we rely on win."""
     override = {k: v for k, v in template.items() if k in ("metadata", "spec")}
     merged: dict[str, Any] = merge_pod_template(pod, override)
     # What the operator relies on always wins.

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from rljob_contract.job import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus
+from rljob_contract.runtime import Resolved
 
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
 from rljob_operator.decisions.failures import plan_failure
@@ -66,6 +67,24 @@ def finished(ctx: Situation) -> Plan | None:
                     generation=prev.gang_generation or 0, desired=ctx.replicas).carry(prev)
     leftovers = [p.name for p in ctx.owned if p.active] if phase == Phase.failed.value else []
     return settled(ctx, d, leftovers)
+
+
+#: A job whose runtime cannot be had waits with this reason (Pending): GitOps may apply the runtime later.
+RUNTIME_NOT_FOUND = "RuntimeNotFound"
+
+
+def runtime_not_found(ctx: Situation) -> Plan | None:
+    """No runtime for the job (it names one that does not exist, or names none and there is no default):
+    Pending, reason RuntimeNotFound, nothing created; an Event says what to create. Its pods, if a runtime
+    deleted under a running gang left any, are left alone (the operator side's snapshot decides them)."""
+    if ctx.runtime_missing is None:
+        return None
+    # Not ctx.draft(): nothing of the job on no runtime (its checkpoints' durability) may be written.
+    d = StatusDraft(Phase.pending.value, RUNTIME_NOT_FOUND, ctx.runtime_missing[:1024], reconciling=True,
+                    start_time=ctx.prev.start_time, generation=ctx.prev.gang_generation or 0,
+                    desired=ctx.replicas).carry(ctx.prev)
+    again = ctx.prev.reason == RUNTIME_NOT_FOUND and ctx.prev.message == d.message
+    return settled(ctx, d, [], [] if again else [Event("Warning", RUNTIME_NOT_FOUND, d.message)])
 
 
 def policy_violation(ctx: Situation) -> Plan | None:
@@ -110,7 +129,7 @@ def deadline_passed(ctx: Situation) -> Plan | None:
         return None
     d = ctx.draft(spec_checked=False)
     d.phase, d.reason = Phase.failed.value, "DeadlineExceeded"
-    d.message = f"the job ran longer than activeDeadlineSeconds ({ctx.job.spec.run_policy.active_deadline_seconds}s)"
+    d.message = f"the job ran longer than activeDeadlineSeconds ({ctx.resolved.active_deadline_seconds}s)"
     d.completion_time = rfc3339(ctx.now)
     return settled(ctx, d, [p.name for p in ctx.owned if p.active])
 
@@ -225,7 +244,7 @@ def progress(ctx: Situation) -> Plan:
     occupied = {p.name for p in ctx.pods}
     missing = [i for i in range(replicas) if i not in ctx.by_index]
     create = [] if restart_left is not None and restart_left > 0 else [
-        ctx.place(desired_worker_pod(ctx.job, i, ctx.generation, ctx.endpoint)) for i in missing
+        ctx.place(desired_worker_pod(ctx.job, i, ctx.generation, ctx.endpoint, ctx.resolved)) for i in missing
         if worker_name(ctx.job.metadata.name, i) not in occupied
     ]
     blocked = [worker_name(ctx.job.metadata.name, i) for i in missing
@@ -307,7 +326,7 @@ def _next_look(ctx: Situation, d: StatusDraft, blocked: list[str], restart_left:
 
 #: The decisions of one reconcile, in order: the first that returns a Plan decides (``progress`` always does).
 STEPS: tuple[Callable[[Situation], Plan | None], ...] = (
-    finished, policy_violation, suspended, deadline_passed, succeeded, held, plan_failure, resized,
+    finished, runtime_not_found, policy_violation, suspended, deadline_passed, succeeded, held, plan_failure, resized,
     insufficient_capacity, progress,
 )
 
@@ -318,6 +337,8 @@ def plan_reconcile(
     profile: PodProfile | None = None,
     network: JobNetwork | None = None,
     gates: tuple[Gated[Any], ...] = (),
+    runtime: Resolved | None = None,
+    runtime_missing: str | None = None,
 ) -> Plan:
     """Decide one reconcile of ``job`` given its observed pods (label ``rljob.dev/job``).
 
@@ -326,8 +347,10 @@ def plan_reconcile(
     ``profile``: the platform's pod profile every job is checked against first (None: not checked).
     ``gates``: the admission gates that govern the job, with what each observed (empty: none does).
     ``network``: the platform's NetworkPolicy settings (None: the job gets no NetworkPolicy).
+    ``runtime``: the job on its runtime (None: on no runtime, for tests); ``runtime_missing``: why there is none.
     """
-    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network, tuple(gates))
+    ctx = Situation(job, pods, now, endpoint, capacity, force_delete_after, profile, network, tuple(gates),
+                    runtime, runtime_missing)
     for step in STEPS:
         plan = step(ctx)
         if plan is not None:

@@ -29,6 +29,7 @@ from rljob_contract.job import (
     ScalingStatus,
     WorkersStatus,
 )
+from rljob_contract.runtime import Resolved
 
 from rljob_operator.decisions.checkpoints import CONDITION as CHECKPOINTS_CONDITION
 from rljob_operator.decisions.checkpoints import EPHEMERAL, EVENT_REASON, Durability
@@ -81,11 +82,13 @@ class Children:
     endpoint: StatusEndpoint | None = None
     network: JobNetwork | None = None
     """The platform's NetworkPolicy settings; None: the operator makes no NetworkPolicy."""
+    runtime: Resolved | None = None
+    """The job on its runtime (None: on no runtime)."""
 
     @cached_property
     def configmap(self) -> dict[str, Any]:
         job = self.job.model_copy(update={"status": self.status})
-        return desired_configmap(job, self.endpoint)
+        return desired_configmap(job, self.endpoint, self.runtime)
 
     @cached_property
     def service(self) -> dict[str, Any]:
@@ -93,7 +96,7 @@ class Children:
 
     @cached_property
     def networkpolicy(self) -> dict[str, Any] | None:
-        return desired_network_policy(self.job, self.network) if self.network is not None else None
+        return desired_network_policy(self.job, self.network, self.runtime) if self.network is not None else None
 
 
 @dataclass

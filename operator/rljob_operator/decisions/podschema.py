@@ -1,7 +1,6 @@
-"""Unknown fields of ``workers.podTemplate`` (and volumes, tolerations...): free-form objects checked against
-Kubernetes' own schema.
+"""Unknown fields of a runtime's ``podTemplate``: a free-form object checked against Kubernetes' own schema.
 
-The CRD keeps ``podTemplate`` as written (``x-kubernetes-preserve-unknown-fields``), so nothing but
+The runtime CRDs keep ``podTemplate`` as written (``x-kubernetes-preserve-unknown-fields``), so nothing but
 this check stands between a key the API does not know (a typo, or the Python spelling
 ``service_account_name`` of ``serviceAccountName``) and the operator's merge and checks. The schema
 is the Kubernetes client's models (``V1Pod`` and what it refers to: ``openapi_types`` gives each
@@ -20,19 +19,15 @@ _LIST = re.compile(r"^List\[(.+)\]$")
 _DICT = re.compile(r"^Dict\[str, (.+)\]$")
 
 
-#: The job's free-form pod fields: (field of spec.workers, the client's type of its value).
-WORKER_FIELDS = (("podTemplate", "V1Pod"), ("volumes", "List[V1Volume]"), ("volumeMounts", "List[V1VolumeMount]"),
-                 ("tolerations", "List[V1Toleration]"), ("affinity", "V1Affinity"))
+#: A runtime's free-form pod fields: (field of its spec, the client's type of its value).
+RUNTIME_FIELDS = (("podTemplate", "V1Pod"),)
 
 
-def unknown_fields(workers: dict[str, Any], path: str = "spec.workers") -> list[str]:
-    """``<path>.<field>: unknown field ...`` for every key of the free-form pod fields of ``workers``
-    (``spec.workers`` as the API spells it) that Kubernetes lacks; env's ``valueFrom`` too."""
-    out = [problem for field, type_name in WORKER_FIELDS
-           for problem in _walk(workers.get(field), type_name, f"{path}.{field}")]
-    for i, env in enumerate(workers.get("env") or []):
-        out += _walk((env or {}).get("valueFrom"), "V1EnvVarSource", f"{path}.env[{i}].valueFrom")
-    return out
+def unknown_fields(spec: dict[str, Any], path: str = "spec") -> list[str]:
+    """``<path>.<field>: unknown field ...`` for every key of the free-form pod fields of ``spec`` (a runtime's
+    spec as the API spells it) that Kubernetes lacks."""
+    return [problem for field, type_name in RUNTIME_FIELDS
+            for problem in _walk(spec.get(field), type_name, f"{path}.{field}")]
 
 
 def _walk(value: Any, type_name: str, path: str) -> Iterator[str]:

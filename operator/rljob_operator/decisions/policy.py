@@ -1,7 +1,10 @@
-"""The platform's pod profile and the check of a job against it (pure).
+"""The platform's pod profile and the check of a job on its runtime against it (pure).
 
-Whoever may create an RLTrainingJob must not get, through the operator, a pod they could not
-create themselves. The platform team sets a :class:`PodProfile` (operator settings
+Whoever may create an RLTrainingJob (or write a namespace's RLTrainingRuntime) must not get, through
+the operator, a pod they could not create themselves. A job's pods take their shape from its runtime
+(``rljob_contract.runtime``): its image, GPU resource and ``podTemplate`` are judged here, each
+refusal naming the runtime and its field, and the job's own sizes against the runtime's bounds
+(``runtime.problems``). The platform team sets a :class:`PodProfile` (operator settings
 ``RLJOB_OPERATOR_POD_PROFILE`` …, the chart's ``podProfile``); before it builds any pod the
 operator calls :func:`violations` and a job that asks for more fails with reason
 ``PolicyViolation``, naming each offending field (``lifecycle.policy_violation``).
@@ -31,9 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rljob_contract.job import DEFAULT_IMAGE, RLTrainingJob
-from rljob_contract.references import SECRET, SERVICE_ACCOUNT, references
+from rljob_contract.references import RUNTIME_REFERENCES, SECRET, SERVICE_ACCOUNT, references
+from rljob_contract.runtime import Resolved, problems
 
-from rljob_operator.decisions.children import desired_worker_pod
+from rljob_operator.decisions.children import desired_worker_pod, resolved
 from rljob_operator.decisions.podschema import unknown_fields
 from rljob_operator.names import CONTAINER
 
@@ -59,7 +63,7 @@ SAFE_SYSCTLS = frozenset({
 #: Taints of control-plane nodes: trainers never go there.
 CONTROL_PLANE_TAINTS = frozenset({"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"})
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
-TEMPLATE = "spec.workers.podTemplate"
+TEMPLATE = "spec.podTemplate"
 
 
 @dataclass(frozen=True)
@@ -107,28 +111,43 @@ class PodProfile:
         return f"{path}: {what} is not allowed by the platform profile \"{self.level}\""
 
 
-def violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
-    """Every field of ``job`` that asks for more than ``profile`` allows, as ``<field path>: why``.
+def violations(job: RLTrainingJob, profile: PodProfile, runtime: Resolved | None = None) -> list[str]:
+    """Every field of ``job`` on ``runtime`` that asks for more than ``profile`` (or the runtime) allows, as
+    ``<field path>: why``; a runtime's field is named with the runtime (``ClusterRLTrainingRuntime/gpu:
+    spec.podTemplate.spec.hostNetwork: …``).
 
-    Empty when the job may run. Checks each field the job sets, naming it (the references by the one
-    table, ``rljob_contract.references``), then the worker pod as the operator builds it, with
-    ``workers.podTemplate`` merged, so nothing the operator builds escapes the profile.
+    Empty when the job may run. Checks the job's sizes against the runtime's bounds, each field the runtime
+    sets (the references by the one table, ``rljob_contract.references``), then the worker pod as the operator
+    builds it, with the runtime's ``podTemplate`` merged, so nothing the operator builds escapes the profile.
     """
-    spec, workers = job.spec, job.spec.workers
-    template_spec = (workers.pod_template or {}).get("spec") or {}
-    named_sa = (workers.service_account_name or template_spec.get("serviceAccountName")
-                or template_spec.get("serviceAccount"))
-    out = unknown_fields(spec.workers.model_dump(by_alias=True, mode="json"))
-    out += _image("spec.image", spec.image, profile)
-    out += _references(job, profile)
-    for i, volume in enumerate(workers.volumes):
-        out += _volume(f"spec.workers.volumes[{i}]", volume, profile, named_sa)
-    for i, toleration in enumerate(workers.tolerations):
-        out += _toleration(f"spec.workers.tolerations[{i}]", toleration, profile)
-    if workers.pod_template:
-        out += _template(workers.pod_template, profile, named_sa)
+    r = resolved(job, runtime)
+    out = problems(job, r.runtime) if r.runtime is not None else []
+    out += [f"{r.ref}: {v}" for v in runtime_violations(r, profile)]
     out += _trust_remote_code(job, profile)
-    return out or _built_pod(desired_worker_pod(job, 0, 0)["spec"], profile, named_sa)
+    if out:
+        return out
+    return [f"{r.ref}: {v}" for v in _built_pod(desired_worker_pod(job, 0, 0, runtime=r)["spec"], profile,
+                                                 _named_sa(r))]
+
+
+def _named_sa(runtime: Resolved) -> str | None:
+    template_spec = (runtime.pod_template or {}).get("spec") or {}
+    return template_spec.get("serviceAccountName") or template_spec.get("serviceAccount")
+
+
+def runtime_violations(runtime: Resolved, profile: PodProfile) -> list[str]:
+    """What the runtime sets that ``profile`` refuses (paths in the runtime's spec): its pod template's unknown
+    fields, image, references, GPU toleration and pod template."""
+    named_sa = _named_sa(runtime)
+    out = unknown_fields({"podTemplate": runtime.pod_template}, "spec")
+    out += _image("spec.image", runtime.image, profile)
+    if runtime.runtime is not None:
+        out += _references(runtime.runtime.spec.model_dump(by_alias=True, mode="json"), profile)
+    gpu = _toleration("spec.gpuResource", {"key": runtime.gpu_resource, "operator": "Exists"}, profile)
+    out += [v.replace("spec.gpuResource.key: ", "spec.gpuResource: ", 1) for v in gpu]  # its taint is tolerated
+    if runtime.pod_template:
+        out += _template(runtime.pod_template, profile, named_sa)
+    return out
 
 
 #: How many jobs' verdicts ``checked`` remembers (the least recently used is dropped first).
@@ -137,7 +156,7 @@ _checked: OrderedDict[tuple[Any, ...], tuple[str, ...]] = OrderedDict()
 _checked_lock = threading.Lock()
 
 
-def checked(job: RLTrainingJob, profile: PodProfile) -> list[str]:
+def checked(job: RLTrainingJob, profile: PodProfile, runtime: Resolved | None = None) -> list[str]:
     """``violations(job, profile)``, remembered for the same job (uid, name, labels, annotations) with the
     same spec and profile.
 
@@ -148,13 +167,14 @@ def checked(job: RLTrainingJob, profile: PodProfile) -> list[str]:
     """
     meta = job.metadata
     key = ((meta.model_extra or {}).get("uid"), meta.namespace, meta.name, tuple(sorted(meta.labels.items())),
-           tuple(sorted(meta.annotations.items())), job.spec.model_dump_json(), profile)
+           tuple(sorted(meta.annotations.items())), job.spec.model_dump_json(), profile,
+           runtime.fingerprint() if runtime is not None else None)
     with _checked_lock:
         found = _checked.get(key)
         if found is not None:
             _checked.move_to_end(key)
             return list(found)
-    found = tuple(violations(job, profile))
+    found = tuple(violations(job, profile, runtime))
     with _checked_lock:
         _checked[key] = found
         while len(_checked) > CHECKED_KEPT:
@@ -184,10 +204,10 @@ def _secret(path: str, name: Any, profile: PodProfile) -> list[str]:
     return [profile.refuse(path, f"a reference to Secret {name!r}")]
 
 
-def _references(job: RLTrainingJob, profile: PodProfile) -> list[str]:
-    """Every Secret and ServiceAccount the spec names (the table of references), against the profile."""
+def _references(spec: dict[str, Any], profile: PodProfile) -> list[str]:
+    """Every Secret and ServiceAccount a runtime's ``spec`` names (the table of references), against the profile."""
     out: list[str] = []
-    for ref in references(job.spec.model_dump(by_alias=True, mode="json")):
+    for ref in references(spec, table=RUNTIME_REFERENCES):
         if ref.kind == SECRET:
             out += _secret(ref.field, ref.name, profile)
         elif ref.kind == SERVICE_ACCOUNT:
@@ -207,7 +227,7 @@ def _volume(path: str, volume: dict[str, Any], profile: PodProfile, named_sa: st
     for i, source in enumerate(((volume.get("projected") or {}).get("sources")) or []):
         if "serviceAccountToken" in (source or {}) and not _allowed_sa(named_sa, profile):
             out.append(profile.refuse(f"{path}.projected.sources[{i}].serviceAccountToken",
-                                      "a ServiceAccount token unless the job names an allowed serviceAccountName"))
+                                      "a ServiceAccount token unless the runtime names an allowed serviceAccountName"))
     return out
 
 
@@ -243,7 +263,7 @@ def flavor_violations(flavor: str, tolerations: list[dict[str, Any]], profile: P
 
 
 def _template(template: dict[str, Any], profile: PodProfile, named_sa: str | None) -> list[str]:
-    """``workers.podTemplate``: its annotations and its pod spec, as merged over the built pod."""
+    """The runtime's ``podTemplate``: its annotations and its pod spec, as merged over the built pod."""
     out: list[str] = []
     for key, value in ((template.get("metadata") or {}).get("annotations") or {}).items():
         if profile.baseline and key.startswith(APPARMOR_ANNOTATION) and _apparmor_unsafe(value):
@@ -253,7 +273,7 @@ def _template(template: dict[str, Any], profile: PodProfile, named_sa: str | Non
     out += _host_fields(path, spec, profile)
     if spec.get("automountServiceAccountToken") and not _allowed_sa(named_sa, profile):
         out.append(profile.refuse(f"{path}.automountServiceAccountToken",
-                                  "mounting a ServiceAccount token unless the job names an allowed serviceAccountName"))
+                                  "mounting a ServiceAccount token unless the runtime names an allowed serviceAccountName"))
     out += _security_context(f"{path}.securityContext", spec.get("securityContext") or {}, profile, pod=True)
     for kind in ("containers", "initContainers", "ephemeralContainers"):
         for i, container in enumerate(spec.get(kind) or []):
@@ -272,7 +292,7 @@ def _built_pod(spec: dict[str, Any], profile: PodProfile, named_sa: str | None) 
     out: list[str] = []
     if spec.get("automountServiceAccountToken") is not False and not _allowed_sa(named_sa, profile):
         out.append(profile.refuse(f"{TEMPLATE}.spec.automountServiceAccountToken",
-                                  "a pod that mounts a ServiceAccount token unless the job names an allowed "
+                                  "a pod that mounts a ServiceAccount token unless the runtime names an allowed "
                                   "serviceAccountName"))
     if not profile.restricted:
         return out

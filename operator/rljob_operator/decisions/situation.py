@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from rljob_contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy, ScalingStatus
+from rljob_contract.runtime import Resolved
 
 from rljob_operator.decisions.checkpoints import Durability, durability
-from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, spec_hash
+from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, resolved, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     Children,
@@ -115,6 +116,22 @@ class Situation:
     """The platform's NetworkPolicy settings (None: the operator makes no NetworkPolicy)."""
     gates: tuple[Gated[Any], ...] = ()
     """The admission gates that govern the job, each with what it observed (``integrations/gate.py``)."""
+    runtime: Resolved | None = None
+    """The job on its runtime (``rljob_contract.runtime.resolve``); None: on no runtime, for tests of other
+    decisions (the reconciler always resolves one, or says why not in ``runtime_missing``)."""
+    runtime_missing: str | None = None
+    """Why the job's runtime cannot be had (it names none and there is no default, or the one it names does
+    not exist): the job waits, Pending with reason RuntimeNotFound."""
+
+    @derived
+    def resolved(self) -> Resolved:
+        """The job on its runtime (on no runtime when ``runtime`` is None)."""
+        return resolved(self.job, self.runtime)
+
+    @derived
+    def worker(self) -> dict[str, Any]:
+        """Worker 0 of gang 0 as built: its requests, placement and volumes."""
+        return desired_worker_pod(self.job, 0, 0, runtime=self.resolved)
 
     # ---------------------------------------------------------------- the job as stored
     @derived
@@ -139,7 +156,7 @@ class Situation:
     @derived
     def violations(self) -> list[str]:
         """Fields of the job the platform's pod profile does not allow (``policy.violations``)."""
-        found = checked(self.job, self.profile) if self.profile is not None else []
+        found = checked(self.job, self.profile, self.resolved) if self.profile is not None else []
         return found + [v for g in self.gates for v in g.gate.violations(self.job, g.view)]
 
     @derived
@@ -150,7 +167,7 @@ class Situation:
     @derived
     def checkpoints(self) -> Durability:
         """Whether the job's checkpoints outlive its gang (the CheckpointsDurable condition)."""
-        return durability(self.job.spec.checkpoint, lambda: desired_worker_pod(self.job, 0, 0))
+        return durability(self.resolved.checkpoint, lambda: self.worker)
 
     @derived
     def start(self) -> datetime:
@@ -159,7 +176,7 @@ class Situation:
     @derived
     def deadline_left(self) -> float | None:
         """Seconds left of ``activeDeadlineSeconds`` (None: no deadline)."""
-        deadline = self.job.spec.run_policy.active_deadline_seconds
+        deadline = self.resolved.active_deadline_seconds
         if deadline is None:
             return None
         return (self.start + timedelta(seconds=deadline) - self.now).total_seconds()
@@ -270,7 +287,7 @@ class Situation:
         started = parse_time(self.prev.gang_start_time) or self.now
         free = total = None
         if self.capacity is not None and self.job.spec.autoscaling.policy == ScalingPolicy.capacity:
-            worker = desired_worker_pod(self.job, 0, 0)["spec"]  # requests, nodeSelector, tolerations as created
+            worker = self.worker["spec"]  # requests, nodeSelector, tolerations as created
             free = self.capacity.slots(worker)
             total = self.capacity.slots(worker, exclude_job=(self.job.metadata.namespace or "", self.job.metadata.name))
         return SizeView(
@@ -331,7 +348,7 @@ class Situation:
             status=status_patch(status),
             delete_pods=delete,
             force_delete_pods=self.force_delete,
-            children=Children(self.job, status, self.endpoint, self.network) if create else None,
+            children=Children(self.job, status, self.endpoint, self.network, self.resolved) if create else None,
             create_pods=create or [],
             events=events + transition_event(self.prev.phase, d) + checkpoint_event(self.previous_conditions, d),
             requeue_after=requeue_after,

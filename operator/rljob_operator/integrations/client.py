@@ -33,8 +33,10 @@ class GateClient(Protocol):
     unwatched_requeue: float | None
     """How often a job the gate governs is looked at when no watch wakes it (None: watched)."""
 
-    def observe(self, job: RLTrainingJob, uid: str) -> Gated[Any] | None:
-        """The gate and its view of ``job`` (whose uid is ``uid``); None if the gate does not govern it."""
+    def observe(self, job: RLTrainingJob, uid: str,
+                worker: Callable[[], dict[str, Any]] | None = None) -> Gated[Any] | None:
+        """The gate and its view of ``job`` (whose uid is ``uid``); None if the gate does not govern it. ``worker``
+        builds a worker pod on the job's runtime, what a gate counts or places (None: built on no runtime)."""
         ...
 
     def recheck(self, writes: Any) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -141,16 +142,18 @@ class KueueClient:
         self._served: tuple[float, bool] = (float("-inf"), False)
         self._flavors: dict[str, tuple[float, Flavor | None]] = {}
 
-    def observe(self, job: RLTrainingJob, uid: str) -> Gated[QueueView] | None:
+    def observe(self, job: RLTrainingJob, uid: str,
+                worker_of: Callable[[], dict[str, Any]] | None = None) -> Gated[QueueView] | None:
         """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued."""
         if queue_name(job) is None:
             return None
+        worker = worker_of() if worker_of is not None else None
         if not self.served():
             return Gated(KUEUE, QueueView(available=False))
         namespace = job.metadata.namespace or ""
         workloads = [w for w in list_workloads(self.kube, namespace, f"{LABEL_JOB}={job.metadata.name}")
                      if owned(w, uid)]
-        current = current_workload(job, job.replicas, QueueView(workloads=workloads))
+        current = current_workload(job, job.replicas, QueueView(workloads=workloads, worker=worker))
         priority, problem = self._priority(job) if current is None else (None, "")
         flavors: dict[str, Flavor] = {}
         if current is not None and admitted(current):
@@ -158,7 +161,7 @@ class KueueClient:
                 flavor = self.flavor(flavor_name)
                 if flavor is not None:
                     flavors[flavor_name] = flavor
-        return Gated(KUEUE, QueueView(True, workloads, flavors, priority, problem))
+        return Gated(KUEUE, QueueView(True, workloads, flavors, priority, problem, worker))
 
     def _priority(self, job: RLTrainingJob) -> tuple[Priority | None, str]:
         """The WorkloadPriorityClass the job names, or why it cannot be used."""

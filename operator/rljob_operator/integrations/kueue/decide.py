@@ -108,11 +108,19 @@ class QueueView:
     priority: Priority | None = None
     priority_problem: str = ""
     """Why the named WorkloadPriorityClass cannot be used (it does not exist), else empty."""
+    worker: dict[str, Any] | None = None
+    """A worker pod as built on the job's runtime: what the Workload counts and the flavors place (None: the
+    pod built here on no runtime, for tests)."""
 
 
-def workload_template(job: RLTrainingJob) -> dict[str, Any]:
+def built_worker(job: RLTrainingJob, worker: dict[str, Any] | None) -> dict[str, Any]:
+    """``worker``, else a worker pod built on no runtime."""
+    return worker if worker is not None else desired_worker_pod(job, 0, 0)
+
+
+def workload_template(job: RLTrainingJob, worker: dict[str, Any] | None = None) -> dict[str, Any]:
     """The worker pod as Kueue needs to see it: containers' requests and the placement fields."""
-    spec = desired_worker_pod(job, 0, 0)["spec"]
+    spec = built_worker(job, worker)["spec"]
     slim: dict[str, Any] = {k: spec[k] for k in _TEMPLATE_FIELDS if k in spec}
     for kind in ("containers", "initContainers"):
         if spec.get(kind):
@@ -121,17 +129,18 @@ def workload_template(job: RLTrainingJob) -> dict[str, Any]:
     return {"spec": slim}
 
 
-def workload_name(job: RLTrainingJob, replicas: int) -> str:
+def workload_name(job: RLTrainingJob, replicas: int, worker: dict[str, Any] | None = None) -> str:
     """The Workload of ``job`` at ``replicas`` workers: a new size or pod shape is a new Workload."""
-    shape = json.dumps([replicas, queue_name(job), workload_template(job)], sort_keys=True)
+    shape = json.dumps([replicas, queue_name(job), workload_template(job, worker)], sort_keys=True)
     return f"{job.metadata.name}-{replicas}w-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
 
 
-def desired_workload(job: RLTrainingJob, replicas: int, priority: Priority | None) -> dict[str, Any]:
+def desired_workload(job: RLTrainingJob, replicas: int, priority: Priority | None,
+                     worker: dict[str, Any] | None = None) -> dict[str, Any]:
     """The Workload for ``job`` at ``replicas`` workers, owned by the job (deleted with it)."""
     spec: dict[str, Any] = {
         "queueName": queue_name(job),
-        "podSets": [{"name": PODSET, "count": replicas, "template": workload_template(job)}],
+        "podSets": [{"name": PODSET, "count": replicas, "template": workload_template(job, worker)}],
     }
     if priority is not None:  # as Kueue's jobframework sets it from the label
         spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority.name}
@@ -140,7 +149,7 @@ def desired_workload(job: RLTrainingJob, replicas: int, priority: Priority | Non
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Workload",
         "metadata": {
-            "name": workload_name(job, replicas),
+            "name": workload_name(job, replicas, worker),
             "namespace": job.metadata.namespace,
             "labels": job_labels(job),
             "ownerReferences": [owner_reference(job)],
@@ -204,7 +213,8 @@ def placed(pod: dict[str, Any], flavors: list[Flavor]) -> tuple[dict[str, Any], 
     for flavor in flavors:
         for key, value in flavor.node_labels.items():
             if selector.get(key, value) != value:
-                problems.append(f"spec.workers.nodeSelector[{key}]: {selector[key]!r} conflicts with ResourceFlavor "
+                problems.append(f"the runtime's spec.podTemplate.spec.nodeSelector[{key}]: {selector[key]!r} conflicts "
+                                f"with ResourceFlavor "
                                 f"{flavor.name} (nodeLabels {key}={value!r}), which Kueue assigned")
             selector.setdefault(key, value)
         tolerations += [t for t in flavor.tolerations if t not in tolerations]
@@ -294,7 +304,7 @@ def _with_conditions(workload: dict[str, Any], new: list[dict[str, Any]]) -> dic
 
 def current_workload(job: RLTrainingJob, replicas: int, view: QueueView) -> dict[str, Any] | None:
     """The job's Workload for its current size, if it exists and is not being deleted."""
-    name = workload_name(job, replicas)
+    name = workload_name(job, replicas, view.worker)
     return next((w for w in view.workloads if w["metadata"]["name"] == name
                  and not w["metadata"].get("deletionTimestamp")), None)
 
@@ -316,7 +326,7 @@ def queue_writes(job: RLTrainingJob, replicas: int, view: QueueView, phase: str,
     if current is None:
         if view.priority_problem:
             return QueueWrites(delete=stale)
-        return QueueWrites(create=desired_workload(job, replicas, view.priority), delete=stale)
+        return QueueWrites(create=desired_workload(job, replicas, view.priority, view.worker), delete=stale)
     statuses = {}
     if evicting(current) and not pods_left:
         cleared = cleared_admission(current, now)
@@ -363,7 +373,7 @@ class KueueGate:
             return Verdict(hold=_hold(job, view, workload, prev))
         names = assigned_flavors(workload)
         flavors = [view.flavors[n] for n in names if n in view.flavors]
-        conflicts = placed(desired_worker_pod(job, 0, 0), flavors)[1]  # a node label the job selects otherwise
+        conflicts = placed(built_worker(job, view.worker), flavors)[1]  # a node label the pod selects otherwise
         return Verdict(problems=placement_problems(view.flavors, names, profile) + conflicts,
                        place=lambda pod: placed(pod, flavors)[0])
 
