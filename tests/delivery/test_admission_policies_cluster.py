@@ -28,7 +28,8 @@ POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
 POLICY = "rljob-job-references"
 QUEUES = "rljob-queues"
 RUNTIME_USE = "rljob-runtime-use"
-POLICIES = (POLICY, QUEUES, RUNTIME_USE)
+RUNTIME_REFERENCES = "rljob-runtime-references"
+POLICIES = (POLICY, QUEUES, RUNTIME_USE, RUNTIME_REFERENCES)
 VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
@@ -429,7 +430,8 @@ def _refusal(kube: Any, namespace: str, doc: dict[str, Any]) -> str | None:
     """What the API server says to a dry-run create of ``doc``; None when it would be admitted."""
     from kubernetes.client.exceptions import ApiException
 
-    plural = "rlexperiments" if doc["kind"] == "RLExperiment" else "rltrainingjobs"
+    plural = {"RLExperiment": "rlexperiments", "RLTrainingRuntime": "rltrainingruntimes"}.get(doc["kind"],
+                                                                                             "rltrainingjobs")
     try:
         kube.request("POST", f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/{plural}", doc,
                      query={"dryRun": "All", "fieldValidation": "Strict"})
@@ -633,3 +635,45 @@ def test_namespace_admins_write_their_runtimes_but_nobody_of_theirs_a_cluster_ru
         admin.close()
         _kubectl_admin(control_plane, "delete", "--ignore-not-found", "clusterrltrainingruntime",
                        CLUSTER_RUNTIME["metadata"]["name"])
+
+
+WRITER = "frank"  # may write RLTrainingRuntimes in the namespace, and use nothing a runtime could name
+
+
+@pytest.mark.cluster
+def test_every_reference_field_of_a_namespaced_runtime_needs_its_writers_right_to_use_what_it_names(
+        policy: None, control_plane: Any, namespace: str, service_account_kubeconfig: Any, runtime_crds: Any) -> None:
+    """Each field of RUNTIME_REFERENCES in an RLTrainingRuntime naming an object of another team: refused for a
+    writer without the right, naming the field (every job on the runtime would get the object); admitted with it."""
+    from kubernetes import client
+    from rljob_contract import references
+    from rljob_operator.cluster.kube import Kube
+
+    from tests.contract.test_references import OTHER, reference_spec
+    from tests.support.operator import runtime_manifest
+
+    _role(control_plane, namespace, "write-runtimes", [{"apiGroups": ["rljob.dev"], "verbs": ["create"],
+                                                         "resources": ["rltrainingruntimes"]}], WRITER)
+    writer = client.ApiClient(_client_configuration(service_account_kubeconfig(WRITER)))
+    user = f"system:serviceaccount:{namespace}:{WRITER}"
+    try:
+        as_writer = Kube(writer)
+        cases = []
+        for i, ref in enumerate(references.RUNTIME_REFERENCES):
+            spec, field = reference_spec(ref)
+            kind = "the data source" if ref.kind == references.TYPED else ref.kind
+            cases.append((runtime_manifest(f"rt-{i}", spec, kind="RLTrainingRuntime"), f'{field} names {kind} "{OTHER}"'))
+        for doc, named in cases:
+            refusal = _refusal(as_writer, namespace, doc)
+            assert refusal is not None and RUNTIME_REFERENCES in refusal, (named, refusal)
+            assert named in refusal and user in refusal and "its writer could use" in refusal, (named, refusal)
+        # The trainers' ServiceAccount is anyone's to name.
+        trainer = runtime_manifest("rt-trainer", {"podTemplate": {"spec": {"serviceAccountName": "rljob-trainer"}}},
+                                   kind="RLTrainingRuntime")
+        assert _refusal(as_writer, namespace, trainer) is None
+        _role(control_plane, namespace, "writer-uses-everything", ALL_RIGHTS, WRITER)
+        wait_for(lambda: _refusal(as_writer, namespace, cases[0][0]) is None, 30, message="the rights in force")
+        admitted_now = {doc["metadata"]["name"]: _refusal(as_writer, namespace, doc) for doc, _ in cases}
+        assert {k: v for k, v in admitted_now.items() if v is not None} == {}
+    finally:
+        writer.close()

@@ -158,8 +158,11 @@ def test_the_unchanged_quickstart_trains_on_the_default_cpu_runtime_and_succeeds
     wait_phase(kube, namespace, "quickstart", "Running", timeout=300)
     pods = job_pods(kube, namespace, "quickstart")
     assert {p["spec"]["nodeName"] for p in pods} == {"rljob-real-node"}
+    # The runtime "cpu" made them: its image, ServiceAccount and node, and no GPU asked for.
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"rljob-trainer"}
-    assert get_job(kube, namespace, "quickstart")["status"]["runtime"]["name"] == "cpu"
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
+    assert not any("nvidia.com/gpu" in (p["spec"]["containers"][0].get("resources") or {}).get("limits", {})
+                   for p in pods)
     # The probes are real: worker 0 turns Ready only once the trainer answers /readyz.
     wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True"
                          for c in (next(p for p in job_pods(kube, namespace, "quickstart")
@@ -269,8 +272,9 @@ def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to
         runtime = kube.request("GET", "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes/cpu")
         assert runtime["metadata"]["annotations"]["rljob.dev/is-default-runtime"] == "true"
         create_job(kube, jobs, real_job("helm-job", {"training": {"maxSteps": 20}}))
+        pods = wait_for(lambda: job_pods(kube, jobs, "helm-job") or None, 300, message="the helm job's pods")
+        assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
         job = wait_phase(kube, jobs, "helm-job", "Succeeded", timeout=900)
-        assert job["status"]["runtime"]["name"] == "cpu"
         assert job["status"]["progress"]["step"] == 20  # heartbeats reached the in-cluster status API
         assert job["status"]["progress"]["lastHeartbeat"]
         log = pod_log(kube, operator_ns, pod["metadata"]["name"])
