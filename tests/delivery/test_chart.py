@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.trainer import deep_update
 from tests.support.yaml_go import go_differences
 
 REPO = Path(__file__).resolve().parents[2]
@@ -356,6 +357,25 @@ def test_rendered_crd_equals_the_generated_one_and_is_kept_on_uninstall() -> Non
     assert not by_kind(helm_template("--set", "crds.enabled=false"), "CustomResourceDefinition")
 
 
+def test_the_runtime_kinds_crds_are_in_the_charts_crds_folder_as_generated() -> None:
+    """Helm installs crds/ before it maps the chart's runtimes (a CRD template would not yet be served): the
+    folder holds exactly the runtime kinds' CRDs, verbatim, and no template renders them."""
+    from rljob_contract.runtime import CLUSTER_KIND, NAMESPACED_KIND
+    from rljob_operator.crd import runtime_crd_yaml
+
+    generator = _generator()
+    expected = {}
+    for kind in (CLUSTER_KIND, NAMESPACED_KIND):
+        for path, content in generator.outputs(runtime_crd_yaml(kind)).items():
+            assert path.read_text() == content, f"{path.relative_to(REPO)} drifted: run `make chart-crds`"
+            expected[path.relative_to(REPO)] = content
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(
+        p.name for p in expected if p.parts[:3] == ("charts", "rljob", "crds"))
+    assert {d["metadata"]["name"] for d in by_kind(helm_template(), "CustomResourceDefinition")} == {
+        "rltrainingjobs.rljob.dev", "rlexperiments.rljob.dev"}
+    assert {d["spec"]["scope"] for d in (yaml.safe_load(c) for c in expected.values())} == {"Cluster", "Namespaced"}
+
+
 def _yaml12_numbers(node: Any) -> Any:
     """Numbers as Go's YAML reads them: kustomize prints 1e-05 (a float to Go, a string to
     PyYAML) and 0 for 0.0; compare values, not spellings."""
@@ -609,6 +629,27 @@ def test_every_runtime_the_chart_renders_validates_with_rljob_validate(name: str
         path.write_text(yaml.safe_dump(runtime))
         result = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(path)], check=False)
         assert result.returncode == 0, f"{runtime_name}: {result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("default", ["default", "cpu"])
+def test_the_quickstart_validates_unchanged_on_the_default_runtime_of_a_gpu_and_of_a_cpu_cluster(
+        default: str, tmp_path: Path) -> None:
+    """``rljob validate --runtime`` checks a job against the runtime it would run on (the one marked as the
+    default): the quickstart, which names none, is within the bounds of either."""
+    path = tmp_path / "runtimes.yaml"
+    path.write_text(yaml.safe_dump_all(list(runtimes(helm_template("--set", f"runtimes.defaultName={default}")).values())))
+    result = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(REPO / "examples" / "quickstart.yaml"),
+                  "--runtime", str(path)], check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Asked for two GPUs (one per process) on the cpu runtime, it would not be.
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text(yaml.safe_dump(deep_update(yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text()),
+                                               {"spec": {"workers": {"gpusPerWorker": 2}}})))
+    refused = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(gpus), "--runtime", str(path)],
+                  check=False)
+    assert (refused.returncode != 0) == (default == "cpu"), refused.stdout + refused.stderr
+    if default == "cpu":
+        assert "spec.workers.gpusPerWorker" in refused.stdout + refused.stderr
 
 
 def _kustomized_runtimes(overlay_docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
