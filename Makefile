@@ -31,8 +31,8 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 	$(PY) -m pytest -m "not trainer and not cluster and not s3 and not images" $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
-	.venv/bin/ruff check rljob contract operator trainer tests bench charts/rljob/hack
-	.venv/bin/mypy rljob contract/rljob_contract operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/storage_backends \
+	.venv/bin/ruff check rljob contract operator trainer tests bench charts/rljob/hack tools
+	.venv/bin/mypy rljob contract/rljob_contract operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/algorithms \
 		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py \
 		trainer/rljob_trainer/evaluation.py
 

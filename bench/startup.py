@@ -33,7 +33,7 @@ from bench.common import env as bench_env
 
 #: What each process imports before its first useful line, as it imports it.
 PROCESSES = {
-    "rank": "import rljob_trainer.worker; from rljob_trainer.algorithms import ALGORITHMS; [a.trl_classes() for a in ALGORITHMS.values()]",
+    "rank": "import rljob_trainer.worker; from rljob_trainer.algorithms import BUILDERS; [b.trl_classes() for b in BUILDERS.values()]",
     "launcher": "import rljob_trainer.launch; import torch.distributed.launcher.api",
     "operator": "import rljob_operator.cluster.runner",
     "cli": "import rljob.cli",

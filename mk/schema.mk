@@ -1,8 +1,8 @@
 # Schema: TRL's config fields, generated at build time so `rljob validate` and the operator check
 # spec.training.trl without importing torch or TRL (contract/rljob_contract/trl_fields.py, committed).
-.PHONY: generate trl-fields check-trl-fields settings-table check-settings-table
+.PHONY: generate trl-fields check-trl-fields docs-reference check-docs-reference
 
-generate: trl-fields crd chart-crds admission-policies settings-table ## Regenerate every generated file (TRL fields, the CRD and its copies, the admission policies' reference checks, the README's settings table)
+generate: trl-fields crd chart-crds admission-policies docs-reference ## Regenerate every generated file (TRL fields, the CRD and its copies, the admission policies' reference checks, docs/reference/)
 
 trl-fields: $(PY) ## Regenerate contract/rljob_contract/trl_fields.py from the installed TRL
 	$(PY) trainer/hack/gen_trl_fields.py
@@ -10,11 +10,11 @@ trl-fields: $(PY) ## Regenerate contract/rljob_contract/trl_fields.py from the i
 check-trl-fields: $(PY) ## Fail when trl_fields.py drifted from the installed TRL
 	$(PY) trainer/hack/gen_trl_fields.py --check
 
-settings-table: $(PY) ## Regenerate the README's table of operator settings from operator/rljob_operator/settings.py
-	$(PY) operator/hack/gen_settings.py
+docs-reference: $(PY) ## Regenerate docs/reference/*.md (fields, settings, CLI, exit codes, metrics) from the code
+	$(PY) tools/gen_docs.py
 
-check-settings-table: $(PY) ## Fail when the README's settings table drifted from operator/rljob_operator/settings.py
-	$(PY) operator/hack/gen_settings.py --check
+check-docs-reference: $(PY) ## Fail when a page of docs/reference/ drifted from the code it describes
+	$(PY) tools/gen_docs.py --check
 
 # Packaging: `pip install rljob` gives `rljob validate`/`crd` with pydantic and PyYAML only.
 .PHONY: check-wheel

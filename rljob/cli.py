@@ -275,8 +275,8 @@ def add_output_flag(p: argparse.ArgumentParser, help: str, deprecated: tuple[str
 
 def _checkpoint_root(args: argparse.Namespace) -> tuple[Location, str | None]:
     """(location, single checkpoint name or None) for a checkpoints command's URI."""
+    from rljob_trainer.checkpoints.backends import location_for
     from rljob_trainer.checkpoints.compare import split_checkpoint_uri
-    from rljob_trainer.checkpoints.plan import location_for
 
     root, name = split_checkpoint_uri(args.uri)
     return location_for(root, endpoint_url=args.endpoint_url, region=args.region), name

@@ -25,9 +25,10 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_snake
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from rljob_trainer.algorithms import ALGORITHMS
 
+from rljob_contract.plugins.algorithms import ALGORITHMS
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
+from rljob_contract.quantities import is_quantity, parse_quantity
 from rljob_contract.rules import Rule, enforce
 from rljob_contract.spec import (
     BUILTIN_MODEL_PREFIX,
@@ -204,8 +205,6 @@ class ResourceRequirements(Model):
     @field_validator("requests", "limits")
     @classmethod
     def _cpu_and_memory(cls, v: dict[str, int | str]) -> dict[str, int | str]:
-        from rljob_contract.runtime import parse_quantity
-
         for key, value in v.items():
             if key not in WORKER_RESOURCES:
                 raise ValueError(f"@{key}: a job sizes its workers by cpu and memory only; GPUs come from "
@@ -312,14 +311,7 @@ WORKER_RULES = [
 
 
 def _quantities(values: dict[str, int | str]) -> bool:
-    from rljob_contract.runtime import parse_quantity
-
-    try:
-        for value in values.values():
-            parse_quantity(value)
-    except ValueError:
-        return False
-    return True
+    return all(is_quantity(value) for value in values.values())
 
 
 #: spec.checkpoint.subPath: relative, no segment starting with a dot (so no ``..``), no empty segment.

@@ -13,8 +13,7 @@ and nowhere else:
 Only the standard library, pydantic and PyYAML may be imported here (and the trainer's torch-free
 schema, ``rljob_contract.spec``): the operator image has no torch, TRL, transformers or boto3.
 ``tests/contract/test_boundary.py`` enforces that, and that the programs depend on each other only
-through ``rljob_contract`` (the operator may import beyond it only the trainer's algorithm registry
-and ``rljob_trainer.builtin.rewards``; nothing in the trainer imports the operator).
+through ``rljob_contract`` (neither imports the other).
 """
 
 from __future__ import annotations

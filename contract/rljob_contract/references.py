@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rljob_trainer.storage_backends import backends
+from rljob_contract.plugins.storage import backends
 
 SECRET = "Secret"
 CONFIG_MAP = "ConfigMap"

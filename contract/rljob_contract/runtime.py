@@ -23,10 +23,8 @@ import ipaddress
 import json
 import os
 import posixpath
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +44,7 @@ from rljob_contract.job import (
 )
 from rljob_contract.job import RuntimeRef as RuntimeRef  # the job's side of the reference, re-exported
 from rljob_contract.pod import ENV_PREFIX, format_validation_error, validate_document
+from rljob_contract.quantities import check_quantity, is_quantity, parse_quantity
 from rljob_contract.rules import Rule, enforce
 from rljob_contract.spec import (
     BUILTIN_MODEL_PREFIX,
@@ -73,38 +72,6 @@ DEFAULT_RUNTIME_ANNOTATION = "rljob.dev/is-default-runtime"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Prefixes that allow hub ids (``Qwen/Qwen2.5-0.5B``, a datasets-library name) in ``sources.allowed``.
 HUB_PREFIXES = ("hf://", "hub:")
-
-
-# ---------------------------------------------------------------------------- quantities
-_QUANTITY_RE = re.compile(r"^(?P<number>[+]?(\d+(\.\d*)?|\.\d+))(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?\d+)?$")
-_SUFFIXES = {
-    "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal("1e3"),
-    "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
-    **{f"{p}i": Decimal(1024) ** (i + 1) for i, p in enumerate("KMGTPE")},
-}
-
-
-def parse_quantity(value: int | str) -> Decimal:
-    """A Kubernetes quantity (``4``, ``500m``, ``16Gi``, ``1e3``) as a number; ValueError when it is not one
-    (or is negative)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a quantity")
-    match = _QUANTITY_RE.match(str(value).strip()) if isinstance(value, int | str) else None
-    if match is None:
-        raise ValueError(f"{value!r} is not a quantity (for example 4, 500m, 16Gi)")
-    suffix = match["suffix"] or ""
-    try:
-        number = Decimal(match["number"])
-        scale = Decimal(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") else _SUFFIXES[suffix]
-    except (InvalidOperation, ValueError):
-        raise ValueError(f"{value!r} is not a quantity") from None
-    return number * scale
-
-
-def check_quantity(value: int | str | None) -> int | str | None:
-    if value is not None:
-        parse_quantity(value)
-    return value
 
 
 def _quantity_cel(expr: str) -> str:
@@ -210,15 +177,7 @@ def _limit_rules() -> list[Rule]:
 
 
 def _key_is_quantity(key: str) -> Callable[[Any], bool]:
-    return lambda bound: _is_quantity(getattr(bound, key))
-
-
-def _is_quantity(value: Any) -> bool:
-    try:
-        check_quantity(value)
-    except ValueError:
-        return False
-    return True
+    return lambda bound: getattr(bound, key) is None or is_quantity(getattr(bound, key))
 
 
 #: The limits' rules (CEL on the runtime CRDs; the models' validators say them with the numbers).

@@ -29,13 +29,15 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from rljob_trainer.algorithms import ALGORITHMS, STRATEGY_NAMES
-from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS, BUILTIN_REWARDS
-from rljob_trainer.storage_backends import PVC, StorageBackend, backends
-from rljob_trainer.storage_backends import check_location as _check_location
 
+from rljob_contract.plugins.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
+from rljob_contract.plugins.rewards import BUILTIN_REWARD_NAMES as BUILTIN_REWARDS
+from rljob_contract.plugins.rewards import BUILTIN_REWARD_OPTIONS
+from rljob_contract.plugins.storage import PVC, StorageBackend, backends
+from rljob_contract.plugins.storage import check_location as _check_location
 from rljob_contract.rules import Rule, cel_list, enforce
 from rljob_contract.trl_fields import TRL_FIELDS, TRL_VERSION
+from rljob_contract.trl_rules import CREDENTIAL_NAME_RE, CREDENTIAL_TRL_MESSAGE, OWN_REFUSALS, refused_fields
 
 BUILTIN_MODEL_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny",)
@@ -55,7 +57,7 @@ class Model(BaseModel):
     )
 
 
-#: ``spec.training.algorithm``: one value per module of ``rljob_trainer.algorithms``.
+#: ``spec.training.algorithm``: one value per algorithm descriptor (``rljob_contract.plugins.algorithms``).
 Algorithm = StrEnum("Algorithm", {name: name for name in ALGORITHMS})  # type: ignore[misc]
 #: ``spec.training.strategy``: every algorithm's named strategies.
 StrategyName = StrEnum("StrategyName", {name: name for name in STRATEGY_NAMES})  # type: ignore[misc]
@@ -602,51 +604,6 @@ TRAINING_RULES = [
 ]
 
 
-#: TRL config fields rljob sets itself (``worker.trl_arguments`` and ``trainer.train``) and what a user
-#: sets instead. The one list: the models and the CRD refuse these under ``spec.training.trl``, and the
-#: worker sets no TRL field that is neither here nor in TRL_DEFAULTS.
-MANAGED_TRL_FIELDS: dict[str, str] = {
-    "output_dir": "spec.checkpoint.subPath (the runtime's checkpoint storage holds each job's checkpoints)",
-    "per_device_train_batch_size": "spec.training.batchSize",
-    "max_steps": "spec.training.maxSteps",
-    "learning_rate": "spec.training.learningRate",
-    "num_generations": "spec.training.numGenerations",
-    "max_completion_length": "spec.training.maxCompletionLength",
-    "gradient_accumulation_steps": "spec.training.gradientAccumulationSteps",
-    "seed": "spec.training.seed",
-    "bf16": "spec.training.precision",
-    "fp16": "spec.training.precision",
-    "use_cpu": "spec.workers.gpusPerWorker (0 runs on CPU)",
-    "dataloader_num_workers": "spec.training.dataloaderWorkers",
-    "beta": "spec.training.beta",
-    "save_steps": "spec.checkpoint.everySteps",
-    "save_strategy": "spec.checkpoint.everySteps",
-    "save_total_limit": "spec.checkpoint.keepLast",
-    "logging_steps": "spec.training.loggingSteps",
-    "report_to": "it reports to TensorBoard and the operator's status API",
-    "reward_weights": "spec.training.rewards[].weight",
-    "resume_from_checkpoint": "it resumes from the newest complete checkpoint",
-    "gradient_checkpointing": "spec.training.gradientCheckpointing",
-    "activation_checkpointing": "spec.training.gradientCheckpointing",
-    "generation_batch_size": "spec.training.generationBatchSize",
-    "steps_per_generation": "spec.training.stepsPerGeneration",
-}
-#: A name that carries a credential (``hub_token``, ``use_auth_token``, ``api_key``, ``password`` …),
-#: TRL's own or a key inside one of its ``*_kwargs`` mappings (``model_init_kwargs.token``).
-CREDENTIAL_NAME_RE = re.compile(
-    r"(^|_)(token|password|passwd|secret|api_?key|access_?key|private_?key|credentials?)($|_)", re.IGNORECASE
-)
-#: Why a credential-like field is refused under ``spec.training.trl``.
-CREDENTIAL_TRL_MESSAGE = (
-    "credentials never go in the manifest (the trainer config is a ConfigMap anyone with `view` reads); "
-    "put the token in a Secret that the runtime passes as an environment variable (its spec.podTemplate's "
-    "trainer container env[].valueFrom.secretKeyRef, for example HF_TOKEN), or use the pod's service account "
-    "(workload identity)"
-)
-#: TRL config fields that carry credentials: the models and the CRD refuse them under ``spec.training.trl``.
-CREDENTIAL_TRL_FIELDS = tuple(sorted(k for k in TRL_FIELDS if CREDENTIAL_NAME_RE.search(k)))
-
-
 def _credential_keys(value: Any, loc: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
     """Locations of credential-like keys inside ``value`` (mappings and lists, kwargs as JSON strings)."""
     if isinstance(value, str) and value.lstrip().startswith("{"):
@@ -760,38 +717,17 @@ def check_options(
         raise ValidationError.from_exception_data(owner, problems)
 
 
-def managed_message(key: str) -> str:
-    """Why ``spec.training.trl.<key>`` is refused: the rljob field to use, or what rljob does instead."""
-    use = MANAGED_TRL_FIELDS[key]
-    return f"set by rljob; use {use}" if use.startswith("spec.") else f"set by rljob ({use}); remove it from trl"
-
-
-def strategy_message(strategy: str, key: str, value: Any) -> str:
-    """Why ``spec.training.trl.<key>`` is refused next to ``spec.training.strategy``, which sets it to ``value``."""
-    return (f"set by spec.training.strategy {strategy} ({key}={value!r}); remove it from trl, "
-            "or drop the strategy to set TRL's fields yourself")
-
-
 def check_trl(trl: dict[str, Any], algorithm: str | None, strategy: str | None = None) -> None:
     """``spec.training.trl`` against TRL's config class for ``algorithm`` (None: either class),
-    and against the fields ``strategy`` (of ``algorithm``) sets."""
-    configs = {name: a.config_class for name, a in ALGORITHMS.items()}
-    config = configs.get(algorithm or "", "/".join(dict.fromkeys(configs.values())))
-    refused = {k: managed_message(k) for k in MANAGED_TRL_FIELDS}
-    strategies = ALGORITHMS[algorithm].strategies if algorithm is not None else {}
-    if strategy in strategies:
-        refused.update({k: strategy_message(strategy, k, v) for k, v in strategies[strategy].trl.items()})
-    # Credentials, TRL's (hub_token) or any credential-like name (push_to_hub_token), never sit in a ConfigMap.
-    refused.update({k: CREDENTIAL_TRL_MESSAGE for k in (*CREDENTIAL_TRL_FIELDS, *trl)
-                    if isinstance(k, str) and CREDENTIAL_NAME_RE.search(k)})
+    and against the fields ``strategy`` (of ``algorithm``) sets: the refusals are ``trl_rules``'s,
+    whose CEL the CRD has."""
+    config = CONFIG_CLASSES.get(algorithm or "", "/".join(dict.fromkeys(CONFIG_CLASSES.values())))
+    refused = refused_fields(trl, algorithm, strategy)
+    # Credentials never sit in a ConfigMap, nested in a mapping either (which CEL cannot see), not even in
+    # another algorithm's field.
+    own = refused_fields(trl, algorithm, strategy, OWN_REFUSALS)
     nested = [_problem(key, CREDENTIAL_TRL_MESSAGE, value, *loc)
-              for key, value in trl.items() if key not in refused for loc in _credential_keys(value)]
-    if algorithm is not None:
-        for key, field in TRL_FIELDS.items():
-            if algorithm not in field["algorithms"]:
-                others = "/".join(configs[a] for a in field["algorithms"])
-                refused.setdefault(key, f"a field of TRL's {others} only; {config} (algorithm {algorithm}) has "
-                                        "no such field")
+              for key, value in trl.items() if key not in own for loc in _credential_keys(value)]
     check_options(trl, TRL_SCHEMAS, "trl", unknown=f"not a field of TRL's {config} (trl {TRL_VERSION})",
                   refused=refused, problems=nested)
 
@@ -955,7 +891,7 @@ class CheckpointSpec(CheckpointCadence, CheckpointStorage):
 
 def location_rules(at: str, field: str, kinds: list[StorageBackend], enforced_by: str) -> list[Rule]:
     """The rules of a checkpoint location field: one per storage backend that has one, its CEL and its
-    Python both the backend's (``storage_backends``); ``enforced_by`` gives the fuller message."""
+    Python both the backend's descriptor (``plugins.storage``); ``enforced_by`` gives the fuller message."""
     optional = at == "spec.checkpoint"
     guard = f"!has(self.{field}) || " if optional else ""
     def keeps(backend: StorageBackend) -> Callable[[Any], bool]:

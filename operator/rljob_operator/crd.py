@@ -12,7 +12,8 @@ structural OpenAPI v3 schema:
 * ``spec.training.trl`` lists every field of TRL's GRPOConfig/RLOOConfig with its type (from the
   generated ``rljob_contract.trl_fields``), so unknown keys and wrong types are refused; CEL refuses the
   fields rljob manages, the fields of the other algorithm and those ``spec.training.strategy`` sets
-  (:func:`trl_schema`, :func:`trl_rules`, :func:`strategy_rules`; algorithms from ``rljob_trainer.algorithms``);
+  (:func:`trl_schema`; the rules are ``rljob_contract.trl_rules``'s, declared once for the models and
+  the CRD; algorithms from their descriptors, ``rljob_contract.plugins.algorithms``);
 * a built-in reward's ``kwargs`` take only its options, by value validations on the list item
   (``anyOf`` branches by name, no types inside) and CEL; a custom reward's stay free-form
   (:func:`reward_kwargs_schema`);
@@ -54,26 +55,30 @@ from rljob_contract.job import (
     RLTrainingJobStatus,
     moved_message,
 )
+from rljob_contract.plugins.algorithms import CONFIG_CLASSES
+from rljob_contract.plugins.rewards import BUILTIN_REWARD_OPTIONS
 from rljob_contract.rules import cel_list, cel_rules
 from rljob_contract.spec import (
     CHECKPOINT_RULES,
-    CREDENTIAL_TRL_FIELDS,
-    CREDENTIAL_TRL_MESSAGE,
     EVAL_METRIC_RULES,
     EVALUATION_RULES,
     LORA_RULES,
-    MANAGED_TRL_FIELDS,
     MIRROR_RULES,
     REWARD_RULES,
     REWARD_SOURCE_RULES,
     TRAINING_RULES,
     dataset_rules,
     describe_type,
-    managed_message,
 )
 from rljob_contract.trl_fields import TRL_FIELDS, TRL_VERSION
-from rljob_trainer.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
-from rljob_trainer.builtin.rewards import BUILTIN_REWARD_OPTIONS
+from rljob_contract.trl_rules import (
+    CREDENTIAL_TRL_FIELDS,
+    CREDENTIAL_TRL_MESSAGE,
+    MANAGED_TRL_FIELDS,
+    TRL_FIELD_RULES,
+    TRL_RULES,
+    managed_message,
+)
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"crds/{GROUP}_{PLURAL}.yaml"
@@ -89,12 +94,12 @@ def _rule(rule: str, message: str, field_path: str | None = None, reason: str | 
 
 
 #: CEL rules by schema path (``[]`` = list items): every rule list of the contract, each rule written once
-#: beside the model it guards (rljob_contract.rules); the generated ones (trl, strategies, reward options)
-#: join them below.
+#: beside the model it guards (rljob_contract.rules), the TRL refusals and strategies declared once in
+#: rljob_contract.trl_rules; the generated reward options join them below.
 CEL_RULES: dict[str, list[dict[str, str]]] = cel_rules(
     ROOT_RULES, SPEC_RULES, LORA_RULES, WORKER_RULES, TRAINING_RULES, EVALUATION_RULES,
     dataset_rules("spec.training.evaluation.dataset"), EVAL_METRIC_RULES, dataset_rules("spec.training.dataset"),
-    REWARD_RULES, REWARD_SOURCE_RULES,
+    REWARD_RULES, REWARD_SOURCE_RULES, TRL_FIELD_RULES, TRL_RULES,
 )
 
 def field_node(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
@@ -147,7 +152,8 @@ def trl_schema() -> dict[str, Any]:
     """``spec.training.trl``: every field of TRL's config classes, typed; unknown keys are refused.
 
     rljob's managed fields are listed (typed loosely where their type is a union, so CEL can see
-    them) only so that :func:`trl_rules` can refuse them with the rljob field to use.
+    them) only so that ``trl_rules.TRL_FIELD_RULES`` can refuse them with the rljob field to use
+    (``trl_rules.cel_visible`` says which fields CEL sees, as this builds them).
     """
     properties: dict[str, Any] = {}
     for name, field in TRL_FIELDS.items():
@@ -165,52 +171,6 @@ def trl_schema() -> dict[str, Any]:
         ),
         "properties": properties,
     }
-
-
-def trl_rules() -> dict[str, list[dict[str, str]]]:
-    """CEL: the fields rljob manages, and each algorithm's foreign fields, are refused under trl."""
-    managed = [
-        _rule(f"!has(self.{name})", f"spec.training.trl.{name}: {managed_message(name)}", f".{name}")
-        for name in MANAGED_TRL_FIELDS if name in TRL_FIELDS
-    ] + [
-        _rule(f"!has(self.{name})", f"spec.training.trl.{name}: {CREDENTIAL_TRL_MESSAGE}", f".{name}")
-        for name in CREDENTIAL_TRL_FIELDS
-    ]
-    schema = trl_schema()["properties"]
-    per_algorithm = []
-    for algorithm, config in CONFIG_CLASSES.items():
-        foreign = [n for n, f in TRL_FIELDS.items() if algorithm not in f["algorithms"] and n in schema
-                   and _exposed(schema[n])]
-        if foreign:
-            present = " || ".join(f"has(self.trl.{n})" for n in foreign)
-            per_algorithm.append(_rule(
-                f"!has(self.trl) || self.algorithm != '{algorithm}' || !({present})",
-                f"spec.training.trl: {', '.join(foreign)} are not fields of TRL's {config} (algorithm {algorithm})",
-                ".trl",
-            ))
-    return {"spec.training.trl": managed, "spec.training": per_algorithm + strategy_rules(schema)}
-
-
-def strategy_rules(trl_properties: dict[str, Any]) -> list[dict[str, str]]:
-    """CEL: each algorithm takes only its own strategies, and a strategy's TRL fields are refused under trl."""
-    rules = [
-        _rule(f"self.algorithm != '{name}' || !has(self.strategy)"
-              + (f" || self.strategy in {cel_list(a.strategies)}" if a.strategies else ""),
-              f"spec.training.strategy: algorithm {name} has no such strategy "
-              f"(its strategies: {', '.join(a.strategies) or 'none'})", ".strategy")
-        for name, a in ALGORITHMS.items() if set(a.strategies) != set(STRATEGY_NAMES)
-    ]
-    for a in ALGORITHMS.values():
-        for name, strategy in a.strategies.items():
-            fields = [k for k in strategy.trl if _exposed(trl_properties[k])]
-            present = " || ".join(f"has(self.trl.{k})" for k in fields)
-            rules.append(_rule(
-                f"!has(self.strategy) || self.strategy != '{name}' || !has(self.trl) || !({present})",
-                f"spec.training.trl: {', '.join(fields)} are set by spec.training.strategy {name}; remove them "
-                "from trl, or drop the strategy to set TRL's fields yourself",
-                ".trl",
-            ))
-    return rules
 
 
 def _options_within(options: list[str]) -> dict[str, Any]:
@@ -268,9 +228,8 @@ def reward_option_rules() -> list[dict[str, str]]:
     return rules
 
 
-# The generated rules join the hand-written ones (CEL_RULES is the one table openapi_schema applies).
-for _path, _rules in [*trl_rules().items(), ("spec.training.rewards[]", reward_option_rules())]:
-    CEL_RULES[_path] = [*CEL_RULES.get(_path, []), *_rules]
+# The generated rules join the declared ones (CEL_RULES is the one table openapi_schema applies).
+CEL_RULES["spec.training.rewards[]"] = [*CEL_RULES.get("spec.training.rewards[]", []), *reward_option_rules()]
 
 
 #: Bounds the models leave open but CEL cost estimation needs (strings and lists CEL walks).

@@ -2,8 +2,8 @@
 
 Every setting is declared once, below, with :func:`setting`: its type and default (the field's), a
 description, and where it has them its ``rljob operator`` flag and the Helm chart value that sets it.
-The flags are built from these declarations (``rljob.cli``), the README's settings table is generated
-from them (``make generate``), and tests check the chart's and kustomize's deployment env against them.
+The flags are built from these declarations (``rljob.cli``), the table of docs/reference/operator-settings.md
+is generated from them (``make generate``), and tests check the chart's and kustomize's deployment env against them.
 
 Every field's environment variable is its name in upper case with the prefix, for example
 ``RLJOB_OPERATOR_RESYNC_SECONDS=5`` (tests shorten the intervals this way);
@@ -232,7 +232,7 @@ class OperatorSettings:
         "store's pods.", chart="networkPolicy.trainerEgress.to")
     kueue: bool = setting(
         True, help="Honour the label ``kueue.x-k8s.io/queue-name``: such a job's gang waits for Kueue to admit "
-        "its Workload (see the README's Kueue section). Needs Kueue's API; where it is not served, labelled "
+        "its Workload (docs/guides/kueue.md). Needs Kueue's API; where it is not served, labelled "
         "jobs wait with reason KueueUnavailable. False: the label is ignored and such jobs run at once.",
         chart="kueue.enabled")
     log_level: str = setting(

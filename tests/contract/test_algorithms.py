@@ -1,6 +1,7 @@
-"""The algorithm modules (``rljob_trainer.algorithms``) and the GRPO-family strategies, without training.
+"""The algorithms (descriptors: ``rljob_contract.plugins.algorithms``; builders: ``rljob_trainer.algorithms``)
+and the GRPO-family strategies, without training.
 
-Each strategy must set exactly the TRL fields README's table documents, those fields must be fields
+Each strategy must set exactly the TRL fields the strategy table of docs/guides/training.md documents, those fields must be fields
 of the installed TRL's GRPOConfig that take the strategy's values (so a TRL upgrade that renames or
 retypes one fails here), and no strategy may touch a field rljob manages.
 """
@@ -17,21 +18,23 @@ import pytest
 import trl
 import yaml
 from rljob_contract import trl_fields
+from rljob_contract.plugins.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
 from rljob_contract.pod import ConfigError, dump_config, load_config
-from rljob_contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TRL_SCHEMAS, TrainerConfig, check_options
-from rljob_trainer.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
+from rljob_contract.spec import TRL_DEFAULTS, TRL_SCHEMAS, TrainerConfig, check_options
+from rljob_contract.trl_rules import MANAGED_TRL_FIELDS
+from rljob_trainer.algorithms import BUILDERS
 from rljob_trainer.worker import build_trl_config
 
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ALGORITHMS["grpo"].strategies
-#: A row of README's strategy table: | `dapo` | `loss_type='dapo'`, `epsilon_high=0.28` | DAPO, arXiv:2503.14476 |
+#: A row of the strategy table (docs/guides/training.md): | `dapo` | `loss_type='dapo'`, `epsilon_high=0.28` | DAPO, arXiv:2503.14476 |
 ROW_RE = re.compile(r"^\| `(?P<name>[a-z-]+)` \| (?P<fields>`[^|]+`) \| (?P<reference>[^|]+) \|$")
 
 
-def readme_strategies() -> dict[str, tuple[dict[str, Any], str]]:
-    """README's strategy table: name -> (TRL fields, reference)."""
+def documented_strategies() -> dict[str, tuple[dict[str, Any], str]]:
+    """The strategy table of docs/guides/training.md: name -> (TRL fields, reference)."""
     rows: dict[str, tuple[dict[str, Any], str]] = {}
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in (REPO / "docs/guides/training.md").read_text().splitlines():
         m = ROW_RE.match(line.strip())
         if m:
             pairs = [p.split("=", 1) for p in re.findall(r"`([^`]+)`", m["fields"])]
@@ -43,8 +46,8 @@ def config(**training: Any) -> TrainerConfig:
     return TrainerConfig.model_validate({"jobName": "j", "training": training})
 
 
-def test_each_strategy_sets_exactly_the_trl_fields_the_readme_documents() -> None:
-    documented = readme_strategies()
+def test_each_strategy_sets_exactly_the_trl_fields_the_guide_documents() -> None:
+    documented = documented_strategies()
     assert set(documented) == set(STRATEGIES) == set(STRATEGY_NAMES)
     for name, strategy in STRATEGIES.items():
         fields, reference = documented[name]
@@ -83,9 +86,11 @@ def test_no_strategy_builds_the_same_trl_config_as_before_strategies(tmp_path: P
 
 def test_the_registry_names_trl_s_classes_and_the_generated_field_table() -> None:
     assert list(ALGORITHMS) == ["grpo", "rloo"]  # the first is the default
+    assert list(BUILDERS) == list(ALGORITHMS)  # one implementation per descriptor
     assert CONFIG_CLASSES == trl_fields.CONFIG_CLASSES  # gen_trl_fields read the registry
     for algorithm in ALGORITHMS.values():
-        config_cls, trainer_cls = algorithm.trl_classes()
+        assert BUILDERS[algorithm.name].descriptor is algorithm
+        config_cls, trainer_cls = BUILDERS[algorithm.name].trl_classes()
         assert (config_cls.__name__, trainer_cls.__name__) == (algorithm.config_class, algorithm.trainer_class)
         assert algorithm.group_size(8) == 8  # both TRL trainers generate whole groups
     assert config().training.algorithm == "grpo" and config(algorithm="rloo").training.group_size() == 8

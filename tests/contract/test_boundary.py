@@ -1,9 +1,11 @@
-"""The contract (``rljob_contract``, the pod's side in ``rljob_contract.pod``): one place, no torch.
+"""The floors and the contract between them (``rljob_contract``, the pod's side in ``rljob_contract.pod``).
 
-* ``trainer/`` never imports ``rljob_operator``; ``contract/rljob_contract/`` imports neither program but the
-  trainer's torch-free registries; ``operator/`` imports from the trainer only those registries.
+* Floors, lowest first: the contract (``contract/``), then the trainer (``trainer/``) and the operator
+  (``operator/``), then the ``rljob`` command (``rljob/``); tests, benchmarks and the chart's generators
+  above all. No import, lazy ones inside functions included, runs from a floor to a higher one or
+  between the trainer and the operator; the programs' modules form no import circle.
 * No ``RLJOB_*`` name is spelled outside the contract (in operator/, trainer/ and the CLI).
-* Importing the contract, or the operator's runner, imports no torch, TRL or transformers.
+* Importing the contract, or the operator's runner, imports no torch, TRL or transformers (nor the trainer).
 * What one side writes, the other reads: pod environment, config YAML, heartbeat body and path.
 """
 
@@ -26,10 +28,16 @@ from rljob_trainer import errors
 
 from tests.support.operator import REPO, job_manifest
 
-#: What the operator may import from the trainer (the algorithm registry is torch-free data, for the CRD;
-#: the storage backends' registry is stdlib-only, for pod volumes, durability, references and the CRD);
-#: the contract itself is ``rljob_contract``, which both import.
-OPERATOR_MAY_IMPORT = {"rljob_trainer.builtin.rewards", "rljob_trainer.algorithms", "rljob_trainer.storage_backends"}
+#: Each top folder's floor: a file may import from its own folder and from lower floors only.
+FLOORS: dict[str, int] = {"contract": 0, "trainer": 1, "operator": 1, "rljob": 2, "tests": 3, "bench": 3, "charts": 3}
+#: The floor above all (tests, benchmarks, generators): its folders may also import each other.
+ABOVE_ALL = 3
+#: Each importable top-level package → the folder that holds it.
+PACKAGES: dict[str, str] = {"rljob_contract": "contract", "rljob_trainer": "trainer", "rljob_operator": "operator",
+                            "rljob": "rljob", "tests": "tests", "bench": "bench"}
+#: The programs' packages (where import circles are looked for): package → its folder's source root.
+PROGRAMS: dict[str, str] = {"rljob_contract": "contract/rljob_contract", "rljob_trainer": "trainer/rljob_trainer",
+                            "rljob_operator": "operator/rljob_operator", "rljob": "rljob"}
 #: A string literal that *is* an RLJOB_ variable name or prefix (prose mentioning one is documentation).
 ENV_LITERAL = re.compile(r"RLJOB_[A-Za-z0-9_{}]*")
 #: ``RLJOB_`` names outside the contract on purpose, each with why.
@@ -38,54 +46,154 @@ NOT_THE_POD_CONTRACT = {
     ("operator/rljob_operator/cluster/kube.py", "RLJOB_FAULT_CRASH_AFTER_WRITES"): "operator fault injection",
     ("operator/rljob_operator/server/statusapi.py", "RLJOB_FAULT_REVIEW_DELAY_SECONDS"): "operator fault injection",
 }
-#: Pending: the checkpoint store is moving to ``rljob_trainer/checkpoints/`` on another branch; its
-#: mirror prefix becomes ``contract.MIRROR_ENV_PREFIX`` after that merge (equal until then, see below).
 ENDPOINT = StatusEndpoint("https://rljob-operator.rljob-system.svc:8443", "-----BEGIN CERTIFICATE-----\nx\n")
 
 
-def _sources(*roots: str) -> list[tuple[str, ast.Module]]:
+def _sources(*roots: str, repo: Path = REPO) -> list[tuple[str, ast.Module]]:
     out = []
     for root in roots:
-        for path in sorted((REPO / root).rglob("*.py")):
-            out.append((path.relative_to(REPO).as_posix(), ast.parse(path.read_text(encoding="utf-8"), str(path))))
+        for path in sorted((repo / root).rglob("*.py")):
+            out.append((path.relative_to(repo).as_posix(), ast.parse(path.read_text(encoding="utf-8"), str(path))))
     return out
 
 
 def _imports(tree: ast.Module) -> list[tuple[int, str]]:
-    """(line, module) of every import, in functions too; ``from pkg import mod`` counts as ``pkg.mod``."""
+    """(line, module) of every import, in functions and ``TYPE_CHECKING`` blocks too; ``from pkg import mod``
+    counts as ``pkg.mod`` (and ``pkg``); ``importlib.import_module("…")`` and ``__import__("…")`` of a
+    literal count too. Relative imports stay inside their package and are left out."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+            found += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) == "import_module"
+                   or getattr(node.func, "id", None) in ("import_module", "__import__"))):
+            found.append((node.lineno, node.args[0].value))
     return found
 
 
-def test_the_trainer_never_imports_the_operator() -> None:
-    offenders = [f"{path}:{line}: {module}" for path, tree in _sources("trainer")
-                 for line, module in _imports(tree) if module.split(".")[0] == "rljob_operator"]
-    assert offenders == []
+def floor_violations(repo: Path = REPO) -> list[str]:
+    """``path:line: module`` for every import that runs from a floor to a higher one, or across one floor
+    (the trainer and the operator); the floor above all may import anything."""
+    found = []
+    for root, floor in FLOORS.items():
+        if not (repo / root).is_dir():
+            continue
+        for path, tree in _sources(root, repo=repo):
+            for line, module in _imports(tree):
+                target = PACKAGES.get(module.split(".")[0])
+                if target is None or target == root or floor == ABOVE_ALL:
+                    continue
+                if FLOORS[target] >= floor:
+                    found.append(f"{path}:{line}: {module}")
+    return sorted(set(found))
 
 
-def test_the_contract_imports_neither_program_but_the_trainers_torch_free_registries() -> None:
-    offenders = [f"{path}:{line}: {module}" for path, tree in _sources("contract/rljob_contract")
-                 for line, module in _imports(tree)
-                 if module.split(".")[0] in {"rljob_operator", "kubernetes", "kopf", "torch", "trl", "transformers"}
-                 or (module.split(".")[0] == "rljob_trainer"
-                     and not any(module.startswith(ok + ".") for ok in OPERATOR_MAY_IMPORT))]
-    assert offenders == []
+def import_circles(repo: Path = REPO) -> list[list[str]]:
+    """The programs' import circles (lazy imports included): each a sorted list of the modules that import
+    one another round (Tarjan's strongly connected components of more than one module)."""
+    modules: dict[str, ast.Module] = {}
+    for package, root in PROGRAMS.items():
+        for path, tree in _sources(root, repo=repo):
+            parts = Path(path).relative_to(root).with_suffix("").parts
+            modules[".".join((package, *parts[:-1], *([] if parts[-1] == "__init__" else parts[-1:])))] = tree
+
+    def known(name: str) -> str | None:  # the module an imported name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {m: {t for _, name in _imports(tree) if (t := known(name)) not in (None, m)} for m, tree in modules.items()}
+    return _strongly_connected(graph)
 
 
-def test_the_operator_imports_only_the_trainers_contract_config_and_reward_registry() -> None:
-    def allowed(module: str) -> bool:
-        # ``from rljob_trainer.algorithms import X`` is recorded as ``rljob_trainer.algorithms.X``.
-        return any(module == ok or module.startswith(ok + ".") for ok in OPERATOR_MAY_IMPORT)
+def _strongly_connected(graph: dict[str, set[str | None]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
 
-    offenders = [f"{path}:{line}: {module}" for path, tree in _sources("operator")
-                 for line, module in _imports(tree)
-                 if module.split(".")[0] == "rljob_trainer" and not allowed(module)]
-    assert offenders == []
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            assert w is not None
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_runs_from_a_floor_to_a_higher_one() -> None:
+    assert floor_violations() == []
+
+
+def test_the_programs_modules_form_no_import_circle() -> None:
+    assert import_circles() == []
+
+
+def _plant(repo: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+
+
+def test_a_planted_violation_of_the_floors_is_found_lazy_imports_included(tmp_path: Path) -> None:
+    """A synthetic source tree: every kind of violation once, beside imports that are allowed."""
+    _plant(tmp_path, {
+        "contract/rljob_contract/spec.py": (
+            "import pydantic\nfrom rljob_contract.rules import Rule\n"
+            "def f():\n    from rljob_trainer.storage_backends import backends\n"),
+        "contract/rljob_contract/job.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rljob_operator import crd\n"
+            "import importlib\nX = importlib.import_module('rljob.cli')\n"),
+        "trainer/rljob_trainer/worker.py": "from rljob_contract import spec\nimport rljob_operator.names\n",
+        "operator/rljob_operator/crd.py": "from rljob_contract import job\nfrom rljob_trainer.algorithms import X\n",
+        "operator/rljob_operator/cli_use.py": "class A:\n    def m(self):\n        import rljob.cli\n",
+        "rljob/cli.py": "import rljob_trainer.launch, rljob_operator.crd, rljob_contract\nfrom tests.support import x\n",
+        "tests/test_x.py": "import rljob.cli, rljob_trainer, bench.common\n",
+    })
+    assert floor_violations(tmp_path) == [
+        "contract/rljob_contract/job.py:3: rljob_operator",
+        "contract/rljob_contract/job.py:3: rljob_operator.crd",
+        "contract/rljob_contract/job.py:5: rljob.cli",
+        "contract/rljob_contract/spec.py:4: rljob_trainer.storage_backends",
+        "contract/rljob_contract/spec.py:4: rljob_trainer.storage_backends.backends",
+        "operator/rljob_operator/cli_use.py:3: rljob.cli",
+        "operator/rljob_operator/crd.py:2: rljob_trainer.algorithms",
+        "operator/rljob_operator/crd.py:2: rljob_trainer.algorithms.X",
+        "rljob/cli.py:2: tests.support",
+        "rljob/cli.py:2: tests.support.x",
+        "trainer/rljob_trainer/worker.py:2: rljob_operator.names",
+    ]
+
+
+def test_a_planted_import_circle_is_found_lazy_imports_included(tmp_path: Path) -> None:
+    _plant(tmp_path, {
+        "contract/rljob_contract/__init__.py": "",
+        "contract/rljob_contract/spec.py": "def f():\n    from rljob_trainer.storage_backends import backends\n",
+        "trainer/rljob_trainer/__init__.py": "",
+        "trainer/rljob_trainer/storage_backends/__init__.py": "from rljob_trainer.checkpoints import s3\n",
+        "trainer/rljob_trainer/checkpoints/__init__.py": "",
+        "trainer/rljob_trainer/checkpoints/s3.py": "from rljob_contract.spec import f\n",
+        "trainer/rljob_trainer/checkpoints/alone.py": "from rljob_contract import spec\n",
+    })
+    assert import_circles(tmp_path) == [["rljob_contract.spec", "rljob_trainer.checkpoints.s3",
+                                         "rljob_trainer.storage_backends"]]
 
 
 def test_rljob_variable_names_are_spelled_only_in_the_contract() -> None:
@@ -124,9 +232,11 @@ def test_the_contract_and_the_operator_import_without_torch() -> None:
     heavy = {"torch", "trl", "transformers", "datasets", "accelerate"}
     assert heavy.isdisjoint(m.split(".")[0] for m in imported["all"])
     # The contract alone: nothing of the trainer's runtime (nor the operator's), only pydantic and PyYAML.
-    runtime = heavy | {"boto3", "botocore", "numpy", "requests", "kopf", "kubernetes", "aiohttp", "rljob_operator"}
+    runtime = heavy | {"boto3", "botocore", "numpy", "requests", "kopf", "kubernetes", "aiohttp", "rljob_operator",
+                       "rljob_trainer"}
     assert runtime.isdisjoint(imported["contract"]), imported["contract"]
-    assert {"rljob_trainer", "pydantic", "yaml"} <= set(imported["contract"])
+    assert {"pydantic", "yaml"} <= set(imported["contract"])
+    assert "rljob_trainer" not in {m.split(".")[0] for m in imported["all"]}  # nor the operator's
 
 
 def _job(**spec: Any) -> Any:

@@ -214,7 +214,7 @@ def test_the_strategies_example_trains_each_arm_with_its_trl_fields_and_ranks_by
 ) -> None:
     """examples/experiments/strategies.yaml, shortened: each arm's trial ran TRL with its strategy's fields
     (summary.json reads them back from TRL's config) and the leaderboard ranks by eval/exact_match."""
-    from rljob_trainer.algorithms import ALGORITHMS
+    from rljob_contract.plugins.algorithms import ALGORITHMS
 
     doc = yaml.safe_load((REPO / "examples/experiments/strategies.yaml").read_text())
     training = doc["spec"]["template"]["training"]

@@ -11,11 +11,14 @@ import re
 from typing import Any
 
 import pytest
-from rljob_contract import experiment, job, runtime, spec
+from pydantic import ValidationError
+from rljob_contract import experiment, job, runtime, spec, trl_rules
 from rljob_contract.experiment import parse_experiment
 from rljob_contract.job import ManifestError, parse_job
+from rljob_contract.plugins.algorithms import ALGORITHMS
 from rljob_contract.rules import Rule, cel_rules
 from rljob_contract.runtime import parse_runtime
+from rljob_contract.spec import TrainingSpec
 from rljob_operator import crd
 
 from tests.support.operator import job_manifest, runtime_manifest
@@ -283,3 +286,46 @@ def test_the_models_refuse_a_long_name() -> None:
     rule = job.ROOT_RULES[0]
     assert _names(_refused(parse_job, job_manifest(NAME_CASE[1])), "metadata.name")
     assert rule.holds is not None and rule.holds(parse_job(job_manifest(NAME_CASE[2])))
+
+
+@pytest.mark.parametrize("refusal", trl_rules.REFUSALS, ids=lambda r: r.name)
+def test_a_trl_refusal_is_declared_once_and_the_models_and_the_crd_both_refuse_its_fields(
+        refusal: trl_rules.TrlRefusal) -> None:
+    """Each refusal under spec.training.trl: the models refuse each of its fields with its message (unless
+    an earlier refusal has the key), and its CEL rules, in the CRD, refuse what CEL sees of them."""
+    algorithm = refusal.algorithm or "grpo"
+    other = next(a for a in ALGORITHMS if a != algorithm)
+    rules = refusal.rules()
+    crd_rules = [v for rs in crd.CEL_RULES.values() for v in rs]
+    assert all(r.cel_rule() in crd_rules for r in rules)
+    assert bool(rules) == any(trl_rules.cel_visible(n) for n in refusal.fields)
+
+    def training(trl: dict[str, Any], algorithm: str = algorithm) -> TrainingSpec:
+        return TrainingSpec.model_construct(algorithm=algorithm, strategy=refusal.strategy, trl=trl)
+
+    for name in refusal.fields:
+        earlier = next(r for r in trl_rules.REFUSALS if r.applies(algorithm, refusal.strategy) and r.refuses(name))
+        assert trl_rules.refused_fields({name: 1}, algorithm, refusal.strategy)[name] == earlier.says(name)
+        with pytest.raises(ValidationError) as e:
+            spec.check_trl({name: 1}, algorithm, refusal.strategy)
+        assert earlier.says(name) in str(e.value) and name in str(e.value)
+        if refusal.algorithm is not None:  # another algorithm's training: not this refusal
+            assert trl_rules.refused_fields({name: 1}, other, refusal.strategy).get(name) != refusal.says(name)
+        if not rules or not trl_rules.cel_visible(name):
+            continue
+        rule = next(r for r in rules if r.field_path in (f".{name}", ".trl"))
+        subject: Any = {name: 1} if rule.at == "spec.training.trl" else training({name: 1})
+        assert rule.holds is not None and not rule.holds(subject)
+        assert rule.holds({} if rule.at == "spec.training.trl" else training({}))
+        if refusal.algorithm is not None and refusal.strategy is None:  # (a strategy names its algorithm)
+            assert rule.holds(training({name: 1}, other))
+
+
+def test_a_field_of_another_algorithm_is_refused_and_still_searched_for_credentials() -> None:
+    foreign = next(n for n, f in trl_rules.TRL_FIELDS.items() if f["algorithms"] == ["rloo"])
+    with pytest.raises(ValidationError) as e:
+        spec.check_trl({foreign: {"password": "x"}}, "grpo")
+    problems = {err["loc"]: err["msg"] for err in e.value.errors()}
+    assert set(problems) == {(foreign,), (foreign, "password")}
+    assert "GRPOConfig (algorithm grpo) has no such field" in problems[(foreign,)]
+    assert "credentials never go in the manifest" in problems[(foreign, "password")]

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 from rljob_contract.job import ManifestError, parse_job
-from rljob_contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig, python_type
+from rljob_contract.spec import TRL_DEFAULTS, TrainerConfig, python_type
 from rljob_contract.trl_fields import TRL_FIELDS
+from rljob_contract.trl_rules import MANAGED_TRL_FIELDS
 from rljob_trainer.builtin import rewards
 
 from tests.support.schema_mutations import quickstart_mutations

@@ -1,9 +1,10 @@
 """Checkpoint storage backends keyed by URI scheme (issue #32): one registry, asked by everyone.
 
-The registry picks a backend by scheme and falls back to a folder; a backend registered the way
-docs/architecture.md's "How to add a storage backend" says is validated, opened, judged durable and
-checked by the CRD with no other file changed; the registry stays free of boto3 for the CLI's
-validate path and the operator.
+The descriptors' registry (``rljob_contract.plugins.storage``) picks a backend by scheme and falls back
+to a folder; a backend added the way docs/architecture.md's "How to add a storage backend" says (a
+descriptor, and a ``Location`` factory registered by the trainer) is validated, opened, judged durable
+and checked by the CRD with no other file changed; the descriptors stay free of boto3 (and of the
+trainer) for the CLI's validate path and the operator.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from rljob_contract.plugins import storage as storage_backends
+from rljob_contract.plugins.storage import FOLDER, PVC, S3, StorageBackend, backend_for, check_location
 from rljob_contract.spec import CheckpointSpec, TrainerConfig, location_rules
 from rljob_operator.decisions.checkpoints import claim_volumes, durability, mounted_location
-from rljob_trainer import storage_backends
+from rljob_trainer.checkpoints import backends
+from rljob_trainer.checkpoints.backends import location_for
 from rljob_trainer.checkpoints.compare import split_checkpoint_uri
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
-from rljob_trainer.checkpoints.plan import location_for, storage_plan
-from rljob_trainer.storage_backends import FOLDER, PVC, S3, StorageBackend, backend_for, check_location
+from rljob_trainer.checkpoints.plan import storage_plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,6 +48,12 @@ def test_an_unknown_scheme_is_refused_listing_every_backend() -> None:
 def test_a_scheme_is_registered_once() -> None:
     with pytest.raises(ValueError, match="'s3' is empty or already registered"):
         storage_backends.register(S3)
+    with pytest.raises(ValueError, match="'s3' is already registered"):
+        backends.register("s3", location_for)
+
+
+def test_every_descriptor_has_the_trainer_s_factory() -> None:
+    assert backends.missing() == []
 
 
 def test_a_bare_scheme_is_no_location_of_checkpoints() -> None:
@@ -62,11 +71,10 @@ class _Shelf(LocalLocation):
 
 
 class _ShelfBackend(StorageBackend):
+    """The descriptor."""
+
     scheme, form = "shelf", "shelf://name/prefix (a test store)"
     remote = durable = True  # an object store's answers
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
 
     def check(self, uri: str) -> str:
         if not uri.removeprefix("shelf://"):
@@ -79,18 +87,21 @@ class _ShelfBackend(StorageBackend):
     def cel_holds(self, uri: str) -> bool:
         return uri != "shelf://"
 
-    def location(self, uri: str, *, where: str, **options: Any) -> Location:
-        return _Shelf(uri, self.root, where)
-
 
 @pytest.fixture
 def shelf(tmp_path: Path) -> Iterator[_ShelfBackend]:
-    backend = _ShelfBackend(tmp_path / "shelf")
+    backend = _ShelfBackend()
     storage_backends.register(backend)
+
+    def open_shelf(uri: str, *, where: str, **options: Any) -> Location:  # the implementation
+        return _Shelf(uri, tmp_path / "shelf", where)
+
+    backends.register("shelf", open_shelf)
     try:
         yield backend
     finally:
         storage_backends._BACKENDS.pop("shelf")
+        backends._FACTORIES.pop("shelf")
 
 
 def test_a_registered_backend_is_used_everywhere_without_other_changes(shelf: _ShelfBackend, tmp_path: Path) -> None:
@@ -115,9 +126,9 @@ def test_a_registered_backend_is_used_everywhere_without_other_changes(shelf: _S
     assert shelf_rule.holds(CheckpointSpec(storage="shelf://team/run"))
 
 
-def test_the_registry_and_the_config_load_without_boto3_or_torch() -> None:
-    code = ("import sys, rljob_contract.spec, rljob_trainer.storage_backends, rljob_operator.crd; "
-            "print(sorted(m for m in ('boto3', 'botocore', 'torch') if m in sys.modules))")
+def test_the_registry_and_the_config_load_without_boto3_torch_or_the_trainer() -> None:
+    code = ("import sys, rljob_contract.spec, rljob_contract.plugins.storage, rljob_operator.crd; "
+            "print(sorted(m for m in ('boto3', 'botocore', 'torch', 'rljob_trainer') if m in sys.modules))")
     env_path = f"{REPO}/contract:{REPO}/operator:{REPO}/trainer:{REPO}"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from rljob_contract.job import ManifestError, RLTrainingJob, parse_job
+from rljob_contract.plugins.storage.pvc import parse_claim
 from rljob_contract.runtime import Resolved, parse_runtime
 from rljob_contract.spec import TrainerConfig
 from rljob_operator import crd
@@ -23,9 +24,9 @@ from rljob_operator.decisions.children import desired_configmap, desired_worker_
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
 from rljob_operator.decisions.plan import Plan
 from rljob_operator.names import CONFIG_KEY, CONTAINER
-from rljob_trainer.checkpoints.plan import location_for, storage_plan
+from rljob_trainer.checkpoints.backends import location_for
+from rljob_trainer.checkpoints.plan import storage_plan
 from rljob_trainer.errors import PermanentError
-from rljob_trainer.storage_backends.pvc import parse_claim
 
 from tests.support.operator import job_manifest, on_runtime, runtime_manifest
 

@@ -24,8 +24,9 @@ from rljob_contract.pod import RESUME_WARNINGS_ENV
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.checkpoints import resume
 from rljob_trainer.checkpoints import s3 as s3_store
+from rljob_trainer.checkpoints.backends import download_folder
 from rljob_trainer.errors import PermanentError
-from rljob_trainer.storage import UnsafePath, download_prefix, safe_relpath
+from rljob_trainer.storage import UnsafePath, safe_relpath
 
 from tests.support.s3_server import (  # noqa: F401 - fixtures register by import
     S3_ENV,
@@ -362,7 +363,7 @@ def test_latest_and_manifests_read_from_the_bucket_are_bounded_and_checked(
     assert "more than 64" in listing.corrupt["checkpoint-20"]
 
 
-# --- s3:// model prefixes (storage.download_prefix) ------------------------------------------------
+# --- s3:// model prefixes (checkpoints.backends.download_folder, the S3 location) ---------------------
 
 @pytest.fixture
 def model_env(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -383,7 +384,7 @@ def test_a_model_prefix_with_unsafe_keys_is_a_permanent_error_naming_the_key(
     c.put_object(Bucket=bucket, Key=f"models/tiny/{rel}", Body=PAYLOAD)
     dest = tmp_path / "cache" / "model"
     with pytest.raises(PermanentError) as err:
-        download_prefix(f"s3://{bucket}/models/tiny", str(dest))
+        download_folder(f"s3://{bucket}/models/tiny", str(dest))
     assert err.value.where == "spec.training.model"
     assert repr(f"models/tiny/{rel}") in err.value.message and "remove or rename that object" in err.value.message
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # every key checked before any download
@@ -398,7 +399,7 @@ def test_an_honest_model_prefix_downloads_with_folder_markers_and_no_symlink_is_
                       ("models/tiny/sub/weights.bin", PAYLOAD), ("models/tiny/.hidden/x", b"x")]:
         c.put_object(Bucket=bucket, Key=key, Body=body)
     dest = tmp_path / "cache" / "model"
-    assert download_prefix(f"s3://{bucket}/models/tiny/", str(dest)) == str(dest)
+    assert download_folder(f"s3://{bucket}/models/tiny/", str(dest)) == str(dest)
     got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert got == [".hidden/x", "config.json", "sub/weights.bin"]
     assert (dest / "sub" / "weights.bin").read_bytes() == PAYLOAD
@@ -409,5 +410,5 @@ def test_an_honest_model_prefix_downloads_with_folder_markers_and_no_symlink_is_
     (dest / "sub").rmdir()
     (dest / "sub").symlink_to(outside)
     with pytest.raises(PermanentError, match="outside"):
-        download_prefix(f"s3://{bucket}/models/tiny/", str(dest))
+        download_folder(f"s3://{bucket}/models/tiny/", str(dest))
     assert list(outside.iterdir()) == []

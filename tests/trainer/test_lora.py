@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rljob_contract.job import ManifestError, parse_job
 from rljob_contract.spec import TrainerConfig
-from rljob_trainer.algorithms import ALGORITHMS
+from rljob_trainer.algorithms import BUILDERS
 from rljob_trainer.checkpoints.export import base_identity
 from rljob_trainer.checkpoints.manifest import MANIFEST, build_manifest
 from rljob_trainer.worker import build_trl_config, peft_config, run_alone_when_alone
@@ -21,7 +21,7 @@ def trainer_config(**training: object) -> TrainerConfig:
 
 
 def test_throughput_knobs_reach_trls_config() -> None:
-    config_cls, _ = ALGORITHMS["grpo"].trl_classes()
+    config_cls, _ = BUILDERS["grpo"].trl_classes()
     args = build_trl_config(trainer_config(batchSize=4, numGenerations=4, gradientCheckpointing=False,
                                            stepsPerGeneration=3), config_cls, "/tmp/ckpt", use_cpu=True)
     assert args.gradient_checkpointing is False and args.activation_checkpointing is False
@@ -33,7 +33,7 @@ def test_throughput_knobs_reach_trls_config() -> None:
 
 
 def test_generation_batch_size_reaches_trl_and_sets_steps_per_generation() -> None:
-    config_cls, _ = ALGORITHMS["rloo"].trl_classes()
+    config_cls, _ = BUILDERS["rloo"].trl_classes()
     args = build_trl_config(trainer_config(algorithm="rloo", batchSize=4, numGenerations=4, generationBatchSize=16),
                             config_cls, "/tmp/ckpt", use_cpu=True)
     assert (args.generation_batch_size, args.steps_per_generation) == (16, 4)

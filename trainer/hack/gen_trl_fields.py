@@ -28,8 +28,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = REPO / "contract/rljob_contract/trl_fields.py"
-sys.path.insert(0, str(REPO / "trainer"))
-from rljob_trainer.algorithms import CONFIG_CLASSES  # noqa: E402 - the algorithms' TRL config classes
+sys.path.insert(0, str(REPO / "contract"))
+from rljob_contract.plugins.algorithms import CONFIG_CLASSES  # noqa: E402 - the algorithms' TRL config classes
 
 SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
 #: Longest description kept (the CRD carries one per field; `kubectl explain` shows it).

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rljob_contract.plugins.storage import backend_for
 from rljob_contract.spec import DatasetSpec, TrainingSpec
 
 from rljob_trainer.builtin.tasks import BUILTIN_TASKS, builtin_rows
@@ -23,7 +24,7 @@ def local_format(name: str) -> str | None:
 
 def check_dataset_source(spec: DatasetSpec, where: str = WHERE) -> None:
     """Cheap checks before any process starts: a local file must exist."""
-    if spec.name in BUILTIN_TASKS or spec.name.startswith("s3://"):
+    if spec.name in BUILTIN_TASKS or backend_for(spec.name).remote:
         return
     looks_local = local_format(spec.name) is not None or spec.name.startswith(("/", "./", "../"))
     if looks_local and not os.path.exists(spec.name):
@@ -41,11 +42,11 @@ def load_prompts(spec: DatasetSpec, seed: int, cache_dir: str, where: str = WHER
     if name in BUILTIN_TASKS:
         ds = datasets.Dataset.from_list(builtin_rows(name, spec.size, seed))
     else:
-        if name.startswith("s3://"):
-            from rljob_trainer.storage import download_object
+        if backend_for(name).remote:  # object storage (s3://): downloaded through its backend's location
+            from rljob_trainer.checkpoints.backends import download_file
 
             local = "dataset" if where == WHERE else "eval-dataset"
-            name = download_object(name, os.path.join(cache_dir, local + Path(name).suffix))
+            name = download_file(name, os.path.join(cache_dir, local + Path(name).suffix))
         fmt = local_format(name)
         try:
             if fmt is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rljob_contract import pod as contract
+from rljob_contract.plugins.storage import backend_for
 from rljob_contract.pod import EXIT_CUDA_OOM, EXIT_PERMANENT, EXIT_RETRYABLE
 from rljob_contract.spec import TrainerConfig
 
@@ -116,10 +117,10 @@ def preflight(cfg: TrainerConfig) -> dict[str, str]:
 
         path = materialize_builtin_model(cache, cfg.training.model_overrides, cfg.training.seed)
         return {**env, contract.MODEL_PATH_ENV: str(path)}
-    if model.startswith("s3://"):
-        from rljob_trainer.storage import download_prefix
+    if backend_for(model).remote:  # object storage (s3://): downloaded through its backend's location
+        from rljob_trainer.checkpoints.backends import download_folder
 
-        return {**env, contract.MODEL_PATH_ENV: download_prefix(model, os.path.join(cache, "model"))}
+        return {**env, contract.MODEL_PATH_ENV: download_folder(model, os.path.join(cache, "model"))}
     if model.startswith(("/", "./", "../")) and not os.path.isdir(model):
         raise PermanentError("spec.training.model", f"model folder {model!r} does not exist")
     return env

@@ -38,10 +38,10 @@ def import_stack() -> None:
     import transformers  # noqa: F401
 
     from rljob_trainer import data, rewards, telemetry  # noqa: F401
-    from rljob_trainer.algorithms import ALGORITHMS
+    from rljob_trainer.algorithms import BUILDERS
     from rljob_trainer.checkpoints import publisher, resume  # noqa: F401
 
-    for algorithm in ALGORITHMS.values():  # TRL's trainer and config classes
+    for algorithm in BUILDERS.values():  # TRL's trainer and config classes
         algorithm.trl_classes()
 
     with contextlib.suppress(ImportError):  # LoRA runs only

@@ -157,9 +157,9 @@ def fetch_reward_module(uri: str, dest: Path, cfg: TrainerConfig, where: str) ->
     """Download the module at ``uri`` (s3://) to ``dest`` with the runtime's storage endpoint and credentials, at
     most ``MAX_REWARD_MODULE_BYTES``; PermanentError naming ``where`` when it is not allowed, too large or absent."""
     from botocore.exceptions import BotoCoreError, ClientError
+    from rljob_contract.plugins.storage.s3 import split_s3
 
     from rljob_trainer.storage import error_code, s3_client
-    from rljob_trainer.storage_backends.s3 import split_s3
 
     if cfg.sources is not None and not source_allowed(uri, cfg.sources):
         allowed = ", ".join(cfg.sources) or "built-ins only"

@@ -1,8 +1,9 @@
-"""Object storage for models, datasets and checkpoints (``s3://`` through boto3).
+"""What every location needs: names read back from storage made safe, an S3 client, credentials.
 
-Credentials come from the environment boto3 already understands (``AWS_*``, IRSA web
-identity, instance roles) — never from the manifest. ``AWS_ENDPOINT_URL`` and
-``AWS_REGION`` select any S3-compatible endpoint.
+Models, datasets and checkpoints on object storage are opened as locations
+(``rljob_trainer.checkpoints.backends``). Credentials come from the environment boto3 already
+understands (``AWS_*``, IRSA web identity, instance roles) — never from the manifest.
+``AWS_ENDPOINT_URL`` and ``AWS_REGION`` select any S3-compatible endpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from rljob_trainer.errors import PermanentError
-from rljob_trainer.storage_backends.s3 import split_s3
 
 #: Longest relative path (and path segment) accepted from storage, in UTF-8 bytes: Linux's PATH_MAX
 #: and NAME_MAX. Longer names would fail at open() anyway, with a less helpful error.
@@ -182,61 +182,3 @@ def error_code(e: BaseException) -> str:
 
 def is_permanent(e: BaseException) -> bool:
     return error_code(e) in PERMANENT_CODES
-
-
-def _permanent_from(e: Exception, uri: str, where: str) -> PermanentError:
-    return PermanentError(where, f"{error_code(e)} on {uri}")
-
-
-def download_object(uri: str, dest: str, where: str = "spec.training.dataset.name") -> str:
-    """Download one object to ``dest`` (atomically); returns ``dest``."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, key = split_s3(uri)
-    Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{dest}.part-{os.getpid()}"
-    try:
-        s3_client().download_file(bucket, key, tmp)
-    except (ClientError, BotoCoreError) as e:
-        raise _permanent_from(e, uri, where) from e
-    os.replace(tmp, dest)
-    return dest
-
-
-def download_prefix(uri: str, dest: str, where: str = "spec.training.model") -> str:
-    """Download every object under an ``s3://bucket/prefix/`` to ``dest``; returns ``dest``.
-
-    Object keys are untrusted (anyone who can write the bucket chooses them): every key is checked
-    before anything is downloaded, and one that is not a plain relative path under the prefix
-    (``..``, empty segments, backslashes, control characters) is a PermanentError naming the key.
-    Keys ending in ``/`` are folder markers (S3 consoles create them) and are skipped.
-    """
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, prefix = split_s3(uri.rstrip("/") + "/")
-    client = s3_client()
-    try:
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
-        if not keys:
-            raise PermanentError(where, f"no objects under {uri}")
-        files = []
-        for key in keys:  # all checked before anything is written
-            rel = key[len(prefix) :]
-            if rel == "" or rel.endswith("/"):
-                continue
-            try:
-                files.append((key, safe_relpath(rel, f"object key {key!r}")))
-            except UnsafePath as e:
-                raise PermanentError(where, f"{e} (under {uri}); remove or rename that object, or point {where} "
-                                            "at a prefix without it") from e
-        for key, rel in files:
-            target = path_under(dest, rel, f"object key {key!r}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            path_under(dest, rel, f"object key {key!r}")  # no link planted meanwhile
-            client.download_file(bucket, key, str(target))
-    except (ClientError, BotoCoreError) as e:
-        raise _permanent_from(e, uri, where) from e
-    except UnsafePath as e:
-        raise PermanentError(where, f"{e} (under {uri})") from e
-    return dest

@@ -32,9 +32,10 @@ from rljob_contract.pod import (
     exit_code_for_signal,
     validate_document,
 )
-from rljob_contract.spec import MANAGED_TRL_FIELDS, TRL_DEFAULTS, TrainerConfig
+from rljob_contract.spec import TRL_DEFAULTS, TrainerConfig
+from rljob_contract.trl_rules import MANAGED_TRL_FIELDS
 
-from rljob_trainer.algorithms import ALGORITHMS
+from rljob_trainer.algorithms import builder
 from rljob_trainer.errors import PermanentError, is_cuda_oom, is_peer_loss, report_fatal
 from rljob_trainer.known_warnings import silence_known_warnings
 
@@ -92,9 +93,9 @@ def build_trl_config(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, u
     # silently overridden by the user's trl below.
     unlisted = sorted(set(kwargs) - MANAGED_TRL_FIELDS.keys() - TRL_DEFAULTS)
     if unlisted:
-        raise RuntimeError(f"trl_arguments sets {unlisted}: add them to rljob_contract.spec.MANAGED_TRL_FIELDS")
-    # The strategy's TRL fields: the models refuse them under trl next to the strategy.
-    kwargs.update(ALGORITHMS[cfg.training.algorithm].trl_arguments(cfg.training.strategy))
+        raise RuntimeError(f"trl_arguments sets {unlisted}: add them to rljob_contract.trl_rules.MANAGED_TRL_FIELDS")
+    # The algorithm's TRL fields (its strategy's): the models refuse them under trl next to the strategy.
+    kwargs.update(builder(cfg.training.algorithm).arguments(cfg.training))
     kwargs.update(cfg.training.trl)
     try:
         return config_cls(**kwargs)
@@ -180,7 +181,8 @@ def prepare_inputs(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
     args = build_trl_config(cfg, config_cls, checkpoint_dir, use_cpu)
     reward_funcs, _ = resolve_rewards(cfg.training.rewards)
-    dataset, eval_dataset = training_and_eval_prompts(cfg.training, os.path.join(cfg.output_dir, ".cache"))
+    prompts, eval_dataset = training_and_eval_prompts(cfg.training, os.path.join(cfg.output_dir, ".cache"))
+    dataset = builder(cfg.training.algorithm).dataset(prompts, cfg.training)
     model_path = resolve_model(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -293,7 +295,8 @@ def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callback
     from rljob_trainer.telemetry import compact_progress_callback
 
     try:
-        trainer = trainer_cls(
+        trainer = builder(cfg.training.algorithm).build(
+            trainer_cls,
             model=inputs.model_path,
             reward_funcs=inputs.reward_funcs,
             args=inputs.args,
@@ -336,7 +339,7 @@ def write_run_summary(
 
         summary["eval"] = eval_summary(trainer.state.log_history, eval_metric)
     summary["peak_memory_bytes"] = peak_memory_bytes()
-    summary["algorithm"] = ALGORITHMS[cfg.training.algorithm].effective(cfg.training.strategy, trainer.args)
+    summary["algorithm"] = builder(cfg.training.algorithm).descriptor.effective(cfg.training.strategy, trainer.args)
     atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
     if heartbeat is not None:
         heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
@@ -371,7 +374,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     use_cpu = not torch.cuda.is_available()
     if cfg.training.precision != "fp32" and use_cpu:
         raise PermanentError("spec.training.precision", f"{cfg.training.precision} needs a GPU; use fp32 on CPU")
-    config_cls, trainer_cls = ALGORITHMS[cfg.training.algorithm].trl_classes()
+    config_cls, trainer_cls = builder(cfg.training.algorithm).trl_classes()
     # The HF Trainer saves into the plan's folder: the local primary itself, or a staging folder in
     # front of object storage; rank 0's publisher seals each checkpoint there and copies it onwards.
     storage = storage_plan(cfg)

@@ -2,7 +2,7 @@
 
 The checkpoint storage a job resolved from its runtime (``rljob_contract.runtime.resolve``: the runtime's
 ``spec.checkpoint``, each location under the job's own path) may name something the pods must mount,
-as its storage backend says (``rljob_trainer.storage_backends``; today a PersistentVolumeClaim of the
+as its storage backend's descriptor says (``rljob_contract.plugins.storage``; today a PersistentVolumeClaim of the
 job's namespace, ``pvc://claim/prefix``). The operator mounts each such volume once, read-write, at
 ``CLAIMS_DIR/<claim>`` in every worker (:func:`claim_volumes`), and the trainer config in the
 ConfigMap names the mounted folder instead (:func:`mounted_checkpoint`): the trainer treats it as any
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rljob_contract import pod as contract
+from rljob_contract.plugins.storage import PodVolume, backend_for
 from rljob_contract.spec import CheckpointSpec
-from rljob_trainer.storage_backends import PodVolume, backend_for
 
 from rljob_operator.names import CLAIMS_DIR, CONTAINER, OUTPUT_DIR
 

@@ -1,28 +1,29 @@
-"""Policy-optimisation algorithms as plug-in modules, looked up by ``spec.training.algorithm``.
+"""The algorithms' implementations: a trainer builder per algorithm, by its ``spec.training.algorithm``.
 
-Each module (``grpo``, ``rloo``) declares one :class:`~rljob_trainer.algorithms.base.Algorithm`: its
-TRL config and trainer classes, its named strategies (``spec.training.strategy``) and its batch rules. Everything that differs between algorithms reads
-it from :data:`ALGORITHMS`; docs/architecture.md ("How to add an algorithm") lists the steps.
+The descriptors (``rljob_contract.plugins.algorithms``) say what each algorithm is; the worker runs one
+through its :class:`~rljob_trainer.algorithms.base.TrainerBuilder` from :data:`BUILDERS`.
+docs/architecture.md ("How to add an algorithm") lists the steps.
 """
 
 from __future__ import annotations
 
+from rljob_contract.plugins.algorithms import ALGORITHMS
+
 from rljob_trainer.algorithms import grpo, rloo
-from rljob_trainer.algorithms.base import Algorithm, Strategy
+from rljob_trainer.algorithms.base import TrainerBuilder
 
-#: Every algorithm, by its ``spec.training.algorithm`` value; the first is the default.
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (grpo.ALGORITHM, rloo.ALGORITHM)}
-#: TRL's config class of each algorithm (``trainer/hack/gen_trl_fields.py`` reads these).
-CONFIG_CLASSES: dict[str, str] = {name: a.config_class for name, a in ALGORITHMS.items()}
-#: Every strategy name, over all algorithms (``spec.training.strategy``'s values).
-STRATEGY_NAMES: tuple[str, ...] = tuple(dict.fromkeys(s for a in ALGORITHMS.values() for s in a.strategies))
+#: Every algorithm's builder, by name; exactly the descriptors' algorithms.
+BUILDERS: dict[str, TrainerBuilder] = {b.name: b for b in (grpo.BUILDER, rloo.BUILDER)}
+if set(BUILDERS) != set(ALGORITHMS):
+    raise NotImplementedError(f"rljob_trainer.algorithms: builders {sorted(BUILDERS)} for the descriptors "
+                              f"{sorted(ALGORITHMS)}: each algorithm needs both (docs/architecture.md)")
 
-__all__ = ["ALGORITHMS", "CONFIG_CLASSES", "STRATEGY_NAMES", "Algorithm", "Strategy", "algorithm"]
+__all__ = ["BUILDERS", "TrainerBuilder", "builder"]
 
 
-def algorithm(name: str) -> Algorithm:
-    """The algorithm called ``name`` (KeyError naming the known ones)."""
+def builder(name: str) -> TrainerBuilder:
+    """The builder of the algorithm called ``name`` (KeyError naming the known ones)."""
     try:
-        return ALGORITHMS[name]
+        return BUILDERS[name]
     except KeyError:
-        raise KeyError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}") from None
+        raise KeyError(f"unknown algorithm {name!r}; known: {', '.join(BUILDERS)}") from None

@@ -1,66 +1,50 @@
-"""What an algorithm module declares: the shape the registry (``rljob_trainer.algorithms``) holds.
+"""What an algorithm's implementation is: how the trainer runs what its descriptor declares.
 
-Pure data and small functions, importable without torch or TRL: the schema (``rljob_contract.spec``),
-the CRD (``rljob_operator.crd``) and ``rljob validate`` read it; only :meth:`Algorithm.trl_classes`
-imports TRL, on a worker.
+The descriptor (``rljob_contract.plugins.algorithms``: name, TRL classes by name, strategies, batch rule)
+is the contract's; a :class:`TrainerBuilder` turns it into a running TRL trainer. Its hooks are the
+places algorithms differ: the TRL config fields the algorithm sets (:meth:`TrainerBuilder.arguments`),
+the shape its trainer wants the data in (:meth:`TrainerBuilder.dataset`) and how the trainer is
+constructed (:meth:`TrainerBuilder.build`). TRL's online trainers (GRPO, RLOO) need none overridden.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
-
-@dataclasses.dataclass(frozen=True)
-class Strategy:
-    """A named variant of an algorithm: TRL config fields it sets, and where it comes from."""
-
-    summary: str
-    trl: dict[str, Any]
-    reference: str  # the paper, as ``arXiv:<id>``
-
-    def describe(self, name: str) -> str:
-        """``dapo (DAPO, arXiv:2503.14476): loss_type='dapo', epsilon_high=0.28``."""
-        fields = ", ".join(f"{k}={v!r}" for k, v in self.trl.items())
-        return f"{name} ({self.summary}, {self.reference}): {fields}"
+from rljob_contract.plugins.algorithms import Algorithm
+from rljob_contract.spec import TrainingSpec
 
 
-@dataclasses.dataclass(frozen=True)
-class Algorithm:
-    """One policy-optimisation algorithm: its TRL classes, its strategies and its batch rules.
+@dataclass(frozen=True)
+class TrainerBuilder:
+    """Builds the TRL trainer of one algorithm (``descriptor``). Subclass it and override a hook where an
+    algorithm differs from TRL's online trainers."""
 
-    ``config_class``/``trainer_class``: TRL's classes, by name (``trl_fields`` lists the config's fields).
-    ``strategies``: the values ``spec.training.strategy`` takes with this algorithm (none: it takes none).
-    ``whole_groups``: a generation batch must hold whole groups of ``numGenerations``
-    (``rljob_contract.spec.check_generation_batch``, and the rules in ``rljob_contract.job``).
-    """
+    descriptor: Algorithm
 
-    name: str
-    summary: str
-    config_class: str
-    trainer_class: str
-    strategies: dict[str, Strategy] = dataclasses.field(default_factory=dict)
-    whole_groups: bool = True
+    @property
+    def name(self) -> str:
+        return self.descriptor.name
 
     def trl_classes(self) -> tuple[Any, Any]:
         """TRL's config and trainer classes (imports TRL)."""
         trl = importlib.import_module("trl")
-        return getattr(trl, self.config_class), getattr(trl, self.trainer_class)
+        return getattr(trl, self.descriptor.config_class), getattr(trl, self.descriptor.trainer_class)
 
-    def trl_arguments(self, strategy: str | None) -> dict[str, Any]:
-        """The TRL config fields this algorithm sets for ``strategy`` (None: TRL's own defaults)."""
-        return dict(self.strategies[strategy].trl) if strategy is not None else {}
+    def arguments(self, training: TrainingSpec) -> dict[str, Any]:
+        """TRL config fields the algorithm sets, between rljob's own (``worker.trl_arguments``) and the
+        user's ``spec.training.trl``: the strategy's (which the models refuse under ``trl``)."""
+        return self.descriptor.trl_arguments(training.strategy)
 
-    def group_size(self, num_generations: int) -> int:
-        """Completions a generation batch must hold whole multiples of (1: no grouping)."""
-        return num_generations if self.whole_groups else 1
+    def dataset(self, prompts: Any, training: TrainingSpec) -> Any:
+        """The training data in the shape the trainer takes, from the prompts (a ``prompt`` column, and
+        the columns rewards read): as they are for an online trainer, which generates the completions."""
+        return prompts
 
-    def strategy_fields(self) -> tuple[str, ...]:
-        """Every TRL field one of this algorithm's strategies sets."""
-        return tuple(dict.fromkeys(k for s in self.strategies.values() for k in s.trl))
-
-    def effective(self, strategy: str | None, args: Any) -> dict[str, Any]:
-        """summary.json's ``algorithm``: name, strategy and the strategy fields' values in TRL's config ``args``."""
-        trl = {k: getattr(args, k) for k in self.strategy_fields()}
-        return {"name": self.name, "strategy": strategy, "trl": trl}
+    def build(self, trainer_cls: Any, *, model: str, reward_funcs: list[Any], args: Any, train_dataset: Any,
+              processing_class: Any, callbacks: list[Any], peft_config: Any) -> Any:
+        """The trainer, constructed as TRL's online trainers are."""
+        return trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                           processing_class=processing_class, callbacks=callbacks, peft_config=peft_config)

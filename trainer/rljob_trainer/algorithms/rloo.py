@@ -1,12 +1,10 @@
-"""RLOO (REINFORCE Leave-One-Out, arXiv:2402.14740) through TRL's RLOOTrainer."""
+"""RLOO's implementation: TRL's RLOOTrainer, built as an online trainer is (its descriptor:
+``rljob_contract.plugins.algorithms.rloo``)."""
 
 from __future__ import annotations
 
-from rljob_trainer.algorithms.base import Algorithm
+from rljob_contract.plugins.algorithms.rloo import ALGORITHM
 
-ALGORITHM = Algorithm(
-    name="rloo",
-    summary="REINFORCE Leave-One-Out (TRL's RLOOTrainer)",
-    config_class="RLOOConfig",
-    trainer_class="RLOOTrainer",
-)
+from rljob_trainer.algorithms.base import TrainerBuilder
+
+BUILDER = TrainerBuilder(ALGORITHM)

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rljob_contract.plugins.rewards import BUILTIN_REWARD_OPTIONS
+
 
 def completion_text(completion: Any) -> str:
     """A completion as text: TRL passes strings, or message lists for conversational data."""
@@ -80,30 +82,7 @@ def digit_match(
     return out
 
 
-#: The options each built-in takes in the manifest's ``kwargs``: name → schema of the value (the
-#: vocabulary of ``rljob_contract.trl_fields``). The models and the CRD refuse other keys and wrong
-#: types; a unit test keeps these equal to the functions' keyword parameters and their defaults.
-BUILTIN_REWARD_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
-    "repeat_char": {
-        "length": {"type": "integer", "minimum": 1, "default": 6,
-                   "description": "repeat_char: how many leading characters are compared."},
-    },
-    "exact_match": {
-        "prefix": {"type": "boolean", "default": False,
-                   "description": "exact_match: 1.0 when the completion starts with the answer."},
-    },
-    "regex_match": {
-        "pattern": {"type": "string", "default": ".*", "description": "regex_match: the regular expression."},
-        "mode": {"type": "string", "enum": ["search", "fullmatch"], "default": "search",
-                 "description": "regex_match: search (anywhere) or fullmatch (the whole completion)."},
-    },
-    "length_penalty": {
-        "target_length": {"type": "integer", "default": 32,
-                          "description": "length_penalty: the completion length (characters) without penalty."},
-    },
-    "digit_match": {},
-}
-
+#: The functions, by the names the descriptor (``rljob_contract.plugins.rewards``) declares with their options.
 BUILTIN_REWARDS: dict[str, Callable[..., list[float]]] = {
     "repeat_char": repeat_char,
     "exact_match": exact_match,
@@ -111,3 +90,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list[float]]] = {
     "length_penalty": length_penalty,
     "digit_match": digit_match,
 }
+
+if set(BUILTIN_REWARDS) != set(BUILTIN_REWARD_OPTIONS):
+    raise NotImplementedError("rljob_trainer.builtin.rewards: each built-in reward needs a descriptor in "
+                              "rljob_contract.plugins.rewards and a function here")

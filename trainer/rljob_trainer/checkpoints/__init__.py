@@ -9,8 +9,9 @@ Trainer saves into, a bucket, a mirror — follows that protocol through the sam
 * :mod:`.retention` — keepLast + keepBest as pure functions (what a location keeps).
 * :mod:`.locations` — :class:`Location` (publish, list, verify, fetch, ``apply_retention``: the one
   place retention is applied) and :class:`LocalLocation`; :mod:`.s3` — :class:`S3Location`.
-* :mod:`.plan` — a run's primary, mirrors and the folder the Trainer saves into; which location a URI
-  opens is its storage backend's answer (:mod:`rljob_trainer.storage_backends`, keyed by scheme).
+* :mod:`.backends` — a ``Location`` factory per storage backend (the backends' descriptors are
+  ``rljob_contract.plugins.storage``, keyed by scheme): which location a URI opens; models and datasets too.
+* :mod:`.plan` — a run's primary, mirrors and the folder the Trainer saves into.
 * :mod:`.publisher` — rank 0's pipeline: seal, copy, verify, manifest, ``latest``, retention.
 * :mod:`.resume` — the launcher's pre-flight (access checks, fetch) and what each rank resumes from.
 * :mod:`.compare` — what ``rljob checkpoints verify`` compares.
@@ -18,7 +19,9 @@ Trainer saves into, a bucket, a mirror — follows that protocol through the sam
 The names below are the package's public API, importable from ``rljob_trainer.checkpoints``.
 """
 
+from rljob_trainer.checkpoints.backends import location_for
 from rljob_trainer.checkpoints.compare import FileCheck, compare_checkpoint, split_checkpoint_uri
+from rljob_trainer.checkpoints.etags import multipart_etag, s3_part_size
 from rljob_trainer.checkpoints.locations import (
     CorruptCheckpoint,
     Listing,
@@ -48,7 +51,7 @@ from rljob_trainer.checkpoints.manifest import (
     step_of,
     verify_checkpoint,
 )
-from rljob_trainer.checkpoints.plan import MIRROR_ENV_PREFIX, StoragePlan, location_for, storage_plan
+from rljob_trainer.checkpoints.plan import MIRROR_ENV_PREFIX, StoragePlan, storage_plan
 from rljob_trainer.checkpoints.publisher import CheckpointPublisher, checkpoint_ref
 from rljob_trainer.checkpoints.resume import (
     RESUME_ENV,
@@ -59,7 +62,6 @@ from rljob_trainer.checkpoints.resume import (
 )
 from rljob_trainer.checkpoints.retention import RetentionPolicy, best_of, retention_keep, retention_plan
 from rljob_trainer.checkpoints.s3 import S3Location, TransferSettings, etag_is_opaque
-from rljob_trainer.storage_backends.s3 import multipart_etag, s3_part_size
 
 __all__ = [
     "CHECKPOINT_RE",

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rljob_contract.plugins.storage import is_bare_scheme
+
+from rljob_trainer.checkpoints.etags import s3_part_size
 from rljob_trainer.checkpoints.locations import Listing, Location
 from rljob_trainer.checkpoints.manifest import MANIFEST, CheckpointInfo, file_digests, step_of
-from rljob_trainer.storage_backends import is_bare_scheme
-from rljob_trainer.storage_backends.s3 import s3_part_size
 
 
 def split_checkpoint_uri(uri: str) -> tuple[str, str | None]:

@@ -72,9 +72,9 @@ def evaluate_checkpoint(uri: str, cfg: TrainerConfig, *, base: str | None = None
     """Fetch (verified) and evaluate the checkpoint at ``uri`` (a checkpoint, or a location's latest)."""
     import torch
 
+    from rljob_trainer.checkpoints.backends import location_for
     from rljob_trainer.checkpoints.compare import split_checkpoint_uri
     from rljob_trainer.checkpoints.manifest import step_of
-    from rljob_trainer.checkpoints.plan import location_for
     from rljob_trainer.data import training_and_eval_prompts
     from rljob_trainer.evaluation import EvalSet, Scorer, evaluate_model
 

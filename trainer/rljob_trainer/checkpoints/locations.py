@@ -161,6 +161,16 @@ class Location:
         """Copy a checkpoint's files (not its manifest) into ``dest``."""
         raise NotImplementedError
 
+    def download_file(self, dest: Path) -> None:
+        """Copy the one object this location names (a dataset file) to ``dest``; a PermanentError naming
+        ``where`` when it cannot. Only remote locations are asked: a folder is read where it is."""
+        raise NotImplementedError(f"{type(self).__name__}.download_file")
+
+    def download_folder(self, dest: Path) -> None:
+        """Copy every object under this location (a model's files) into ``dest``, each name checked to stay
+        under it; a PermanentError naming ``where`` when it cannot. Only remote locations are asked."""
+        raise NotImplementedError(f"{type(self).__name__}.download_folder")
+
     def verify(self, info: CheckpointInfo, listing: Listing) -> list[str]:
         """Problems of a stored checkpoint against its manifest, as cheaply as the location allows."""
         return listing_problems(info, listing.objects.get(info.name, {}))

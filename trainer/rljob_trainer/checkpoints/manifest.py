@@ -44,8 +44,8 @@ from pydantic import (
 )
 from rljob_contract.pod import format_validation_error
 
+from rljob_trainer.checkpoints.etags import multipart_etag, s3_part_size
 from rljob_trainer.storage import UnsafePath, safe_relpath
-from rljob_trainer.storage_backends.s3 import multipart_etag, s3_part_size
 
 log = logging.getLogger("rljob.checkpoints")
 

@@ -9,33 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rljob_contract.plugins.storage import backend_for
 from rljob_contract.pod import CREDENTIALS_DIR_ENV, credentials_folder, mirror_env_prefix
 from rljob_contract.pod import MIRROR_ENV_PREFIX as MIRROR_ENV_PREFIX  # re-exported
 
+from rljob_trainer.checkpoints.backends import location_for
 from rljob_trainer.checkpoints.locations import LocalLocation, Location
 from rljob_trainer.checkpoints.s3 import MiB, TransferSettings
 from rljob_trainer.storage import credentials_from_env, credentials_from_folder
-from rljob_trainer.storage_backends import backend_for
 
 log = logging.getLogger("rljob.checkpoints")
 
-
-
-def location_for(
-    uri: str,
-    *,
-    where: str = "spec.checkpoint.storage",
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    credentials: dict[str, str] | None = None,
-    transfer: TransferSettings | None = None,
-) -> Location:
-    """The location a URI names, opened by its storage backend (:func:`~rljob_trainer.storage_backends.backend_for`):
-    ``s3://bucket/prefix`` is object storage, anything without a registered scheme a local folder. One
-    that cannot be opened here (``pvc://claim/prefix`` outside the cluster) is a PermanentError naming
-    ``where``."""
-    return backend_for(uri).location(uri, where=where, endpoint_url=endpoint_url, region=region,
-                                     credentials=credentials, transfer=transfer)
 
 
 @dataclass

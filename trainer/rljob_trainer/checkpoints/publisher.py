@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rljob_trainer.checkpoints.etags import s3_part_size
 from rljob_trainer.checkpoints.locations import Listing, Location, StorageError
 from rljob_trainer.checkpoints.manifest import (
     MANIFEST,
@@ -33,7 +34,6 @@ from rljob_trainer.checkpoints.manifest import (
 from rljob_trainer.checkpoints.plan import StoragePlan
 from rljob_trainer.checkpoints.retention import RetentionPolicy, best_of
 from rljob_trainer.checkpoints.s3 import TransferSettings
-from rljob_trainer.storage_backends.s3 import s3_part_size
 
 #: The staging folder in front of object storage keeps its newest checkpoint (a fast resume after
 #: a container restart) and those still being uploaded.

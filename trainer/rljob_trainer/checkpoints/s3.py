@@ -1,7 +1,9 @@
 """Checkpoints on object storage: a prefix in a bucket on any S3-compatible endpoint, through boto3.
 
+The ``s3://`` storage backend's implementation (its descriptor: ``rljob_contract.plugins.storage.s3``).
 The layout and protocol are :mod:`rljob_trainer.checkpoints.locations`'s; this module moves the
-bytes (boto3's transfer manager, with part sizes — and so ETags — the manifest predicts).
+bytes (boto3's transfer manager, with part sizes — and so ETags — the manifest predicts), and
+downloads models and datasets named by an ``s3://`` URI.
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rljob_contract.plugins.storage.s3 import split_s3
 
 from rljob_trainer.checkpoints.locations import (
     ACCESS_PROBE,
@@ -36,8 +41,8 @@ from rljob_trainer.checkpoints.manifest import (
     parse_manifest,
     step_of,
 )
-from rljob_trainer.storage import error_code, s3_client
-from rljob_trainer.storage_backends.s3 import split_s3
+from rljob_trainer.errors import PermanentError
+from rljob_trainer.storage import UnsafePath, error_code, path_under, s3_client, safe_relpath
 
 log = logging.getLogger("rljob.checkpoints")
 
@@ -83,6 +88,7 @@ class S3Location(Location):
         transfer: TransferSettings | None = None,
         max_attempts: int = 3,
     ) -> None:
+        self.named = uri  # as given: what messages about a model's or a dataset's download say
         self.bucket, prefix = split_s3(uri)
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
@@ -277,3 +283,63 @@ class S3Location(Location):
                 futures.append(tm.download(self.bucket, self.key(info.name, rel), str(target)))
             for f in futures:
                 f.result()
+
+    # ------------------------------------------------------------------ models and datasets
+
+    def _plain_client(self) -> Any:
+        """A client with the default settings downloads of models and datasets have always had."""
+        return s3_client(self.endpoint_url, self.region, credentials=self.credentials)
+
+    def _permanent(self, e: Exception) -> PermanentError:
+        return PermanentError(self.where, f"{error_code(e)} on {self.named}")
+
+    def download_file(self, dest: Path) -> None:
+        """Download the one object (atomically: a partial file never has ``dest``'s name)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = split_s3(self.named)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{dest}.part-{os.getpid()}"
+        try:
+            self._plain_client().download_file(bucket, key, tmp)
+        except (ClientError, BotoCoreError) as e:
+            raise self._permanent(e) from e
+        os.replace(tmp, dest)
+
+    def download_folder(self, dest: Path) -> None:
+        """Download every object under the prefix.
+
+        Object keys are untrusted (anyone who can write the bucket chooses them): every key is checked
+        before anything is downloaded, and one that is not a plain relative path under the prefix
+        (``..``, empty segments, backslashes, control characters) is a PermanentError naming the key.
+        Keys ending in ``/`` are folder markers (S3 consoles create them) and are skipped.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        uri, where = self.named, self.where
+        bucket, prefix = split_s3(uri.rstrip("/") + "/")
+        client = self._plain_client()
+        try:
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            keys = [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+            if not keys:
+                raise PermanentError(where, f"no objects under {uri}")
+            files = []
+            for key in keys:  # all checked before anything is written
+                rel = key[len(prefix) :]
+                if rel == "" or rel.endswith("/"):
+                    continue
+                try:
+                    files.append((key, safe_relpath(rel, f"object key {key!r}")))
+                except UnsafePath as e:
+                    raise PermanentError(where, f"{e} (under {uri}); remove or rename that object, or point {where} "
+                                                "at a prefix without it") from e
+            for key, rel in files:
+                target = path_under(dest, rel, f"object key {key!r}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path_under(dest, rel, f"object key {key!r}")  # no link planted meanwhile
+                client.download_file(bucket, key, str(target))
+        except (ClientError, BotoCoreError) as e:
+            raise self._permanent(e) from e
+        except UnsafePath as e:
+            raise PermanentError(where, f"{e} (under {uri})") from e

@@ -1,32 +1,31 @@
-"""Checkpoint storage backends, keyed by URI scheme: one module each, one registry.
+"""Checkpoint storage backends' descriptors, keyed by URI scheme: one module each, one registry.
 
 A checkpoint location (``spec.checkpoint.storage``, a mirror's ``location``, ``rljob checkpoints URI``)
 is a URI whose scheme picks its backend (:func:`backend_for`); anything without a registered scheme is
-a folder (:mod:`.folder`). A backend owns everything particular to its scheme:
+a folder (:mod:`.folder`). A backend's descriptor says everything the contract and the operator need of
+its scheme:
 
 * parsing and validating the URI (:meth:`StorageBackend.check`; errors say what to write instead),
-* opening it (:meth:`StorageBackend.location`): the
-  :class:`~rljob_trainer.checkpoints.locations.Location` that lists, reads, writes and deletes there,
-  and so the digest a listing reports (S3's ETag; none for a folder, whose files are MD5-checked),
 * whether the trainer stages checkpoints in a local folder and uploads them (``remote``),
 * whether checkpoints there outlive the worker pods whatever their volumes (``durable``),
 * what the operator does for it in a worker pod (:meth:`StorageBackend.pod_volume`: a volume mounted,
   the folder the trainer is given instead of the URI) and which object of the job's namespace it names
   (``reference_kind``, checked at admission),
-* the CRD's CEL rule for it (:meth:`StorageBackend.cel_rule`),
-* whether a run outside the cluster (``rljob train``, ``rljob checkpoints``) can use it.
+* the CRD's CEL rule for it (:meth:`StorageBackend.cel_rule`, with :meth:`StorageBackend.cel_holds`).
 
-The rest of the code asks :func:`backend_for`; it never tests a scheme itself. These modules import
-only the standard library (config validation, the operator and the CLI load them); a location's
-class, and boto3, are imported when a location is opened.
+Opening a location is the backend's implementation: the trainer registers a ``Location`` factory per
+scheme (``rljob_trainer.checkpoints.backends``), which lists, reads, writes and deletes there (and so
+reports the digest a listing has: S3's ETag; none for a folder, whose files are MD5-checked), and which
+also fetches models and datasets. The rest of the code asks :func:`backend_for`; it never tests a scheme
+itself. These modules import only the standard library.
 """
 
 from __future__ import annotations
 
-from rljob_trainer.storage_backends.base import PodVolume, StorageBackend
-from rljob_trainer.storage_backends.folder import FolderBackend
-from rljob_trainer.storage_backends.pvc import PVC
-from rljob_trainer.storage_backends.s3 import S3
+from rljob_contract.plugins.storage.base import PodVolume, StorageBackend
+from rljob_contract.plugins.storage.folder import FolderBackend
+from rljob_contract.plugins.storage.pvc import PVC
+from rljob_contract.plugins.storage.s3 import S3
 
 #: The backends with a scheme, in the order error messages list them (the folder backend takes the rest).
 _BACKENDS: dict[str, StorageBackend] = {}
@@ -37,7 +36,7 @@ FOLDER = FolderBackend(_BACKENDS)
 def register(backend: StorageBackend) -> StorageBackend:
     """Add a backend for its scheme (a scheme registered twice is a programming error)."""
     if not backend.scheme or backend.scheme in _BACKENDS:
-        raise ValueError(f"storage_backends.register: scheme {backend.scheme!r} is empty or already registered")
+        raise ValueError(f"plugins.storage.register: scheme {backend.scheme!r} is empty or already registered")
     _BACKENDS[backend.scheme] = backend
     return backend
 

@@ -1,13 +1,10 @@
-"""What a checkpoint storage backend is: the questions the rest of the code asks about a location."""
+"""What a checkpoint storage backend's descriptor is: the questions the contract and the operator ask
+about a location, without opening it (its ``Location`` is the trainer's implementation)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from rljob_trainer.checkpoints.locations import Location
-    from rljob_trainer.checkpoints.s3 import TransferSettings
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,14 +19,18 @@ class PodVolume:
 
 
 class StorageBackend:
-    """One kind of checkpoint location. Subclasses set the attributes and override what differs."""
+    """One kind of checkpoint location. Subclasses set the attributes and override what differs.
+
+    Opening a location (listing, reading, writing) is not here: the trainer registers a ``Location``
+    factory for each scheme (``rljob_trainer.checkpoints.backends``)."""
 
     #: The URI scheme (``s3`` for ``s3://…``); empty for the folder backend, which takes the rest.
     scheme: str = ""
     #: How messages describe the form of its locations, with an example.
     form: str = ""
     #: Whether the trainer writes checkpoints to a local staging folder and uploads each one in the
-    #: background (object storage). A backend that is not remote is a folder the trainer writes into.
+    #: background (object storage), and downloads models and datasets named by such a URI. A backend
+    #: that is not remote is a folder the trainer writes into.
     remote: bool = False
     #: Whether checkpoints there outlive the worker pods whatever volumes the pods have.
     durable: bool = False
@@ -57,16 +58,3 @@ class StorageBackend:
     def cel_holds(self, uri: str) -> bool:
         """``cel_rule``'s rule in Python: does ``uri`` keep it? (the contract's rules test one against the other)"""
         return True
-
-    def location(
-        self,
-        uri: str,
-        *,
-        where: str,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        credentials: dict[str, str] | None = None,
-        transfer: TransferSettings | None = None,
-    ) -> Location:
-        """The location ``uri`` names, opened (a PermanentError naming ``where`` when it cannot be here)."""
-        raise NotImplementedError(f"{type(self).__name__}.location")

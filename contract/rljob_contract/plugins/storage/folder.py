@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
-from rljob_trainer.storage_backends.base import StorageBackend
-
-if TYPE_CHECKING:
-    from rljob_trainer.checkpoints.locations import Location
+from rljob_contract.plugins.storage.base import StorageBackend
 
 #: Any ``scheme://`` prefix: a location with a scheme no backend registered is refused, not taken as a folder.
 SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -28,10 +24,3 @@ class FolderBackend(StorageBackend):
             forms = ", ".join(b.form for b in self.known.values())
             raise ValueError(f"{uri!r}: use {forms} or a local path")
         return uri
-
-    def location(self, uri: str, *, where: str, **options: Any) -> Location:
-        """A :class:`~rljob_trainer.checkpoints.locations.LocalLocation` (``options`` are for object storage)."""
-        from rljob_trainer.checkpoints.locations import LocalLocation
-
-        return LocalLocation(uri, where=where)
-

@@ -3,18 +3,15 @@
 Only the operator can reach a claim: it mounts every claim named (storage and mirrors, each once)
 read-write in every worker and gives the trainer the mounted folder instead of the URI
 (:meth:`PvcBackend.pod_volume`), so in a pod the trainer sees a folder. Outside the cluster
-(``rljob train``, ``rljob checkpoints``) a pvc:// location is refused rather than guessed at.
+(``rljob train``, ``rljob checkpoints``) the trainer refuses a pvc:// location rather than guess at it
+(its implementation, ``rljob_trainer.checkpoints.backends``, opens none).
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
 
-from rljob_trainer.storage_backends.base import PodVolume, StorageBackend
-
-if TYPE_CHECKING:
-    from rljob_trainer.checkpoints.locations import Location
+from rljob_contract.plugins.storage.base import PodVolume, StorageBackend
 
 #: A Kubernetes object name (DNS-1123 subdomain), as a regex fragment.
 _NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -66,15 +63,6 @@ class PvcBackend(StorageBackend):
 
     def cel_holds(self, uri: str) -> bool:
         return not uri.startswith(PVC_SCHEME) or bool(PVC_LOCATION_RE.match(uri))
-
-    def location(self, uri: str, *, where: str, **options: Any) -> Location:
-        """Never opened by the trainer in a pod (it is given the mounted folder): here it means a run
-        outside the cluster, where guessing a folder would hide where the checkpoints went."""
-        from rljob_trainer.errors import PermanentError
-
-        raise PermanentError(where, (
-            f"{uri} names a PersistentVolumeClaim, which exists only on a cluster (the operator mounts it "
-            "into the job's pods); to run here, set a local folder or an s3:// location"))
 
 
 PVC = PvcBackend()
