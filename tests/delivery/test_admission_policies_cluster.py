@@ -1,10 +1,17 @@
-"""A job grants nothing beyond its creator's own rights (issue #14, point 1, admission side).
+"""Nothing a job or a namespace's runtime names grants more than its writer's own rights, and a job runs only
+on a runtime its creator may use (issue #14 point 1, issue #42: the admission side).
 
-The ValidatingAdmissionPolicy of ``manifests/base/admission-policies.yaml`` (the same as the
-chart's ``templates/admission-policies.yaml``) is installed on the real control plane; an
-ordinary user — a ServiceAccount token whose only rights are on ``rltrainingjobs`` in its
-namespace — runs ``kubectl apply`` with jobs that name a ServiceAccount or a Secret. Each is
-refused, naming the field, until the user is granted the right to use that object directly.
+The ValidatingAdmissionPolicies of ``manifests/base/admission-policies.yaml`` (the same as the chart's
+``templates/admission-policies.yaml``: a test compares them) are installed on the real control plane, and
+ordinary users, ServiceAccount tokens with narrow Roles, run ``kubectl apply``:
+
+* a runtime writer (may write RLTrainingRuntimes in its namespace, as a namespace's admins do) with runtimes
+  naming a ServiceAccount or a Secret: each refused, naming the field, until the writer is granted the
+  right to use that object directly;
+* a job creator with jobs and experiments naming a reward module's ConfigMap, or a runtime it may not
+  ``use`` (named, or the default): refused naming the field until granted;
+* a namespace admin (the built-in ``admin`` role, the base's roles aggregated into it) writes its
+  namespace's runtimes and never a ClusterRLTrainingRuntime; the queue labels are kept.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from pydantic.alias_generators import to_snake
 
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import MANIFESTS, REPO, helm_template, run
-from tests.support.operator import create_job, deep_update
+from tests.support.operator import create_job, deep_update, runtime_manifest
 
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
 POLICY = "rljob-job-references"
@@ -36,38 +43,37 @@ QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 PROBE = "rljob-policy-probe"  # a user who may only create jobs in "default"
 USER = "alice"  # the ordinary user: a ServiceAccount of the test's namespace
 
-#: (case, patch of the quickstart's spec, the field the refusal names, kind, the name granted).
+#: (case, patch of an RLTrainingRuntime's spec, the field the refusal names, kind, the name granted).
 REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
-    ("service-account", {"workers": {"serviceAccountName": "powerful"}},
-     "spec.workers.serviceAccountName", "ServiceAccount", "powerful"),
-    ("pod-template-service-account", {"workers": {"podTemplate": {"spec": {"serviceAccountName": "powerful"}}}},
-     "spec.workers.podTemplate.spec.serviceAccountName", "ServiceAccount", "powerful"),
+    ("service-account", {"podTemplate": {"spec": {"serviceAccountName": "powerful"}}},
+     "spec.podTemplate.spec.serviceAccountName", "ServiceAccount", "powerful"),
     ("checkpoint-secret", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}},
      "spec.checkpoint.credentialsSecret", "Secret", "s3-keys"),
     ("mirror-secret", {"checkpoint": {"storage": "s3://bucket/ckpt", "mirrors": [
         {"location": "s3://backup/ckpt", "credentialsSecret": "backup-keys"}]}},
      "spec.checkpoint.mirrors[location=s3://backup/ckpt].credentialsSecret", "Secret", "backup-keys"),
-    ("env-secret-key-ref", {"workers": {"env": [
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}}]}},
-     "spec.workers.env[name=HF_TOKEN].valueFrom.secretKeyRef.name", "Secret", "hub"),
-    ("secret-volume", {"workers": {"volumes": [{"name": "creds", "secret": {"secretName": "db"}}]}},
-     "spec.workers.volumes[name=creds].secret.secretName", "Secret", "db"),
-    ("pod-template-env-from", {"workers": {"podTemplate": {"spec": {"containers": [
-        {"name": "trainer", "envFrom": [{"secretRef": {"name": "db"}}]}]}}}},
-     "spec.workers.podTemplate.spec.containers[name=trainer].envFrom[].secretRef.name", "Secret", "db"),
-    ("pod-template-init-container-env", {"workers": {"podTemplate": {"spec": {"initContainers": [
+    ("image-pull-secret", {"imagePullSecrets": [{"name": "registry"}]},
+     "spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
+    ("env-secret-key-ref", {"podTemplate": {"spec": {"containers": [{"name": "trainer", "env": [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}}]}]}}},
+     "spec.podTemplate.spec.containers[name=trainer].env[name=HF_TOKEN].valueFrom.secretKeyRef.name", "Secret", "hub"),
+    ("secret-volume", {"podTemplate": {"spec": {"volumes": [{"name": "creds", "secret": {"secretName": "db"}}]}}},
+     "spec.podTemplate.spec.volumes[name=creds].secret.secretName", "Secret", "db"),
+    ("env-from", {"podTemplate": {"spec": {"containers": [
+        {"name": "trainer", "envFrom": [{"secretRef": {"name": "db"}}]}]}}},
+     "spec.podTemplate.spec.containers[name=trainer].envFrom[].secretRef.name", "Secret", "db"),
+    ("init-container-env", {"podTemplate": {"spec": {"initContainers": [
         {"name": "fetch", "image": "busybox", "env": [
-            {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]}]}}}},
-     "spec.workers.podTemplate.spec.initContainers[name=fetch].env[name=KEY].valueFrom.secretKeyRef.name",
-     "Secret", "db"),
-    ("pod-template-projected-volume", {"workers": {"podTemplate": {"spec": {"volumes": [
-        {"name": "all", "projected": {"sources": [{"secret": {"name": "db"}}]}}]}}}},
-     "spec.workers.podTemplate.spec.volumes[name=all].projected.sources[].secret.name", "Secret", "db"),
-    ("pod-template-csi-secret", {"workers": {"podTemplate": {"spec": {"volumes": [
-        {"name": "csi", "csi": {"driver": "x.example.com", "nodePublishSecretRef": {"name": "db"}}}]}}}},
-     "spec.workers.podTemplate.spec.volumes[name=csi].csi.nodePublishSecretRef.name", "Secret", "db"),
-    ("image-pull-secret", {"workers": {"podTemplate": {"spec": {"imagePullSecrets": [{"name": "registry"}]}}}},
-     "spec.workers.podTemplate.spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
+            {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]}]}}},
+     "spec.podTemplate.spec.initContainers[name=fetch].env[name=KEY].valueFrom.secretKeyRef.name", "Secret", "db"),
+    ("projected-volume", {"podTemplate": {"spec": {"volumes": [
+        {"name": "all", "projected": {"sources": [{"secret": {"name": "db"}}]}}]}}},
+     "spec.podTemplate.spec.volumes[name=all].projected.sources[].secret.name", "Secret", "db"),
+    ("csi-secret", {"podTemplate": {"spec": {"volumes": [
+        {"name": "csi", "csi": {"driver": "x.example.com", "nodePublishSecretRef": {"name": "db"}}}]}}},
+     "spec.podTemplate.spec.volumes[name=csi].csi.nodePublishSecretRef.name", "Secret", "db"),
+    ("pod-template-image-pull-secret", {"podTemplate": {"spec": {"imagePullSecrets": [{"name": "registry"}]}}},
+     "spec.podTemplate.spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
 ]
 
 # ----------------------------------------------------------------------------- plumbing
@@ -77,6 +83,11 @@ def _quickstart(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]
     doc = copy.deepcopy(QUICKSTART)
     doc["metadata"]["name"] = name
     return deep_update(doc, {"spec": spec}) if spec else doc
+
+
+def _runtime(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An RLTrainingRuntime of the test's namespace, as its admins would write one."""
+    return runtime_manifest(name, spec, kind="RLTrainingRuntime")
 
 
 def _apply(control_plane: Any, kubeconfig: Path, namespace: str, doc: dict[str, Any]
@@ -102,41 +113,48 @@ def _delete_policy(kube: Any) -> None:
                 raise
 
 
+#: `use` of the runtime the base marks as the default, as the chart's roles grant every job creator.
+USE_DEFAULT_RUNTIME = {"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"],
+                       "resourceNames": ["default"], "verbs": ["use"]}
+
+
 @pytest.fixture(scope="module")
-def policy(control_plane: Any, kube: Any, crd_installed: Any) -> Iterator[None]:
-    """The kustomize base's policy and binding, applied as they ship, and in force."""
+def policy(control_plane: Any, kube: Any, crd_installed: Any, runtime_crds: Any) -> Iterator[None]:
+    """The kustomize base's policies and bindings, applied as they ship, and in force."""
+    from rljob_contract.references import JOB_REFERENCES
+
+    from tests.contract.test_references import reference_spec
+
     _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))
-    # A probe user who may create jobs (dry runs) in "default", on the default runtime, and read no Secret.
+    # A probe user who may create jobs (dry runs) in "default", on the default runtime, and read nothing.
     probe = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
              "metadata": {"name": PROBE, "namespace": "default"},
-             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["create"]},
-                       USE_DEFAULT_RUNTIME]}
+             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingruntimes"],
+                        "verbs": ["create"]}, USE_DEFAULT_RUNTIME]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": PROBE, "namespace": "default"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROBE},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PROBE}]}
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump_all([probe, binding]))
-    canary = _quickstart("canary", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "canary"}})
+    canaries = {POLICY: _quickstart("canary", reference_spec(JOB_REFERENCES[0], "canary")[0]),
+                RUNTIME_USE: _quickstart("canary", {"runtimeRef": {"name": "canary"}}),
+                RUNTIME_REFERENCES: _runtime("canary", {"checkpoint": {"storage": "s3://b/c", "credentialsSecret": "c"}})}
 
-    def refused() -> bool:
+    def refused(name: str) -> bool:
         # The API server picks a new policy up from a watch: wait until it bites (a dry run as a user).
         result = run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(control_plane.admin_kubeconfig),
                       "--as", PROBE, "--namespace", "default", "create", "--dry-run=server",
-                      "-f", "-"], check=False, input=yaml.safe_dump(canary))
-        return result.returncode != 0 and POLICY in result.stderr
+                      "-f", "-"], check=False, input=yaml.safe_dump(canaries[name]))
+        return result.returncode != 0 and name in result.stderr
 
     try:
-        wait_for(refused, 30, message=f"the {POLICY} policy in force")
+        for name in canaries:
+            wait_for(lambda: refused(name), 30, message=f"the {name} policy in force")  # noqa: B023
         yield
     finally:
         _delete_policy(kube)
         _kubectl_admin(control_plane, "delete", "--namespace", "default", "--ignore-not-found",
                        f"rolebinding/{PROBE}", f"role/{PROBE}")
-
-
-#: `use` of the runtime the base marks as the default, as the chart's roles grant every job creator.
-USE_DEFAULT_RUNTIME = {"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"],
-                       "resourceNames": ["default"], "verbs": ["use"]}
 
 
 @pytest.fixture
@@ -152,6 +170,20 @@ def ordinary_user(control_plane: Any, namespace: str, service_account_kubeconfig
     kubeconfig = service_account_kubeconfig(USER)
     _kubectl_admin(control_plane, "create", "rolebinding", "jobs-only", "--namespace", namespace,
                    "--role", "jobs-only", f"--serviceaccount={namespace}:{USER}")
+    return kubeconfig  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def runtime_writer(control_plane: Any, namespace: str, service_account_kubeconfig: Any, runtime_crds: Any) -> Path:
+    """A kubeconfig whose only rights are to write RLTrainingRuntimes in ``namespace`` (a namespace admin's part)."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "runtimes-only", "namespace": namespace},
+            "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingruntimes"],
+                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
+    kubeconfig = service_account_kubeconfig(USER)
+    _kubectl_admin(control_plane, "create", "rolebinding", "runtimes-only", "--namespace", namespace,
+                   "--role", "runtimes-only", f"--serviceaccount={namespace}:{USER}")
     return kubeconfig  # type: ignore[no-any-return]
 
 
@@ -174,7 +206,20 @@ def _admitted_after_grant(control_plane: Any, kubeconfig: Path, namespace: str, 
     def admitted() -> bool:
         return _apply(control_plane, kubeconfig, namespace, doc).returncode == 0
 
-    wait_for(admitted, 30, message=f"job {doc['metadata']['name']} admitted once the right was granted")
+    wait_for(admitted, 30, message=f"{doc['kind']} {doc['metadata']['name']} admitted once the right was granted")
+
+
+def _get(kube: Any, namespace: str, doc: dict[str, Any]) -> Any:
+    """``doc`` as stored (an RLTrainingRuntime of ``namespace``), or None."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return kube.request("GET", f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rltrainingruntimes/"
+                                   f"{doc['metadata']['name']}")
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 # ----------------------------------------------------------------------------- tests
@@ -182,35 +227,37 @@ def _admitted_after_grant(control_plane: Any, kubeconfig: Path, namespace: str, 
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("case,spec,field,kind,name", REFERENCES, ids=[r[0] for r in REFERENCES])
-def test_a_reference_the_creator_could_not_use_is_refused_naming_the_field(
+def test_a_reference_the_runtime_writer_could_not_use_is_refused_naming_the_field(
         case: str, spec: dict[str, Any], field: str, kind: str, name: str, policy: None,
-        ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
-    doc = _quickstart(case, spec)
-    result = _apply(control_plane, ordinary_user, namespace, doc)
-    assert result.returncode != 0, f"a job naming {kind} {name!r} at {field} was admitted"
-    assert "forbidden" in result.stderr.lower(), result.stderr
+        runtime_writer: Path, control_plane: Any, namespace: str, kube: Any) -> None:
+    doc = _runtime(case, spec)
+    result = _apply(control_plane, runtime_writer, namespace, doc)
+    assert result.returncode != 0, f"a runtime naming {kind} {name!r} at {field} was admitted"
+    assert "forbidden" in result.stderr.lower() and RUNTIME_REFERENCES in result.stderr, result.stderr
     assert f'{field} names {kind} "{name}"' in result.stderr, result.stderr
     assert f"system:serviceaccount:{namespace}:{USER}" in result.stderr, result.stderr
-    assert kube.get_job(namespace, case) is None
+    assert _get(kube, namespace, doc) is None
 
     _grant(control_plane, namespace, kind, name)
-    _admitted_after_grant(control_plane, ordinary_user, namespace, doc)
-    assert kube.get_job(namespace, case) is not None
+    _admitted_after_grant(control_plane, runtime_writer, namespace, doc)
+    assert _get(kube, namespace, doc) is not None
 
 
 @pytest.mark.cluster
-def test_the_ordinary_user_may_still_run_the_quickstart_and_the_trainer_service_account(
-        policy: None, ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
-    for doc in (_quickstart("quickstart"),
-                _quickstart("as-trainer", {"workers": {"serviceAccountName": "rljob-trainer"}})):
-        result = _apply(control_plane, ordinary_user, namespace, doc)
-        assert result.returncode == 0, result.stderr
-        assert kube.get_job(namespace, doc["metadata"]["name"]) is not None
+def test_the_ordinary_user_may_still_run_the_quickstart_and_a_writer_name_the_trainer_service_account(
+        policy: None, ordinary_user: Path, runtime_writer: Path, control_plane: Any, namespace: str,
+        kube: Any) -> None:
+    result = _apply(control_plane, ordinary_user, namespace, _quickstart("quickstart"))
+    assert result.returncode == 0, result.stderr
+    assert kube.get_job(namespace, "quickstart") is not None
+    trainer = _runtime("as-trainer", {"podTemplate": {"spec": {"serviceAccountName": "rljob-trainer"}}})
+    result = _apply(control_plane, runtime_writer, namespace, trainer)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.cluster
 def test_impersonating_a_service_account_is_a_right_to_use_it(
-        policy: None, ordinary_user: Path, control_plane: Any, namespace: str) -> None:
+        policy: None, runtime_writer: Path, control_plane: Any, namespace: str) -> None:
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "impersonate-ci", "namespace": namespace},
             "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["ci"],
@@ -218,73 +265,70 @@ def test_impersonating_a_service_account_is_a_right_to_use_it(
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
     _kubectl_admin(control_plane, "create", "rolebinding", "impersonate-ci", "--namespace", namespace,
                    "--role", "impersonate-ci", f"--serviceaccount={namespace}:{USER}")
-    _admitted_after_grant(control_plane, ordinary_user, namespace,
-                          _quickstart("as-ci", {"workers": {"serviceAccountName": "ci"}}))
+    _admitted_after_grant(control_plane, runtime_writer, namespace,
+                          _runtime("as-ci", {"podTemplate": {"spec": {"serviceAccountName": "ci"}}}))
 
 
 @pytest.mark.cluster
 def test_a_refusal_lists_every_reference_of_its_field(
-        policy: None, ordinary_user: Path, control_plane: Any, namespace: str) -> None:
+        policy: None, runtime_writer: Path, control_plane: Any, namespace: str) -> None:
     """The API server reports the first refused field (one validation per field of the table of references);
     its message lists each reference that field holds, nested ones too."""
     def secret(name: str) -> dict[str, Any]:
         return {"secretKeyRef": {"name": name, "key": "k"}}
 
-    doc = _quickstart("many", {
+    doc = _runtime("many", {
         "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "a"},
-        "workers": {"env": [{"name": "B", "valueFrom": secret("b")}, {"name": "PLAIN", "value": "1"},
-                            {"name": "D", "valueFrom": secret("d")}],
-                    "podTemplate": {"spec": {"containers": [
-                        {"name": "trainer", "env": [{"name": "C", "valueFrom": secret("c")}]}]}}}})
-    result = _apply(control_plane, ordinary_user, namespace, doc)
+        "podTemplate": {"spec": {
+            "containers": [{"name": "trainer", "env": [{"name": "B", "valueFrom": secret("b")},
+                                                       {"name": "PLAIN", "value": "1"},
+                                                       {"name": "D", "valueFrom": secret("d")}]}],
+            "initContainers": [{"name": "fetch", "image": "busybox",
+                                "env": [{"name": "C", "valueFrom": secret("c")}]}]}}})
+    result = _apply(control_plane, runtime_writer, namespace, doc)
     assert result.returncode != 0
     assert 'spec.checkpoint.credentialsSecret names Secret "a"' in result.stderr, result.stderr
 
     _grant(control_plane, namespace, "Secret", "a")
-    wait_for(lambda: "credentialsSecret" not in _apply(control_plane, ordinary_user, namespace, doc).stderr, 30,
+    wait_for(lambda: "credentialsSecret" not in _apply(control_plane, runtime_writer, namespace, doc).stderr, 30,
              message="the checkpoint Secret allowed")
-    result = _apply(control_plane, ordinary_user, namespace, doc)
+    result = _apply(control_plane, runtime_writer, namespace, doc)
     assert result.returncode != 0
-    assert ('spec.workers.env[name=B].valueFrom.secretKeyRef.name names Secret "b"; '
-            'spec.workers.env[name=D].valueFrom.secretKeyRef.name names Secret "d": a job may name only objects '
-            'its creator could use') in result.stderr, result.stderr
+    assert ('spec.podTemplate.spec.containers[name=trainer].env[name=B].valueFrom.secretKeyRef.name names Secret "b"; '
+            'spec.podTemplate.spec.containers[name=trainer].env[name=D].valueFrom.secretKeyRef.name names Secret "d": '
+            'an RLTrainingRuntime may name only objects its writer could use') in result.stderr, result.stderr
     for name in ("b", "d"):
         _grant(control_plane, namespace, "Secret", name)
-    wait_for(lambda: "workers.env[" not in _apply(control_plane, ordinary_user, namespace, doc).stderr, 30,
-             message="the env Secrets allowed")
-    result = _apply(control_plane, ordinary_user, namespace, doc)
-    assert ('spec.workers.podTemplate.spec.containers[name=trainer].env[name=C].valueFrom.secretKeyRef.name '
+    wait_for(lambda: "containers[name=trainer]" not in _apply(control_plane, runtime_writer, namespace, doc).stderr,
+             30, message="the env Secrets allowed")
+    result = _apply(control_plane, runtime_writer, namespace, doc)
+    assert ('spec.podTemplate.spec.initContainers[name=fetch].env[name=C].valueFrom.secretKeyRef.name '
             'names Secret "c"') in result.stderr, result.stderr
 
 
 @pytest.mark.cluster
-def test_changing_the_spec_of_a_job_someone_else_created_needs_the_same_rights(
-        policy: None, ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
-    """An admin's job names a Secret; the ordinary user may change its status and labels, not its spec.
-
-    Changing the spec (the image, say) would run the user's code with the admin's Secret.
-    Writes that leave the spec alone (the operator's status, labels) are not checked.
-    """
+def test_changing_the_spec_of_a_runtime_someone_else_wrote_needs_the_same_rights(
+        policy: None, runtime_writer: Path, control_plane: Any, namespace: str, kube: Any) -> None:
+    """An admin's runtime names a Secret; the writer may change its labels, not its spec: changing the image
+    would run the writer's code with the admin's Secret. Metadata writes are not checked."""
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
-    create_job(kube, namespace, _quickstart("admins", {"checkpoint": {"storage": "s3://bucket/ckpt",
-                                                                      "credentialsSecret": "s3-keys"}}))
-    changed = _quickstart("admins", {"image": "registry.invalid/mine:latest",
-                                     "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}})
-    result = _apply(control_plane, ordinary_user, namespace, changed)
+    from rljob_operator.cluster.kube import Kube
+
+    from tests.support.operator import apply_runtime
+
+    admins = _runtime("admins", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}})
+    apply_runtime(kube, deep_update(admins, {"metadata": {"namespace": namespace}}))
+    changed = deep_update(admins, {"spec": {"image": "registry.invalid/mine:latest"}})
+    result = _apply(control_plane, runtime_writer, namespace, changed)
     assert result.returncode != 0
     assert 'spec.checkpoint.credentialsSecret names Secret "s3-keys"' in result.stderr, result.stderr
 
-    from kubernetes import client
-
-    user = client.ApiClient(_client_configuration(ordinary_user))
+    user = client.ApiClient(_client_configuration(runtime_writer))
+    path = f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rltrainingruntimes/admins"
     try:
-        from rljob_operator.cluster.kube import Kube
-
         as_user = Kube(user)
-        path = as_user.job_path(namespace, "admins")
         as_user.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
-                        content_type="application/merge-patch+json")
-        as_user.request("PATCH", f"{path}/status", {"status": {"phase": "Pending"}},
                         content_type="application/merge-patch+json")
         with pytest.raises(ApiException) as refused:
             as_user.request("PATCH", path, {"spec": {"image": "registry.invalid/mine:latest"}},
@@ -292,7 +336,7 @@ def test_changing_the_spec_of_a_job_someone_else_created_needs_the_same_rights(
         assert refused.value.status == 403
     finally:
         user.close()
-    assert kube.get_job(namespace, "admins")["spec"]["image"] != "registry.invalid/mine:latest"
+    assert kube.request("GET", path)["spec"]["image"] != "registry.invalid/mine:latest"
 
 
 def _client_configuration(kubeconfig: Path) -> Any:
@@ -448,9 +492,9 @@ def _experiment_of(job: dict[str, Any], overrides: dict[str, Any] | None = None)
 @pytest.mark.cluster
 def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names(
         policy: None, tenant: Any, control_plane: Any, namespace: str) -> None:
-    """Each field of the table (rljob_contract.references), in a job and in an experiment's template, naming an
-    object of another team: refused for a user without the right, naming the field; admitted with it. An arm
-    may not set a field holding references in either spelling."""
+    """Each field of the job's table (rljob_contract.references.JOB_REFERENCES), in a job and in an experiment's
+    template, naming an object of another team: refused for a user without the right, naming the field;
+    admitted with it. An arm may neither set such a field nor change the runtime, in either spelling."""
     from rljob_contract import references
 
     from tests.contract.test_references import OTHER, reference_spec
@@ -467,11 +511,12 @@ def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names
         refusal = _refusal(tenant, namespace, doc)
         assert refusal is not None and named in refusal and user in refusal, (named, refusal)
 
-    for root in references.override_roots():
-        section, field = root.split(".")
-        for key in {field, to_snake(field)}:
-            arm = _experiment_of(_quickstart(f"arm-{key.lower().replace('_', '-')}"), {section: {key: {}}})
-            assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), (root, key)
+    arms = [({key: {"name": "default"}}, key) for field in references.FIXED_FIELDS
+            for key in sorted({field, to_snake(field)})]
+    arms += [(reference_spec(ref)[0], ref.path) for ref in references.JOB_REFERENCES]
+    for i, (overrides, what) in enumerate(arms):
+        arm = _experiment_of(_quickstart(f"arm-{i}"), overrides)
+        assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), what
 
     _role(control_plane, namespace, "use-everything", ALL_RIGHTS, TENANT)
     wait_for(lambda: _refusal(tenant, namespace, cases[0][0]) is None, 30, message="the rights granted in force")
@@ -583,7 +628,8 @@ def test_changing_the_spec_of_a_job_on_a_runtime_the_user_may_not_use_is_refused
     with pytest.raises(ApiException) as refused:
         runner.request("PATCH", path, {"spec": {"training": {"maxSteps": 7}}},
                        content_type="application/merge-patch+json")
-    assert refused.value.status == 403 and 'spec.runtimeRef names ClusterRLTrainingRuntime "h100"' in refused.value.body
+    assert refused.value.status == 403
+    assert 'spec.runtimeRef names ClusterRLTrainingRuntime "h100"' in json.loads(refused.value.body)["message"]
     _role(control_plane, namespace, "use-default", [USE_DEFAULT_RUNTIME], RUNNER)
     wait_for(lambda: _refusal(runner, namespace, _quickstart("probe")) is None, 30, message="use of the default")
     create_job(kube, namespace, _quickstart("mine"))
