@@ -64,7 +64,7 @@ def _validate_file(path: str, runtimes: list[TrainingRuntime] | None = None) -> 
         elif kind is None:
             parse_job(document, path)  # names what is missing
     if not found:
-        raise ManifestError(path, [f"no {JOB}, {EXPERIMENT} or runtime document found"])
+        raise ManifestError(path, [f"no {JOB}, {EXPERIMENT}, {', '.join(sorted(RUNTIME_KINDS))} document found"])
     return found
 
 

@@ -830,6 +830,8 @@ class CheckpointCadence(Model):
     )
     upload_concurrency: int = Field(10, ge=1, le=64, description="Parallel transfers (files and parts) of an upload.")
 
+    _no_credentials = model_validator(mode="before")(_refuse_credentials)
+
 
 class CheckpointStorage(Model):
     """Where checkpoints go: a location, its endpoint and credentials, and mirrors.

@@ -38,6 +38,23 @@ def write_manifest(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
+def write_runtime(path: Path, checkpoint: dict[str, Any], **spec: Any) -> Path:
+    """A runtime file for ``rljob train --runtime``: checkpoints to ``checkpoint`` (storage, endpointUrl, mirrors…)."""
+    doc = {"apiVersion": "rljob.dev/v1alpha1", "kind": "ClusterRLTrainingRuntime", "metadata": {"name": "local"},
+           "spec": {"image": "ghcr.io/rljob/trainer:0.1.0", "checkpoint": checkpoint, **spec}}
+    return write_manifest(path, doc)
+
+
+def job_location(prefix: str, doc: dict[str, Any]) -> str:
+    """Where a runtime whose checkpoint storage is ``prefix`` puts the checkpoints of job ``doc``
+    (``<prefix>/<namespace>/<name>[/<subPath>]``, ``rljob_contract.runtime.job_location``)."""
+    from rljob_contract.runtime import job_location as located
+
+    meta = doc["metadata"]
+    return located(prefix, meta.get("namespace") or "default", meta["name"],
+                   ((doc.get("spec") or {}).get("checkpoint") or {}).get("subPath"))
+
+
 def trainer_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"RLJOB_PROGRESS": "0", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1",

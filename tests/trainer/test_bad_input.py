@@ -59,6 +59,8 @@ STATIC_CASES = [
     ("unknown-builtin-reward-option", training(rewards=[{"name": "repeat_char", "kwargs": {"lenght": 6}}]),
      "spec.training.rewards[0].kwargs.lenght: not an option of the built-in reward repeat_char"),
     ("zero-replicas", {"spec": {"workers": {"replicas": 0}}}, "spec.workers.replicas"),
+    ("a-runtime-field-on-the-job", {"spec": {"workers": {"tolerations": []}}},
+     "spec.workers.tolerations: moved to the runtime: set spec.podTemplate.spec.tolerations"),
     ("bad-name", {"metadata": {"name": "Bad_Name"}}, "metadata.name"),
     ("wrong-api-version", {"apiVersion": "rljob.dev/v1"}, "apiVersion must be rljob.dev/v1alpha1"),
 ]
@@ -74,6 +76,9 @@ PREFLIGHT_CASES = [
     ("missing-dataset-file", training(dataset={"name": "/nonexistent/prompts.jsonl"}),
      "spec.training.dataset.name: dataset file '/nonexistent/prompts.jsonl' does not exist"),
     ("unknown-builtin-model", training(model="builtin:huge"), "spec.training.model"),
+    ("reward-configmap-outside-a-cluster", training(rewards=[
+        {"name": "rljob_test_rewards:boom", "source": {"configMap": {"name": "rewards", "key": "boom.py"}}}]),
+     "spec.training.rewards[0].source.configMap: /etc/rljob-rewards/rljob_test_rewards.py is not there"),
 ]
 
 # Only the running ranks can see these.
@@ -168,4 +173,5 @@ def test_validate_checks_experiments_too_naming_the_field(tmp_path: Path) -> Non
     assert result.returncode == 1 and "spec.template.training.learningRate" in result.stderr, result.stderr
     (tmp_path / "other.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     result = run_rljob("validate", str(tmp_path / "other.yaml"))
-    assert result.returncode == 1 and "no RLTrainingJob or RLExperiment document found" in result.stderr
+    assert result.returncode == 1 and "no RLTrainingJob, RLExperiment, ClusterRLTrainingRuntime, RLTrainingRuntime " \
+        "document found" in result.stderr

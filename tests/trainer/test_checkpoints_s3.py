@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 import requests
 from rljob_contract.job import API_VERSION, KIND, ManifestError, parse_job
+from rljob_contract.pod import validate_document
+from rljob_contract.runtime import parse_runtime
+from rljob_contract.spec import TrainerConfig
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.checkpoints import publisher as upload
 from rljob_trainer.checkpoints import resume
@@ -40,12 +43,14 @@ from tests.support.s3_server import (  # noqa: F401 - fixtures register by impor
 )
 from tests.support.trainer import (
     deep_update,
+    job_location,
     kill_group,
     quickstart_doc,
     run_rljob,
     start_rljob,
     wait_until,
     write_manifest,
+    write_runtime,
 )
 
 MiB = 1 << 20
@@ -138,21 +143,28 @@ def job_doc(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"}, "spec": {"checkpoint": checkpoint}}
 
 
-def test_credentials_in_the_manifest_are_rejected_with_a_pointer_to_the_secret() -> None:
+def runtime_doc(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "ClusterRLTrainingRuntime", "metadata": {"name": "x"},
+            "spec": {"image": "ghcr.io/rljob/trainer:0.1.0", "checkpoint": checkpoint}}
+
+
+def test_credentials_in_a_manifest_are_rejected_with_a_pointer_to_the_secret() -> None:
     with pytest.raises(ManifestError) as e:
-        parse_job(job_doc({"storage": "s3://b/p", "accessKeyId": "AKIA...", "secretAccessKey": "s"}))
+        parse_runtime(runtime_doc({"storage": "s3://b/p", "accessKeyId": "AKIA...", "secretAccessKey": "s"}))
     text = "\n".join(e.value.problems)
     assert "spec.checkpoint.accessKeyId: credentials never go in the manifest" in text
     assert "credentialsSecret" in text
+    with pytest.raises(ManifestError, match="spec.checkpoint.accessKeyId: credentials never go in the manifest"):
+        parse_job(job_doc({"accessKeyId": "AKIA..."}))  # the job's own checkpoint section says the same
     with pytest.raises(ManifestError) as e:
-        parse_job(job_doc({"mirrors": [{"location": "s3://c/p", "secret_access_key": "s"}]}))
+        parse_runtime(runtime_doc({"mirrors": [{"location": "s3://c/p", "secret_access_key": "s"}]}))
     assert "spec.checkpoint.mirrors[0].secret_access_key: credentials never go" in e.value.problems[0]
     with pytest.raises(ManifestError, match="endpointUrl: credentials never go in the endpoint URL"):
-        parse_job(job_doc({"endpointUrl": "https://key:secret@s3.example.com"}))
+        parse_runtime(runtime_doc({"endpointUrl": "https://key:secret@s3.example.com"}))
     with pytest.raises(ManifestError, match="spec.checkpoint.storage: 'gs://b/p': use s3://"):
-        parse_job(job_doc({"storage": "gs://b/p"}))
-    ok = parse_job(job_doc({"storage": "s3://b/p", "credentialsSecret": "s3-creds",
-                            "mirrors": [{"location": "s3://backup/p", "region": "eu-west-1"}]}))
+        parse_runtime(runtime_doc({"storage": "gs://b/p"}))
+    ok = parse_runtime(runtime_doc({"storage": "s3://b/p", "credentialsSecret": "s3-creds",
+                                    "mirrors": [{"location": "s3://backup/p", "region": "eu-west-1"}]}))
     assert ok.spec.checkpoint.credentials_secret == "s3-creds"
     assert ok.spec.checkpoint.mirrors[0].region == "eu-west-1"
 
@@ -298,8 +310,8 @@ def test_resume_falls_back_past_corrupt_and_partial_checkpoints_and_to_a_mirror(
 
 
 def trainer_config(output: Path, **checkpoint: Any) -> Any:
-    job = parse_job(job_doc(checkpoint))
-    return job.trainer_config(str(output))
+    """The trainer's config with this checkpoint section (as the operator writes it, a runtime's storage resolved)."""
+    return validate_document(TrainerConfig, {"jobName": "x", "outputDir": str(output), "checkpoint": checkpoint})
 
 
 @s3
@@ -427,13 +439,16 @@ def test_denied_and_missing_buckets_are_permanent_errors_naming_the_location(
             resume.check_locations([missing])
 
         # End to end: unknown keys → the launcher's pre-flight fails with exit 78 before any rank starts.
-        doc = deep_update(quickstart_doc(), {"spec": {"training": {"maxSteps": 2}, "checkpoint": {
-            "storage": f"s3://{name}/run", "endpointUrl": server.endpoint}}})
+        doc = deep_update(quickstart_doc(), {"spec": {"training": {"maxSteps": 2}}})
+        runtime = write_runtime(tmp_path / "runtime.yaml", {"storage": f"s3://{name}/run",
+                                                           "endpointUrl": server.endpoint})
         out = tmp_path / "out"
-        result = run_rljob("train", str(write_manifest(tmp_path / "job.yaml", doc)), "--output", str(out),
-                           timeout=300, **{**S3_ENV, "AWS_ACCESS_KEY_ID": "AKIANOTAKEY", "AWS_SECRET_ACCESS_KEY": "x"})
+        result = run_rljob("train", str(write_manifest(tmp_path / "job.yaml", doc)), "--runtime", str(runtime),
+                           "--output", str(out), timeout=300,
+                           **{**S3_ENV, "AWS_ACCESS_KEY_ID": "AKIANOTAKEY", "AWS_SECRET_ACCESS_KEY": "x"})
         assert result.returncode == 78, result.stderr[-2000:]
-        assert f"spec.checkpoint.storage: InvalidAccessKeyId on s3://{name}/run" in result.stderr
+        assert f"spec.checkpoint.storage: InvalidAccessKeyId on {job_location(f's3://{name}/run', doc)}" \
+            in result.stderr
         assert "credentialsSecret" in result.stderr
         assert not (out / "trainer-config.json").exists()  # no rank was started
     finally:
@@ -481,12 +496,19 @@ def test_cli_lists_verifies_file_by_file_and_prunes(
 # --- the trainer for real: torchrun ranks, kills at the worst moments ------------------------------
 
 
-def s3_job(tmp_path: Path, name: str, max_steps: int, checkpoint: dict[str, Any]) -> Path:
+#: Where a runtime puts the quickstart job's checkpoints under its storage prefix (``<namespace>/<job>``).
+OWN = "default/quickstart"
+
+
+def s3_job(tmp_path: Path, name: str, max_steps: int, cadence: dict[str, Any], storage: dict[str, Any]) -> list[str]:
+    """``rljob train`` arguments: the quickstart for ``max_steps`` with this checkpoint ``cadence``, on a runtime
+    whose checkpoint ``storage`` is given (each location's prefix; the job's own path is ``<prefix>/{OWN}``)."""
     doc = deep_update(quickstart_doc(), {"spec": {
         "training": {"maxSteps": max_steps},
-        "checkpoint": {"everySteps": 5, "keepLast": 2, **checkpoint},
+        "checkpoint": {"everySteps": 5, "keepLast": 2, **cadence},
     }})
-    return write_manifest(tmp_path / f"{name}.yaml", doc)
+    runtime = write_runtime(tmp_path / f"{name}-runtime.yaml", storage)
+    return [str(write_manifest(tmp_path / f"{name}.yaml", doc)), "--runtime", str(runtime)]
 
 
 def expected_after(kept: dict[int, float], saves: list[tuple[int, float]], keep_last: int, keep_best: int) -> list[str]:
@@ -510,9 +532,9 @@ def test_s3_resume_after_sigkill_skips_a_corrupt_checkpoint_and_retention_stays_
     s3_server: MotoServer, bucket: str, tmp_path: Path, s3_env: None
 ) -> None:
     env = {**S3_ENV, "AWS_ENDPOINT_URL": s3_server.endpoint}  # endpoint from the environment, as boto3 users expect
-    manifest = s3_job(tmp_path, "job", 30, {"storage": f"s3://{bucket}/job", "keepBest": 1})
-    remote = ck.S3Location(f"s3://{bucket}/job", endpoint_url=s3_server.endpoint)
-    first = start_rljob("train", str(manifest), "--output", str(tmp_path / "pod-1"), "--metrics-port", "0",
+    manifest = s3_job(tmp_path, "job", 30, {"keepBest": 1}, {"storage": f"s3://{bucket}/job"})
+    remote = ck.S3Location(f"s3://{bucket}/job/{OWN}", endpoint_url=s3_server.endpoint)
+    first = start_rljob("train", *manifest, "--output", str(tmp_path / "pod-1"), "--metrics-port", "0",
                         log=tmp_path / "first.txt", **env)
     try:
         wait_until(lambda: (ck.step_of(remote.listing().latest or "") or 0) >= 15, timeout=400,
@@ -531,11 +553,11 @@ def test_s3_resume_after_sigkill_skips_a_corrupt_checkpoint_and_retention_stays_
     kept_at_kill = rewards_of(listing)
     # Corrupt the newest: the resume must fall back to the previous complete one.
     newest, previous = listing.complete[-1], listing.complete[-2]
-    key = f"job/{newest.name}/model.safetensors"
+    key = f"job/{OWN}/{newest.name}/model.safetensors"
     s3_server.client().put_object(Bucket=bucket, Key=key, Body=b"\0" * newest.files["model.safetensors"]["size"])
 
     out = tmp_path / "pod-2"  # a new pod: nothing local, everything comes from S3
-    second = run_rljob("train", str(manifest), "--output", str(out), "--metrics-port", "0", timeout=600, **env)
+    second = run_rljob("train", *manifest, "--output", str(out), "--metrics-port", "0", timeout=600, **env)
     log = second.stdout + second.stderr
     assert second.returncode == 0, log[-3000:]
     assert f"{newest.name} failed verification" in log and "falling back" in log
@@ -558,7 +580,7 @@ def test_s3_resume_after_sigkill_skips_a_corrupt_checkpoint_and_retention_stays_
     # The local staging copy keeps only what a fast resume needs, and it matches S3 file by file.
     staging = out / "checkpoint-staging"
     assert sorted(p.name for p in staging.glob("checkpoint-*")) == ["checkpoint-30"]
-    assert cli.main(["checkpoints", "verify", f"s3://{bucket}/job/checkpoint-30", "--local",
+    assert cli.main(["checkpoints", "verify", f"s3://{bucket}/job/{OWN}/checkpoint-30", "--local",
                      str(staging / "checkpoint-30"), "--endpoint-url", s3_server.endpoint]) == 0
 
 
@@ -569,12 +591,12 @@ def test_endpoint_killed_mid_upload_never_exposes_a_partial_checkpoint_and_resum
 ) -> None:
     # The trainer reaches the primary through a throttled proxy, so an upload is in flight for seconds.
     proxy = EndpointProxy(s3_server.port, rate=800_000).start()
-    manifest = s3_job(tmp_path, "job", 30, {
-        "storage": f"s3://{bucket}/run", "endpointUrl": proxy.endpoint, "uploadRetries": 2,
+    manifest = s3_job(tmp_path, "job", 30, {"uploadRetries": 2}, {
+        "storage": f"s3://{bucket}/run", "endpointUrl": proxy.endpoint,
         "mirrors": [{"location": f"s3://{bucket}/mirror", "endpointUrl": s3_server.endpoint}],
     })
-    primary = ck.S3Location(f"s3://{bucket}/run", endpoint_url=s3_server.endpoint)  # the test looks directly
-    mirror = ck.S3Location(f"s3://{bucket}/mirror", endpoint_url=s3_server.endpoint)
+    primary = ck.S3Location(f"s3://{bucket}/run/{OWN}", endpoint_url=s3_server.endpoint)  # the test looks directly
+    mirror = ck.S3Location(f"s3://{bucket}/mirror/{OWN}", endpoint_url=s3_server.endpoint)
     seen_latest: list[tuple[str, bool]] = []
 
     def upload_in_flight() -> bool:
@@ -584,7 +606,7 @@ def test_endpoint_killed_mid_upload_never_exposes_a_partial_checkpoint_and_resum
         return bool(listing.latest and listing.incomplete())
 
     port = free_port()
-    run = start_rljob("train", str(manifest), "--output", str(tmp_path / "pod-1"), "--metrics-port", str(port),
+    run = start_rljob("train", *manifest, "--output", str(tmp_path / "pod-1"), "--metrics-port", str(port),
                       log=tmp_path / "first.txt", **S3_ENV)
     try:
         wait_until(upload_in_flight, timeout=400, interval=0.05, what="an upload in flight after a complete one")
@@ -618,19 +640,19 @@ def test_endpoint_killed_mid_upload_never_exposes_a_partial_checkpoint_and_resum
     assert [c.name for c in mirror.listing().complete] == ["checkpoint-25", "checkpoint-30"]  # never down
 
     # The primary endpoint is down for the next attempt: resume from the mirror, keep mirroring.
-    manifest = s3_job(tmp_path, "job-2", 40, {
-        "storage": f"s3://{bucket}/run", "endpointUrl": proxy.endpoint, "uploadRetries": 1,
+    manifest = s3_job(tmp_path, "job-2", 40, {"uploadRetries": 1}, {
+        "storage": f"s3://{bucket}/run", "endpointUrl": proxy.endpoint,
         "mirrors": [{"location": f"s3://{bucket}/mirror", "endpointUrl": s3_server.endpoint}],
     })
     out = tmp_path / "pod-2"
-    second = run_rljob("train", str(manifest), "--output", str(out), "--metrics-port", "0", timeout=600, **S3_ENV)
+    second = run_rljob("train", *manifest, "--output", str(out), "--metrics-port", "0", timeout=600, **S3_ENV)
     log = second.stdout + second.stderr
     assert second.returncode == 0, log[-3000:]
     assert f"{proxy.endpoint}" in log or "unreachable" in log
-    assert f"s3://{bucket}/mirror/checkpoint-30" in log
+    assert f"s3://{bucket}/mirror/{OWN}/checkpoint-30" in log
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == "checkpoint-30" and summary["steps"] == 40
-    assert summary["latest_checkpoint"]["location"] == f"s3://{bucket}/mirror/checkpoint-40"
+    assert summary["latest_checkpoint"]["location"] == f"s3://{bucket}/mirror/{OWN}/checkpoint-40"
     assert summary["checkpoint_upload_failures"] >= 2
     assert [c.name for c in mirror.listing().complete] == ["checkpoint-35", "checkpoint-40"]
     assert primary.listing().latest == "checkpoint-30"  # untouched while down

@@ -21,6 +21,7 @@ from tests.support.trainer import (
     REPO,
     assert_same_curve,
     deep_update,
+    job_location,
     kill_group,
     logged_curve,
     quickstart_doc,
@@ -28,6 +29,7 @@ from tests.support.trainer import (
     start_rljob,
     wait_until,
     write_manifest,
+    write_runtime,
 )
 
 pytestmark = pytest.mark.trainer
@@ -240,14 +242,15 @@ def test_checkpoints_in_a_folder_outside_the_output_outlive_it_and_resume(tmp_pa
     an empty /workspace/output (a new emptyDir) but the same folder. Manifests, retention and resume
     are the local-folder code the operator's rewrite leads to."""
     every = 10
-    claim = tmp_path / "claim" / "runs" / "job"  # stands for /var/lib/rljob/checkpoints/<claim>/<prefix>
+    prefix = tmp_path / "claim" / "runs"  # stands for /var/lib/rljob/checkpoints/<claim>/<prefix>
     doc = deep_update(quickstart_doc(), {
-        "spec": {"training": {"maxSteps": 40},
-                 "checkpoint": {"everySteps": every, "keepLast": 2, "storage": str(claim)}},
+        "spec": {"training": {"maxSteps": 40}, "checkpoint": {"everySteps": every, "keepLast": 2}},
     })
-    manifest = write_manifest(tmp_path / "job.yaml", doc)
+    claim = Path(job_location(str(prefix), doc))  # the job's own folder under the runtime's storage
+    manifest = [str(write_manifest(tmp_path / "job.yaml", doc)), "--runtime",
+                str(write_runtime(tmp_path / "runtime.yaml", {"storage": str(prefix)}))]
     first_out = tmp_path / "gang-0"
-    proc = start_rljob("train", str(manifest), "--output", str(first_out), "--metrics-port", str(free_port()),
+    proc = start_rljob("train", *manifest, "--output", str(first_out), "--metrics-port", str(free_port()),
                        log=tmp_path / "first.txt")
     try:
         wait_until(lambda: (claim / "latest").exists() and (claim / "latest").read_text().strip() >= "checkpoint-20",
@@ -260,7 +263,7 @@ def test_checkpoints_in_a_folder_outside_the_output_outlive_it_and_resume(tmp_pa
     shutil.rmtree(first_out)  # the emptyDir goes with the pod
 
     second_out = tmp_path / "gang-1"
-    second = start_rljob("train", str(manifest), "--output", str(second_out), "--metrics-port", str(free_port()),
+    second = start_rljob("train", *manifest, "--output", str(second_out), "--metrics-port", str(free_port()),
                          log=tmp_path / "second.txt")
     assert second.wait(timeout=600) == 0, (tmp_path / "second.txt").read_text()[-3000:]
     summary = json.loads((second_out / "summary.json").read_text())
@@ -275,11 +278,12 @@ def test_checkpoints_in_a_folder_outside_the_output_outlive_it_and_resume(tmp_pa
 
 def test_rljob_train_refuses_a_pvc_location_naming_the_field(tmp_path: Path) -> None:
     """No claim outside a cluster: a permanent error naming the field, not a guessed local folder."""
-    doc = deep_update(quickstart_doc(), {"spec": {"checkpoint": {"storage": "pvc://ckpt/run1"}}})
-    manifest = write_manifest(tmp_path / "job.yaml", doc)
-    result = run_rljob("train", str(manifest), "--output", str(tmp_path / "out"), timeout=300)
+    manifest = write_manifest(tmp_path / "job.yaml", quickstart_doc())
+    runtime = write_runtime(tmp_path / "runtime.yaml", {"storage": "pvc://ckpt/run1"})
+    result = run_rljob("train", str(manifest), "--runtime", str(runtime), "--output", str(tmp_path / "out"),
+                       timeout=300)
     assert result.returncode == 78, result.stderr[-2000:]
-    assert "spec.checkpoint.storage: pvc://ckpt/run1 names a PersistentVolumeClaim" in result.stderr
+    assert "spec.checkpoint.storage: pvc://ckpt/run1/default/quickstart names a PersistentVolumeClaim" in result.stderr
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 

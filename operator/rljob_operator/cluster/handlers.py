@@ -31,6 +31,7 @@ from rljob_operator.cluster.runtimes import RuntimeStore, runtime_streams
 from rljob_operator.cluster.streams import JobStream, ResourceStream
 from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.plan import RUNTIME_NOT_FOUND
 from rljob_operator.integrations.client import GateWatch
 from rljob_operator.names import LABEL_JOB
 
@@ -203,8 +204,6 @@ class JobWatch:
 
     def runtimes_changed(self) -> None:
         """A runtime came, changed or went: the jobs waiting for one look again."""
-        from rljob_operator.decisions.lifecycle import RUNTIME_NOT_FOUND
-
         for key in self.jobs.with_reason(RUNTIME_NOT_FOUND):
             self.enqueue(key)
 

@@ -34,6 +34,7 @@ from rljob_operator.decisions.failures import plan_failure
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     INVALID_SPEC_FIELDS,
+    RUNTIME_NOT_FOUND,
     Event,
     Plan,
     StatusDraft,
@@ -69,10 +70,6 @@ def finished(ctx: Situation) -> Plan | None:
     return settled(ctx, d, leftovers)
 
 
-#: A job whose runtime cannot be had waits with this reason (Pending): GitOps may apply the runtime later.
-RUNTIME_NOT_FOUND = "RuntimeNotFound"
-
-
 def runtime_not_found(ctx: Situation) -> Plan | None:
     """No runtime for the job (it names one that does not exist, or names none and there is no default):
     Pending, reason RuntimeNotFound, nothing created; an Event says what to create. Its pods, if a runtime
@@ -83,8 +80,9 @@ def runtime_not_found(ctx: Situation) -> Plan | None:
     d = StatusDraft(Phase.pending.value, RUNTIME_NOT_FOUND, ctx.runtime_missing[:1024], reconciling=True,
                     start_time=ctx.prev.start_time, generation=ctx.prev.gang_generation or 0,
                     desired=ctx.replicas).carry(ctx.prev)
-    again = ctx.prev.reason == RUNTIME_NOT_FOUND and ctx.prev.message == d.message
-    return settled(ctx, d, [], [] if again else [Event("Warning", RUNTIME_NOT_FOUND, d.message)])
+    # A new reason or message is told once (a phase change by its Warning transition Event).
+    told = ctx.prev.phase != d.phase or (ctx.prev.reason == RUNTIME_NOT_FOUND and ctx.prev.message == d.message)
+    return settled(ctx, d, [], [] if told else [Event("Warning", RUNTIME_NOT_FOUND, d.message)])
 
 
 def policy_violation(ctx: Situation) -> Plan | None:

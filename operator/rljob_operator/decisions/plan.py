@@ -262,11 +262,16 @@ def job_status(
     )
 
 
+#: A job waits, Pending with this reason, for a runtime it can run on (``lifecycle.runtime_not_found``).
+RUNTIME_NOT_FOUND = "RuntimeNotFound"
+
+
 def transition_event(prev_phase: str | None, d: StatusDraft) -> list[Event]:
     """The Event of a phase change (none when the phase stays): Warning for trouble, else Normal."""
     if prev_phase == d.phase:
         return []
-    trouble = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason != "Resizing")
+    trouble = d.phase == Phase.failed.value or (d.phase == Phase.restarting.value and d.reason != "Resizing") \
+        or d.reason == RUNTIME_NOT_FOUND
     kind = "Warning" if trouble else "Normal"
     return [Event(kind, d.reason, f"{prev_phase or 'New'} → {d.phase}: {d.message}")]
 
