@@ -42,18 +42,19 @@ def step_times(server: Any, bucket: str, steps: int, every: int, pairs: int,
     doc["spec"]["training"]["maxSteps"] = steps
     sides = {
         "no_checkpoints": {"everySteps": 100 * steps, "keepLast": 1},
-        "s3_background_upload": {"everySteps": every, "keepLast": 2, "storage": f"s3://{bucket}/bench",
-                                 "endpointUrl": server.endpoint},
+        "s3_background_upload": {"everySteps": every, "keepLast": 2},
     }
+    #: The runtime's storage of the S3 side (each run under a fresh prefix, or it would resume from the previous one).
+    storage = {"storage": f"s3://{bucket}/bench", "endpointUrl": server.endpoint}
     seconds: dict[str, list[float]] = {side: [] for side in sides}
     ordered: list[tuple[str, float]] = []
     order = ["no_checkpoints", "s3_background_upload", "s3_background_upload", "no_checkpoints"]
     for i, side in enumerate(order[j % 4] for j in range(2 * pairs)):  # ABBA ABBA ...
         manifest = copy.deepcopy(doc)
         manifest["spec"]["checkpoint"] = dict(sides[side])
-        if "storage" in sides[side]:  # a fresh prefix, or the run would resume from the previous one
-            manifest["spec"]["checkpoint"]["storage"] += f"-{i}"
-        summary = rljob_train(manifest, tmp / f"{side}-{i}")
+        runtime = {"checkpoint": {**storage, "storage": f"{storage['storage']}-{i}"}} if side != "no_checkpoints" \
+            else None
+        summary = rljob_train(manifest, tmp / f"{side}-{i}", runtime=runtime)
         seconds[side].append(summary["train_runtime"] / summary["steps"])
         ordered.append((side, seconds[side][-1]))
         extra = f", {len(summary.get('checkpoints', []))} kept on S3" if side != "no_checkpoints" else ""

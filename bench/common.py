@@ -36,11 +36,18 @@ def run(cmd: list[str], **extra: str) -> float:
     return time.perf_counter() - started
 
 
-def rljob_train(manifest: dict[str, Any], out: Path, nproc: int | None = None) -> dict[str, Any]:
+def rljob_train(manifest: dict[str, Any], out: Path, nproc: int | None = None,
+                runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``rljob train`` of ``manifest`` (on ``runtime``, a ClusterRLTrainingRuntime's spec, when given)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "job.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
     cmd = [sys.executable, "-m", "rljob", "train", str(path), "--output", str(out / "run")]
+    if runtime is not None:
+        (out / "runtime.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "rljob.dev/v1alpha1", "kind": "ClusterRLTrainingRuntime", "metadata": {"name": "bench"},
+            "spec": {"image": "ghcr.io/rljob/trainer:0.1.0", **runtime}}, sort_keys=False))
+        cmd += ["--runtime", str(out / "runtime.yaml")]
     if nproc:
         cmd += ["--nproc", str(nproc)]
     wall = run(cmd)

@@ -79,7 +79,7 @@ for _folder in ("contract", "operator", "trainer"):  # as the Makefile's PYTHONP
         sys.path.insert(0, str(REPO / _folder))
 
 from rljob_operator.cluster.kube import Kube  # noqa: E402
-from rljob_operator.crd import CRD_NAME, crd_manifest  # noqa: E402
+from rljob_operator.crd import CRD_NAME, RUNTIME_NAMES, crd_manifest, runtime_crd_manifest  # noqa: E402
 from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, LABEL_WORKER_INDEX  # noqa: E402
 from rljob_operator.settings import OperatorSettings  # noqa: E402
 
@@ -143,7 +143,7 @@ def distribution(values: list[float]) -> dict[str, Any]:
 
 def job_manifest(name: str) -> dict[str, Any]:
     """The tests' tiny valid job at 4 workers × 1 process × 1 GPU; no backoff before a gang restart."""
-    return helpers.job_manifest(name, WORKERS, {"image": "registry.invalid/rljob-trainer:bench",
+    return helpers.job_manifest(name, WORKERS, {"runtimeRef": {"name": BENCH_RUNTIME},
                                                 "runPolicy": {"backoffBaseSeconds": 0}})
 
 
@@ -197,16 +197,31 @@ def bench_plane(args: argparse.Namespace) -> BenchControlPlane:
     return BenchControlPlane(config, args.scheduler_qps)
 
 
-def install_crd(kube: Kube) -> None:
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    kube.request("POST", path, crd_manifest())
+#: The ClusterRLTrainingRuntime the benchmark's jobs run on: the fake trainer image (KWOK never pulls it);
+#: ``BENCH_S3_RUNTIME`` also puts checkpoints on object storage (elastic jobs replace workers in place).
+BENCH_RUNTIME = "bench"
+BENCH_S3_RUNTIME = "bench-s3"
 
-    def established() -> bool:
-        conditions = (kube.request("GET", f"{path}/{CRD_NAME}").get("status") or {}).get("conditions") or []
+
+def install_crd(kube: Kube) -> None:
+    """The job CRD, the runtimes' CRDs, and the benchmark's runtimes."""
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    manifests = [crd_manifest(), *map(runtime_crd_manifest, RUNTIME_NAMES)]
+    for manifest in manifests:
+        kube.request("POST", path, manifest)
+
+    def established(name: str) -> bool:
+        conditions = (kube.request("GET", f"{path}/{name}").get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_for(established, 60, message="CRD Established")
+    for name in (CRD_NAME, *(m["metadata"]["name"] for m in manifests[1:])):
+        wait_for(lambda name=name: established(name), 60, message=f"CRD {name} Established")
     time.sleep(1)  # discovery catches up
+    for name, spec in ((BENCH_RUNTIME, {}), (BENCH_S3_RUNTIME, {"checkpoint": {"storage": "s3://bench-checkpoints"}})):
+        kube.request("POST", "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes", {
+            "apiVersion": "rljob.dev/v1alpha1", "kind": "ClusterRLTrainingRuntime", "metadata": {
+                "name": name, "annotations": {"rljob.dev/is-default-runtime": str(name == BENCH_RUNTIME).lower()}},
+            "spec": {"image": "registry.invalid/rljob-trainer:bench", **spec}})
 
 
 def create_namespace(kube: Kube, name: str) -> None:

@@ -323,7 +323,7 @@ class RLJobElasticSide(RLJobPeerSide):
     def manifest(self, name: str) -> dict[str, Any]:
         doc = super().manifest(name)
         doc["spec"]["workers"].update({"minReplicas": 2, "maxReplicas": scale.WORKERS})
-        doc["spec"]["checkpoint"]["storage"] = f"s3://bench-checkpoints/{name}"
+        doc["spec"]["runtimeRef"] = {"name": scale.BENCH_S3_RUNTIME}  # checkpoints on object storage
         return doc
 
 

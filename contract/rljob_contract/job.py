@@ -302,8 +302,9 @@ WORKER_RULES = [
            enforced_by="ResourceRequirements._cpu_and_memory")
       for section in ("requests", "limits")),
     *(Rule(f"spec.workers.resources.{section}: quantities", "spec.workers.resources",
-           f"!has(self.{section}) || self.{section}.all(k, isQuantity(string(self.{section}[k])))",
-           f"spec.workers.resources.{section}: each value must be a quantity (for example 4, 500m, 16Gi)",
+           f"!has(self.{section}) || self.{section}.all(k, isQuantity(string(self.{section}[k])) && "
+           f"quantity(string(self.{section}[k])).compareTo(quantity('0')) >= 0)",
+           f"spec.workers.resources.{section}: each value must be a quantity, not negative (for example 4, 500m, 16Gi)",
            f".{section}", holds=_section_holds(section, lambda values: _quantities(values)),
            enforced_by="ResourceRequirements._cpu_and_memory")
       for section in ("requests", "limits")),

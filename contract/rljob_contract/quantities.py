@@ -22,7 +22,7 @@ def parse_quantity(value: int | str) -> Decimal:
         raise ValueError(f"{value!r} is not a quantity")
     match = _QUANTITY_RE.match(str(value).strip()) if isinstance(value, int | str) else None
     if match is None:
-        raise ValueError(f"{value!r} is not a quantity (for example 4, 500m, 16Gi)")
+        raise ValueError(f"{value!r} is not a quantity, or is negative (for example 4, 500m, 16Gi)")
     suffix = match["suffix"] or ""
     try:
         number = Decimal(match["number"])

@@ -75,8 +75,8 @@ HUB_PREFIXES = ("hf://", "hub:")
 
 
 def _quantity_cel(expr: str) -> str:
-    """CEL: ``expr`` (an int-or-string) is a quantity."""
-    return f"isQuantity(string({expr}))"
+    """CEL: ``expr`` (an int-or-string) is a quantity, not negative."""
+    return f"(isQuantity(string({expr})) && quantity(string({expr})).compareTo(quantity('0')) >= 0)"
 
 
 # -------------------------------------------------------------------------------- limits
@@ -162,7 +162,7 @@ def _limit_rules() -> list[Rule]:
         at = f"spec.limits.{name}"
         rules += [
             Rule(f"{at}.{key}: a quantity", at, f"!has(self.{key}) || {_quantity_cel('self.' + key)}",
-                 f"{at}.{key} must be a quantity (for example 4, 500m, 16Gi)", f".{key}",
+                 f"{at}.{key} must be a quantity, not negative (for example 4, 500m, 16Gi)", f".{key}",
                  holds=_key_is_quantity(key), enforced_by="check_quantity")
             for key in ("default", "max")
         ]

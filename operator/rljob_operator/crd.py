@@ -266,6 +266,8 @@ class _FactoryDefaults(GenerateJsonSchema):
         value = factory()  # type: ignore[call-arg]
         if isinstance(value, BaseModel):
             value = value.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):  # no nulls: the API prunes them
+            return [v.model_dump(by_alias=True, mode="json", exclude_none=True) for v in value]
         return _without_empties(value) if value else NoDefault
 
 

@@ -8,7 +8,18 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from rljob_contract.job import RLTrainingJobSpec, parse_job
 
-from tests.support.operator import INVALID_MANIFESTS, create_job, get_job, invalid_manifest, job_manifest
+from tests.support.operator import (
+    INVALID_MANIFESTS,
+    INVALID_RUNTIMES,
+    RUNTIMES,
+    apply_runtime,
+    create_job,
+    get_job,
+    invalid_manifest,
+    invalid_runtime,
+    job_manifest,
+    runtime_manifest,
+)
 from tests.support.schema_mutations import UNKNOWN_KEY, quickstart_mutations
 from tests.support.trainer import quickstart_doc
 
@@ -22,10 +33,40 @@ def test_the_api_server_rejects_invalid_manifests_naming_the_field(kube, crd_ins
     assert not [p for p in problems if p], "\n".join(p for p in problems if p)
 
 
-def refusal_problem(kube, namespace: str, case: str, doc: dict, expected: str) -> str | None:
+def test_the_api_server_rejects_invalid_runtimes_naming_the_field(kube, runtime_crds) -> None:
+    problems = [refusal_problem(kube, "", case, invalid_runtime(case, patch), field,
+                                create=lambda doc: kube.request("POST", RUNTIMES, doc, query={"fieldValidation": "Strict"}))
+                for case, patch, field in INVALID_RUNTIMES]
+    assert not [p for p in problems if p], "\n".join(p for p in problems if p)
+
+
+def test_a_runtime_round_trips_through_the_api_server(kube, runtime_crds) -> None:
+    """What the models accept the API server stores as written (nothing pruned), and reads back the same."""
+    from rljob_contract.runtime import parse_runtime
+
+    doc = runtime_manifest("round-trip", {
+        "imagePullPolicy": "IfNotPresent", "imagePullSecrets": [{"name": "regcred"}], "gpuResource": "amd.com/gpu",
+        "namespaceSelector": {"matchLabels": {"team": "a"}, "matchExpressions": [{"key": "t", "operator": "Exists"}]},
+        "podTemplate": {"metadata": {"labels": {"a": "b"}}, "spec": {"priorityClassName": "high", "containers": [
+            {"name": "trainer", "env": [{"name": "E", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}},
+        "limits": {"gpusPerWorker": {"default": 1, "max": 8}, "cpuPerWorker": {"default": "4", "max": 32},
+                   "memoryPerWorker": {"max": "256Gi"}, "replicas": {"max": 64},
+                   "terminationGracePeriodSeconds": {"default": 120, "max": 600}},
+        "jobEnv": "Forbidden", "checkpoint": {"storage": "s3://b/rljob", "credentialsSecret": "keys",
+                                              "mirrors": [{"location": "pvc://backup/x"}]},
+        "sources": {"allowed": ["s3://b/data/", "hf://"]}, "egress": {"to": [{"cidr": "10.0.0.0/8", "ports": [443]}]},
+        "queue": {"name": "team-a", "required": True}})
+    stored = apply_runtime(kube, doc)
+    assert stored["spec"] == parse_runtime(doc).spec.model_dump(by_alias=True, mode="json", exclude_none=True,
+                                                                exclude_defaults=True) | stored["spec"]
+    assert parse_runtime(stored).spec == parse_runtime(doc).spec
+    assert stored["spec"]["podTemplate"] == doc["spec"]["podTemplate"]  # free-form: kept whole
+
+
+def refusal_problem(kube, namespace: str, case: str, doc: dict, expected: str, create=None) -> str | None:
     """None when the API server refuses ``doc`` (400/422) naming ``expected``; else what went wrong."""
     try:
-        create_job(kube, namespace, doc)
+        (create or (lambda d: create_job(kube, namespace, d)))(doc)
     except ApiException as e:
         message = e.body or ""
         if e.status not in (400, 422) or expected not in message:
@@ -43,7 +84,7 @@ def test_server_side_defaults_are_the_models_defaults(kube, crd_installed, names
         "backoffMaxSeconds": 600, "oomRecovery": True, "oomMinBatchSize": 1, "stallTimeoutSeconds": 600,
         "startupTimeoutSeconds": 1800, "checkIntervalSeconds": 30,
     }
-    assert stored["spec"]["training"]["algorithm"] == "grpo" and stored["spec"]["workers"]["gpuResource"]
+    assert stored["spec"]["training"]["algorithm"] == "grpo" and "gpuResource" not in stored["spec"]["workers"]
     assert RLTrainingJobSpec.model_validate(stored["spec"]) == parse_job(local).spec
     minimal = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "minimal"}}
     create_job(kube, namespace, minimal)

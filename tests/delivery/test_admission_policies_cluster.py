@@ -76,6 +76,20 @@ REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
      "spec.podTemplate.spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
 ]
 
+
+
+def _sourced(*names: str) -> dict[str, Any]:
+    """A job spec patch: one custom reward per ConfigMap of ``names`` (module ``m_<name>``)."""
+    return {"training": {"rewards": [{"name": f"m_{n}:score", "source": {"configMap": {"name": n, "key": "r.py"}}}
+                                     for n in names]}}
+
+
+#: (case, patch of the quickstart's spec, the field the refusal names, kind, the name granted): what a job names.
+JOB_CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
+    ("reward-configmap", _sourced("team-rewards"),
+     "spec.training.rewards[name=m_team-rewards:score].source.configMap.name", "ConfigMap", "team-rewards"),
+]
+
 # ----------------------------------------------------------------------------- plumbing
 
 
@@ -188,9 +202,9 @@ def runtime_writer(control_plane: Any, namespace: str, service_account_kubeconfi
 
 
 def _grant(control_plane: Any, namespace: str, kind: str, name: str) -> None:
-    """The right to use ``name`` directly: get a Secret; create a token for a ServiceAccount."""
-    if kind == "Secret":
-        rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [name], "verbs": ["get"]}
+    """The right to use ``name`` directly: get a Secret or ConfigMap; create a token for a ServiceAccount."""
+    if kind in ("Secret", "ConfigMap"):
+        rule = {"apiGroups": [""], "resources": [f"{kind.lower()}s"], "resourceNames": [name], "verbs": ["get"]}
     else:
         rule = {"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": [name],
                 "verbs": ["create"]}
@@ -241,6 +255,59 @@ def test_a_reference_the_runtime_writer_could_not_use_is_refused_naming_the_fiel
     _grant(control_plane, namespace, kind, name)
     _admitted_after_grant(control_plane, runtime_writer, namespace, doc)
     assert _get(kube, namespace, doc) is not None
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case,spec,field,kind,name", JOB_CASES, ids=[r[0] for r in JOB_CASES])
+def test_a_reference_the_job_creator_could_not_use_is_refused_naming_the_field(
+        case: str, spec: dict[str, Any], field: str, kind: str, name: str, policy: None,
+        ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
+    doc = _quickstart(case, spec)
+    result = _apply(control_plane, ordinary_user, namespace, doc)
+    assert result.returncode != 0, f"a job naming {kind} {name!r} at {field} was admitted"
+    assert "forbidden" in result.stderr.lower() and POLICY in result.stderr, result.stderr
+    assert f'{field} names {kind} "{name}"' in result.stderr, result.stderr
+    assert f"system:serviceaccount:{namespace}:{USER}" in result.stderr, result.stderr
+    assert kube.get_job(namespace, case) is None
+
+    _grant(control_plane, namespace, kind, name)
+    _admitted_after_grant(control_plane, ordinary_user, namespace, doc)
+    assert kube.get_job(namespace, case) is not None
+
+
+@pytest.mark.cluster
+def test_changing_the_spec_of_a_job_someone_else_created_needs_the_same_rights(
+        policy: None, ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
+    """An admin's job names a ConfigMap; the ordinary user may change its status and labels, not its spec.
+
+    Changing the spec (its training, say) would run the user's choices with the admin's reward module.
+    Writes that leave the spec alone (the operator's status, labels) are not checked.
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from rljob_operator.cluster.kube import Kube
+
+    create_job(kube, namespace, _quickstart("admins", _sourced("admin-rewards")))
+    changed = _quickstart("admins", deep_update(_sourced("admin-rewards"), {"training": {"learningRate": 0.5}}))
+    result = _apply(control_plane, ordinary_user, namespace, changed)
+    assert result.returncode != 0
+    assert 'names ConfigMap "admin-rewards"' in result.stderr, result.stderr
+
+    user = client.ApiClient(_client_configuration(ordinary_user))
+    try:
+        as_user = Kube(user)
+        path = as_user.job_path(namespace, "admins")
+        as_user.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
+                        content_type="application/merge-patch+json")
+        as_user.request("PATCH", f"{path}/status", {"status": {"phase": "Pending"}},
+                        content_type="application/merge-patch+json")
+        with pytest.raises(ApiException) as refused:
+            as_user.request("PATCH", path, {"spec": {"training": {"learningRate": 0.5}}},
+                            content_type="application/merge-patch+json")
+        assert refused.value.status == 403
+    finally:
+        user.close()
+    assert kube.get_job(namespace, "admins")["spec"]["training"]["learningRate"] != 0.5
 
 
 @pytest.mark.cluster
@@ -322,7 +389,7 @@ def test_changing_the_spec_of_a_runtime_someone_else_wrote_needs_the_same_rights
     changed = deep_update(admins, {"spec": {"image": "registry.invalid/mine:latest"}})
     result = _apply(control_plane, runtime_writer, namespace, changed)
     assert result.returncode != 0
-    assert 'spec.checkpoint.credentialsSecret names Secret "s3-keys"' in result.stderr, result.stderr
+    assert 'names ConfigMap "admin-rewards"' in result.stderr, result.stderr
 
     user = client.ApiClient(_client_configuration(runtime_writer))
     path = f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rltrainingruntimes/admins"
@@ -331,7 +398,7 @@ def test_changing_the_spec_of_a_runtime_someone_else_wrote_needs_the_same_rights
         as_user.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
                         content_type="application/merge-patch+json")
         with pytest.raises(ApiException) as refused:
-            as_user.request("PATCH", path, {"spec": {"image": "registry.invalid/mine:latest"}},
+            as_user.request("PATCH", path, {"spec": {"training": {"learningRate": 0.5}}},
                             content_type="application/merge-patch+json")
         assert refused.value.status == 403
     finally:

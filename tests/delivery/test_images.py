@@ -259,7 +259,12 @@ def _api_access_files(kube: Any, control_plane: Any, pod: dict[str, Any]) -> con
 @pytest.mark.cluster
 def test_operator_image_runs_under_the_charts_pod_and_reconciles_a_job(
         built_images: dict[str, str], chart_operator_pod: Any, control_plane: Any, tmp_path: Path) -> None:
-    from tests.support.operator import create_job, free_port, job_manifest, wait_phase
+    from tests.support.operator import (
+        create_job,
+        free_port,
+        job_manifest,
+        wait_phase,
+    )
 
     kube, namespace, jobs, pod = chart_operator_pod
     sc = pod["spec"]["containers"][0]["securityContext"]

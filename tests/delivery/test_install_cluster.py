@@ -131,9 +131,11 @@ def property_paths(schema: dict[str, Any], at: str = "") -> set[str]:
 def assert_crds_as_generated(kube: Any) -> None:
     """The CRDs on the cluster have every property the models generate, and no other (a key Go's YAML reads
     otherwise than ours, as a plain ``n`` once was, would be a property ``false`` here)."""
-    from rljob_operator.crd import crd_manifest, experiment_crd_manifest
+    from rljob_operator.crd import RUNTIME_NAMES, crd_manifest, experiment_crd_manifest, runtime_crd_manifest
 
-    for path, generated in ((CRD_PATH, crd_manifest()), (EXPERIMENT_CRD_PATH, experiment_crd_manifest())):
+    runtimes = [(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{m['metadata']['name']}", m)
+                for m in map(runtime_crd_manifest, RUNTIME_NAMES)]
+    for path, generated in ((CRD_PATH, crd_manifest()), *runtimes, (EXPERIMENT_CRD_PATH, experiment_crd_manifest())):
         installed = kube.request("GET", path)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         want = property_paths(generated["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
         got = property_paths(installed)

@@ -30,6 +30,7 @@ from tests.support.operator import (
     get_job,
     job_manifest,
     job_pods,
+    on_namespaced_runtime,
     wait_phase,
 )
 from tests.support.pod_harness import PodProcess, logs, start_pod, stop
@@ -56,11 +57,11 @@ def test_a_failed_worker_of_an_elastic_job_is_replaced_alone_and_the_gang_resume
         "training": {"maxSteps": MAX_STEPS, "batchSize": 8, "numGenerations": 8, "learningRate": 0.01,
                      "dataset": {"name": "builtin:repeat-char", "size": 2048},
                      "rewards": [{"name": "repeat_char", "kwargs": {"length": 4}}]},
-        "checkpoint": {"everySteps": EVERY, "keepLast": 2, "storage": f"s3://{bucket}/inplace",
-                       "endpointUrl": s3_server.endpoint, "credentialsSecret": "s3-keys"},
+        "checkpoint": {"everySteps": EVERY, "keepLast": 2},
         "runPolicy": {"backoffLimit": 2},
-        "workers": {"minReplicas": 2, "maxReplicas": 3,
-                    "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
+        "workers": {"minReplicas": 2, "maxReplicas": 3},
+        **on_namespaced_runtime(kube, namespace, "s3", {"checkpoint": {
+            "storage": f"s3://{bucket}/inplace", "endpointUrl": s3_server.endpoint, "credentialsSecret": "s3-keys"}}),
     }
     create_job(kube, namespace, job_manifest("inplace", replicas=3, spec=deep_update({}, spec)))
     wait_for(lambda: len(_uids(kube, namespace, "inplace")) == 3

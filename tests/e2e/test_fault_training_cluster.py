@@ -27,6 +27,7 @@ from tests.support.operator import (
     get_job,
     job_manifest,
     job_pods,
+    on_namespaced_runtime,
     wait_gang,
     wait_phase,
 )
@@ -63,10 +64,11 @@ def test_sigkilled_worker_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_
         "training": {"maxSteps": MAX_STEPS},
         "checkpoint": {"everySteps": EVERY, "keepLast": 2},
         "runPolicy": {"backoffBaseSeconds": 0},
-        "workers": {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
     }
-    create_job(kube, namespace, job_manifest("e2e", spec=deep_update(spec, {"checkpoint": {
-        "storage": f"s3://{bucket}/e2e", "endpointUrl": s3_server.endpoint, "credentialsSecret": "s3-keys"}})))
+    create_job(kube, namespace, job_manifest("e2e", spec=deep_update(spec, on_namespaced_runtime(
+        kube, namespace, "s3", {"checkpoint": {"storage": f"s3://{bucket}", "endpointUrl": s3_server.endpoint,
+                                               "credentialsSecret": "s3-keys"}}))))
+    own = f"{namespace}/e2e"  # the job's own path under the runtime's storage
     wait_gang(kube, namespace, "e2e", 0)
     first = start_gang(kube, namespace, "e2e", 0, tmp_path)
     second: list[PodProcess] = []
@@ -90,11 +92,11 @@ def test_sigkilled_worker_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_
                                  for p in job_pods(kube, namespace, "e2e")), 60, message="old gang deleted")
         stop(first[:1], signal.SIGTERM)  # the kubelet stops worker 0 when its pod is deleted
         job = wait_gang(kube, namespace, "e2e", 1)
-        listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="e2e/").get("Contents", [])
+        listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{own}/").get("Contents", [])
         sealed = {int(o["Key"].split("/")[1].split("-")[1]) for o in listed if o["Key"].endswith("/rljob-manifest.json")}
         assert sealed, "the first gang sealed no checkpoint in the bucket"
         # Each rank's RNG states are in it, though each rank saved them in its own pod's folder.
-        newest = {o["Key"].rsplit("/", 1)[1] for o in listed if o["Key"].startswith(f"e2e/checkpoint-{max(sealed)}/")}
+        newest = {o["Key"].rsplit("/", 1)[1] for o in listed if o["Key"].startswith(f"{own}/checkpoint-{max(sealed)}/")}
         assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= newest, newest
         assert job["status"]["restarts"] == 1 and job["status"]["lastFailure"]["worker"] == "e2e-worker-1"
 

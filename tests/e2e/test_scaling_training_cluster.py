@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import create_job, get_job, job_manifest, job_pods
+from tests.support.operator import create_job, get_job, job_manifest, job_pods, on_namespaced_runtime
 from tests.support.pod_harness import PodProcess, logs, start_gang, stop
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
@@ -36,9 +36,11 @@ def test_a_job_resized_from_two_workers_to_one_resumes_from_its_checkpoint_and_f
     operator()
     spec = {
         "training": {"maxSteps": MAX_STEPS},
-        "checkpoint": {"everySteps": 100, "keepLast": 2, "storage": str(tmp_path / "checkpoints")},
-        "workers": {"minReplicas": 1, "maxReplicas": 2, "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
+        "checkpoint": {"everySteps": 100, "keepLast": 2},
+        "workers": {"minReplicas": 1, "maxReplicas": 2},
+        **on_namespaced_runtime(kube, namespace, "folder", {"checkpoint": {"storage": str(tmp_path / "checkpoints")}}),
     }
+    checkpoints = tmp_path / "checkpoints" / namespace / "resize"  # the job's own folder on the runtime's storage
     create_job(kube, namespace, job_manifest("resize", replicas=2, spec=spec))
     wait_for(lambda: len(job_pods(kube, namespace, "resize")) == 2
              and (get_job(kube, namespace, "resize").get("status") or {}).get("phase") == "Running",
@@ -61,7 +63,7 @@ def test_a_job_resized_from_two_workers_to_one_resumes_from_its_checkpoint_and_f
         stop(first, signal.SIGTERM)  # what the kubelet does to a deleted pod's container
         codes = [p.returncode for p, _, _ in first]
         assert codes == [143, 143], logs(first)  # stopped, not finished
-        saved = sorted(int(c.name.rsplit("-", 1)[1]) for c in (tmp_path / "checkpoints").glob("checkpoint-*"))
+        saved = sorted(int(c.name.rsplit("-", 1)[1]) for c in checkpoints.glob("checkpoint-*"))
         assert saved and saved[-1] >= at_scale, (saved, at_scale)  # saved on SIGTERM (everySteps is 100)
 
         wait_for(lambda: [p["metadata"]["labels"]["rljob.dev/gang-generation"]

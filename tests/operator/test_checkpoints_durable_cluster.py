@@ -1,8 +1,8 @@
 """Durable checkpoints on a real control plane (issue #31, point 1).
 
-A job without ``spec.checkpoint.storage`` says, once, that a gang restart loses its checkpoints
-(a Warning Event, the CheckpointsDurable condition, the Checkpoints column); a ``pvc://`` job's
-workers mount the claim and the trainer config names the mounted folder. kwok runs no containers,
+A job whose runtime has no ``spec.checkpoint.storage`` says, once, that a gang restart loses its checkpoints
+(a Warning Event, the CheckpointsDurable condition, the Checkpoints column); a job on a ``pvc://``
+runtime has its workers mount the claim and the trainer config names the mounted folder. kwok runs no containers,
 so resuming from the claim is proven by the trainer test
 (``tests/trainer/test_run_training.py::test_checkpoints_in_a_folder_outside_the_output_outlive_it_and_resume``).
 """
@@ -22,6 +22,7 @@ from tests.support.operator import (
     get_job,
     job_manifest,
     job_pods,
+    on_namespaced_runtime,
     wait_for_events,
     wait_phase,
 )
@@ -79,7 +80,7 @@ def test_a_pvc_job_mounts_the_claim_in_every_worker(kube, namespace, operator) -
     pv = _claim_pv(kube, namespace, "ckpt")
     try:
         operator()
-        spec = {"checkpoint": {"storage": "pvc://ckpt/runs/durable"}}
+        spec = on_namespaced_runtime(kube, namespace, "claim", {"checkpoint": {"storage": "pvc://ckpt/runs"}})
         create_job(kube, namespace, job_manifest("durable", replicas=2, spec=spec))
         job = wait_phase(kube, namespace, "durable", "Running", timeout=90)
         assert (_condition(job)["status"], _condition(job)["reason"]) == ("True", "Durable")
@@ -91,7 +92,8 @@ def test_a_pvc_job_mounts_the_claim_in_every_worker(kube, namespace, operator) -
             mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
             assert mount["mountPath"] == "/var/lib/rljob/checkpoints/ckpt" and not mount.get("readOnly")
         config = kube.request("GET", kube.core_path(namespace, "configmaps", "durable-config"))["data"]["trainer.yaml"]
-        assert yaml.safe_load(config)["checkpoint"]["storage"] == "/var/lib/rljob/checkpoints/ckpt/runs/durable"
+        assert yaml.safe_load(config)["checkpoint"]["storage"] == \
+            f"/var/lib/rljob/checkpoints/ckpt/runs/{namespace}/durable"  # the job's own folder on the claim
         assert "EphemeralCheckpoints" not in {e["reason"] for e in events_for(kube, namespace, "durable")}
     finally:
         kube.request("DELETE", f"/api/v1/persistentvolumes/{pv}")

@@ -21,6 +21,7 @@ from rljob_contract.experiment import parse_experiment
 from tests.cluster.waiting import wait_for
 from tests.support.operator import (
     annotate_pod,
+    deep_update,
     get_job,
     job_manifest,
     job_pods,
@@ -496,7 +497,8 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
         experiment_policy: str, control_plane: Any, kube: Any, namespace: str, service_account_kubeconfig: Any,
         tmp_path: Path) -> None:
     """An ordinary user (rights on experiments only) may not name, through an experiment's template or an arm,
-    a Secret or ServiceAccount they could not use; once allowed, the operator creates the trials."""
+    a ConfigMap they could not read (a reward module's), nor change the runtime in an arm; once allowed, the
+    operator creates the trials."""
     from tests.delivery.test_admission_policies_cluster import _apply
     from tests.delivery.test_chart import run
     from tests.support.operator import OperatorProcess
@@ -505,9 +507,9 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
         {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments"], "verbs": ["get", "list", "create", "patch"]},
         {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["get", "list"]}], "alice")
     alice = service_account_kubeconfig("alice")
-    secret_template = {**template(), "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}}
+    sourced = [{"name": "team_rewards:score", "source": {"configMap": {"name": "team-rewards", "key": "r.py"}}}]
     doc = experiment("creds", arms=ARMS)
-    doc["spec"]["template"] = secret_template
+    doc["spec"]["template"] = deep_update(template(), {"training": {"rewards": sourced}})
 
     def refusal(d: dict[str, Any]) -> str:
         # A server-side dry run: admitted while the policy is not yet in force, nothing is stored (a stored
@@ -517,19 +519,18 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
         return result.stderr if result.returncode != 0 else ""
 
     wait_for(lambda: experiment_policy in refusal(doc), 60, message="the policy in force for experiments")
-    assert 'spec.template.checkpoint.credentialsSecret names Secret "s3-keys"' in refusal(doc)
-    as_sa = experiment("as-sa", arms=ARMS)
-    as_sa["spec"]["template"]["workers"]["serviceAccountName"] = "powerful"
-    assert 'spec.template.workers.serviceAccountName names ServiceAccount "powerful"' in refusal(as_sa)
-    sneaky = experiment("sneaky", arms=[ARMS[0], {"name": "creds", "overrides": {
-        "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}}}])
+    assert ('spec.template.training.rewards[name=team_rewards:score].source.configMap.name names ConfigMap '
+            '"team-rewards"') in refusal(doc)
+    sneaky = experiment("sneaky", arms=[ARMS[0], {"name": "creds", "overrides": {"training": {"rewards": sourced}}}])
     assert "spec.arms[].overrides may not set" in refusal(sneaky)
+    elsewhere = experiment("elsewhere", arms=[ARMS[0], {"name": "gpu", "overrides": {"runtimeRef": {"name": "x"}}}])
+    assert "spec.arms[].overrides may not set runtimeRef" in refusal(elsewhere)
 
     # Allowed to read the Secret, alice's experiment is admitted, and the operator (which may read no
     # Secret) creates its trials: the template was checked against alice, not against the operator.
-    _role(control_plane, namespace, "use-s3-keys", [
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["s3-keys"], "verbs": ["get"]}], "alice")
-    wait_for(lambda: not refusal(doc), 30, message="alice's experiment admitted once she may read the Secret")
+    _role(control_plane, namespace, "read-team-rewards", [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["team-rewards"], "verbs": ["get"]}], "alice")
+    wait_for(lambda: not refusal(doc), 30, message="alice's experiment admitted once she may read the ConfigMap")
     created = _apply(control_plane, alice, namespace, doc)
     assert created.returncode == 0, created.stderr
     assert "spec.arms[].overrides may not set" in refusal(sneaky)  # still: arms never carry references
@@ -542,6 +543,6 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
     try:
         op.wait_leader()
         jobs = wait_for(lambda: trials_when(kube, namespace, "creds", 2), 60, message="alice's trials created")
-        assert all(j["spec"]["checkpoint"]["credentialsSecret"] == "s3-keys" for j in jobs)
+        assert all(j["spec"]["training"]["rewards"] == sourced for j in jobs)
     finally:
         op.stop()

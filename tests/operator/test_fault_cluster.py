@@ -19,20 +19,20 @@ import yaml
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.support.operator import (
+    QUICK_EXIT,
     annotate_pod,
     create_job,
     events_for,
     get_job,
     job_manifest,
     job_pods,
+    on_namespaced_runtime,
     wait_gang,
     wait_phase,
 )
 
 pytestmark = pytest.mark.cluster
 
-#: Pods that go away within a second once deleted (kwok confirms at once; stuck ones need the force).
-QUICK_EXIT = {"workers": {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}}}
 
 
 def _policy(**policy: Any) -> dict[str, Any]:
@@ -173,8 +173,8 @@ def test_node_deleted_gang_replaced_on_other_nodes_without_consuming_the_limit(
     pool = f"pool-{uuid.uuid4().hex[:8]}"
     doomed = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
     operator()
-    spec = _policy(backoffLimit=0, backoffBaseSeconds=0)
-    spec["workers"]["nodeSelector"] = {"rljob.dev/test-pool": pool}
+    spec = {**_policy(backoffLimit=0, backoffBaseSeconds=0), **on_namespaced_runtime(
+        kube, namespace, "pool", {"podTemplate": {"spec": {"nodeSelector": {"rljob.dev/test-pool": pool}}}})}
     create_job(kube, namespace, job_manifest("lost", spec=spec))
     wait_gang(kube, namespace, "lost", 0)
     spare = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
@@ -216,13 +216,13 @@ def test_node_not_ready_evicted_pods_force_deleted_and_gang_replaced(
     pool = f"pool-{uuid.uuid4().hex[:8]}"
     silent = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})
     operator(env={"RLJOB_OPERATOR_FORCE_DELETE_AFTER_SECONDS": "2"})
-    spec = _policy(backoffLimit=0, backoffBaseSeconds=0)
-    spec["workers"]["nodeSelector"] = {"rljob.dev/test-pool": pool}
-    # Evicted 1 s after the node turns NotReady rather than the harness's default 10 s: what a user
-    # who wants a fast fail-over sets (the API server adds the default only where none is given).
-    spec["workers"]["tolerations"] = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists",
-                                       "effect": "NoExecute", "tolerationSeconds": 1}
-                                      for taint in ("unreachable", "not-ready")]
+    # Evicted 1 s after the node turns NotReady rather than the harness's default 10 s: what a platform
+    # that wants a fast fail-over sets (the API server adds the default only where none is given).
+    tolerations = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute",
+                    "tolerationSeconds": 1} for taint in ("unreachable", "not-ready")]
+    spec = {**_policy(backoffLimit=0, backoffBaseSeconds=0), **on_namespaced_runtime(
+        kube, namespace, "pool", {"podTemplate": {"spec": {"nodeSelector": {"rljob.dev/test-pool": pool},
+                                                           "tolerations": tolerations}}})}
     create_job(kube, namespace, job_manifest("unreach", spec=spec))
     wait_gang(kube, namespace, "unreach", 0)
     spare = fake_gpu_nodes.add(1, gpus=2, labels={"rljob.dev/test-pool": pool})

@@ -19,11 +19,13 @@ from rljob_operator.names import CONFIG_KEY
 
 from tests.cluster.waiting import wait_for
 from tests.support.operator import (
+    QUICK_EXIT,
     annotate_pod,
     create_job,
     get_job,
     job_manifest,
     job_pods,
+    on_namespaced_runtime,
     patch_spec,
     wait_for_events,
     wait_phase,
@@ -86,13 +88,16 @@ class Queues:
             except Exception as error:  # noqa: BLE001 - best effort, never masks the test's own failure
                 print(f"cleanup of {obj}: {error}")
 
-    def job(self, name: str, priority: str | None = None, **spec: Any) -> dict[str, Any]:
-        """2 workers × 2 GPUs in the LocalQueue; workers stop within 1 s of SIGTERM."""
+    def job(self, name: str, priority: str | None = None, storage: str | None = None, **spec: Any) -> dict[str, Any]:
+        """2 workers × 2 GPUs in the LocalQueue; workers stop within 1 s of SIGTERM (``QUICK_RUNTIME``, or a
+        runtime of the namespace like it whose checkpoints go to ``storage``)."""
         labels = {"kueue.x-k8s.io/queue-name": "lq"}
         if priority:
             labels["kueue.x-k8s.io/priority-class"] = priority
-        doc = job_manifest(name, 2, {"workers": {"gpusPerWorker": 2, "podTemplate": {"spec": {
-            "terminationGracePeriodSeconds": 1}}}, "runPolicy": {"backoffBaseSeconds": 0}, **spec})
+        runtime = on_namespaced_runtime(self.kube, self.namespace, f"{name}-storage", {
+            "checkpoint": {"storage": storage}}) if storage else QUICK_EXIT
+        doc = job_manifest(name, 2, {"workers": {"gpusPerWorker": 2}, "runPolicy": {"backoffBaseSeconds": 0},
+                                     **runtime, **spec})
         doc["metadata"]["labels"] = labels
         return create_job(self.kube, self.namespace, doc)
 
@@ -185,7 +190,7 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     queues.create(gpus=4, preemption=True)
     low, high = queues.priority_class("low", 100), queues.priority_class("high", 1000)
     operator()
-    queues.job("low", priority=low, checkpoint={"storage": "s3://checkpoints/low", "everySteps": 10})
+    queues.job("low", priority=low, storage="s3://checkpoints", checkpoint={"everySteps": 10})
     running = _running(kube, namespace, "low")
     generation = running["status"]["gangGeneration"]
     first_gang = {p["metadata"]["uid"] for p in _live_pods(kube, namespace, "low")}
@@ -217,7 +222,8 @@ def test_a_higher_priority_job_preempts_the_gang_which_queues_again_and_resumes(
     # path): it is told the same checkpoint location.
     config_after = kube.request("GET", kube.core_path(namespace, "configmaps", "low-config"))["data"]
     before, after = (yaml.safe_load(c[CONFIG_KEY]) for c in (config_before, config_after))
-    assert after["checkpoint"] == before["checkpoint"] and after["checkpoint"]["storage"] == "s3://checkpoints/low"
+    assert after["checkpoint"] == before["checkpoint"]
+    assert after["checkpoint"]["storage"] == f"s3://checkpoints/{namespace}/low"
 
 
 def test_operator_restart_while_queued_duplicates_nothing_and_suspend_releases_quota(

@@ -17,12 +17,15 @@ import pytest
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.support.operator import (
+    TEST_IMAGE,
     annotate_pod,
+    apply_runtime,
     create_job,
     get_job,
     job_manifest,
     job_pods,
     patch_spec,
+    runtime_manifest,
     token_for,
     wait_for_events,
     wait_phase,
@@ -227,8 +230,47 @@ def test_a_spec_only_the_trainer_models_reject_fails_until_fixed(kube, namespace
 
 def test_a_pod_the_api_server_refuses_fails_the_job_with_its_reason(kube, namespace, operator) -> None:
     operator()
+    apply_runtime(kube, runtime_manifest("bad-volume", {"podTemplate": {"spec": {"volumes": [
+        {"name": "Not_A_DNS_Label", "emptyDir": {}}]}}}, kind="RLTrainingRuntime", namespace=namespace))
     create_job(kube, namespace, job_manifest("vol", replicas=2, spec={
-        "workers": {"volumes": [{"name": "Not_A_DNS_Label", "emptyDir": {}}]}}))
+        "runtimeRef": {"kind": "RLTrainingRuntime", "name": "bad-volume"}}))
     job = wait_phase(kube, namespace, "vol", "Failed", reason="InvalidPodSpec")
     assert "spec.volumes" in job["status"]["message"]
     wait_for(lambda: not job_pods(kube, namespace, "vol"), 30, message="no pods left")
+
+
+def test_a_job_waits_for_the_runtime_it_names_and_runs_on_it_once_applied(kube, namespace, operator) -> None:
+    """GitOps may apply a job before its runtime: the job waits, Pending RuntimeNotFound saying what to create,
+    and runs as soon as the runtime exists, with the runtime's image and pod shape."""
+    operator()
+    create_job(kube, namespace, job_manifest("later", replicas=2, spec={
+        "runtimeRef": {"kind": "RLTrainingRuntime", "name": "team"}}))
+    job = wait_phase(kube, namespace, "later", "Pending", reason="RuntimeNotFound")
+    assert job["status"]["message"] == ("spec.runtimeRef: RLTrainingRuntime 'team' does not exist in namespace "
+                                        f"{namespace}: create it, or name another")
+    wait_for_events(kube, namespace, "later", "RuntimeNotFound")
+    assert job_pods(kube, namespace, "later") == []
+    apply_runtime(kube, runtime_manifest("team", {
+        "imagePullPolicy": "IfNotPresent", "podTemplate": {"metadata": {"labels": {"team": "a"}}},
+        "limits": {"cpuPerWorker": {"default": "250m"}, "terminationGracePeriodSeconds": {"default": 30}},
+        "checkpoint": {"storage": "s3://ckpt/rljob"}}, kind="RLTrainingRuntime", namespace=namespace))
+    wait_phase(kube, namespace, "later", "Running", timeout=60)
+    for pod in job_pods(kube, namespace, "later"):
+        container = pod["spec"]["containers"][0]
+        assert (container["image"], container["imagePullPolicy"]) == (TEST_IMAGE, "IfNotPresent")
+        assert container["resources"]["requests"]["cpu"] == "250m" and pod["metadata"]["labels"]["team"] == "a"
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 30
+    config = kube.request("GET", kube.core_path(namespace, "configmaps", "later-config"))["data"]["trainer.yaml"]
+    assert f"storage: s3://ckpt/rljob/{namespace}/later" in config  # the job's own path on the runtime's storage
+
+
+def test_a_job_refused_by_its_runtimes_bounds_names_the_field_and_the_bound(kube, namespace, operator) -> None:
+    operator()
+    apply_runtime(kube, runtime_manifest("small", {"limits": {"gpusPerWorker": {"max": 1}}},
+                                         kind="RLTrainingRuntime", namespace=namespace))
+    create_job(kube, namespace, job_manifest("big", replicas=1, spec={
+        "runtimeRef": {"kind": "RLTrainingRuntime", "name": "small"}, "workers": {"gpusPerWorker": 2}}))
+    job = wait_phase(kube, namespace, "big", "Failed", reason="PolicyViolation")
+    assert job["status"]["message"] == (f"spec.workers.gpusPerWorker: 2 GPUs per worker (runtime RLTrainingRuntime/"
+                                        f"{namespace}/small allows at most 1)")
+    assert job_pods(kube, namespace, "big") == []

@@ -26,6 +26,7 @@ from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import PROMETHEUS, helm_template, kustomize_build
 from tests.support.operator import (
+    QUICK_EXIT,
     annotate_pod,
     create_job,
     events_for,
@@ -191,8 +192,7 @@ def test_children_deleted_under_a_running_gang_are_made_again_for_the_next_gener
     """The operator checks a job's ConfigMap, Service and NetworkPolicy once per gang generation
     (looking them up first once they were made): a restarted gang never starts without them."""
     operator(env=NETWORK_ENV)
-    quick = {"workers": {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
-             "runPolicy": {"backoffBaseSeconds": 0}}
+    quick = {**QUICK_EXIT, "runPolicy": {"backoffBaseSeconds": 0}}
     create_job(kube, namespace, job_manifest("again", replicas=2, spec=quick))
     uid = wait_gang(kube, namespace, "again", 0)["metadata"]["uid"]
     children = [("ConfigMap", str(kube.core_path(namespace, "configmaps", "again-config"))),

@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import create_job, events_for, get_job, job_manifest, job_pods
+from tests.support.operator import (
+    QUICK_EXIT,
+    create_job,
+    events_for,
+    get_job,
+    job_manifest,
+    job_pods,
+    on_namespaced_runtime,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -43,12 +51,14 @@ def _pool_nodes(kube: Any, fake_gpu_nodes: Any, pool: str, count: int) -> list[s
     return names
 
 
-def _spec(pool: str, **autoscaling: Any) -> dict[str, Any]:
+def _spec(kube: Any, namespace: str, pool: str, **autoscaling: Any) -> dict[str, Any]:
+    """An elastic job on the test's pool of nodes (an RLTrainingRuntime of its namespace places it there)."""
     return {
-        "workers": {"minReplicas": 2, "maxReplicas": 4, "nodeSelector": {"rljob.dev/test-pool": pool},
-                    "tolerations": [{"key": "rljob.dev/test-pool", "operator": "Equal", "value": pool,
-                                     "effect": "NoSchedule"}],
-                    "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}},
+        **on_namespaced_runtime(kube, namespace, "pool", {"podTemplate": {"spec": {
+            "nodeSelector": {"rljob.dev/test-pool": pool},
+            "tolerations": [{"key": "rljob.dev/test-pool", "operator": "Equal", "value": pool, "effect": "NoSchedule"}],
+        }}}),
+        "workers": {"minReplicas": 2, "maxReplicas": 4},
         "training": BATCH,
         "autoscaling": autoscaling,
         "runPolicy": {"checkIntervalSeconds": 1, "backoffBaseSeconds": 0},
@@ -92,7 +102,7 @@ def test_capacity_grows_with_nodes_shrinks_when_they_go_waits_below_min_and_resu
     pool = f"pool-{uuid.uuid4().hex[:8]}"
     first = _pool_nodes(kube, fake_gpu_nodes, pool, 2)
     operator(env=FAST)
-    create_job(kube, namespace, job_manifest("elastic", 2, _spec(pool, policy="Capacity", cooldownSeconds=6,
+    create_job(kube, namespace, job_manifest("elastic", 2, _spec(kube, namespace, pool, policy="Capacity", cooldownSeconds=6,
                                                                   schedulingTimeoutSeconds=5)))
     job = _running_at(kube, namespace, "elastic", 2)
     batches = [_global_batch(kube, namespace, "elastic")]
@@ -142,8 +152,7 @@ def test_capacity_grows_with_nodes_shrinks_when_they_go_waits_below_min_and_resu
 
 def test_kubectl_scale_is_clamped_to_the_bounds_and_resizes_the_gang(kube, namespace, operator) -> None:
     operator()
-    spec = {"workers": {"minReplicas": 1, "maxReplicas": 3,
-                        "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}}, "training": BATCH}
+    spec = {**QUICK_EXIT, "workers": {"minReplicas": 1, "maxReplicas": 3}, "training": BATCH}
     create_job(kube, namespace, job_manifest("manual", 2, spec))
     _running_at(kube, namespace, "manual", 2)
     scale = kube.job_path(namespace, "manual", "scale")

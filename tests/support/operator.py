@@ -54,6 +54,11 @@ TEST_IMAGE = "registry.invalid/rljob-trainer:test"
 #: The default ClusterRLTrainingRuntime of the tests' control plane (``crd_installed``): what every job ran with
 #: before runtimes (the tests' image, nvidia.com/gpu, no bounds, checkpoints in the pods).
 TEST_RUNTIME = "rljob-tests"
+#: A ClusterRLTrainingRuntime of the tests' control plane whose pods go within a second once deleted (kwok confirms
+#: at once: a 1 s grace period spares tests the default's wait); ``QUICK_EXIT`` runs a job on it.
+QUICK_RUNTIME = "rljob-tests-quick"
+QUICK = {"podTemplate": {"spec": {"terminationGracePeriodSeconds": 1}}}
+QUICK_EXIT: dict[str, Any] = {"runtimeRef": {"name": QUICK_RUNTIME}}
 
 
 def runtime_manifest(name: str = TEST_RUNTIME, spec: dict[str, Any] | None = None, *,
@@ -294,6 +299,15 @@ def apply_runtime(kube: Any, doc: dict[str, Any]) -> dict[str, Any]:
     return kube.request("PUT", f"{base}/{doc['metadata']['name']}", doc)  # type: ignore[no-any-return]
 
 
+def on_namespaced_runtime(kube: Any, namespace: str, name: str, spec: dict[str, Any],
+                          quick: bool = True) -> dict[str, Any]:
+    """A job spec patch running the job on a new RLTrainingRuntime ``name`` of ``namespace``: the tests' runtime with
+    ``spec`` merged over it (and, ``quick``, the 1 s grace period of ``QUICK_RUNTIME``)."""
+    apply_runtime(kube, runtime_manifest(name, deep_update(QUICK, spec) if quick else spec, kind="RLTrainingRuntime",
+                                         namespace=namespace))
+    return {"runtimeRef": {"kind": "RLTrainingRuntime", "name": name}}
+
+
 @pytest.fixture(scope="session")
 def runtime_crds(kube: Any) -> None:
     """The generated ClusterRLTrainingRuntime and RLTrainingRuntime CRDs, created (or replaced) and Established."""
@@ -312,6 +326,7 @@ def crd_installed(kube: Any, runtime_crds: None) -> dict[str, Any]:
 
     crd = install_crd(kube, crd_manifest(), "rltrainingjobs")
     apply_runtime(kube, runtime_manifest(default=True))
+    apply_runtime(kube, runtime_manifest(QUICK_RUNTIME, QUICK))
     time.sleep(1)  # discovery catches up
     return crd
 
