@@ -79,15 +79,15 @@ REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
 
 
 def _sourced(*names: str) -> dict[str, Any]:
-    """A job spec patch: one custom reward per ConfigMap of ``names`` (module ``m_<name>``)."""
-    return {"training": {"rewards": [{"name": f"m_{n}:score", "source": {"configMap": {"name": n, "key": "r.py"}}}
-                                     for n in names]}}
+    """A job spec patch: one custom reward per ConfigMap of ``names`` (module ``m_<name>``, a Python name)."""
+    return {"training": {"rewards": [{"name": f"m_{n.replace('-', '_')}:score",
+                                      "source": {"configMap": {"name": n, "key": "r.py"}}} for n in names]}}
 
 
 #: (case, patch of the quickstart's spec, the field the refusal names, kind, the name granted): what a job names.
 JOB_CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("reward-configmap", _sourced("team-rewards"),
-     "spec.training.rewards[name=m_team-rewards:score].source.configMap.name", "ConfigMap", "team-rewards"),
+     "spec.training.rewards[name=m_team_rewards:score].source.configMap.name", "ConfigMap", "team-rewards"),
 ]
 
 # ----------------------------------------------------------------------------- plumbing
@@ -389,7 +389,7 @@ def test_changing_the_spec_of_a_runtime_someone_else_wrote_needs_the_same_rights
     changed = deep_update(admins, {"spec": {"image": "registry.invalid/mine:latest"}})
     result = _apply(control_plane, runtime_writer, namespace, changed)
     assert result.returncode != 0
-    assert 'names ConfigMap "admin-rewards"' in result.stderr, result.stderr
+    assert 'spec.checkpoint.credentialsSecret names Secret "s3-keys"' in result.stderr, result.stderr
 
     user = client.ApiClient(_client_configuration(runtime_writer))
     path = f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rltrainingruntimes/admins"
@@ -398,7 +398,7 @@ def test_changing_the_spec_of_a_runtime_someone_else_wrote_needs_the_same_rights
         as_user.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
                         content_type="application/merge-patch+json")
         with pytest.raises(ApiException) as refused:
-            as_user.request("PATCH", path, {"spec": {"training": {"learningRate": 0.5}}},
+            as_user.request("PATCH", path, {"spec": {"image": "registry.invalid/mine:latest"}},
                             content_type="application/merge-patch+json")
         assert refused.value.status == 403
     finally:
