@@ -718,6 +718,11 @@ class RLTrainingJobStatus(StatusModel):
     gang_start_time: str | None = Field(None, description="When the current gang's pods were created.")
     oom_recovery: OomRecovery | None = Field(None, description="Reduced batch shape after out-of-memory failures.")
     scaling: ScalingStatus | None = Field(None, description="Worker count in use and the last resize.")
+    queue: str | None = Field(
+        None, description="The queue an admission gate holds the job to (Kueue: the LocalQueue of its label "
+        "kueue.x-k8s.io/queue-name), remembered: a job once queued runs only through that queue, even if the label "
+        "is removed."
+    )
 
     @field_validator("phase", mode="after")
     @classmethod

@@ -1,4 +1,5 @@
-"""The reference checks of the admission policies, as CEL, generated from :mod:`rljob_contract.references`.
+"""The reference checks of the admission policies, as CEL, generated from :mod:`rljob_contract.references`;
+and whether the policies this operator relies on are in force (:func:`enforcement_problems`).
 
 ``charts/rljob/hack/gen_admission.py`` writes :func:`validations_yaml` into the chart's and the
 kustomize base's job policy (between its ``BEGIN``/``END generated`` lines) and
@@ -13,6 +14,8 @@ and its refusal lists that field's references. Each policy defines the variables
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic.alias_generators import to_snake
 from rljob_contract.references import (
@@ -156,20 +159,31 @@ def _item_yaml(item: dict[str, str]) -> list[str]:
     return out
 
 
-def _generated(begin: str, end: str, table: tuple[Reference, ...], prefix: str, holder: str,
-               first: tuple[dict[str, str], ...] = ()) -> str:
-    """Lines ``begin`` to ``end``: the end of a policy's ``variables`` (``<prefix><i>`` per reference field of
-    ``table``: a list of lists of {field, name}), then its ``validations`` (``first``, then one per field)."""
+def generated_checks(runtime: bool = False) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The job policy's generated part (``runtime``: the RLTrainingRuntime policy's): its variables (name → CEL; one
+    per reference field of ``JOB_REFERENCES``, or of ``RUNTIME_REFERENCES``) and its validations (what each
+    checks → the validation)."""
+    table, holder = (RUNTIME_REFERENCES, RUNTIME_HOLDER) if runtime else (JOB_REFERENCES, JOB_HOLDER)
+    names = [f"refs{i}" for i in range(len(table))]
+    variables = {name: groups(ref) for ref, name in zip(table, names, strict=True)}
+    validations = {} if runtime else {"the arms' overrides": override_validation()}
+    validations |= {f"{ref.kind} {ref.path}": validation(ref, name, holder)
+                    for ref, name in zip(table, names, strict=True)}
+    return variables, validations
+
+
+def _generated(begin: str, end: str, runtime: bool) -> str:
+    """Lines ``begin`` to ``end``: the end of a policy's ``variables`` (``generated_checks``: a list of lists of
+    {field, name} per reference field), then its ``validations``."""
+    variables, validations = generated_checks(runtime)
+    table = RUNTIME_REFERENCES if runtime else JOB_REFERENCES
     out = [begin]
-    names = [f"{prefix}{i}" for i in range(len(table))]
-    for ref, name in zip(table, names, strict=True):
-        out += [f"    # {ref.kind}: {ref.path}", *_item_yaml({"name": name, "expression": groups(ref)})]
+    for ref, (name, expression) in zip(table, variables.items(), strict=True):
+        out += [f"    # {ref.kind}: {ref.path}", *_item_yaml({"name": name, "expression": expression})]
     out += ["  # One validation per reference field: a refusal names the field, the object and the right to ask for.",
             "  validations:"]
-    for item in first:
+    for item in validations.values():
         out += _item_yaml(item)
-    for ref, name in zip(table, names, strict=True):
-        out += _item_yaml(validation(ref, name, holder))
     out.append(end)
     text = "\n".join(out) + "\n"
     if "{{" in text:
@@ -180,11 +194,85 @@ def _generated(begin: str, end: str, table: tuple[Reference, ...], prefix: str, 
 def validations_yaml() -> str:
     """The job policy's generated part (``<release>-job-references``), between the BEGIN and END lines: its
     reference variables, the arms' rule and one validation per field of ``JOB_REFERENCES``."""
-    return _generated(BEGIN, END, JOB_REFERENCES, "refs", JOB_HOLDER, (override_validation(),))
+    return _generated(BEGIN, END, runtime=False)
 
 
 def runtime_validations_yaml() -> str:
     """The RLTrainingRuntime policy's generated part (``<release>-runtime-references``), between RUNTIME_BEGIN
     and RUNTIME_END: one variable and one validation per field of ``RUNTIME_REFERENCES``, checked against the
     runtime's writer (a namespace's admin): every job on the runtime gets what it names."""
-    return _generated(RUNTIME_BEGIN, RUNTIME_END, RUNTIME_REFERENCES, "refs", RUNTIME_HOLDER)
+    return _generated(RUNTIME_BEGIN, RUNTIME_END, runtime=True)
+
+
+# ------------------------------------------------------------- are the policies in force?
+
+#: The rule of the runtime-use policy (``<release>-runtime-use``): a job runs only on a runtime its creator may
+#: ``use`` (issue #42); without it anyone who may create a job could run it on every runtime.
+RUNTIME_USE_CHECK = ("variables.name == '' || authorizer.group('rljob.dev').resource(variables.resource)"
+                     ".namespace(request.namespace).name(variables.name).check('use').allowed()")
+#: The rule of the queues policy (``<release>-queues``) that keeps a job's queue label for good (issue #43):
+#: without it a job failed on its spec could be revived outside its queue by one patch.
+QUEUE_LABEL_KEPT = "variables.oldQueue == '' || variables.queue != ''"
+
+
+def _cel(text: str) -> str:
+    """CEL with its whitespace normalised (YAML's folded blocks join lines with single spaces)."""
+    return " ".join(text.split())
+
+
+def _binds_everything(binding: Mapping[str, Any], policy: str) -> bool:
+    """``binding`` enforces ``policy`` (validationActions Deny) on every namespace and object it matches."""
+    spec = binding.get("spec") or {}
+    if spec.get("policyName") != policy or "Deny" not in (spec.get("validationActions") or []):
+        return False
+    match = spec.get("matchResources") or {}
+    narrowed = [k for k in ("namespaceSelector", "objectSelector") if match.get(k)]
+    return not narrowed and not match.get("excludeResourceRules") and not match.get("resourceRules")
+
+
+def enforcement_problems(policies: Mapping[str, Mapping[str, Any] | None],
+                         bindings: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why the admission policies named in ``policies`` (name → the object as stored, None: absent), with the
+    cluster's ``bindings``, do not enforce what this operator relies on; empty: they do.
+
+    The operator builds a job's pods with its own rights, so without them any job creator could run on every
+    runtime, a namespace's admins hand every Secret, ConfigMap, PersistentVolumeClaim and ServiceAccount of the
+    namespace to its jobs, or anyone remove a queued job's queue label: each named policy must exist, fail
+    closed, and be bound with ``Deny`` over every namespace; together they must hold this operator's reference
+    checks (``generated_checks``, of jobs and of runtimes: a policy older than the operator misses a field), the
+    runtime-use rule (``RUNTIME_USE_CHECK``) and the queue rule (``QUEUE_LABEL_KEPT``).
+    """
+    if not policies:
+        return ["no admission policy is named (setting admission_policies): name the chart's or manifests/base's"]
+    problems = []
+    for name, policy in policies.items():
+        if policy is None:
+            problems.append(f"ValidatingAdmissionPolicy {name}: not found")
+            continue
+        failure = (policy.get("spec") or {}).get("failurePolicy") or "Fail"
+        if failure != "Fail":
+            problems.append(f"ValidatingAdmissionPolicy {name}: failurePolicy {failure} lets a job through when its "
+                            "checks cannot be evaluated; set Fail")
+        if not any(_binds_everything(b, name) for b in bindings):
+            problems.append(f"ValidatingAdmissionPolicy {name}: no ValidatingAdmissionPolicyBinding enforces it "
+                            "(validationActions [Deny], no matchResources narrowing it)")
+    held_variables = {(v.get("name"), _cel(v.get("expression") or "")) for p in policies.values() if p
+                      for v in (p.get("spec") or {}).get("variables") or []}
+    held = {_cel(v.get("expression") or "") for p in policies.values() if p
+            for v in (p.get("spec") or {}).get("validations") or []}
+    missing = []
+    for runtime in (False, True):
+        variables, validations = generated_checks(runtime)
+        missing += [f"variable {name}" for name, cel in variables.items() if (name, _cel(cel)) not in held_variables]
+        missing += [what for what, v in validations.items() if _cel(v["expression"]) not in held]
+    if missing and any(policies.values()):
+        problems.append(f"the policies {', '.join(policies)} lack {len(missing)} of this operator's reference checks "
+                        f"(first: {missing[0]}): they are not of this operator's version; apply the policies of its "
+                        "version (the chart's, or manifests/base/admission-policies.yaml)")
+    if any(policies.values()) and _cel(QUEUE_LABEL_KEPT) not in held:
+        problems.append("none of the policies keeps a queued job's queue label (the rule "
+                        f"{QUEUE_LABEL_KEPT!r} of the chart's <release>-queues policy)")
+    if any(policies.values()) and _cel(RUNTIME_USE_CHECK) not in held:
+        problems.append("none of the policies asks for `use` of a job's runtime (the rule "
+                        f"{RUNTIME_USE_CHECK!r} of the chart's <release>-runtime-use policy)")
+    return problems

@@ -235,6 +235,34 @@ class OperatorSettings:
         "its Workload (docs/guides/kueue.md). Needs Kueue's API; where it is not served, labelled "
         "jobs wait with reason KueueUnavailable. False: the label is ignored and such jobs run at once.",
         chart="kueue.enabled")
+    require_queue: bool = setting(
+        False, help="Every job runs through a Kueue LocalQueue: a job that names none (label "
+        "``kueue.x-k8s.io/queue-name``) waits, phase Queued, reason QueueRequired, and a running one is stopped, "
+        "until it is labelled. The operator's own check, whatever the admission policies say (the chart's "
+        "``<release>-queues`` policy refuses such a job at ``kubectl apply`` with the same value). A job once queued "
+        "runs only through its queue in any case (``status.queue``). Needs ``kueue``.", chart="kueue.requireQueue")
+    admission_policies: list[str] = setting(
+        factory=lambda: ["rljob-job-references", "rljob-queues", "rljob-runtime-use", "rljob-runtime-references"],
+        help="ValidatingAdmissionPolicies (comma-separated names) that must be in force, each bound with "
+        "validationActions Deny: they refuse a job naming an object its creator may not use or running on a "
+        "runtime its creator may not use, an RLTrainingRuntime naming a Secret, ConfigMap, PersistentVolumeClaim "
+        "or ServiceAccount its writer may not use, and a queued job's loss of its queue label, which the operator "
+        "cannot check itself (it never sees who wrote a job). Missing or not of this version: the operator refuses "
+        "to start (exit 2); gone later: /readyz answers 503 and reconciles pause until they are back "
+        "(docs/security-policies.md). Needs get on validatingadmissionpolicies and list on their bindings.",
+        chart=BY_CHART,
+        shown_default="rljob-job-references,rljob-queues,rljob-runtime-use,rljob-runtime-references")
+    without_admission_policies: bool = setting(
+        False, help="Run with no admission policy checked. Any job creator can then name every Secret, ConfigMap, "
+        "PersistentVolumeClaim and ServiceAccount of their namespace through the operator, and take a queued job "
+        "out of its queue: only for a cluster that enforces the same rules another way (Kyverno, Gatekeeper) or a "
+        "throwaway one. Logged as an ERROR at start; rljob_operator_admission_policies_in_force stays 0.",
+        flag=Flag("--without-admission-policies", "run although no admission policy checks what job creators "
+                  "name (only where the same rules are enforced another way; see docs/security-policies.md)"),
+        chart="admissionPolicies.acknowledgeDisabled")
+    admission_recheck_seconds: float = setting(
+        30.0, help="How often every replica asks again whether the admission policies are in force (its "
+        "readiness; the leader pauses while they are not).")
     log_level: str = setting(
         "INFO", help="Log level: DEBUG, INFO, WARNING or ERROR.",
         flag=Flag("--log-level", "DEBUG, INFO, WARNING (default INFO)"), chart="operator.logLevel")
@@ -276,6 +304,12 @@ class OperatorSettings:
             check_cidrs(getattr(self, name), env_name(name))
         check_ports(self.trainer_egress_ports, env_name("trainer_egress_ports"))
 
+    def check_queue(self) -> None:
+        """Raise ValueError when a queue is required but Kueue's label is ignored: no job could run."""
+        if self.require_queue and not self.kueue:
+            raise ValueError(f"{env_name('require_queue')}=true needs {env_name('kueue')}=true: with Kueue's label "
+                             "ignored no job could ever be queued")
+
     def egress(self) -> Egress | None:
         """Where every job's pods may connect to (None: anywhere; its NetworkPolicy restricts ingress only)."""
         if not self.trainer_egress:
@@ -309,6 +343,7 @@ class OperatorSettings:
             )
         settings = cls(**values)
         settings.check_network()
+        settings.check_queue()
         if settings.tls_secret is None and in_cluster and not settings.tls_cert_file:
             settings.tls_secret = f"{settings.operator_namespace}/{settings.service_name}-tls"
         return settings

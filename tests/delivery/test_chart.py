@@ -727,6 +727,10 @@ RUNTIME_RULES = [{"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingru
                  {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
+ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
+                    "resourceNames": ["rljob-job-references", "rljob-queues"], "verbs": ["get"]},
+                   {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
+                    "verbs": ["list"]}]
 
 
 def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly() -> None:
@@ -741,9 +745,11 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
     # Runtimes and the namespaces' labels, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-runtimes")] == RUNTIME_RULES
+    # Are the admission policies in force? Its own four policies by name, and the bindings (issue #43 point 6).
+    assert rbac[("ClusterRole", "", "rljob-operator-admission")] == ADMISSION_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
                          ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),
-                         ("ClusterRole", "", "rljob-operator-runtimes"),
+                         ("ClusterRole", "", "rljob-operator-runtimes"), ("ClusterRole", "", "rljob-operator-admission"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
                          ("Role", "rljob-system", "rljob-operator-tls")}
     without = operator_rbac(helm_template("--set", "rbac.capacityAutoscaling=false"))
@@ -758,8 +764,9 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     rbac = operator_rbac(docs)
     assert rbac[("Role", "ml-a", "rljob-operator")] == rbac[("Role", "ml-b", "rljob-operator")] == JOB_RULES
     cluster_roles = {k for k in rbac if k[0] == "ClusterRole"}
-    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-capacity"),
-                             ("ClusterRole", "", "rljob-operator-kueue"), ("ClusterRole", "", "rljob-operator-runtimes")}
+    assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-runtimes"),
+                             ("ClusterRole", "", "rljob-operator-capacity"),
+                             ("ClusterRole", "", "rljob-operator-kueue"), ("ClusterRole", "", "rljob-operator-admission")}
     assert rbac[("ClusterRole", "", "rljob-operator-runtimes")] == RUNTIME_RULES
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]

@@ -38,6 +38,7 @@ CHART_DEFAULT_DIFFERS = {
 }
 #: Chart values that a changed value needs beside it, and values whose new form the type cannot give.
 COMPANIONS = {"leaderElection.enabled": {"replicaCount": 1},
+              "admissionPolicies.acknowledgeDisabled": {"admissionPolicies.enabled": False},
               "podProfile.allowedServiceAccounts": {"trainerServiceAccount": {"create": False}},
               # The chart refuses runtimes whose image the profile would refuse.
               "podProfile.allowedImages": {"runtimes.image.repository": "registry.example.com/rljob-trainer"}}

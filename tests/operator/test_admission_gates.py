@@ -64,7 +64,7 @@ class ApprovalClient:
     name = APPROVAL_GATE.name
     applied: list[tuple[str, Any, str]] = []
 
-    def __init__(self, kube: Kube, watched: bool) -> None:
+    def __init__(self, kube: Kube, watched: bool, settings: OperatorSettings | None) -> None:
         self.unwatched_requeue = None if watched else 7.0
 
     def observe(self, job: RLTrainingJob, uid: str, worker: Any = None) -> Gated[str | None] | None:
@@ -102,7 +102,7 @@ def make(annotation: str | None = None, status: dict[str, Any] | None = None) ->
 
 def gates_for(job: RLTrainingJob) -> tuple[Gated[Any], ...]:
     """What the operator does: the settings' gates from the registry, each client observing the job."""
-    clients = [i.client(None, False) for i in registry.enabled(OperatorSettings(kueue=False))]  # type: ignore[arg-type]
+    clients = [i.client(None, False, None) for i in registry.enabled(OperatorSettings(kueue=False))]  # type: ignore[arg-type]
     return tuple(g for g in (c.observe(job, UID) for c in clients) if g is not None)
 
 
@@ -161,7 +161,7 @@ def test_the_reconciler_observes_and_applies_a_registered_gate_with_no_change_to
     raw["metadata"]["annotations"] = {APPROVAL: "yes"}
     kube = RecordingKube(raw)
     reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
-                            gates=[APPROVAL_INTEGRATION.client(kube, True)])  # type: ignore[arg-type]
+                            gates=[APPROVAL_INTEGRATION.client(kube, True, None)])  # type: ignore[arg-type]
     try:
         reconciler.reconcile("team-a", "train")
     finally:

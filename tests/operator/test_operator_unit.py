@@ -451,14 +451,26 @@ def test_a_running_job_that_loses_readiness_stays_running_but_not_ready() -> Non
     assert [e.reason for e in plan.events] == ["EphemeralCheckpoints"]
 
 
-def test_worker_zero_exiting_0_means_succeeded() -> None:
+def test_worker_zero_exiting_0_means_succeeded_and_the_rest_of_the_gang_is_deleted() -> None:
     job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
     early = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0)), NOW)
     assert early.status["phase"] == "Running"
     done = plan_reconcile(job, observe(job, pod_json(job, 0, "Succeeded", False, exit_code=0), pod_json(job, 1)), NOW)
     assert done.status["phase"] == "Succeeded" and done.status["completionTime"] == rfc3339(NOW)
-    assert done.delete_pods == [] and done.create_pods == []
+    # Worker 1 outlived worker 0 (its code sleeps, say): it would keep its GPUs. Deleted, and looked after.
+    assert done.delete_pods == ["train-worker-1"] and done.create_pods == []
+    assert done.requeue_after is not None
     assert next(c for c in done.status["conditions"] if c["type"] == "Succeeded")["status"] == "True"
+    # The next reconcile (the finished step) deletes whatever still runs, orphans with the job's label too.
+    succeeded = make_job(status={"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW)})
+    orphan = pod_json(succeeded, 2)
+    orphan["metadata"]["ownerReferences"] = []
+    later = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0),
+                                              pod_json(succeeded, 1), orphan), NOW)
+    assert later.status["phase"] == "Succeeded" and sorted(later.delete_pods) == ["train-worker-1", "train-worker-2"]
+    finished = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0)),
+                              NOW)
+    assert finished.delete_pods == [] and finished.requeue_after is None
 
 
 def test_a_permanent_exit_fails_the_job_with_the_termination_message() -> None:
@@ -552,6 +564,17 @@ def test_ttl_deletes_a_finished_job_when_due() -> None:
     assert not plan_reconcile(make_job(status=status), [], NOW + timedelta(days=9)).delete_job
 
 
+def test_ttl_deletes_a_finished_job_only_once_its_pods_are_gone() -> None:
+    """Deleting the job would let the garbage collector take its Kueue Workload (its quota) while a pod runs."""
+    status = {"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW), "startTime": rfc3339(NOW)}
+    job = make_job(spec={"runPolicy": {"ttlSecondsAfterFinished": 30}}, status=status)
+    terminating = observe(job, pod_json(job, 1, deleting=True))
+    due = plan_reconcile(job, terminating, NOW + timedelta(seconds=30))
+    assert not due.delete_job and due.requeue_after is not None
+    exited = observe(job, pod_json(job, 1, "Succeeded", False, exit_code=0))
+    assert plan_reconcile(job, exited, NOW + timedelta(seconds=30)).delete_job
+
+
 def test_a_finished_job_creates_nothing() -> None:
     job = make_job(status={"phase": "Failed", "reason": "PermanentError", "completionTime": rfc3339(NOW)})
     plan = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Failed", False, exit_code=78)), NOW)
@@ -581,6 +604,22 @@ def test_an_invalid_spec_fails_until_it_is_edited() -> None:
     assert again.events == []
     fixed = make_job(status={**plan.status, "observedGeneration": 3}, generation=4)
     assert len(plan_reconcile(fixed, [], NOW).create_pods) == 2
+
+
+def test_a_running_job_edited_into_an_invalid_spec_stops_its_pods() -> None:
+    """An edit the CRD lets through and the models refuse fails the job (InvalidSpec): a finished job keeps no
+    pod running, whichever way it ended; a stuck one is force-deleted in its time."""
+    job = make_job()
+    raw = {"metadata": {"name": "train", "generation": 3, "uid": UID}, "status": {"phase": "Running"}}
+    pods = observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0))
+    plan = plan_invalid(raw, ["spec.training.trl: bad"], NOW, pods)
+    assert plan.status["phase"] == "Failed" and plan.delete_pods == ["train-worker-0"]
+    assert plan.requeue_after is not None
+    stuck = observe(job, pod_json(job, 0, deleting=True))
+    later = plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW + timedelta(seconds=60),
+                         stuck, force_delete_after=60)
+    assert later.force_delete_pods == ["train-worker-0"] and later.delete_pods == []
+    assert plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW).requeue_after is None
 
 
 def test_conditions_keep_their_transition_time_until_they_flip() -> None:
@@ -652,7 +691,8 @@ def test_a_job_and_an_experiment_of_one_name_are_two_keys_and_each_reaches_its_o
     async def scenario() -> None:
         queue, _, threads = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
                                                 SimpleNamespace(configuration=None),
-                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+                                                SimpleNamespace(), None, None,
+                                                SimpleNamespace(in_force=True))  # type: ignore[arg-type]
         try:
             queue.add(JobKey("a", "x"))
             queue.add(ExperimentKey("a", "x"))
@@ -666,6 +706,35 @@ def test_a_job_and_an_experiment_of_one_name_are_two_keys_and_each_reaches_its_o
 
     asyncio.run(scenario())
     assert sorted(ran) == [("exp", "a", "x"), ("job", "a", "x")]
+
+
+def test_no_reconcile_runs_while_the_admission_policies_are_not_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #43 point 6: a job written while the policies were gone was not checked; nothing is built for it
+    (nor for anyone) until they are back, and then every job queued meanwhile is reconciled."""
+    ran: list[str] = []
+    monkeypatch.setattr(runner.Reconciler, "reconcile", lambda self, ns, name: ran.append(name))
+    monkeypatch.setattr(runner, "PAUSED_REQUEUE_SECONDS", 0.05)
+    policies = SimpleNamespace(in_force=False)
+
+    async def scenario() -> list[str]:
+        queue, _, threads = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
+                                                SimpleNamespace(configuration=None), SimpleNamespace(), None, None,
+                                                policies)  # type: ignore[arg-type]
+        try:
+            queue.add(JobKey("a", "x"))
+            await asyncio.sleep(0.3)
+            paused = list(ran)
+            policies.in_force = True
+            for _ in range(100):
+                if ran:
+                    break
+                await asyncio.sleep(0.02)
+            return paused
+        finally:
+            await queue.stop()
+            threads.shutdown(wait=False)
+
+    assert asyncio.run(scenario()) == [] and ran == ["x"]
 
 
 def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_executor(
@@ -689,7 +758,8 @@ def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_exe
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
         queue, _, threads = runner._reconciling(settings, SimpleNamespace(configuration=None),
-                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+                                                SimpleNamespace(), None, None,
+                                                SimpleNamespace(in_force=True))  # type: ignore[arg-type]
         try:
             for i in range(workers):
                 queue.add(JobKey("team-a", f"job-{i}"))

@@ -47,6 +47,10 @@ FAST_ENV = {
     # The tests' trainer image (kwok never pulls it); every other setting of the pod profile is the default.
     "RLJOB_OPERATOR_ALLOWED_IMAGES": "registry.invalid/rljob-trainer:*",
 }
+#: The test control plane has no admission policies but where a test installs them (they are cluster-wide):
+#: an operator process run by a test says it runs without them, as a developer's must (docs/security-policies.md).
+#: Not in FAST_ENV: the chart's install test runs the operator with the chart's settings, policies checked.
+WITHOUT_POLICIES_ENV = {"RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES": "true"}
 
 
 #: The tests' trainer image (kwok never pulls it).
@@ -361,7 +365,7 @@ class OperatorProcess:
             "--identity", self.identity,
             "--leader-elect" if leader_elect else "--no-leader-elect",
         ]
-        self.env = {**os.environ, **FAST_ENV, **(env or {})}
+        self.env = {**os.environ, **FAST_ENV, **WITHOUT_POLICIES_ENV, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -26,6 +26,25 @@ Names. Every define is prefixed "rljob." (the chart's name), as cert-manager's c
 {{- printf "%s-operator" (include "rljob.fullname" .) | trunc 52 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The admission policies (templates/admission-policies.yaml), which the operator checks are in force. */}}
+{{- define "rljob.referencesPolicyName" -}}
+{{- printf "%s-job-references" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "rljob.queuesPolicyName" -}}
+{{- printf "%s-queues" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "rljob.runtimeUsePolicyName" -}}
+{{- printf "%s-runtime-use" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "rljob.runtimeReferencesPolicyName" -}}
+{{- printf "%s-runtime-references" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{/* Every admission policy of the chart, as a JSON list. */}}
+{{- define "rljob.admissionPolicyNames" -}}
+{{- list (include "rljob.referencesPolicyName" .) (include "rljob.queuesPolicyName" .)
+      (include "rljob.runtimeUsePolicyName" .) (include "rljob.runtimeReferencesPolicyName" .) | toJson }}
+{{- end }}
+
 {{- define "rljob.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

@@ -180,9 +180,11 @@ class Reconciler:
         try:
             job = parse_job(raw, f"{namespace}/{name}")
         except ManifestError as e:
-            plan = plan_invalid(raw, e.problems, now)
-            self._apply(raw, plan, now)
-            return None
+            cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
+            pods = cached if cached is not None else self._list_pods(namespace, name)
+            plan = plan_invalid(raw, e.problems, now, self._observe(pods, raw["metadata"]["uid"]),
+                                self.force_delete_after)
+            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
         found = self._runtime(job)
         if found is None:
             return RUNTIMES_UNSYNCED_RETRY_SECONDS

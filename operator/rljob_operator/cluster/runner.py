@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from rljob_operator import metrics
+from rljob_operator.cluster.admission import PAUSED_REQUEUE_SECONDS, AdmissionPolicies
 from rljob_operator.cluster.experiments import ExperimentReconciler
 from rljob_operator.cluster.experiments import register as register_experiments
 from rljob_operator.cluster.handlers import JobWatch, check_handlers, kopf_settings
@@ -75,8 +76,9 @@ async def _serve(app: web.Application, host: str, port: int, ssl_context: object
     return runner
 
 
-#: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing):
-#: no retry helps. (Not a trainer exit code: those live in rljob_contract.pod.)
+#: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing,
+#: the admission policies are not in force): no retry helps. (Not a trainer exit code: those live in
+#: rljob_contract.pod.)
 UNWORKABLE_SETTING_STATUS = 2
 
 
@@ -86,9 +88,13 @@ async def operate(s: OperatorSettings) -> int:
     # thread and the status API's reviews.
     api_client = load_api_client(s.kubeconfig, max(64, (1 + REQUEST_THREADS_PER_WORKER) * s.workers + 16))
     kube = Kube(api_client)
+    policies = AdmissionPolicies(kube, s.admission_policies, s.without_admission_policies)
+    if not await policies.at_start():
+        return UNWORKABLE_SETTING_STATUS
     stopping = asyncio.Event()
     _install_signals(stopping)
-    endpoint, runners = await _serve_endpoints(s, kube)
+    endpoint, runners = await _serve_endpoints(s, kube, policies)
+    checking = asyncio.create_task(policies.keep_checking(s.admission_recheck_seconds))
     # Before the Lease: a standby pays this while it waits, a leader before its first reconcile.
     await asyncio.to_thread(podschema.load_models)
     try:
@@ -101,11 +107,12 @@ async def operate(s: OperatorSettings) -> int:
         else:
             log.info("leader election off: this replica reconciles alone (run one; --leader-elect for standbys)")
             metrics.LEADER.set(1)
-        return await _lead(s, api_client, kube, endpoint, elector, stopping)
+        return await _lead(s, api_client, kube, endpoint, elector, stopping, policies)
     except LeaseNamespaceMissing as e:
         log.error("%s", e)
         return UNWORKABLE_SETTING_STATUS
     finally:
+        checking.cancel()
         await _cleanup(runners)
 
 
@@ -115,8 +122,10 @@ def _install_signals(stopping: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stopping.set)
 
 
-async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpoint, list[web.AppRunner]]:
-    """Start the status API (HTTPS) and the metrics/health server; every replica serves both."""
+async def _serve_endpoints(s: OperatorSettings, kube: Kube,
+                          policies: AdmissionPolicies) -> tuple[StatusEndpoint, list[web.AppRunner]]:
+    """Start the status API (HTTPS) and the metrics/health server; every replica serves both. Ready while
+    the admission policies are in force."""
     cert, ca_pem = await asyncio.to_thread(serving_cert, s, kube)
     endpoint = StatusEndpoint(s.effective_status_url, ca_pem, s.token_audience)
     limits = StatusLimits(s.status_max_in_flight, s.status_rate_per_client, s.status_burst_per_client,
@@ -125,7 +134,7 @@ async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpo
     status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds, limits)
     runners = [
         await _serve(status_api.app(), s.status_host, s.status_port, cert.ssl_context()),
-        await _serve(metrics.health_app(lambda: True), s.metrics_host, s.metrics_port),
+        await _serve(metrics.health_app(lambda: policies.in_force), s.metrics_host, s.metrics_port),
     ]
     log.info("status API on https://%s:%d (trainers use %s); metrics on :%d",
              s.status_host, s.status_port, endpoint.base_url, s.metrics_port)
@@ -165,18 +174,20 @@ def admission_gates(s: OperatorSettings, kube: Kube) -> tuple[list[GateClient], 
     for integration in registry.enabled(s):
         watch = integration.watch(kube)
         log.info("%s", integration.describe(watch is not None))
-        clients.append(integration.client(kube, watch is not None))
+        clients.append(integration.client(kube, watch is not None, s))
         watches += [watch] if watch is not None else []
     return clients, watches
 
 
 def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
-                 elector: LeaderElector | None) -> tuple[WorkQueue, JobWatch, ThreadPoolExecutor]:
+                 elector: LeaderElector | None,
+                 policies: AdmissionPolicies) -> tuple[WorkQueue, JobWatch, ThreadPoolExecutor]:
     """The work queue (started), the watch that feeds it, and the threads reconciles run in (shut
     down after the queue stops); the reconciler reads the watch's pod cache.
 
     With an elector, every reconcile and every write of the reconciler first checks that the Lease
-    is fresh (``LeaderElector.write_guard``).
+    is fresh (``LeaderElector.write_guard``). While the admission policies are not in force no
+    reconcile runs: each job is looked at again later (``cluster.admission``).
     """
     watch_ref: list[JobWatch] = []
     network = JobNetwork(tuple(s.trainer_metrics_from), s.egress()) if s.network_policy else None
@@ -202,6 +213,8 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
         reason = elector.write_guard() if elector is not None else None
         if reason is not None:  # not even the reads: the process is about to stop
             raise NotLeader(f"reconcile of {key.namespace}/{key.name} not started: {reason}")
+        if not policies.in_force:  # a job written meanwhile was not checked: build nothing for anyone
+            return PAUSED_REQUEUE_SECONDS
         loop = asyncio.get_running_loop()
         if isinstance(key, ExperimentKey):
             return await loop.run_in_executor(threads, experiments.reconcile, key.namespace, key.name)
@@ -224,11 +237,11 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
 
 
 async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
-                elector: LeaderElector | None, stopping: asyncio.Event) -> int:
+                elector: LeaderElector | None, stopping: asyncio.Event, policies: AdmissionPolicies) -> int:
     """Watch and reconcile until a signal (0), the Lease is lost or kopf stops on its own (1)."""
     import kopf
 
-    queue, watch, threads = _reconciling(s, api_client, kube, endpoint, elector)
+    queue, watch, threads = _reconciling(s, api_client, kube, endpoint, elector, policies)
     stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
     # Our tasks exist before kopf starts, so kopf does not wait for them as "hung" when it stops.
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())

@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from kubernetes.client.exceptions import ApiException
@@ -36,6 +36,9 @@ from rljob_operator.integrations.kueue.decide import (
     queue_name,
     rejected_status,
 )
+
+if TYPE_CHECKING:
+    from rljob_operator.settings import OperatorSettings
 from rljob_operator.names import LABEL_JOB
 
 log = logging.getLogger("rljob.reconciler")  # the reconciler's: these lines are part of its reconcile
@@ -135,18 +138,21 @@ class KueueClient:
 
     name = KUEUE.name
 
-    def __init__(self, kube: Kube, watched: bool) -> None:
+    def __init__(self, kube: Kube, watched: bool, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.unwatched_requeue = None if watched else UNWATCHED_QUEUE_SECONDS
         """A watch on Workloads wakes queued jobs; without one they are looked at every few seconds."""
+        self.required = settings is not None and settings.require_queue
+        """The platform requires a queue: a job naming none is held (``decide.missing_queue``)."""
         self._served: tuple[float, bool] = (float("-inf"), False)
         self._flavors: dict[str, tuple[float, Flavor | None]] = {}
 
     def observe(self, job: RLTrainingJob, uid: str,
                 worker_of: Callable[[], dict[str, Any]] | None = None) -> Gated[QueueView] | None:
-        """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued."""
+        """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued
+        (by its label or its status's memory) and the platform does not require a queue."""
         if queue_name(job) is None:
-            return None
+            return Gated(KUEUE, QueueView(required=True)) if self.required else None
         worker = worker_of() if worker_of is not None else None
         if not self.served():
             return Gated(KUEUE, QueueView(available=False))
@@ -161,7 +167,7 @@ class KueueClient:
                 flavor = self.flavor(flavor_name)
                 if flavor is not None:
                     flavors[flavor_name] = flavor
-        return Gated(KUEUE, QueueView(True, workloads, flavors, priority, problem, worker))
+        return Gated(KUEUE, QueueView(True, workloads, flavors, priority, problem, worker=worker))
 
     def _priority(self, job: RLTrainingJob) -> tuple[Priority | None, str]:
         """The WorkloadPriorityClass the job names, or why it cannot be used."""
@@ -192,8 +198,8 @@ class KueueClient:
         return flavor
 
     def recheck(self, writes: QueueWrites) -> bool:
-        """A Workload's quota given back (``cleared_admission``) relies on no pod being left."""
-        return bool(writes.status)
+        """Quota given back (a Workload finished, cleared or deleted) relies on no pod being left."""
+        return bool(writes.status or writes.delete)
 
     def apply(self, raw: dict[str, Any], writes: QueueWrites, status: dict[str, Any],
               patch_status: PatchStatus) -> None:
