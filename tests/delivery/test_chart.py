@@ -728,7 +728,8 @@ RUNTIME_RULES = [{"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingru
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
 ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
-                    "resourceNames": ["rljob-job-references", "rljob-queues"], "verbs": ["get"]},
+                    "resourceNames": ["rljob-job-references", "rljob-queues", "rljob-runtime-use",
+                                      "rljob-runtime-references"], "verbs": ["get"]},
                    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
                     "verbs": ["list"]}]
 
