@@ -661,6 +661,9 @@ def _kustomized_runtimes(overlay_docs: list[dict[str, Any]]) -> dict[str, dict[s
 
 
 def test_kustomize_ships_the_charts_runtimes_and_user_roles() -> None:
+    validated = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(MANIFESTS / "base" / "runtimes.yaml")],
+                    check=False)
+    assert validated.returncode == 0 and validated.stdout.count(": ok") == 2, validated.stdout + validated.stderr
     chart = helm_template()
     for overlay in ("cluster-wide", "single-namespace"):
         docs = kustomize_build(overlay)
