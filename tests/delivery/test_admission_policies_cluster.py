@@ -88,7 +88,6 @@ REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
 ]
 
 
-
 def _sourced(*names: str) -> dict[str, Any]:
     """A job spec patch: one custom reward per ConfigMap of ``names`` (module ``m_<name>``, a Python name)."""
     return {"training": {"rewards": [{"name": f"m_{n.replace('-', '_')}:score",
@@ -284,6 +283,26 @@ def test_a_reference_the_job_creator_could_not_use_is_refused_naming_the_field(
     _grant(control_plane, namespace, kind, name)
     _admitted_after_grant(control_plane, ordinary_user, namespace, doc)
     assert kube.get_job(namespace, case) is not None
+
+
+@pytest.mark.cluster
+@pytest.mark.cluster
+def test_a_refusal_lists_every_reward_configmap_of_a_job(
+        policy: None, ordinary_user: Path, control_plane: Any, namespace: str) -> None:
+    """The API server reports the first refused field (one validation per field of the table of references);
+    its message lists each reference that field holds."""
+    doc = _quickstart("many", _sourced("a", "b"))
+    result = _apply(control_plane, ordinary_user, namespace, doc)
+    assert result.returncode != 0
+    assert ('spec.training.rewards[name=m_a:score].source.configMap.name names ConfigMap "a"; '
+            'spec.training.rewards[name=m_b:score].source.configMap.name names ConfigMap "b": a job may name only '
+            'objects its creator could use') in result.stderr, result.stderr
+    # (every reference of the field is listed, the allowed ones too.) One of the two is not enough.
+    _grant(control_plane, namespace, "ConfigMap", "a")
+    result = _apply(control_plane, ordinary_user, namespace, doc)
+    assert result.returncode != 0 and 'names ConfigMap "b"' in result.stderr, result.stderr
+    _grant(control_plane, namespace, "ConfigMap", "b")
+    _admitted_after_grant(control_plane, ordinary_user, namespace, doc)
 
 
 @pytest.mark.cluster

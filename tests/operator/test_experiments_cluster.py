@@ -539,10 +539,19 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
         {"apiGroups": [""], "resources": ["pods", "configmaps", "services", "events"], "verbs": ["*"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
         {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["*"]}], "exp-operator")
+    # The platform's runtimes are cluster-scoped: a namespaced operator reads them through a ClusterRole.
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    kube.request("POST", f"{rbac}/clusterroles", {"metadata": {"name": f"{namespace}-runtimes"}, "rules": [
+        {"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"], "verbs": ["list", "watch"]}]})
+    kube.request("POST", f"{rbac}/clusterrolebindings", {
+        "metadata": {"name": f"{namespace}-runtimes"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{namespace}-runtimes"},
+        "subjects": [{"kind": "ServiceAccount", "name": "exp-operator", "namespace": namespace}]})
     op = OperatorProcess(service_account_kubeconfig("exp-operator"), namespace, tmp_path / "sa-operator.log").start()
     try:
         op.wait_leader()
         jobs = wait_for(lambda: trials_when(kube, namespace, "creds", 2), 60, message="alice's trials created")
-        assert all(j["spec"]["training"]["rewards"] == sourced for j in jobs)
+        assert all([r.get("source") for r in j["spec"]["training"]["rewards"]] == [r["source"] for r in sourced]
+                   for j in jobs)
     finally:
         op.stop()

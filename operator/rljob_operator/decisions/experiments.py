@@ -42,7 +42,7 @@ from rljob_contract.job import API_VERSION, Condition, RLTrainingJob
 from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.curve import series
 from rljob_operator.decisions.plan import Event, status_patch
-from rljob_operator.decisions.policy import PodProfile, violations
+from rljob_operator.decisions.policy import PodProfile, job_violations
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import objective_value, thin
 from rljob_operator.experiments.pruning import should_prune
@@ -257,11 +257,12 @@ def _prune(parsed: RLExperiment, trials: list[TrialStatus], plan: ExperimentPlan
 
 
 def _refused(parsed: RLExperiment, trial: Trial, profile: PodProfile | None) -> list[str]:
-    """The platform's pod profile applies to trials as to any job: the operator creates them, not the user."""
+    """The platform's pod profile applies to trials as to any job: the operator creates them, not the user. What the
+    job itself asks is judged here; its pods, shaped by its runtime, are judged when each trial job is reconciled."""
     if profile is None:
         return []
     job = RLTrainingJob.model_validate({"metadata": {"name": trial.name}, "spec": trial.spec.model_dump(by_alias=True)})
-    return [v.replace("spec.", "spec.template.", 1) for v in violations(job, profile)]
+    return [v.replace("spec.", "spec.template.", 1) for v in job_violations(job, profile)]
 
 
 def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list[dict[str, Any]],

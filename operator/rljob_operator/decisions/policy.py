@@ -123,11 +123,16 @@ def violations(job: RLTrainingJob, profile: PodProfile, runtime: Resolved | None
     r = resolved(job, runtime)
     out = problems(job, r.runtime) if r.runtime is not None else []
     out += [f"{r.ref}: {v}" for v in runtime_violations(r, profile)]
-    out += _trust_remote_code(job, profile)
+    out += job_violations(job, profile)
     if out:
         return out
     return [f"{r.ref}: {v}" for v in _built_pod(desired_worker_pod(job, 0, 0, runtime=r)["spec"], profile,
                                                  _named_sa(r))]
+
+
+def job_violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
+    """What the job itself asks that ``profile`` refuses, whatever runtime it runs on (``trust_remote_code``)."""
+    return _trust_remote_code(job, profile)
 
 
 def _named_sa(runtime: Resolved) -> str | None:
