@@ -6,8 +6,8 @@
 
 Each page is rendered from its source of truth, never written by hand:
 
-* ``rltrainingjob.md``, ``rlexperiment.md``: every field of the API models (``rljob_contract.job``,
-  ``rljob_contract.experiment``), walked through their JSON schema by the names a manifest uses: path,
+* ``rltrainingjob.md``, ``rlexperiment.md``, ``rltrainingruntime.md``: every field of the API models (``rljob_contract.job``,
+  ``rljob_contract.experiment``, ``rljob_contract.runtime``), walked through their JSON schema by the names a manifest uses: path,
   type, default, bounds, description; and the rules the API server checks (the CRDs' CEL messages);
 * ``operator-settings.md``: the operator's settings (``rljob_operator.settings_table``);
 * ``cli.md``: the ``rljob`` command's parsers (``rljob.cli.build_parser``);
@@ -255,6 +255,17 @@ def experiment_page() -> str:
                     intro, linked)
 
 
+def runtime_page() -> str:
+    from rljob_contract.runtime import CLUSTER_KIND, TrainingRuntime
+    from rljob_operator.crd import runtime_crd_manifest
+
+    intro = ("What the platform sets for a job's pods: image, pod template, GPU resource, bounds, checkpoint storage, "
+             "sources, egress, queue. `ClusterRLTrainingRuntime` (below) and the namespaced `RLTrainingRuntime` share "
+             "this spec (an `RLTrainingRuntime` has no `namespaceSelector`). How-to: [runtimes](../runtimes.md).")
+    return api_page(CLUSTER_KIND, "contract/rljob_contract/runtime.py", TrainingRuntime,
+                    runtime_crd_manifest(CLUSTER_KIND), intro)
+
+
 # -------------------------------------------------------------------------------- operator settings
 
 
@@ -439,6 +450,7 @@ def metrics_page() -> str:
 PAGES: dict[str, Callable[[], str]] = {
     "rltrainingjob.md": job_page,
     "rlexperiment.md": experiment_page,
+    "rltrainingruntime.md": runtime_page,
     "operator-settings.md": settings_page,
     "cli.md": cli_page,
     "exit-codes.md": exit_codes_page,

@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel
 from rljob_contract.experiment import RLExperimentSpec
 from rljob_contract.job import RLTrainingJobSpec
+from rljob_contract.runtime import RuntimeSpec
 
 REPO = Path(__file__).resolve().parents[2]
 #: The pages a reader of the repository walks: the README, every page under docs/, the other READMEs.
@@ -161,6 +162,7 @@ def _models_in(annotation: Any, suffix: str = "") -> list[tuple[type[BaseModel],
 @pytest.mark.parametrize(("model", "page", "stop"), [
     (RLTrainingJobSpec, "rltrainingjob.md", None),
     (RLExperimentSpec, "rlexperiment.md", "spec.template."),
+    (RuntimeSpec, "rltrainingruntime.md", None),
 ])
 def test_the_reference_names_every_field_of_the_models(model: type[BaseModel], page: str, stop: str | None) -> None:
     text = (REPO / "docs/reference" / page).read_text()

@@ -15,7 +15,7 @@ from rljob_operator.names import LABEL_GANG_GENERATION
 
 from tests.cluster.fake_pods import exit_annotations
 from tests.cluster.waiting import wait_for
-from tests.support.operator import annotate_pod, create_job, get_job, job_manifest, job_pods
+from tests.support.operator import annotate_pod, create_job, get_job, job_manifest, job_pods, runtime_store
 
 pytestmark = pytest.mark.cluster
 
@@ -27,7 +27,8 @@ def _count(verb: str, resource: str) -> float:
 def test_a_lagging_pod_cache_creates_nothing_twice_and_restarts_no_healthy_gang(kube, namespace, crd_installed) -> None:
     view: dict[str, list[dict[str, Any]] | None] = {"pods": None}  # None: no watch yet, LIST
     reconciler = Reconciler(kube, pod_cache=lambda ns, name: view["pods"],
-                            profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)))
+                            profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)),
+                            runtimes=runtime_store())
     create_job(kube, namespace, job_manifest("cached", 2, {"runPolicy": {"backoffBaseSeconds": 0}}))
 
     view["pods"] = []  # the watch has not seen the job's pods (there are none yet)
@@ -85,7 +86,8 @@ def test_a_lagging_job_cache_never_decides_from_a_status_older_than_the_operator
     jobs = JobCache()
     view: dict[str, list[dict[str, Any]] | None] = {"pods": []}
     reconciler = Reconciler(kube, job_cache=jobs, pod_cache=lambda ns, name: view["pods"],
-                            profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)))
+                            profile=PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",)),
+                            runtimes=runtime_store())
     key = JobKey(namespace, "jc")
     create_job(kube, namespace, job_manifest("jc", 2, {"runPolicy": {"backoffBaseSeconds": 0}}))
 

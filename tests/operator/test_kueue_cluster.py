@@ -368,13 +368,13 @@ def test_a_failed_job_revived_by_a_patch_that_drops_its_queue_runs_only_through_
     proc = operator()
     queues.job("holder")
     _running(kube, namespace, "holder")
-    queues.job("sneaky", user=tenant, image="docker.io/library/evil:latest")
+    queues.job("sneaky", user=tenant, training={"trl": {"trust_remote_code": True}})
     failed = wait_phase(kube, namespace, "sneaky", "Failed", 60, reason="PolicyViolation")["status"]
     assert failed["queue"] == "lq"
 
     tenant.request("PATCH", tenant.job_path(namespace, "sneaky"), {
         "metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}},
-        "spec": {"image": "registry.invalid/rljob-trainer:test"}}, content_type="application/merge-patch+json")
+        "spec": {"training": {"trl": None}}}, content_type="application/merge-patch+json")
     status = wait_phase(kube, namespace, "sneaky", "Queued", 60)["status"]
     assert status["queue"] == "lq" and "kueue.x-k8s.io/queue-name" not in get_job(kube, namespace, "sneaky")[
         "metadata"].get("labels", {})

@@ -95,6 +95,17 @@ def on_runtime(job: Any, spec: dict[str, Any] | None = None, **kw: Any) -> Any:
     return resolve(job, test_runtime(spec, **kw))
 
 
+def runtime_store(*docs: dict[str, Any]) -> Any:
+    """A reconciler's runtimes as their watches would show them, listed: the tests' default runtime and ``docs``."""
+    from rljob_operator.cluster.runtimes import RuntimeStore
+
+    store = RuntimeStore()
+    for doc in (runtime_manifest(default=True), *docs):
+        store.put(doc["kind"], None, doc)
+    store.listed |= store.scopes
+    return store
+
+
 def job_manifest(name: str, replicas: int = 2, spec: dict[str, Any] | None = None,
                  namespace: str | None = None) -> dict[str, Any]:
     """A small valid job: ``replicas`` workers × 1 process × 1 GPU, the built-in tiny task, on the default runtime."""
