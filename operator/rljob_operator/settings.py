@@ -263,14 +263,16 @@ class OperatorSettings:
         "would never see those devices. A pre-made ResourceClaim (``resourceClaimName``) is refused in a queued job "
         "either way: Kueue never counts one.", chart="kueue.countsResourceClaims")
     admission_policies: list[str] = setting(
-        factory=lambda: ["rljob-job-references", "rljob-queues"],
+        factory=lambda: ["rljob-job-references", "rljob-queues", "rljob-runtime-use", "rljob-runtime-references"],
         help="ValidatingAdmissionPolicies (comma-separated names) that must be in force, each bound with "
-        "validationActions Deny: they refuse a job naming a Secret, ConfigMap, PersistentVolumeClaim or "
-        "ServiceAccount its creator may not use, and a queued job's loss of its queue label, which the operator "
+        "validationActions Deny: they refuse a job naming an object its creator may not use or running on a "
+        "runtime its creator may not use, an RLTrainingRuntime naming a Secret, ConfigMap, PersistentVolumeClaim "
+        "or ServiceAccount its writer may not use, and a queued job's loss of its queue label, which the operator "
         "cannot check itself (it never sees who wrote a job). Missing or not of this version: the operator refuses "
         "to start (exit 2); gone later: /readyz answers 503 and reconciles pause until they are back "
         "(docs/security-policies.md). Needs get on validatingadmissionpolicies and list on their bindings.",
-        chart=BY_CHART, shown_default="rljob-job-references,rljob-queues")
+        chart=BY_CHART,
+        shown_default="rljob-job-references,rljob-queues,rljob-runtime-use,rljob-runtime-references")
     without_admission_policies: bool = setting(
         False, help="Run with no admission policy checked. Any job creator can then name every Secret, ConfigMap, "
         "PersistentVolumeClaim and ServiceAccount of their namespace through the operator, and take a queued job "

@@ -1,12 +1,17 @@
-"""A job grants nothing beyond its creator's own rights (issue #14, point 1, admission side).
+"""Nothing a job or a namespace's runtime names grants more than its writer's own rights, and a job runs only
+on a runtime its creator may use (issue #14 point 1, issue #42: the admission side).
 
-The ValidatingAdmissionPolicy of ``manifests/base/admission-policies.yaml`` (the same as the
-chart's ``templates/admission-policies.yaml``) is installed on the real control plane; an
-ordinary user — a ServiceAccount token whose only rights are on ``rltrainingjobs`` in its
-namespace — runs ``kubectl apply`` with jobs that name an object of the namespace. Since runtimes
-(issue #42) a job names only its reward modules' ConfigMaps (everything that shapes the pod is the
-runtime's, and a job setting it is refused by the CRD); each is refused, naming the field, until the
-user is granted the right to use that object directly.
+The ValidatingAdmissionPolicies of ``manifests/base/admission-policies.yaml`` (the same as the chart's
+``templates/admission-policies.yaml``: a test compares them) are installed on the real control plane, and
+ordinary users, ServiceAccount tokens with narrow Roles, run ``kubectl apply``:
+
+* a runtime writer (may write RLTrainingRuntimes in its namespace, as a namespace's admins do) with runtimes
+  naming a ServiceAccount or a Secret: each refused, naming the field, until the writer is granted the
+  right to use that object directly;
+* a job creator with jobs and experiments naming a reward module's ConfigMap, or a runtime it may not
+  ``use`` (named, or the default): refused naming the field until granted;
+* a namespace admin (the built-in ``admin`` role, the base's roles aggregated into it) writes its
+  namespace's runtimes and never a ClusterRLTrainingRuntime; the queue labels are kept.
 """
 
 from __future__ import annotations
@@ -35,25 +40,62 @@ from tests.delivery.test_chart import (
     operator_env,
     run,
 )
-from tests.support.operator import create_job, deep_update
+from tests.support.operator import create_job, deep_update, runtime_manifest
 
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
 POLICY = "rljob-job-references"
 QUEUES = "rljob-queues"
+RUNTIME_USE = "rljob-runtime-use"
+RUNTIME_REFERENCES = "rljob-runtime-references"
+POLICIES = (POLICY, QUEUES, RUNTIME_USE, RUNTIME_REFERENCES)
 VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 PROBE = "rljob-policy-probe"  # a user who may only create jobs in "default"
 USER = "alice"  # the ordinary user: a ServiceAccount of the test's namespace
 
+#: (case, patch of an RLTrainingRuntime's spec, the field the refusal names, kind, the name granted).
+REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
+    ("service-account", {"podTemplate": {"spec": {"serviceAccountName": "powerful"}}},
+     "spec.podTemplate.spec.serviceAccountName", "ServiceAccount", "powerful"),
+    ("checkpoint-secret", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}},
+     "spec.checkpoint.credentialsSecret", "Secret", "s3-keys"),
+    ("mirror-secret", {"checkpoint": {"storage": "s3://bucket/ckpt", "mirrors": [
+        {"location": "s3://backup/ckpt", "credentialsSecret": "backup-keys"}]}},
+     "spec.checkpoint.mirrors[location=s3://backup/ckpt].credentialsSecret", "Secret", "backup-keys"),
+    ("image-pull-secret", {"imagePullSecrets": [{"name": "registry"}]},
+     "spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
+    ("env-secret-key-ref", {"podTemplate": {"spec": {"containers": [{"name": "trainer", "env": [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}}]}]}}},
+     "spec.podTemplate.spec.containers[name=trainer].env[name=HF_TOKEN].valueFrom.secretKeyRef.name", "Secret", "hub"),
+    ("secret-volume", {"podTemplate": {"spec": {"volumes": [{"name": "creds", "secret": {"secretName": "db"}}]}}},
+     "spec.podTemplate.spec.volumes[name=creds].secret.secretName", "Secret", "db"),
+    ("env-from", {"podTemplate": {"spec": {"containers": [
+        {"name": "trainer", "envFrom": [{"secretRef": {"name": "db"}}]}]}}},
+     "spec.podTemplate.spec.containers[name=trainer].envFrom[].secretRef.name", "Secret", "db"),
+    ("init-container-env", {"podTemplate": {"spec": {"initContainers": [
+        {"name": "fetch", "image": "busybox", "env": [
+            {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]}]}}},
+     "spec.podTemplate.spec.initContainers[name=fetch].env[name=KEY].valueFrom.secretKeyRef.name", "Secret", "db"),
+    ("projected-volume", {"podTemplate": {"spec": {"volumes": [
+        {"name": "all", "projected": {"sources": [{"secret": {"name": "db"}}]}}]}}},
+     "spec.podTemplate.spec.volumes[name=all].projected.sources[].secret.name", "Secret", "db"),
+    ("csi-secret", {"podTemplate": {"spec": {"volumes": [
+        {"name": "csi", "csi": {"driver": "x.example.com", "nodePublishSecretRef": {"name": "db"}}}]}}},
+     "spec.podTemplate.spec.volumes[name=csi].csi.nodePublishSecretRef.name", "Secret", "db"),
+    ("pod-template-image-pull-secret", {"podTemplate": {"spec": {"imagePullSecrets": [{"name": "registry"}]}}},
+     "spec.podTemplate.spec.imagePullSecrets[name=registry].name", "Secret", "registry"),
+]
+
+
 def _sourced(*names: str) -> dict[str, Any]:
-    """A spec patch: one custom reward per ConfigMap of ``names`` (module ``m_<name>``, '-' as '_')."""
+    """A job spec patch: one custom reward per ConfigMap of ``names`` (module ``m_<name>``, a Python name)."""
     return {"training": {"rewards": [{"name": f"m_{n.replace('-', '_')}:score",
                                       "source": {"configMap": {"name": n, "key": "r.py"}}} for n in names]}}
 
 
-#: (case, patch of the quickstart's spec, the field the refusal names, kind, the name granted).
-REFERENCES: list[tuple[str, dict[str, Any], str, str, str]] = [
+#: (case, patch of the quickstart's spec, the field the refusal names, kind, the name granted): what a job names.
+JOB_CASES: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("reward-configmap", _sourced("team-rewards"),
      "spec.training.rewards[name=m_team_rewards:score].source.configMap.name", "ConfigMap", "team-rewards"),
 ]
@@ -65,6 +107,11 @@ def _quickstart(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]
     doc = copy.deepcopy(QUICKSTART)
     doc["metadata"]["name"] = name
     return deep_update(doc, {"spec": spec}) if spec else doc
+
+
+def _runtime(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An RLTrainingRuntime of the test's namespace, as its admins would write one."""
+    return runtime_manifest(name, spec, kind="RLTrainingRuntime")
 
 
 def _apply(control_plane: Any, kubeconfig: Path, namespace: str, doc: dict[str, Any]
@@ -82,7 +129,7 @@ def _kubectl_admin(control_plane: Any, *args: str, stdin: str | None = None) -> 
 def _delete_policy(kube: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
-    for path in (f"{BINDING_PATH}/{POLICY}", f"{VAP_PATH}/{POLICY}", f"{BINDING_PATH}/{QUEUES}", f"{VAP_PATH}/{QUEUES}"):
+    for path in [*(f"{BINDING_PATH}/{name}" for name in POLICIES), *(f"{VAP_PATH}/{name}" for name in POLICIES)]:
         try:
             kube.request("DELETE", path)
         except ApiException as e:
@@ -90,30 +137,43 @@ def _delete_policy(kube: Any) -> None:
                 raise
 
 
+#: `use` of the runtime the base marks as the default, as the chart's roles grant every job creator.
+USE_DEFAULT_RUNTIME = {"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"],
+                       "resourceNames": ["default"], "verbs": ["use"]}
+
+
 @pytest.fixture(scope="module")
-def policy(control_plane: Any, kube: Any, crd_installed: Any) -> Iterator[None]:
-    """The kustomize base's policy and binding, applied as they ship, and in force."""
+def policy(control_plane: Any, kube: Any, crd_installed: Any, runtime_crds: Any) -> Iterator[None]:
+    """The kustomize base's policies and bindings, applied as they ship, and in force."""
+    from rljob_contract.references import JOB_REFERENCES
+
+    from tests.contract.test_references import reference_spec
+
     _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))
-    # A probe user who may create jobs (dry runs) in "default", and read no Secret.
+    # A probe user who may create jobs (dry runs) in "default", on the default runtime, and read nothing.
     probe = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
              "metadata": {"name": PROBE, "namespace": "default"},
-             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["create"]}]}
+             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingruntimes"],
+                        "verbs": ["create"]}, USE_DEFAULT_RUNTIME]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": PROBE, "namespace": "default"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROBE},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PROBE}]}
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump_all([probe, binding]))
-    canary = _quickstart("canary", _sourced("canary"))
+    canaries = {POLICY: _quickstart("canary", reference_spec(JOB_REFERENCES[0], "canary")[0]),
+                RUNTIME_USE: _quickstart("canary", {"runtimeRef": {"name": "canary"}}),
+                RUNTIME_REFERENCES: _runtime("canary", {"checkpoint": {"storage": "s3://b/c", "credentialsSecret": "c"}})}
 
-    def refused() -> bool:
+    def refused(name: str) -> bool:
         # The API server picks a new policy up from a watch: wait until it bites (a dry run as a user).
         result = run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(control_plane.admin_kubeconfig),
                       "--as", PROBE, "--namespace", "default", "create", "--dry-run=server",
-                      "-f", "-"], check=False, input=yaml.safe_dump(canary))
-        return result.returncode != 0 and POLICY in result.stderr
+                      "-f", "-"], check=False, input=yaml.safe_dump(canaries[name]))
+        return result.returncode != 0 and name in result.stderr
 
     try:
-        wait_for(refused, 30, message=f"the {POLICY} policy in force")
+        for name in canaries:
+            wait_for(lambda: refused(name), 30, message=f"the {name} policy in force")  # noqa: B023
         yield
     finally:
         _delete_policy(kube)
@@ -123,15 +183,31 @@ def policy(control_plane: Any, kube: Any, crd_installed: Any) -> Iterator[None]:
 
 @pytest.fixture
 def ordinary_user(control_plane: Any, namespace: str, service_account_kubeconfig: Any) -> Path:
-    """A kubeconfig whose only rights are on RLTrainingJobs (and their status) in ``namespace``."""
+    """A kubeconfig whose only rights are on RLTrainingJobs (and their status) in ``namespace``, on the
+    default runtime."""
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "jobs-only", "namespace": namespace},
             "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingjobs/status"],
-                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}
+                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+                      USE_DEFAULT_RUNTIME]}
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
     kubeconfig = service_account_kubeconfig(USER)
     _kubectl_admin(control_plane, "create", "rolebinding", "jobs-only", "--namespace", namespace,
                    "--role", "jobs-only", f"--serviceaccount={namespace}:{USER}")
+    return kubeconfig  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def runtime_writer(control_plane: Any, namespace: str, service_account_kubeconfig: Any, runtime_crds: Any) -> Path:
+    """A kubeconfig whose only rights are to write RLTrainingRuntimes in ``namespace`` (a namespace admin's part)."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "runtimes-only", "namespace": namespace},
+            "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingruntimes"],
+                       "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
+    kubeconfig = service_account_kubeconfig(USER)
+    _kubectl_admin(control_plane, "create", "rolebinding", "runtimes-only", "--namespace", namespace,
+                   "--role", "runtimes-only", f"--serviceaccount={namespace}:{USER}")
     return kubeconfig  # type: ignore[no-any-return]
 
 
@@ -154,7 +230,20 @@ def _admitted_after_grant(control_plane: Any, kubeconfig: Path, namespace: str, 
     def admitted() -> bool:
         return _apply(control_plane, kubeconfig, namespace, doc).returncode == 0
 
-    wait_for(admitted, 30, message=f"job {doc['metadata']['name']} admitted once the right was granted")
+    wait_for(admitted, 30, message=f"{doc['kind']} {doc['metadata']['name']} admitted once the right was granted")
+
+
+def _get(kube: Any, namespace: str, doc: dict[str, Any]) -> Any:
+    """``doc`` as stored (an RLTrainingRuntime of ``namespace``), or None."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return kube.request("GET", f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rltrainingruntimes/"
+                                   f"{doc['metadata']['name']}")
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 # ----------------------------------------------------------------------------- tests
@@ -162,13 +251,31 @@ def _admitted_after_grant(control_plane: Any, kubeconfig: Path, namespace: str, 
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("case,spec,field,kind,name", REFERENCES, ids=[r[0] for r in REFERENCES])
-def test_a_reference_the_creator_could_not_use_is_refused_naming_the_field(
+def test_a_reference_the_runtime_writer_could_not_use_is_refused_naming_the_field(
+        case: str, spec: dict[str, Any], field: str, kind: str, name: str, policy: None,
+        runtime_writer: Path, control_plane: Any, namespace: str, kube: Any) -> None:
+    doc = _runtime(case, spec)
+    result = _apply(control_plane, runtime_writer, namespace, doc)
+    assert result.returncode != 0, f"a runtime naming {kind} {name!r} at {field} was admitted"
+    assert "forbidden" in result.stderr.lower() and RUNTIME_REFERENCES in result.stderr, result.stderr
+    assert f'{field} names {kind} "{name}"' in result.stderr, result.stderr
+    assert f"system:serviceaccount:{namespace}:{USER}" in result.stderr, result.stderr
+    assert _get(kube, namespace, doc) is None
+
+    _grant(control_plane, namespace, kind, name)
+    _admitted_after_grant(control_plane, runtime_writer, namespace, doc)
+    assert _get(kube, namespace, doc) is not None
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case,spec,field,kind,name", JOB_CASES, ids=[r[0] for r in JOB_CASES])
+def test_a_reference_the_job_creator_could_not_use_is_refused_naming_the_field(
         case: str, spec: dict[str, Any], field: str, kind: str, name: str, policy: None,
         ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
     doc = _quickstart(case, spec)
     result = _apply(control_plane, ordinary_user, namespace, doc)
     assert result.returncode != 0, f"a job naming {kind} {name!r} at {field} was admitted"
-    assert "forbidden" in result.stderr.lower(), result.stderr
+    assert "forbidden" in result.stderr.lower() and POLICY in result.stderr, result.stderr
     assert f'{field} names {kind} "{name}"' in result.stderr, result.stderr
     assert f"system:serviceaccount:{namespace}:{USER}" in result.stderr, result.stderr
     assert kube.get_job(namespace, case) is None
@@ -179,15 +286,8 @@ def test_a_reference_the_creator_could_not_use_is_refused_naming_the_field(
 
 
 @pytest.mark.cluster
-def test_the_ordinary_user_may_still_run_the_quickstart(
-        policy: None, ordinary_user: Path, control_plane: Any, namespace: str, kube: Any) -> None:
-    result = _apply(control_plane, ordinary_user, namespace, _quickstart("quickstart"))
-    assert result.returncode == 0, result.stderr
-    assert kube.get_job(namespace, "quickstart") is not None
-
-
 @pytest.mark.cluster
-def test_a_refusal_lists_every_reference_of_its_field(
+def test_a_refusal_lists_every_reward_configmap_of_a_job(
         policy: None, ordinary_user: Path, control_plane: Any, namespace: str) -> None:
     """The API server reports the first refused field (one validation per field of the table of references);
     its message lists each reference that field holds."""
@@ -213,19 +313,18 @@ def test_changing_the_spec_of_a_job_someone_else_created_needs_the_same_rights(
     Changing the spec (its training, say) would run the user's choices with the admin's reward module.
     Writes that leave the spec alone (the operator's status, labels) are not checked.
     """
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
+    from rljob_operator.cluster.kube import Kube
+
     create_job(kube, namespace, _quickstart("admins", _sourced("admin-rewards")))
     changed = _quickstart("admins", deep_update(_sourced("admin-rewards"), {"training": {"learningRate": 0.5}}))
     result = _apply(control_plane, ordinary_user, namespace, changed)
     assert result.returncode != 0
     assert 'names ConfigMap "admin-rewards"' in result.stderr, result.stderr
 
-    from kubernetes import client
-
     user = client.ApiClient(_client_configuration(ordinary_user))
     try:
-        from rljob_operator.cluster.kube import Kube
-
         as_user = Kube(user)
         path = as_user.job_path(namespace, "admins")
         as_user.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
@@ -239,6 +338,102 @@ def test_changing_the_spec_of_a_job_someone_else_created_needs_the_same_rights(
     finally:
         user.close()
     assert kube.get_job(namespace, "admins")["spec"]["training"]["learningRate"] != 0.5
+
+
+@pytest.mark.cluster
+def test_the_ordinary_user_may_still_run_the_quickstart_and_a_writer_name_the_trainer_service_account(
+        policy: None, ordinary_user: Path, runtime_writer: Path, control_plane: Any, namespace: str,
+        kube: Any) -> None:
+    result = _apply(control_plane, ordinary_user, namespace, _quickstart("quickstart"))
+    assert result.returncode == 0, result.stderr
+    assert kube.get_job(namespace, "quickstart") is not None
+    trainer = _runtime("as-trainer", {"podTemplate": {"spec": {"serviceAccountName": "rljob-trainer"}}})
+    result = _apply(control_plane, runtime_writer, namespace, trainer)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.cluster
+def test_impersonating_a_service_account_is_a_right_to_use_it(
+        policy: None, runtime_writer: Path, control_plane: Any, namespace: str) -> None:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "impersonate-ci", "namespace": namespace},
+            "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["ci"],
+                       "verbs": ["impersonate"]}]}
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(role))
+    _kubectl_admin(control_plane, "create", "rolebinding", "impersonate-ci", "--namespace", namespace,
+                   "--role", "impersonate-ci", f"--serviceaccount={namespace}:{USER}")
+    _admitted_after_grant(control_plane, runtime_writer, namespace,
+                          _runtime("as-ci", {"podTemplate": {"spec": {"serviceAccountName": "ci"}}}))
+
+
+@pytest.mark.cluster
+def test_a_refusal_lists_every_reference_of_its_field(
+        policy: None, runtime_writer: Path, control_plane: Any, namespace: str) -> None:
+    """The API server reports the first refused field (one validation per field of the table of references);
+    its message lists each reference that field holds, nested ones too."""
+    def secret(name: str) -> dict[str, Any]:
+        return {"secretKeyRef": {"name": name, "key": "k"}}
+
+    doc = _runtime("many", {
+        "checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "a"},
+        "podTemplate": {"spec": {
+            "containers": [{"name": "trainer", "env": [{"name": "B", "valueFrom": secret("b")},
+                                                       {"name": "PLAIN", "value": "1"},
+                                                       {"name": "D", "valueFrom": secret("d")}]}],
+            "initContainers": [{"name": "fetch", "image": "busybox",
+                                "env": [{"name": "C", "valueFrom": secret("c")}]}]}}})
+    result = _apply(control_plane, runtime_writer, namespace, doc)
+    assert result.returncode != 0
+    assert 'spec.checkpoint.credentialsSecret names Secret "a"' in result.stderr, result.stderr
+
+    _grant(control_plane, namespace, "Secret", "a")
+    wait_for(lambda: "credentialsSecret" not in _apply(control_plane, runtime_writer, namespace, doc).stderr, 30,
+             message="the checkpoint Secret allowed")
+    result = _apply(control_plane, runtime_writer, namespace, doc)
+    assert result.returncode != 0
+    assert ('spec.podTemplate.spec.containers[name=trainer].env[name=B].valueFrom.secretKeyRef.name names Secret "b"; '
+            'spec.podTemplate.spec.containers[name=trainer].env[name=D].valueFrom.secretKeyRef.name names Secret "d": '
+            'an RLTrainingRuntime may name only objects its writer could use') in result.stderr, result.stderr
+    for name in ("b", "d"):
+        _grant(control_plane, namespace, "Secret", name)
+    wait_for(lambda: "containers[name=trainer]" not in _apply(control_plane, runtime_writer, namespace, doc).stderr,
+             30, message="the env Secrets allowed")
+    result = _apply(control_plane, runtime_writer, namespace, doc)
+    assert ('spec.podTemplate.spec.initContainers[name=fetch].env[name=C].valueFrom.secretKeyRef.name '
+            'names Secret "c"') in result.stderr, result.stderr
+
+
+@pytest.mark.cluster
+def test_changing_the_spec_of_a_runtime_someone_else_wrote_needs_the_same_rights(
+        policy: None, runtime_writer: Path, control_plane: Any, namespace: str, kube: Any) -> None:
+    """An admin's runtime names a Secret; the writer may change its labels, not its spec: changing the image
+    would run the writer's code with the admin's Secret. Metadata writes are not checked."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from rljob_operator.cluster.kube import Kube
+
+    from tests.support.operator import apply_runtime
+
+    admins = _runtime("admins", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}})
+    apply_runtime(kube, deep_update(admins, {"metadata": {"namespace": namespace}}))
+    changed = deep_update(admins, {"spec": {"image": "registry.invalid/mine:latest"}})
+    result = _apply(control_plane, runtime_writer, namespace, changed)
+    assert result.returncode != 0
+    assert 'spec.checkpoint.credentialsSecret names Secret "s3-keys"' in result.stderr, result.stderr
+
+    user = client.ApiClient(_client_configuration(runtime_writer))
+    path = f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rltrainingruntimes/admins"
+    try:
+        as_user = Kube(user)
+        as_user.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}},
+                        content_type="application/merge-patch+json")
+        with pytest.raises(ApiException) as refused:
+            as_user.request("PATCH", path, {"spec": {"image": "registry.invalid/mine:latest"}},
+                            content_type="application/merge-patch+json")
+        assert refused.value.status == 403
+    finally:
+        user.close()
+    assert kube.request("GET", path)["spec"]["image"] != "registry.invalid/mine:latest"
 
 
 def _client_configuration(kubeconfig: Path) -> Any:
@@ -382,7 +577,8 @@ def tenant(control_plane: Any, namespace: str, service_account_kubeconfig: Any, 
 
     kubeconfig = service_account_kubeconfig(TENANT)
     _role(control_plane, namespace, "create-jobs", [{"apiGroups": ["rljob.dev"], "verbs": ["create"],
-                                                      "resources": ["rltrainingjobs", "rlexperiments"]}], TENANT)
+                                                      "resources": ["rltrainingjobs", "rlexperiments"]},
+                                                     USE_DEFAULT_RUNTIME], TENANT)
     user = client.ApiClient(_client_configuration(kubeconfig))
     try:
         yield Kube(user)
@@ -394,7 +590,8 @@ def _refusal(kube: Any, namespace: str, doc: dict[str, Any]) -> str | None:
     """What the API server says to a dry-run create of ``doc``; None when it would be admitted."""
     from kubernetes.client.exceptions import ApiException
 
-    plural = "rlexperiments" if doc["kind"] == "RLExperiment" else "rltrainingjobs"
+    plural = {"RLExperiment": "rlexperiments", "RLTrainingRuntime": "rltrainingruntimes"}.get(doc["kind"],
+                                                                                             "rltrainingjobs")
     try:
         kube.request("POST", f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/{plural}", doc,
                      query={"dryRun": "All", "fieldValidation": "Strict"})
@@ -411,9 +608,9 @@ def _experiment_of(job: dict[str, Any], overrides: dict[str, Any] | None = None)
 @pytest.mark.cluster
 def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names(
         policy: None, tenant: Any, control_plane: Any, namespace: str) -> None:
-    """Each field of the job's table (rljob_contract.references), in a job and in an experiment's template, naming
-    an object of another team: refused for a user without the right, naming the field; admitted with it. An arm
-    may not set a field holding references, nor the runtime in either spelling."""
+    """Each field of the job's table (rljob_contract.references.JOB_REFERENCES), in a job and in an experiment's
+    template, naming an object of another team: refused for a user without the right, naming the field;
+    admitted with it. An arm may neither set such a field nor change the runtime, in either spelling."""
     from rljob_contract import references
 
     from tests.contract.test_references import OTHER, reference_spec
@@ -430,13 +627,12 @@ def test_every_reference_field_of_the_table_needs_the_right_to_use_what_it_names
         refusal = _refusal(tenant, namespace, doc)
         assert refusal is not None and named in refusal and user in refusal, (named, refusal)
 
-    for field in references.FIXED_FIELDS:
-        for key in {field, to_snake(field)}:
-            arm = _experiment_of(_quickstart(f"arm-{key.lower().replace('_', '-')}"), {key: {"name": "x"}})
-            assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), key
-    for ref in references.JOB_REFERENCES:
-        arm = _experiment_of(_quickstart("arm-ref"), reference_spec(ref)[0])
-        assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), ref.path
+    arms = [({key: {"name": "default"}}, key) for field in references.FIXED_FIELDS
+            for key in sorted({field, to_snake(field)})]
+    arms += [(reference_spec(ref)[0], ref.path) for ref in references.JOB_REFERENCES]
+    for i, (overrides, what) in enumerate(arms):
+        arm = _experiment_of(_quickstart(f"arm-{i}"), overrides)
+        assert "spec.arms[].overrides may not set" in (_refusal(tenant, namespace, arm) or ""), what
 
     _role(control_plane, namespace, "use-everything", ALL_RIGHTS, TENANT)
     wait_for(lambda: _refusal(tenant, namespace, cases[0][0]) is None, 30, message="the rights granted in force")
@@ -457,11 +653,10 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
     def by_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
         return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
-    assert sorted(by_name(chart)) == [("ValidatingAdmissionPolicy", POLICY), ("ValidatingAdmissionPolicy", QUEUES),
-                                      ("ValidatingAdmissionPolicyBinding", POLICY),
-                                      ("ValidatingAdmissionPolicyBinding", QUEUES)]
+    assert sorted(by_name(chart)) == sorted((kind, name) for name in POLICIES for kind in (
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"))
     assert by_name(chart) == by_name(base)
-    assert [d["spec"]["validationActions"] for d in chart if d["kind"].endswith("Binding")] == [["Deny"]] * 2
+    assert [d["spec"]["validationActions"] for d in chart if d["kind"].endswith("Binding")] == [["Deny"]] * len(POLICIES)
     required = [d for d in helm_template("--set", "kueue.requireQueue=true")
                 if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
     assert {v["name"]: v["expression"] for v in required[0]["spec"]["variables"]}["requireQueue"] == "true"
@@ -476,6 +671,177 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
     assert variables["openServiceAccounts"] == '["s3-reader"]'
 
 
+# ------------------------------------------------------------------ runtimes (#42)
+
+RUNNER = "carol"  # may create jobs and experiments, and use no runtime
+#: A runtime of the platform's, as its admins write one (the base's "default" under another name).
+CLUSTER_RUNTIME = {**next(d for d in yaml.safe_load_all((MANIFESTS / "base" / "runtimes.yaml").read_text())
+                          if d["metadata"]["name"] == "default"), "metadata": {"name": "test-h100"}}
+
+
+def _use(name: str, resource: str = "clusterrltrainingruntimes") -> dict[str, Any]:
+    return {"apiGroups": ["rljob.dev"], "resources": [resource], "resourceNames": [name], "verbs": ["use"]}
+
+
+@pytest.fixture
+def runner(control_plane: Any, namespace: str, service_account_kubeconfig: Any, experiment_crd: Any) -> Iterator[Any]:
+    """The operator's REST layer as a user who may create and update jobs and experiments in ``namespace``,
+    and use no runtime."""
+    from kubernetes import client
+    from rljob_operator.cluster.kube import Kube
+
+    kubeconfig = service_account_kubeconfig(RUNNER)
+    _role(control_plane, namespace, "runner", [{"apiGroups": ["rljob.dev"], "verbs": ["create", "update", "patch"],
+                                                "resources": ["rltrainingjobs", "rlexperiments"]}], RUNNER)
+    user = client.ApiClient(_client_configuration(kubeconfig))
+    try:
+        yield Kube(user)
+    finally:
+        user.close()
+
+
+@pytest.mark.cluster
+def test_a_runtime_the_creator_may_not_use_is_refused_naming_the_field_until_use_is_granted(
+        policy: None, runner: Any, control_plane: Any, namespace: str) -> None:
+    """Named or by default, in a job or an experiment's template: refused with the field and the rule to ask
+    for; admitted once a RoleBinding of the namespace grants `use` of that runtime (as PodSecurityPolicy's)."""
+    user = f"system:serviceaccount:{namespace}:{RUNNER}"
+    h100 = _quickstart("on-h100", {"runtimeRef": {"kind": "ClusterRLTrainingRuntime", "name": "h100"}})
+    team = _quickstart("on-team", {"runtimeRef": {"kind": "RLTrainingRuntime", "name": "team"}})
+    default = _quickstart("on-default")
+    cases = [
+        (h100, 'spec.runtimeRef names ClusterRLTrainingRuntime "h100", which', "clusterrltrainingruntimes", "h100"),
+        (_experiment_of(h100), 'spec.template.runtimeRef names ClusterRLTrainingRuntime "h100"',
+         "clusterrltrainingruntimes", "h100"),
+        (team, 'spec.runtimeRef names RLTrainingRuntime "team"', "rltrainingruntimes", "team"),
+        (default, 'spec.runtimeRef is not set, so the job would run on the default runtime ClusterRLTrainingRuntime '
+                  '"default"', "clusterrltrainingruntimes", "default"),
+    ]
+    for doc, named, resource, name in cases:
+        refusal = _refusal(runner, namespace, doc) or ""
+        assert RUNTIME_USE in refusal and named in refusal and user in refusal, (named, refusal)
+        assert f"Ask for use on {resource} (API group rljob.dev, resourceNames: {name}) in namespace {namespace}" \
+            in refusal, refusal
+
+    _role(control_plane, namespace, "use-some", [_use("h100"), _use("team", "rltrainingruntimes")], RUNNER)
+    wait_for(lambda: _refusal(runner, namespace, h100) is None, 30, message="use of h100 granted")
+    assert _refusal(runner, namespace, _experiment_of(h100)) is None
+    assert _refusal(runner, namespace, team) is None
+    assert "is not set" in (_refusal(runner, namespace, default) or "")  # h100 is not the default
+    _role(control_plane, namespace, "use-default", [USE_DEFAULT_RUNTIME], RUNNER)
+    wait_for(lambda: _refusal(runner, namespace, default) is None, 30, message="use of the default granted")
+
+
+@pytest.mark.cluster
+def test_changing_the_spec_of_a_job_on_a_runtime_the_user_may_not_use_is_refused(
+        policy: None, runner: Any, control_plane: Any, namespace: str, kube: Any) -> None:
+    """An admin's job runs on h100; the user, who may update jobs, may relabel it but not change its training
+    (that would run the user's settings on a runtime the user may not use), nor move it to h100 from another."""
+    from kubernetes.client.exceptions import ApiException
+
+    create_job(kube, namespace, _quickstart("admins-h100", {"runtimeRef": {"name": "h100"}}))
+    path = runner.job_path(namespace, "admins-h100")
+    runner.request("PATCH", path, {"metadata": {"labels": {"team": "a"}}}, content_type="application/merge-patch+json")
+    with pytest.raises(ApiException) as refused:
+        runner.request("PATCH", path, {"spec": {"training": {"maxSteps": 7}}},
+                       content_type="application/merge-patch+json")
+    assert refused.value.status == 403
+    assert 'spec.runtimeRef names ClusterRLTrainingRuntime "h100"' in json.loads(refused.value.body)["message"]
+    _role(control_plane, namespace, "use-default", [USE_DEFAULT_RUNTIME], RUNNER)
+    wait_for(lambda: _refusal(runner, namespace, _quickstart("probe")) is None, 30, message="use of the default")
+    create_job(kube, namespace, _quickstart("mine"))
+    with pytest.raises(ApiException) as moved:
+        runner.request("PATCH", runner.job_path(namespace, "mine"), {"spec": {"runtimeRef": {"name": "h100"}}},
+                       content_type="application/merge-patch+json")
+    assert moved.value.status == 403 and "h100" in moved.value.body
+
+
+@pytest.mark.cluster
+def test_namespace_admins_write_their_runtimes_but_nobody_of_theirs_a_cluster_runtime(
+        control_plane: Any, namespace: str, service_account_kubeconfig: Any, runtime_crds: Any) -> None:
+    """The base's user roles, aggregated into the built-in admin role: a namespace admin may write and use the
+    namespace's RLTrainingRuntimes and use the chart's runtimes, and may neither create nor edit a
+    ClusterRLTrainingRuntime; an ordinary job creator may do neither."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from rljob_operator.cluster.kube import Kube
+
+    _kubectl_admin(control_plane, "apply", "-f", str(MANIFESTS / "base" / "rbac-user-roles.yaml"))
+    _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(CLUSTER_RUNTIME))
+    _kubectl_admin(control_plane, "create", "rolebinding", "admins", "--namespace", namespace, "--clusterrole",
+                   "admin", f"--serviceaccount={namespace}:dana")
+    admin = client.ApiClient(_client_configuration(service_account_kubeconfig("dana")))
+    kubectl = [str(control_plane.bin / "kubectl"), "--kubeconfig", str(control_plane.admin_kubeconfig)]
+    try:
+        as_admin = Kube(admin)
+
+        def may(verb: str, resource: str, name: str = "") -> bool:
+            target = f"{resource}.rljob.dev" + (f"/{name}" if name else "")
+            result = run([*kubectl, "auth", "can-i", verb, target, "--namespace", namespace,
+                          f"--as=system:serviceaccount:{namespace}:dana"], check=False)
+            return result.stdout.strip() == "yes"
+
+        # The aggregation controller folds rljob-admin and rljob-edit into admin: wait for it.
+        wait_for(lambda: may("create", "rltrainingruntimes"), 60, message="rljob-admin aggregated into admin")
+        assert may("use", "clusterrltrainingruntimes", "default") and may("use", "clusterrltrainingruntimes", "cpu")
+        assert may("use", "rltrainingruntimes", "anything-of-theirs")
+        assert not may("use", "clusterrltrainingruntimes", "test-h100")
+        runtimes = "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes"
+        for verb, path, body in (("POST", runtimes, {**CLUSTER_RUNTIME, "metadata": {"name": "mine"}}),
+                                 ("PATCH", f"{runtimes}/{CLUSTER_RUNTIME['metadata']['name']}",
+                                  {"spec": {"image": "registry.invalid/mine:latest"}})):
+            with pytest.raises(ApiException) as refused:
+                as_admin.request(verb, path, body, content_type="application/merge-patch+json"
+                                 if verb == "PATCH" else "application/json")
+            assert refused.value.status == 403, (verb, refused.value.body)
+    finally:
+        admin.close()
+        _kubectl_admin(control_plane, "delete", "--ignore-not-found", "clusterrltrainingruntime",
+                       CLUSTER_RUNTIME["metadata"]["name"])
+
+
+WRITER = "frank"  # may write RLTrainingRuntimes in the namespace, and use nothing a runtime could name
+
+
+@pytest.mark.cluster
+def test_every_reference_field_of_a_namespaced_runtime_needs_its_writers_right_to_use_what_it_names(
+        policy: None, control_plane: Any, namespace: str, service_account_kubeconfig: Any, runtime_crds: Any) -> None:
+    """Each field of RUNTIME_REFERENCES in an RLTrainingRuntime naming an object of another team: refused for a
+    writer without the right, naming the field (every job on the runtime would get the object); admitted with it."""
+    from kubernetes import client
+    from rljob_contract import references
+    from rljob_operator.cluster.kube import Kube
+
+    from tests.contract.test_references import OTHER, reference_spec
+    from tests.support.operator import runtime_manifest
+
+    _role(control_plane, namespace, "write-runtimes", [{"apiGroups": ["rljob.dev"], "verbs": ["create"],
+                                                         "resources": ["rltrainingruntimes"]}], WRITER)
+    writer = client.ApiClient(_client_configuration(service_account_kubeconfig(WRITER)))
+    user = f"system:serviceaccount:{namespace}:{WRITER}"
+    try:
+        as_writer = Kube(writer)
+        cases = []
+        for i, ref in enumerate(references.RUNTIME_REFERENCES):
+            spec, field = reference_spec(ref)
+            kind = "the data source" if ref.kind == references.TYPED else ref.kind
+            cases.append((runtime_manifest(f"rt-{i}", spec, kind="RLTrainingRuntime"), f'{field} names {kind} "{OTHER}"'))
+        for doc, named in cases:
+            refusal = _refusal(as_writer, namespace, doc)
+            assert refusal is not None and RUNTIME_REFERENCES in refusal, (named, refusal)
+            assert named in refusal and user in refusal and "its writer could use" in refusal, (named, refusal)
+        # The trainers' ServiceAccount is anyone's to name.
+        trainer = runtime_manifest("rt-trainer", {"podTemplate": {"spec": {"serviceAccountName": "rljob-trainer"}}},
+                                   kind="RLTrainingRuntime")
+        assert _refusal(as_writer, namespace, trainer) is None
+        _role(control_plane, namespace, "writer-uses-everything", ALL_RIGHTS, WRITER)
+        wait_for(lambda: _refusal(as_writer, namespace, cases[0][0]) is None, 30, message="the rights in force")
+        admitted_now = {doc["metadata"]["name"]: _refusal(as_writer, namespace, doc) for doc, _ in cases}
+        assert {k: v for k, v in admitted_now.items() if v is not None} == {}
+    finally:
+        writer.close()
+
+
 def test_the_operator_is_told_the_charts_policies_and_may_read_exactly_those() -> None:
     """Issue #43 point 6: the operator checks the policies the chart made (their names follow the release)."""
     from rljob_operator.admission import enforcement_problems
@@ -483,7 +849,8 @@ def test_the_operator_is_told_the_charts_policies_and_may_read_exactly_those() -
     docs = helm_template(release="ml")
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     env = operator_env(one(docs, "Deployment"))
-    assert env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(",") == ["ml-rljob-job-references", "ml-rljob-queues"]
+    assert env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(",") == [
+        "ml-rljob-job-references", "ml-rljob-queues", "ml-rljob-runtime-use", "ml-rljob-runtime-references"]
     assert sorted(policies) == sorted(env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(","))
     assert env["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "false"
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.trainer import deep_update
 from tests.support.yaml_go import go_differences
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ KUBE_VERSION = "1.37.2"
 STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
                    "app.kubernetes.io/managed-by")
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace",
-                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRLTrainingRuntime"}
 #: Non-default values worth rendering: (name, helm arguments).
 VARIANTS: list[tuple[str, list[str]]] = [
     ("default", []),
@@ -41,6 +42,8 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("cert-manager", ["--set", "statusAPI.tls.source=certManager"]),
     ("single-replica", ["--set", "replicaCount=1,leaderElection.enabled=false"]),
     ("no-network-policy", ["--set", "networkPolicy.enabled=false"]),
+    ("cpu-default-runtime", ["--set", "runtimes.defaultName=cpu"]),
+    ("no-runtimes", ["--set", "runtimes.default.enabled=false,runtimes.cpu.enabled=false,runtimes.defaultName="]),
     *[(f"ci/{p.name}", ["-f", str(p)]) for p in sorted((CHART / "ci").glob("*-values.yaml"))],
 ]
 
@@ -342,7 +345,10 @@ def test_generator_check_mode_reports_drift(tmp_path: Path) -> None:
 def test_rendered_crd_equals_the_generated_one_and_is_kept_on_uninstall() -> None:
     from rljob_operator.crd import RUNTIME_NAMES, crd_manifest, experiment_crd_manifest, runtime_crd_manifest
 
-    for expected in (crd_manifest(), experiment_crd_manifest(), *map(runtime_crd_manifest, RUNTIME_NAMES)):
+    for expected in map(runtime_crd_manifest, RUNTIME_NAMES):  # the chart's crds/ folder: kustomize's alone here
+        kustomized = one(kustomize_build("cluster-wide"), "CustomResourceDefinition", expected["metadata"]["name"])
+        assert _yaml12_numbers(kustomized["spec"]) == _yaml12_numbers(expected["spec"])
+    for expected in (crd_manifest(), experiment_crd_manifest()):
         name = expected["metadata"]["name"]
         crd = one(helm_template(), "CustomResourceDefinition", name)
         assert crd["spec"] == expected["spec"]
@@ -352,6 +358,25 @@ def test_rendered_crd_equals_the_generated_one_and_is_kept_on_uninstall() -> Non
         kustomized = one(kustomize_build("cluster-wide"), "CustomResourceDefinition", name)
         assert _yaml12_numbers(kustomized["spec"]) == _yaml12_numbers(expected["spec"])
     assert not by_kind(helm_template("--set", "crds.enabled=false"), "CustomResourceDefinition")
+
+
+def test_the_runtime_kinds_crds_are_in_the_charts_crds_folder_as_generated() -> None:
+    """Helm installs crds/ before it maps the chart's runtimes (a CRD template would not yet be served): the
+    folder holds exactly the runtime kinds' CRDs, verbatim, and no template renders them."""
+    from rljob_contract.runtime import CLUSTER_KIND, NAMESPACED_KIND
+    from rljob_operator.crd import runtime_crd_yaml
+
+    generator = _generator()
+    expected = {}
+    for kind in (CLUSTER_KIND, NAMESPACED_KIND):
+        for path, content in generator.outputs(runtime_crd_yaml(kind)).items():
+            assert path.read_text() == content, f"{path.relative_to(REPO)} drifted: run `make chart-crds`"
+            expected[path.relative_to(REPO)] = content
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(
+        p.name for p in expected if p.parts[:3] == ("charts", "rljob", "crds"))
+    assert {d["metadata"]["name"] for d in by_kind(helm_template(), "CustomResourceDefinition")} == {
+        "rltrainingjobs.rljob.dev", "rlexperiments.rljob.dev"}
+    assert {d["spec"]["scope"] for d in (yaml.safe_load(c) for c in expected.values())} == {"Cluster", "Namespaced"}
 
 
 def _yaml12_numbers(node: Any) -> Any:
@@ -459,6 +484,226 @@ def test_status_api_limits_reach_the_operator_and_bad_ones_are_refused() -> None
         assert result.returncode != 0 and where in result.stderr, result.stderr
 
 
+# ---------------------------------------------------------------------------- runtimes
+
+DEFAULT_MARKER = "rljob.dev/is-default-runtime"
+#: The restricted profile's securityContexts the chart's runtimes give the trainer pods (values runtimes.*).
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def runtimes(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ClusterRLTrainingRuntimes among ``docs``, by name."""
+    return {d["metadata"]["name"]: d for d in by_kind(docs, "ClusterRLTrainingRuntime")}
+
+
+def default_runtimes(docs: list[dict[str, Any]]) -> list[str]:
+    """Names of the runtimes marked as the default."""
+    return sorted(name for name, d in runtimes(docs).items()
+                  if (d["metadata"].get("annotations") or {}).get(DEFAULT_MARKER) == "true")
+
+
+def test_the_chart_ships_a_default_gpu_runtime_and_a_cpu_one_built_from_its_values() -> None:
+    docs = helm_template()
+    shipped = runtimes(docs)
+    assert sorted(shipped) == ["cpu", "default"] and default_runtimes(docs) == ["default"]
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    for runtime in shipped.values():
+        spec = runtime["spec"]
+        assert spec["image"] == f"ghcr.io/rljob/trainer:{app_version}" and spec["imagePullPolicy"] == "IfNotPresent"
+        assert spec["podTemplate"]["spec"] == {
+            "serviceAccountName": "rljob-trainer", "securityContext": RESTRICTED_POD,
+            "containers": [{"name": "trainer", "securityContext": RESTRICTED_CONTAINER}]}
+        assert "checkpoint" not in spec and "imagePullSecrets" not in spec
+        assert "metadata" not in spec["podTemplate"]
+    assert shipped["default"]["spec"]["gpuResource"] == "nvidia.com/gpu"
+    assert shipped["default"]["spec"]["limits"] == {"gpusPerWorker": {"max": 8}}
+    assert shipped["cpu"]["spec"]["limits"] == {"gpusPerWorker": {"max": 0}}
+    assert "gpuResource" not in shipped["cpu"]["spec"]
+    # A CPU-only cluster marks "cpu" instead; "" marks none.
+    assert default_runtimes(helm_template("--set", "runtimes.defaultName=cpu")) == ["cpu"]
+    assert default_runtimes(helm_template("--set", "runtimes.defaultName=")) == []
+    assert not runtimes(helm_template("--set", "runtimes.default.enabled=false,runtimes.cpu.enabled=false",
+                                      "--set", "runtimes.defaultName="))
+
+
+def test_runtime_values_reach_every_runtime_and_a_runtimes_spec_is_merged_over_them() -> None:
+    docs = helm_template("-f", str(CHART / "ci" / "cpu-runtimes-values.yaml"),
+                         "--set", "trainerServiceAccount.name=trainer",
+                         "--set-json", 'runtimes.cpu.spec.podTemplate={"spec": {"securityContext": {"runAsUser": 2000},'
+                                       ' "tolerations": [{"key": "cpu-pool", "operator": "Exists"}]}}')
+    shipped = runtimes(docs)
+    assert sorted(shipped) == ["big-cpu", "cpu"] and default_runtimes(docs) == ["cpu"]
+    checkpoint = {"storage": "s3://ml-checkpoints/rljob", "endpointUrl": "https://s3.example.com",
+                  "credentialsSecret": "s3-keys"}
+    for spec in (r["spec"] for r in shipped.values()):
+        assert spec["image"] == "registry.example.com/mirror/rljob-trainer:0.1.0" and spec["imagePullPolicy"] == "Always"
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["checkpoint"] == checkpoint
+        assert spec["podTemplate"]["spec"]["serviceAccountName"] == "trainer"
+    cpu = shipped["cpu"]["spec"]
+    # Maps merge key by key (the values' securityContext keeps its other keys); a list replaces.
+    assert cpu["podTemplate"]["spec"]["securityContext"] == {**RESTRICTED_POD, "runAsUser": 2000}
+    assert cpu["podTemplate"]["spec"]["tolerations"] == [{"key": "cpu-pool", "operator": "Exists"}]
+    assert cpu["limits"] == {"gpusPerWorker": {"max": 0}, "memoryPerWorker": {"default": "8Gi", "max": "32Gi"}}
+    assert shipped["big-cpu"]["spec"]["podTemplate"]["spec"]["nodeSelector"] == {
+        "node.kubernetes.io/instance-type": "m7i.48xlarge"}
+    # A zero or a false replaces the chart's value (Sprig's merge would keep the 8).
+    zero = runtimes(helm_template("--set", "runtimes.default.spec.limits.gpusPerWorker.max=0"))
+    assert zero["default"]["spec"]["limits"]["gpusPerWorker"]["max"] == 0
+    # The trainers' ServiceAccount is named only while the chart makes it, or when named outright.
+    no_account = runtimes(helm_template("--set", "trainerServiceAccount.create=false"))
+    assert "serviceAccountName" not in no_account["cpu"]["spec"]["podTemplate"]["spec"]
+    named = runtimes(helm_template("--set", "trainerServiceAccount.create=false,runtimes.serviceAccountName=s3-writer"))
+    assert named["cpu"]["spec"]["podTemplate"]["spec"]["serviceAccountName"] == "s3-writer"
+    digest = "sha256:" + "0" * 64
+    pinned = runtimes(helm_template("--set", f"runtimes.image.digest={digest}"))
+    assert pinned["default"]["spec"]["image"] == f"ghcr.io/rljob/trainer@{digest}"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "runtimes.defaultName=gpu"],
+     'runtimes.defaultName "gpu" names none of the chart\'s runtimes (cpu, default)'),
+    (["--set", "runtimes.cpu.enabled=false,runtimes.defaultName=cpu"],
+     'runtimes.defaultName "cpu" names none of the chart\'s runtimes (default)'),
+    (["--set-json", 'runtimes.extra={"cpu": {"spec": {}}}'],
+     'runtimes.extra.cpu: the chart already makes a runtime "cpu"'),
+    (["--set", "runtimes.image.repository=registry.example.com/rljob-trainer"],
+     'its image registry.example.com/rljob-trainer:0.1.0 matches none of podProfile.allowedImages'),
+    (["--set-json", 'runtimes.extra={"mine": {"spec": {"image": "docker.io/someone/trainer:latest"}}}'],
+     'runtime "mine": its image docker.io/someone/trainer:latest matches none of podProfile.allowedImages'),
+], ids=["default-name-unknown", "default-name-disabled", "extra-collides", "image-not-allowed", "extra-image-not-allowed"])
+def test_inconsistent_runtime_values_fail_with_a_message(args: list[str], message: str) -> None:
+    result = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION, *args, check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "runtimes.default.enable=false"], "additional properties 'enable' not allowed"),
+    (["--set", "runtimes.defaultName=GPU_Nodes"], "/runtimes/defaultName"),
+    (["--set", "runtimes.image.pullPolicy=Sometimes"], "/runtimes/image/pullPolicy"),
+    (["--set-json", 'runtimes.extra={"Big_CPU": {"spec": {}}}'], "invalid propertyName 'Big_CPU'"),
+    (["--set-json", 'runtimes.extra={"big": {"spec": {}, "open": true}}'], "additional properties 'open' not allowed"),
+], ids=["typo", "default-name-not-a-name", "pull-policy", "extra-name", "extra-typo"])
+def test_runtime_values_breaking_the_schema_are_rejected(args: list[str], message: str) -> None:
+    result = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION, *args, check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def _use_rules(rules: list[dict[str, Any]]) -> list[list[str]]:
+    """resourceNames of each rule granting `use` (an empty list would grant every runtime)."""
+    return [rule.get("resourceNames", []) for rule in rules if "use" in rule["verbs"]]
+
+
+def test_job_creators_may_use_the_open_runtimes_by_name_and_namespace_admins_write_their_own() -> None:
+    roles = {key[2]: rules for key, rules in rbac_rules(helm_template()).items()}
+    assert _use_rules(roles["rljob-runtime-user"]) == [["cpu", "default"]]
+    edit = roles["rljob-edit"]
+    assert _use_rules(edit) == [["cpu", "default"]]
+    assert {"apiGroups": ["rljob.dev"], "resources": ["rltrainingruntimes", "clusterrltrainingruntimes"],
+            "verbs": ["get", "list", "watch"]} in edit
+    assert not any("create" in r["verbs"] for r in edit if {"rltrainingruntimes", "clusterrltrainingruntimes"}
+                   & set(r["resources"]))
+    assert roles["rljob-admin"] == [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingruntimes"],
+                                     "verbs": ["create", "update", "patch", "delete", "deletecollection", "use"]}]
+    labels = {d["metadata"]["name"]: d["metadata"]["labels"] for d in helm_template() if d["kind"] == "ClusterRole"}
+    assert labels["rljob-admin"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-edit" not in labels["rljob-admin"]
+    assert not any(k.startswith("rbac.authorization.k8s.io/aggregate") for k in labels["rljob-runtime-user"])
+    # No ClusterRole of the chart can write a ClusterRLTrainingRuntime: the platform's own admins do.
+    assert not any("clusterrltrainingruntimes" in r["resources"] and set(r["verbs"]) - {"get", "list", "watch", "use"}
+                   for rules in roles.values() for r in rules)
+    # A runtime closed to job creators is named by no role; with none open, no rule at all.
+    ci = {key[2]: rules for key, rules in rbac_rules(helm_template(
+        "-f", str(CHART / "ci" / "cpu-runtimes-values.yaml"))).items()}
+    assert _use_rules(ci["rljob-runtime-user"]) == _use_rules(ci["rljob-edit"]) == [["cpu"]]
+    closed = {key[2]: rules for key, rules in rbac_rules(helm_template(
+        "--set", "runtimes.default.openToJobCreators=false,runtimes.cpu.openToJobCreators=false")).items()}
+    assert "rljob-runtime-user" not in closed and _use_rules(closed["rljob-edit"]) == []
+
+
+@pytest.mark.parametrize("name,args", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_every_runtime_the_chart_renders_validates_with_rljob_validate(name: str, args: list[str],
+                                                                       tmp_path: Path) -> None:
+    shipped = runtimes(helm_template(*args))
+    for runtime_name, runtime in shipped.items():
+        path = tmp_path / f"{runtime_name}.yaml"
+        path.write_text(yaml.safe_dump(runtime))
+        result = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(path)], check=False)
+        assert result.returncode == 0, f"{runtime_name}: {result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("default", ["default", "cpu"])
+def test_the_quickstart_validates_unchanged_on_the_default_runtime_of_a_gpu_and_of_a_cpu_cluster(
+        default: str, tmp_path: Path) -> None:
+    """``rljob validate --runtime`` checks a job against the runtime it would run on (the one marked as the
+    default): the quickstart, which names none, is within the bounds of either."""
+    path = tmp_path / "runtimes.yaml"
+    path.write_text(yaml.safe_dump_all(list(runtimes(helm_template("--set", f"runtimes.defaultName={default}")).values())))
+    result = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(REPO / "examples" / "quickstart.yaml"),
+                  "--runtime", str(path)], check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Asked for two GPUs (one per process) on the cpu runtime, it would not be.
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text(yaml.safe_dump(deep_update(yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text()),
+                                               {"spec": {"workers": {"gpusPerWorker": 2}}})))
+    refused = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(gpus), "--runtime", str(path)],
+                  check=False)
+    assert (refused.returncode != 0) == (default == "cpu"), refused.stdout + refused.stderr
+    if default == "cpu":
+        assert "spec.workers.gpusPerWorker" in refused.stdout + refused.stderr
+
+
+def _kustomized_runtimes(overlay_docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: {"spec": d["spec"], "default": (d["metadata"].get("annotations") or {}).get(DEFAULT_MARKER)}
+            for name, d in runtimes(overlay_docs).items()}
+
+
+def test_kustomize_ships_the_charts_runtimes_and_user_roles() -> None:
+    validated = run([str(REPO / ".venv/bin/python"), "-m", "rljob", "validate", str(MANIFESTS / "base" / "runtimes.yaml")],
+                    check=False)
+    assert validated.returncode == 0 and validated.stdout.count(": ok") == 2, validated.stdout + validated.stderr
+    chart = helm_template()
+    for overlay in ("cluster-wide", "single-namespace"):
+        docs = kustomize_build(overlay)
+        assert _kustomized_runtimes(docs) == _kustomized_runtimes(chart), overlay
+        users = {k[2]: v for k, v in rbac_rules(docs).items() if k[2] in ("rljob-runtime-user", "rljob-edit",
+                                                                           "rljob-admin", "rljob-view")}
+        assert users == {k[2]: v for k, v in rbac_rules(chart).items() if k[2] in users} and len(users) == 4
+        for d in docs:
+            if d["kind"] == "ClusterRole" and d["metadata"]["name"] in users:
+                chart_labels = one(chart, "ClusterRole", d["metadata"]["name"])["metadata"]["labels"]
+                aggregate = {k: v for k, v in chart_labels.items() if k.startswith("rbac.authorization.k8s.io/")}
+                assert aggregate.items() <= d["metadata"]["labels"].items()
+
+
+def test_the_cpu_default_component_is_the_charts_runtimes_default_name_cpu(tmp_path: Path) -> None:
+    """The kustomize component for clusters without GPUs marks "cpu" and asks the admission policy for its `use`."""
+    import shutil
+
+    copy = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    overlay = copy / "overlays" / "cpu-only"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../cluster-wide"], "components": ["../../components/cpu-default"]}))
+    built = run([str(bin_dir() / "kubectl"), "kustomize", str(overlay)]).stdout
+    assert go_differences(built) == []  # read by kubectl as by these tests
+    docs = [d for d in yaml.safe_load_all(built) if d]
+    chart = helm_template("--set", "runtimes.defaultName=cpu")
+    assert _kustomized_runtimes(docs) == _kustomized_runtimes(chart)
+    assert default_runtimes(docs) == ["cpu"]
+
+    def policy(objects: list[dict[str, Any]]) -> dict[str, Any]:
+        # kustomize re-folds the `>-` scalars (the line breaks of CEL, not its tokens, differ).
+        found = one(objects, "ValidatingAdmissionPolicy", "rljob-runtime-use")
+        return {v["name"]: " ".join(v["expression"].split()) for v in found["spec"]["variables"]}
+
+    assert policy(docs) == policy(chart) and policy(docs)["defaultRuntime"] == "'cpu'"
+
+
 # ------------------------------------------------------------------------------- RBAC
 
 #: The operator's rules on jobs and their children (charts/rljob/templates/_helpers.tpl).
@@ -482,12 +727,14 @@ JOB_RULES = [
 
 CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+#: Runtimes are cluster-scoped (and a ClusterRLTrainingRuntime's namespaceSelector reads Namespaces): read-only, in every mode.
 RUNTIME_RULES = [{"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"], "verbs": ["list", "watch"]},
                  {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
 ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
-                    "resourceNames": ["rljob-job-references", "rljob-queues"], "verbs": ["get"]},
+                    "resourceNames": ["rljob-job-references", "rljob-queues", "rljob-runtime-use",
+                                      "rljob-runtime-references"], "verbs": ["get"]},
                    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
                     "verbs": ["list"]}]
 
@@ -502,14 +749,13 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator-capacity")] == CAPACITY_RULES
     # Kueue: the flavors an admission assigns and the priority classes jobs name, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
-    # The platform's cluster runtimes, read-only (a job's pods are built from its runtime).
+    # Runtimes and the namespaces' labels, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-runtimes")] == RUNTIME_RULES
-    # Are the admission policies in force? Its own two policies by name, and the bindings (issue #43 point 6).
+    # Are the admission policies in force? Its own four policies by name, and the bindings (issue #43 point 6).
     assert rbac[("ClusterRole", "", "rljob-operator-admission")] == ADMISSION_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
-                         ("ClusterRole", "", "rljob-operator-runtimes"),
                          ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),
-                         ("ClusterRole", "", "rljob-operator-admission"),
+                         ("ClusterRole", "", "rljob-operator-runtimes"), ("ClusterRole", "", "rljob-operator-admission"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
                          ("Role", "rljob-system", "rljob-operator-tls")}
     without = operator_rbac(helm_template("--set", "rbac.capacityAutoscaling=false"))
@@ -527,6 +773,7 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-runtimes"),
                              ("ClusterRole", "", "rljob-operator-capacity"),
                              ("ClusterRole", "", "rljob-operator-kueue"), ("ClusterRole", "", "rljob-operator-admission")}
+    assert rbac[("ClusterRole", "", "rljob-operator-runtimes")] == RUNTIME_RULES
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]
     assert sorted(d["metadata"]["namespace"] for d in trainers) == ["ml-a", "ml-b"]

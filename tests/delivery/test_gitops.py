@@ -91,6 +91,9 @@ def test_argocd_applications_point_at_the_chart_and_the_overlay(tmp_path: Path) 
     for path in ARGOCD.glob("application-*.yaml"):
         app = yaml.safe_load(path.read_text())
         assert app["apiVersion"] == "argoproj.io/v1alpha1" and app["kind"] == "Application", path.name
+    # The runtimes come with their CRDs: the first sync's dry run would refuse them.
+    for app in (helm_app, kustomize_app):
+        assert "SkipDryRunOnMissingResource=true" in app["spec"]["syncPolicy"]["syncOptions"]
 
 
 def test_flux_helmrelease_values_are_accepted_by_the_chart(tmp_path: Path) -> None:
@@ -98,5 +101,7 @@ def test_flux_helmrelease_values_are_accepted_by_the_chart(tmp_path: Path) -> No
     release = next(d for d in docs if d["kind"] == "HelmRelease")
     assert (REPO / release["spec"]["chart"]["spec"]["chart"] / "Chart.yaml").exists()
     _values_accepted(release["spec"]["values"], tmp_path)
+    # The runtime kinds' CRDs are in the chart's crds/ folder: created on install, replaced on upgrade.
+    assert (release["spec"]["install"]["crds"], release["spec"]["upgrade"]["crds"]) == ("Create", "CreateReplace")
     jobs = yaml.safe_load((MANIFESTS / "gitops" / "flux" / "kustomization-jobs.yaml").read_text())
     assert jobs["spec"]["wait"] is True  # kstatus on the jobs' conditions, no custom check needed

@@ -235,9 +235,10 @@ def chart_operator_pod(control_plane: Any, api_client: Any, tmp_path: Path) -> A
     kube = Kube(api_client)
     suffix = tmp_path.name[-6:].lower().replace("_", "")
     namespace, jobs = f"rljob-img-{suffix}", f"rljob-imgjobs-{suffix}"
-    # As a user who pushed the image to their registry configures it: the chart's allowlist.
+    # As a user who pushed the image to their registry configures it: the chart's runtimes and allowlist.
     with chart_installed(control_plane, kube, tmp_path / "helm", "rljob-img", namespace, jobs,
-                         "--set", "replicaCount=1", "--set", "podProfile.allowedImages={registry.invalid/rljob-trainer:*}"):
+                         "--set", "replicaCount=1", "--set", "podProfile.allowedImages={registry.invalid/rljob-trainer:*}",
+                         "--set", "runtimes.image.repository=registry.invalid/rljob-trainer,runtimes.image.tag=test"):
         selector = "app.kubernetes.io/instance=rljob-img,app.kubernetes.io/component=operator"
         pod = wait_for(lambda: (kube.list_pods(namespace, selector) or [None])[0], 60, message="the operator pod")
         yield kube, namespace, jobs, pod
@@ -259,11 +260,9 @@ def _api_access_files(kube: Any, control_plane: Any, pod: dict[str, Any]) -> con
 def test_operator_image_runs_under_the_charts_pod_and_reconciles_a_job(
         built_images: dict[str, str], chart_operator_pod: Any, control_plane: Any, tmp_path: Path) -> None:
     from tests.support.operator import (
-        apply_runtime,
         create_job,
         free_port,
         job_manifest,
-        runtime_manifest,
         wait_phase,
     )
 
@@ -294,11 +293,9 @@ def test_operator_image_runs_under_the_charts_pod_and_reconciles_a_job(
         health = wait_for(lambda: serving("/healthz"), 120, message="the operator container's /healthz")
         assert health.status_code == 200
         wait_for(lambda: "rljob_operator_leader 1.0" in serving("/metrics").text, 60, message="leading")
-        # With its chart RBAC (the ServiceAccount's token), it reconciles a job into a Running gang.
-        apply_runtime(kube, runtime_manifest("trainer-sa", {"podTemplate": {"spec": {
-            "serviceAccountName": "rljob-trainer"}}}, kind="RLTrainingRuntime", namespace=jobs))
-        create_job(kube, jobs, job_manifest("img-gang", replicas=2, spec={
-            "runtimeRef": {"kind": "RLTrainingRuntime", "name": "trainer-sa"}}))
+        # With its chart RBAC (the ServiceAccount's token), it reconciles a job into a Running gang, on the
+        # chart's default runtime (which runs trainers as rljob-trainer).
+        create_job(kube, jobs, job_manifest("img-gang", replicas=2))
         job = wait_phase(kube, jobs, "img-gang", "Running", timeout=90)
         assert {c["type"]: c["status"] for c in job["status"]["conditions"]}["Ready"] == "True"
         assert len(kube.list_pods(jobs, "rljob.dev/job=img-gang")) == 2

@@ -9,7 +9,10 @@
   the RBAC is sufficient.
 * ``kubectl auth can-i --list`` for that ServiceAccount equals the reviewed snapshot in
   tests/delivery/snapshots/ (``RLJOB_UPDATE_SNAPSHOTS=1`` rewrites it after a deliberate change).
-* ``helm uninstall`` keeps the CRD and the jobs; ``kubectl apply -k`` of each overlay works.
+* ``helm install`` creates the runtimes "default" (marked as the default) and "cpu"; a job that names no
+  runtime runs on the default one; ``helm uninstall`` keeps the CRDs and the jobs, not the runtimes.
+* ``kubectl apply -k`` of each overlay works (after the CRDs, as manifests/README.md says), with the same
+  runtimes.
 """
 
 from __future__ import annotations
@@ -36,11 +39,10 @@ from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import CHART, MANIFESTS, PROMETHEUS, REPO, operator_env, run
 from tests.support.operator import (
     FAST_ENV,
-    apply_runtime,
+    TEST_IMAGE,
     create_job,
     free_port,
     job_manifest,
-    runtime_manifest,
     token_for,
     wait_for_events,
     wait_phase,
@@ -50,8 +52,10 @@ pytestmark = pytest.mark.cluster
 SNAPSHOTS = REPO / "tests" / "delivery" / "snapshots"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rltrainingjobs.rljob.dev"
 EXPERIMENT_CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rlexperiments.rljob.dev"
-RUNTIME_CRD_PATHS = tuple(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}.rljob.dev"
-                          for name in ("clusterrltrainingruntimes", "rltrainingruntimes"))
+RUNTIME_CRD_PATHS = tuple(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.rljob.dev"
+                          for plural in ("clusterrltrainingruntimes", "rltrainingruntimes"))
+CLUSTER_RUNTIMES = "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes"
+DEFAULT_MARKER = "rljob.dev/is-default-runtime"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
@@ -67,7 +71,9 @@ def kube(api_client: Any) -> Any:
 
 def policy_names(fullname: str) -> dict[str, str]:
     """The admission policies the operator may read, named after the release's full name (kustomize: rljob)."""
-    return {f"{fullname}-job-references": "<references-policy>", f"{fullname}-queues": "<queues-policy>"}
+    return {f"{fullname}-job-references": "<references-policy>", f"{fullname}-queues": "<queues-policy>",
+            f"{fullname}-runtime-use": "<runtime-use-policy>",
+            f"{fullname}-runtime-references": "<runtime-references-policy>"}
 
 
 def kubectl(control_plane: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -303,6 +309,16 @@ def test_helm_install_deploys_and_explains_itself(release: Release, control_plan
     assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == release.name
     trainer_sa = kube.request("GET", f"/api/v1/namespaces/{release.jobs_namespace}/serviceaccounts/rljob-trainer")
     assert trainer_sa["automountServiceAccountToken"] is False
+    # The runtimes, "default" marked as the default; their CRDs from the chart's crds/ folder.
+    assert 'A job that sets no spec.runtimeRef runs on "default"' in notes
+    runtimes = {r["metadata"]["name"]: r for r in kube.request("GET", CLUSTER_RUNTIMES, query={
+        "labelSelector": f"app.kubernetes.io/instance={release.name}"})["items"]}
+    assert sorted(runtimes) == ["cpu", "default"]
+    assert [n for n, r in runtimes.items() if (r["metadata"].get("annotations") or {}).get(DEFAULT_MARKER) == "true"] \
+        == ["default"]
+    assert runtimes["cpu"]["spec"]["limits"]["gpusPerWorker"]["max"] == 0
+    for path in RUNTIME_CRD_PATHS:
+        assert kube.request("GET", path)["status"]["acceptedNames"]["kind"].endswith("RLTrainingRuntime")
 
 
 def test_operator_pods_are_admitted_in_a_restricted_namespace(release: Release, kube: Any) -> None:
@@ -343,7 +359,8 @@ class LocalOperator:
                 env[key] = self.identity
             else:
                 raise AssertionError(f"{key}: cannot run {value} locally")
-        env.update(FAST_ENV)
+        # Fast intervals; the pod profile stays the chart's (its runtimes' image allowed).
+        env.update({k: v for k, v in FAST_ENV.items() if k != "RLJOB_OPERATOR_ALLOWED_IMAGES"})
         env.update({"RLJOB_OPERATOR_STATUS_PORT": str(self.status_port),
                     "RLJOB_OPERATOR_METRICS_PORT": str(self.metrics_port),
                     "RLJOB_OPERATOR_STATUS_URL": f"https://127.0.0.1:{self.status_port}"})
@@ -400,11 +417,9 @@ def test_operator_with_the_charts_identity_reconciles_a_job(release: Release, co
     try:
         operator.wait_leader()
         jobs = release.jobs_namespace
-        # The trainers' ServiceAccount comes from the runtime (the chart's own runtimes: the delivery side).
-        apply_runtime(kube, runtime_manifest("trainer-sa", {"podTemplate": {"spec": {
-            "serviceAccountName": "rljob-trainer"}}}, kind="RLTrainingRuntime", namespace=jobs))
-        create_job(kube, jobs, job_manifest("helm-gang", replicas=2, spec={
-            "runtimeRef": {"kind": "RLTrainingRuntime", "name": "trainer-sa"}}))
+        # No runtimeRef: the runtime the install marked as the default gives the pods their image,
+        # ServiceAccount and security context.
+        create_job(kube, jobs, job_manifest("helm-gang", replicas=2))
         if release.mode == "namespaced":  # a job outside watchNamespaces is none of its business
             create_job(kube, release.other_namespace, job_manifest("unwatched", replicas=1))
         job = wait_phase(kube, jobs, "helm-gang", "Running", timeout=90)
@@ -412,6 +427,9 @@ def test_operator_with_the_charts_identity_reconciles_a_job(release: Release, co
         pods = sorted(kube.list_pods(jobs, "rljob.dev/job=helm-gang"), key=lambda p: p["metadata"]["name"])
         assert [p["metadata"]["name"] for p in pods] == ["helm-gang-worker-0", "helm-gang-worker-1"]
         assert all(p["spec"]["serviceAccountName"] == "rljob-trainer" for p in pods)
+        # The chart's runtime, not the tests' own default (an older one, another image): the newest marked wins.
+        assert {p["spec"]["containers"][0]["image"] for p in pods} == {
+            kube.request("GET", f"{CLUSTER_RUNTIMES}/default")["spec"]["image"]} != {TEST_IMAGE}
         cm = kube.request("GET", kube.core_path(jobs, "configmaps", "helm-gang-config"))
         assert kube.request("GET", kube.core_path(jobs, "services", "helm-gang"))["spec"]["clusterIP"] == "None"
         # The job's NetworkPolicy, with the chart's Prometheus as the only scraper besides the job.
@@ -489,9 +507,12 @@ def test_helm_uninstall_keeps_the_crd_and_the_jobs(release: Release, control_pla
     assert kube.request("GET", CRD_PATH)["metadata"]["name"] == "rltrainingjobs.rljob.dev"
     assert kube.request("GET", EXPERIMENT_CRD_PATH)["metadata"]["name"] == "rlexperiments.rljob.dev"
     assert kube.get_job(release.jobs_namespace, "survivor") is not None
-    roles = kube.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-                         query={"labelSelector": f"app.kubernetes.io/instance={release.name}"})
-    assert roles["items"] == []
+    for path in RUNTIME_CRD_PATHS:  # Helm never deletes what the chart's crds/ folder installed
+        assert kube.request("GET", path)
+    selector = {"labelSelector": f"app.kubernetes.io/instance={release.name}"}
+    assert kube.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", query=selector)["items"] == []
+    # The runtimes go with the release (a running job keeps the snapshot it started with).
+    assert kube.request("GET", CLUSTER_RUNTIMES, query=selector)["items"] == []
 
 
 # ----------------------------------------------------------------------- kustomize
@@ -501,9 +522,17 @@ def test_helm_uninstall_keeps_the_crd_and_the_jobs(release: Release, control_pla
 def test_kubectl_apply_k_installs_each_overlay(overlay: str, namespace: str, control_plane: Any, kube: Any) -> None:
     path = str(MANIFESTS / "overlays" / overlay)
     try:
+        # As manifests/README.md says: the CRDs first (kubectl maps the runtimes before it creates anything).
+        kubectl(control_plane, "apply", "--server-side", "--force-conflicts", "-f", str(MANIFESTS / "base" / "crds"))
+        kubectl(control_plane, "wait", "--for", "condition=Established", "crd", "--all", "--timeout=60s")
         kubectl(control_plane, "apply", "-k", path)
         kubectl(control_plane, "apply", "-k", path)  # GitOps tools re-apply all the time
         assert_crds_as_generated(kube)
+        runtimes = kube.request("GET", CLUSTER_RUNTIMES, query={
+            "labelSelector": "app.kubernetes.io/managed-by=kustomize,app.kubernetes.io/part-of=rljob"})["items"]
+        assert sorted(r["metadata"]["name"] for r in runtimes) == ["cpu", "default"]
+        assert (next(r for r in runtimes if r["metadata"]["name"] == "default")["metadata"]["annotations"]
+                [DEFAULT_MARKER] == "true")
 
         def pods() -> list[dict[str, Any]]:
             items = kube.list_pods(namespace, "app.kubernetes.io/component=operator")
@@ -533,7 +562,7 @@ def test_kubectl_apply_k_installs_each_overlay(overlay: str, namespace: str, con
     finally:
         # Everything but the CRD (other tests' jobs live in it).
         for kind in ("clusterrolebinding", "clusterrole", "validatingadmissionpolicybinding",
-                     "validatingadmissionpolicy"):
+                     "validatingadmissionpolicy", "clusterrltrainingruntime"):
             kubectl(control_plane, "delete", kind, "-l",
                     "app.kubernetes.io/managed-by=kustomize,app.kubernetes.io/part-of=rljob", check=False)
         delete_namespace(kube, namespace)

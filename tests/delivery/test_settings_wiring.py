@@ -39,7 +39,9 @@ CHART_DEFAULT_DIFFERS = {
 #: Chart values that a changed value needs beside it, and values whose new form the type cannot give.
 COMPANIONS = {"leaderElection.enabled": {"replicaCount": 1},
               "admissionPolicies.acknowledgeDisabled": {"admissionPolicies.enabled": False},
-              "podProfile.allowedServiceAccounts": {"trainerServiceAccount": {"create": False}}}
+              "podProfile.allowedServiceAccounts": {"trainerServiceAccount": {"create": False}},
+              # The chart refuses runtimes whose image the profile would refuse.
+              "podProfile.allowedImages": {"runtimes.image.repository": "registry.example.com/rljob-trainer"}}
 NEW_VALUES: dict[str, Any] = {
     "operator.logLevel": "DEBUG", "podProfile.profile": "baseline", "statusAPI.url": "https://status.example.com",
     "statusAPI.tls.secretName": "shared-tls", "watchNamespaces": ["ml-a", "ml-b"],

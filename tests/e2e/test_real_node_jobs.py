@@ -1,9 +1,11 @@
 """Jobs on the real node: the trainer image in real pods, through ``kubectl apply`` and the operator.
 
 The control plane has one real node (containerd, kubelet, kube-proxy, CoreDNS; ``tests/cluster/
-realnode.py``) beside its KWOK GPU nodes. The operator runs here as a process (as for a developer's
-``rljob operator``); the pods reach its status API and the S3 test server on their bridge's gateway
-address, over TLS for the heartbeats. What is asserted is what a user sees: the job's phase, the
+realnode.py``) beside its KWOK GPU nodes. The jobs run on the chart's runtime "cpu", marked as the
+default by the e2e values (``real-node-values.yaml``: the local trainer image, the real node), so
+``examples/quickstart.yaml`` is applied as it ships. The operator runs here as a process (as for a
+developer's ``rljob operator``); the pods reach its status API and the S3 test server on their bridge's
+gateway address, over TLS for the heartbeats. What is asserted is what a user sees: the job's phase, the
 reward in its status, the pods' UIDs, the checkpoints in the bucket, the kubelet's own reasons.
 
 Run by ``make e2e`` (``pytest -m realnode``), never by ``make test``: it needs root, the Debian
@@ -13,6 +15,7 @@ packages of ``tools/real-node-deps.sh`` and the real-node binaries.
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 import time
@@ -24,14 +27,19 @@ import pytest
 import yaml
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import apply_runtime, create_job, get_job, job_pods, wait_for_events, wait_phase
+from tests.delivery.test_chart import CHART, KUBE_VERSION, REPO, helm
+from tests.support.operator import create_job, get_job, job_pods, wait_for_events, wait_phase
 from tests.support.s3_server import MotoServer
 from tests.support.trainer import deep_update
 
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster]
 
-TRAINER_IMAGE = "localhost/rljob-trainer:dev"
+#: The chart's values for the real node: "cpu" the default runtime, the local trainer image, the real node.
+E2E_VALUES = Path(__file__).with_name("real-node-values.yaml")
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+#: The release name the runtimes are rendered under (their label app.kubernetes.io/instance).
+RUNTIMES_RELEASE = "rljob-e2e"
 
 
 @pytest.fixture
@@ -51,41 +59,49 @@ def bucket(real_node: Any, tmp_path: Any) -> Iterator[tuple[MotoServer, str]]:
         server.stop()
 
 
+def chart_runtimes_yaml(namespace: str, *values: str) -> str:
+    """The chart's runtimes with the e2e values (and ``values``), and the trainers' ServiceAccount they name,
+    made in ``namespace``: what ``helm install -f tests/e2e/real-node-values.yaml`` creates of them."""
+    return helm("template", RUNTIMES_RELEASE, str(CHART), "--namespace", "rljob-system", "--kube-version",
+                KUBE_VERSION, "-f", str(E2E_VALUES), "--set", f"trainerServiceAccount.namespaces={{{namespace}}}",
+                *values, "--show-only", "templates/runtimes.yaml",
+                "--show-only", "templates/trainer-serviceaccount.yaml").stdout
+
+
 @pytest.fixture
-def real_operator(real_node: Any, operator: Any) -> Any:
+def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str]) -> Iterator[str]:
+    """The chart's runtimes as the e2e values make them ("cpu" the default), checkpoints in the test's bucket
+    (each job's under ``<bucket>/rljob/<namespace>/<job>``, with the Secret ``s3-keys`` of its namespace);
+    removed after the test, so the chart's own install (the last test) makes them anew. Yields the prefix
+    of the namespace's checkpoints in the bucket."""
+    server, bucket_name = bucket
+    storage = {"storage": f"s3://{bucket_name}/rljob", "endpointUrl": server.endpoint, "credentialsSecret": "s3-keys"}
+    manifest = chart_runtimes_yaml(namespace, "--set-json", f"runtimes.checkpoint={json.dumps(storage)}")
+    kubectl = [str(real_node.bin / "kubectl"), "--kubeconfig", str(real_node.admin_kubeconfig)]
+    subprocess.run([*kubectl, "apply", "-f", "-"], input=manifest, text=True, check=True, capture_output=True)
+    try:
+        yield f"rljob/{namespace}"
+    finally:
+        subprocess.run([*kubectl, "delete", "clusterrltrainingruntimes", "-l",
+                        f"app.kubernetes.io/instance={RUNTIMES_RELEASE}", "--ignore-not-found"],
+                       check=False, capture_output=True)
+
+
+@pytest.fixture
+def real_operator(real_node: Any, operator: Any, chart_runtimes: str) -> Any:
     """The operator, its status API on the gateway address (its certificate names it), the trainer image
-    allowed as a platform team allows its own registry's."""
-    return operator(status_host=real_node.real_node.gateway,
-                    env={"RLJOB_OPERATOR_ALLOWED_IMAGES": "localhost/rljob-trainer:*"})
+    allowed as the e2e values allow it (a platform team allows its own registry's)."""
+    allowed = yaml.safe_load(E2E_VALUES.read_text())["podProfile"]["allowedImages"]
+    return operator(status_host=real_node.real_node.gateway, env={"RLJOB_OPERATOR_ALLOWED_IMAGES": ",".join(allowed)})
 
 
-def real_runtime(kube: Any, namespace: str, endpoint: str | None = None, bucket_name: str | None = None,
-                 service_account: str | None = None) -> str:
-    """An RLTrainingRuntime of ``namespace`` for the real node (its image, no registry), checkpoints in the bucket
-    (if any, with the ``s3-keys`` Secret); its name, for a job's runtimeRef."""
-    name = "real-node-s3" if bucket_name else "real-node"
-    spec: dict[str, Any] = {
-        "image": TRAINER_IMAGE,
-        "imagePullPolicy": "Never",  # loaded into the node's containerd; there is no registry
-        "podTemplate": {"spec": {"nodeSelector": {"rljob.dev/real-node": "true"},
-                                 **({"serviceAccountName": service_account} if service_account else {})}},
-    }
-    if bucket_name:
-        s3_secret(kube, namespace)
-        spec["checkpoint"] = {"storage": f"s3://{bucket_name}", "endpointUrl": endpoint, "credentialsSecret": "s3-keys"}
-    apply_runtime(kube, {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingRuntime",
-                         "metadata": {"name": name, "namespace": namespace}, "spec": spec})
-    return name
-
-
-def real_job(name: str, runtime: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The quickstart as two one-process workers on the real node, on ``runtime`` (``real_runtime``)."""
+def real_job(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The quickstart's training as two one-process workers (a rendezvous between pods) of 3 GiB each, on
+    the default runtime: the e2e's "cpu", which places them on the real node and checkpoints in the bucket."""
     doc = {
         "apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": name},
         "spec": {
-            "runtimeRef": {"kind": "RLTrainingRuntime", "name": runtime},
-            "workers": {"replicas": 2, "procsPerWorker": 1, "gpusPerWorker": 0,
-                        "resources": {"limits": {"memory": "3Gi"}}},
+            "workers": {"replicas": 2, "procsPerWorker": 1, "resources": {"limits": {"memory": "3Gi"}}},
             "training": {
                 "model": "builtin:tiny",
                 "dataset": {"name": "builtin:repeat-char", "size": 2048},
@@ -106,12 +122,10 @@ def s3_secret(kube: Any, namespace: str) -> None:
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in S3_KEYS.items()}})
 
 
-def start_job(kube: Any, namespace: str, bucket: tuple[MotoServer, str], name: str,
-              spec: dict[str, Any]) -> None:
-    """A job checkpointing to the S3 test server, created and Running."""
-    server, bucket_name = bucket
-    runtime = real_runtime(kube, namespace, server.endpoint, bucket_name)
-    create_job(kube, namespace, real_job(name, runtime, spec))
+def start_job(kube: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """A job checkpointing to the S3 test server (its runtime's storage), created and Running."""
+    s3_secret(kube, namespace)
+    create_job(kube, namespace, real_job(name, spec))
     wait_phase(kube, namespace, name, "Running", timeout=300)
 
 
@@ -133,37 +147,45 @@ def checkpoints_in(server: MotoServer, bucket_name: str, prefix: str) -> set[int
             if o["Key"].endswith("/rljob-manifest.json")}
 
 
-def test_quickstart_gang_trains_in_real_pods_and_succeeds_with_the_reward_learned(
-        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, tmp_path: Path) -> None:
+def test_the_unchanged_quickstart_trains_on_the_default_cpu_runtime_and_succeeds_with_the_reward_learned(
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, chart_runtimes: str) -> None:
+    """examples/quickstart.yaml as it ships (no runtimeRef, two processes on one worker), applied as a user
+    does: the runtime marked as the default, "cpu", gives it its image, node, ServiceAccount and storage."""
     server, bucket_name = bucket
-    runtime = real_runtime(kube, namespace, server.endpoint, bucket_name)
-    manifest = tmp_path / "quick.yaml"  # as a user applies it
-    manifest.write_text(yaml.safe_dump(real_job("quick", runtime)))
+    s3_secret(kube, namespace)
     subprocess.run([str(real_node.bin / "kubectl"), "--kubeconfig", str(real_node.admin_kubeconfig),
-                    "apply", "-n", namespace, "-f", str(manifest)], check=True, capture_output=True)
-    wait_phase(kube, namespace, "quick", "Running", timeout=300)
-    pods = job_pods(kube, namespace, "quick")
+                    "apply", "-n", namespace, "-f", str(QUICKSTART)], check=True, capture_output=True)
+    wait_phase(kube, namespace, "quickstart", "Running", timeout=300)
+    pods = job_pods(kube, namespace, "quickstart")
     assert {p["spec"]["nodeName"] for p in pods} == {"rljob-real-node"}
+    # The runtime "cpu" made them: its image, ServiceAccount and node, and no GPU asked for.
+    assert {p["spec"]["serviceAccountName"] for p in pods} == {"rljob-trainer"}
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
+    assert not any("nvidia.com/gpu" in (p["spec"]["containers"][0].get("resources") or {}).get("limits", {})
+                   for p in pods)
     # The probes are real: worker 0 turns Ready only once the trainer answers /readyz.
     wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True"
-                         for c in (next(p for p in job_pods(kube, namespace, "quick")
-                                        if p["metadata"]["name"] == "quick-worker-0")["status"].get("conditions") or [])),
+                         for c in (next(p for p in job_pods(kube, namespace, "quickstart")
+                                        if p["metadata"]["name"] == "quickstart-worker-0")["status"].get("conditions")
+                                   or [])),
              300, message="worker 0 Ready through its readiness probe")
     # Heartbeats reached the status API over TLS while training ran (rank 0, on worker 0).
-    wait_for(lambda: (progress(kube, namespace, "quick").get("step") or 0) > 0, 300, message="a heartbeat")
-    job = wait_phase(kube, namespace, "quick", "Succeeded", timeout=900)
+    wait_for(lambda: (progress(kube, namespace, "quickstart").get("step") or 0) > 0, 300, message="a heartbeat")
+    job = wait_phase(kube, namespace, "quickstart", "Succeeded", timeout=900)
     assert job["status"]["progress"]["step"] == 120
     assert job["status"]["progress"]["reward"] >= 0.9, job["status"]["progress"]
-    assert checkpoints_in(server, bucket_name, f"{namespace}/quick") == {100, 120}  # everySteps 20, keepLast 2
-    # Two torchrun nodes train only once they met: worker 1 found worker 0 by its DNS name through
-    # the headless Service (RLJOB_RDZV_ENDPOINT), so the steps above are the rendezvous's proof.
+    # The runtime's storage, the job's own path under it; the quickstart's everySteps 40, keepLast 2.
+    assert checkpoints_in(server, bucket_name, f"{chart_runtimes}/quickstart") == {80, 120}
 
 
 def test_a_deleted_worker_restarts_the_gang_which_resumes_from_its_newest_checkpoint(
-        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, chart_runtimes: str) -> None:
+    """Two torchrun nodes train only once they met: worker 1 finds worker 0 by its DNS name through the
+    headless Service (RLJOB_RDZV_ENDPOINT), so the steps of each gang are the rendezvous's proof."""
     server, bucket_name = bucket
-    start_job(kube, namespace, bucket, "resume", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 10}})
-    saved = wait_for(lambda: checkpoints_in(server, bucket_name, f"{namespace}/resume") or None, 600, message="a first checkpoint")
+    start_job(kube, namespace, "resume", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 10}})
+    prefix = f"{chart_runtimes}/resume"
+    saved = wait_for(lambda: checkpoints_in(server, bucket_name, prefix) or None, 600, message="a first checkpoint")
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "resume")}
     kube.request("DELETE", kube.core_path(namespace, "pods", "resume-worker-1"))
 
@@ -187,29 +209,29 @@ def test_a_deleted_worker_restarts_the_gang_which_resumes_from_its_newest_checkp
 
 
 def test_suspend_stops_the_gang_with_sigterm_and_a_checkpoint_of_the_step_it_was_at(
-        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, chart_runtimes: str) -> None:
     """everySteps is beyond maxSteps: any checkpoint in the bucket is the one SIGTERM made."""
     server, bucket_name = bucket
-    start_job(kube, namespace, bucket, "pause", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 1000}})
+    start_job(kube, namespace, "pause", {"training": {"maxSteps": 400}, "checkpoint": {"everySteps": 1000}})
+    prefix = f"{chart_runtimes}/pause"
     grace = job_pods(kube, namespace, "pause")[0]["spec"]["terminationGracePeriodSeconds"]
     at = wait_for(lambda: (step := progress(kube, namespace, "pause").get("step") or 0) >= 5 and step, 300,
                   message="training under way")
-    assert checkpoints_in(server, bucket_name, f"{namespace}/pause") == set()
+    assert checkpoints_in(server, bucket_name, prefix) == set()
     kube.request("PATCH", kube.job_path(namespace, "pause"), {"spec": {"runPolicy": {"suspend": True}}},
                  content_type="application/merge-patch+json")
     started = time.monotonic()
     wait_for(lambda: not job_pods(kube, namespace, "pause"), grace + 60, message="the gang gone")
     assert time.monotonic() - started < grace, "the pods outlived their grace period"
     wait_phase(kube, namespace, "pause", "Suspended", timeout=60)
-    saved = checkpoints_in(server, bucket_name, f"{namespace}/pause")
+    saved = checkpoints_in(server, bucket_name, prefix)
     assert len(saved) == 1 and at <= min(saved) < 400, (at, sorted(saved))
 
 
 def test_a_worker_over_its_memory_limit_is_oom_killed_by_the_kernel_and_recovered_as_oom(
-        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any) -> None:
-    server, bucket_name = bucket
-    runtime = real_runtime(kube, namespace, server.endpoint, bucket_name)
-    create_job(kube, namespace, real_job("oom", runtime, {
+        real_node: Any, kube: Any, namespace: str, real_operator: Any) -> None:
+    s3_secret(kube, namespace)
+    create_job(kube, namespace, real_job("oom", {
         "workers": {"resources": {"limits": {"memory": "200Mi"}}}, "runPolicy": {"backoffLimit": 1}}))
 
     def oom_failure() -> dict[str, Any] | None:
@@ -225,18 +247,18 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_by_the_kernel_and_recovere
 
 def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to_success(
         real_node: Any, kube: Any, tmp_path: Any) -> None:
-    """``helm install`` with the locally built operator image: the operator runs in a real pod on the real
-    node with its chart's security context and RBAC (in-cluster config through the ``kubernetes``
-    Service), and its trainer pods send heartbeats to its status API through its Service and DNS."""
+    """``helm install`` with the locally built operator image and the e2e values: the operator runs in a
+    real pod on the real node with its chart's security context and RBAC (in-cluster config through the
+    ``kubernetes`` Service); the install made the runtime "cpu", marked as the default, on which a job
+    naming no runtime runs; its trainer pods send heartbeats to its status API through its Service and DNS."""
     from tests.delivery.test_install_cluster import chart_installed
 
     suffix = tmp_path.name[-6:].lower().replace("_", "")
     operator_ns, jobs = f"rljob-sys-{suffix}", f"rljob-team-{suffix}"
-    with chart_installed(real_node, kube, tmp_path / "helm", "rljob", operator_ns, jobs,
+    with chart_installed(real_node, kube, tmp_path / "helm", "rljob", operator_ns, jobs, "-f", str(E2E_VALUES),
                          "--set", "image.repository=localhost/rljob-operator", "--set", "image.tag=dev",
                          "--set", "image.pullPolicy=Never", "--set", "replicaCount=1",
-                         "--set-string", "nodeSelector.rljob\\.dev/real-node=true",
-                         "--set", "podProfile.allowedImages={localhost/rljob-trainer:*}"):
+                         "--set-string", "nodeSelector.rljob\\.dev/real-node=true"):
         selector = "app.kubernetes.io/instance=rljob,app.kubernetes.io/component=operator"
 
         def operator_ready() -> dict[str, Any] | None:
@@ -247,8 +269,11 @@ def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to
 
         pod = wait_for(operator_ready, 300, message="the operator pod Ready (its readiness probe)")
         assert pod["spec"]["nodeName"] == "rljob-real-node"
-        runtime = real_runtime(kube, jobs, service_account="rljob-trainer")
-        create_job(kube, jobs, real_job("helm-job", runtime, {"training": {"maxSteps": 20}}))
+        runtime = kube.request("GET", "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes/cpu")
+        assert runtime["metadata"]["annotations"]["rljob.dev/is-default-runtime"] == "true"
+        create_job(kube, jobs, real_job("helm-job", {"training": {"maxSteps": 20}}))
+        pods = wait_for(lambda: job_pods(kube, jobs, "helm-job") or None, 300, message="the helm job's pods")
+        assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
         job = wait_phase(kube, jobs, "helm-job", "Succeeded", timeout=900)
         assert job["status"]["progress"]["step"] == 20  # heartbeats reached the in-cluster status API
         assert job["status"]["progress"]["lastHeartbeat"]

@@ -94,6 +94,25 @@ def test_policies_of_another_version_are_named_as_such() -> None:
         f"{QUEUE_LABEL_KEPT!r} of the chart's <release>-queues policy)"]
 
 
+def test_without_the_runtime_policies_or_their_checks_the_policies_are_not_in_force() -> None:
+    """Issue #42: the runtime-use rule (a job runs only on a runtime its author may use) and the reference checks of
+    a namespace's RLTrainingRuntime are this operator's too."""
+    from rljob_operator.admission import RUNTIME_USE_CHECK
+
+    policies, bindings = shipped()
+    assert any(" ".join(v["expression"].split()) == RUNTIME_USE_CHECK
+               for v in policies["rljob-runtime-use"]["spec"]["validations"])
+    policies["rljob-runtime-use"]["spec"]["validations"] = []
+    assert enforcement_problems(policies, bindings) == [
+        "none of the policies asks for `use` of a job's runtime (the rule "
+        f"{RUNTIME_USE_CHECK!r} of the chart's <release>-runtime-use policy)"]
+    policies, bindings = shipped()
+    spec = policies["rljob-runtime-references"]["spec"]
+    spec["validations"] = [v for v in spec["validations"] if not v["expression"].startswith("variables.refs1.")]
+    [problem] = enforcement_problems(policies, bindings)
+    assert "lack 1 of this operator's reference checks (first: Secret checkpoint.credentialsSecret)" in problem
+
+
 def test_running_without_the_policies_is_a_setting_of_its_own_and_a_flag() -> None:
     from rljob.cli import build_parser, operator_settings
 

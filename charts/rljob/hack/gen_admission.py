@@ -7,7 +7,8 @@
 The checks come from the one table of reference fields (``contract/rljob_contract/references.py``,
 rendered as CEL by ``rljob_operator.admission``); this script replaces the lines between the
 ``BEGIN generated`` and ``END generated`` comments of ``charts/rljob/templates/admission-policies.yaml``
-and ``manifests/base/admission-policies.yaml`` and leaves the rest of each file as written.
+and ``manifests/base/admission-policies.yaml`` (the job policy's, then the RLTrainingRuntime policy's,
+whose markers end in ``(RUNTIME_REFERENCES)``) and leaves the rest of each file as written.
 """
 
 from __future__ import annotations
@@ -16,20 +17,33 @@ import argparse
 import sys
 from pathlib import Path
 
-from rljob_operator.admission import BEGIN, END, validations_yaml
+from rljob_operator.admission import (
+    BEGIN,
+    END,
+    RUNTIME_BEGIN,
+    RUNTIME_END,
+    runtime_validations_yaml,
+    validations_yaml,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 FILES = (REPO / "charts/rljob/templates/admission-policies.yaml", REPO / "manifests/base/admission-policies.yaml")
 
 
+#: Each generated region: its first and last lines, and what goes between (those lines included).
+REGIONS = ((BEGIN, END, validations_yaml), (RUNTIME_BEGIN, RUNTIME_END, runtime_validations_yaml))
+
+
 def rendered(text: str, path: Path) -> str:
-    """``text`` with its generated region replaced by the table's checks."""
-    lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == BEGIN]
-    ends = [i for i, line in enumerate(lines) if line.rstrip("\n") == END]
-    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise SystemExit(f"{path}: expected one {BEGIN.strip()!r} line before one {END.strip()!r} line")
-    return "".join(lines[: starts[0]]) + validations_yaml() + "".join(lines[ends[0] + 1:])
+    """``text`` with each generated region replaced by the table's checks."""
+    for begin, end, generate in REGIONS:
+        lines = text.splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == begin]
+        ends = [i for i, line in enumerate(lines) if line.rstrip("\n") == end]
+        if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+            raise SystemExit(f"{path}: expected one {begin.strip()!r} line before one {end.strip()!r} line")
+        text = "".join(lines[: starts[0]]) + generate() + "".join(lines[ends[0] + 1:])
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,12 @@ so it needs neither the rljob package nor Helm:
   with the chart's standard labels and, when ``crds.keep``, ``helm.sh/resource-policy: keep``;
   the ``spec`` is the generated text verbatim (any ``{{`` escaped for Helm's template engine).
 * ``manifests/base/crds/rljob.dev_rltrainingjobs.yaml``: the generated text unchanged.
+
+The runtime kinds' CRDs go to the chart's ``crds/`` folder instead of a template: the chart makes
+ClusterRLTrainingRuntimes, and Helm maps every object of a release before it creates any, so a CRD
+made by a template of the same release would not yet be served (``ensure CRDs are installed first``).
+Helm creates ``crds/`` first and waits until they are served; it never updates or deletes them
+(docs/runtimes-install.md: how to upgrade them).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 CHART_CRD = REPO / "charts/rljob/templates/crds/rltrainingjobs.yaml"
 KUSTOMIZE_CRD = REPO / "manifests/base/crds/rljob.dev_rltrainingjobs.yaml"
+#: CRDs of kinds the chart makes objects of: in the chart's crds/ folder, which Helm installs before the templates.
+HELM_CRDS_FOLDER = frozenset({"clusterrltrainingruntimes", "rltrainingruntimes"})
 
 
 def chart_template(crd_text: str) -> str:
@@ -66,10 +74,13 @@ def chart_template(crd_text: str) -> str:
 
 def outputs(crd_text: str) -> dict[Path, str]:
     """Every generated file and its content (RLTrainingJob's at the paths above; another CRD, such as
-    RLExperiment's from ``rljob crd --kind RLExperiment``, beside them under its plural)."""
+    RLExperiment's from ``rljob crd --kind RLExperiment``, beside them under its plural; a runtime kind's
+    in the chart's crds/ folder, verbatim)."""
     plural, _, group = str(yaml.safe_load(crd_text)["metadata"]["name"]).partition(".")
-    chart = REPO / f"charts/rljob/templates/crds/{plural}.yaml"
     kustomize = REPO / f"manifests/base/crds/{group}_{plural}.yaml"
+    if plural in HELM_CRDS_FOLDER:
+        return {REPO / f"charts/rljob/crds/{group}_{plural}.yaml": crd_text, kustomize: crd_text}
+    chart = REPO / f"charts/rljob/templates/crds/{plural}.yaml"
     return {chart: chart_template(crd_text), kustomize: crd_text}
 
 

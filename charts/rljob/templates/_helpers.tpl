@@ -33,6 +33,17 @@ Names. Every define is prefixed "rljob." (the chart's name), as cert-manager's c
 {{- define "rljob.queuesPolicyName" -}}
 {{- printf "%s-queues" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{- define "rljob.runtimeUsePolicyName" -}}
+{{- printf "%s-runtime-use" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "rljob.runtimeReferencesPolicyName" -}}
+{{- printf "%s-runtime-references" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{/* Every admission policy of the chart, as a JSON list. */}}
+{{- define "rljob.admissionPolicyNames" -}}
+{{- list (include "rljob.referencesPolicyName" .) (include "rljob.queuesPolicyName" .)
+      (include "rljob.runtimeUsePolicyName" .) (include "rljob.runtimeReferencesPolicyName" .) | toJson }}
+{{- end }}
 
 {{- define "rljob.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -127,8 +138,8 @@ app.kubernetes.io/component: operator
 - apiGroups: ["rljob.dev"]
   resources: ["rltrainingjobs"]
   verbs: ["create", "patch"]
-# Runtimes of the jobs' namespaces (RLTrainingRuntime): watched, so a reconcile builds a job's pods from its
-# runtime without a request.
+# A namespace's own runtimes (RLTrainingRuntime): listed and watched into the operator's cache (a job
+# names one, or gets its namespace's default); never written.
 - apiGroups: ["rljob.dev"]
   resources: ["rltrainingruntimes"]
   verbs: ["list", "watch"]
@@ -172,5 +183,102 @@ app.kubernetes.io/component: operator
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
+{{- end }}
+{{- end }}
+
+{{/* The trainer image of the chart's runtimes: runtimes.image, its tag defaulting to appVersion. */}}
+{{- define "rljob.trainerImage" -}}
+{{- $image := .Values.runtimes.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+JSON of dict "base" with dict "over" merged over it: maps merge key by key, anything else in "over"
+replaces (a list, a false, a 0: Sprig's merge would keep the base's non-empty value instead).
+*/}}
+{{- define "rljob.merge" -}}
+{{- $out := deepCopy .base }}
+{{- range $key, $value := .over }}
+{{- $was := get $out $key }}
+{{- if and (kindIs "map" $value) (kindIs "map" $was) }}
+{{- $_ := set $out $key (include "rljob.merge" (dict "base" $was "over" $value) | fromJson) }}
+{{- else }}
+{{- $_ := set $out $key $value }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
+The chart's ClusterRLTrainingRuntimes as JSON, name → {"open": bool, "spec": the runtime's spec}: "default"
+and "cpu" unless disabled, then runtimes.extra. Each spec is what the values build (image, pull secrets,
+the pod template's ServiceAccount and securityContexts, checkpoint) with the runtime's own `spec` merged over.
+*/}}
+{{- define "rljob.runtimes" -}}
+{{- $v := .Values.runtimes }}
+{{- $entries := dict }}
+{{- range $name := list "default" "cpu" }}
+{{- $entry := get $v $name }}
+{{- if $entry.enabled }}
+{{- $_ := set $entries $name (dict "open" $entry.openToJobCreators "spec" ($entry.spec | default (dict))) }}
+{{- end }}
+{{- end }}
+{{- range $name, $entry := $v.extra }}
+{{- if hasKey $entries $name }}
+{{- fail (printf "runtimes.extra.%s: the chart already makes a runtime %q (runtimes.%s); give this one another name" $name $name $name) }}
+{{- end }}
+{{- $_ := set $entries $name (dict "open" ($entry.openToJobCreators | default false) "spec" ($entry.spec | default (dict))) }}
+{{- end }}
+{{- if and $v.defaultName (not (hasKey $entries $v.defaultName)) }}
+{{- fail (printf "runtimes.defaultName %q names none of the chart's runtimes (%s): enable it, add it to runtimes.extra, or set runtimes.defaultName to \"\"" $v.defaultName (keys $entries | sortAlpha | join ", ")) }}
+{{- end }}
+{{- $account := $v.serviceAccountName }}
+{{- if and (not $account) .Values.trainerServiceAccount.create }}
+{{- $account = .Values.trainerServiceAccount.name }}
+{{- end }}
+{{- $podSpec := dict "securityContext" $v.podSecurityContext
+      "containers" (list (dict "name" "trainer" "securityContext" $v.securityContext)) }}
+{{- if $account }}
+{{- $_ := set $podSpec "serviceAccountName" $account }}
+{{- end }}
+{{- $base := dict "image" (include "rljob.trainerImage" .) "imagePullPolicy" $v.image.pullPolicy
+      "podTemplate" (dict "spec" $podSpec) }}
+{{- with $v.imagePullSecrets }}
+{{- $_ := set $base "imagePullSecrets" . }}
+{{- end }}
+{{- with $v.checkpoint }}
+{{- $_ := set $base "checkpoint" . }}
+{{- end }}
+{{- $out := dict }}
+{{- range $name, $entry := $entries }}
+{{- $spec := include "rljob.merge" (dict "base" $base "over" $entry.spec) | fromJson }}
+{{- $_ := set $out $name (dict "open" $entry.open "spec" $spec) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* Names of the chart's runtimes every job creator may use (openToJobCreators), as a JSON list. */}}
+{{- define "rljob.openRuntimes" -}}
+{{- $open := list }}
+{{- range $name, $entry := (include "rljob.runtimes" . | fromJson) }}
+{{- if $entry.open }}
+{{- $open = append $open $name }}
+{{- end }}
+{{- end }}
+{{- toJson $open }}
+{{- end }}
+
+{{/* The rule granting `use` of the runtimes named in the list; nothing for none (an empty resourceNames means all). */}}
+{{- define "rljob.runtimeUseRules" -}}
+{{- if . -}}
+# Run jobs on these runtimes of the chart (the admission policy asks for this verb).
+- apiGroups: ["rljob.dev"]
+  resources: ["clusterrltrainingruntimes"]
+  resourceNames: {{ toJson . }}
+  verbs: ["use"]
 {{- end }}
 {{- end }}
