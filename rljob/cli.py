@@ -4,7 +4,7 @@
 * ``rljob validate MANIFEST...`` — offline validation; non-zero exit with field paths on error.
 * ``rljob crd`` — print the RLTrainingJob CustomResourceDefinition (generated from the models).
 * ``rljob experiment EXPERIMENT`` — run an RLExperiment's trials (A/B test or search) on this machine.
-* ``rljob operator`` — run the operator (kopf watches, reconcile, status API, metrics).
+* ``rljob operator`` — run the operator (watches, reconcile, status API, metrics).
 * ``rljob checkpoints list|verify|prune URI`` — inspect, verify (local vs remote checksums) and prune
   checkpoints on object storage (``s3://bucket/prefix``) or in a folder.
 * ``rljob evaluate CHECKPOINT --config MANIFEST`` — a checkpoint on the manifest's evaluation prompts.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: PyYAML only) runs validate and crd; other commands name the extra they need.
 EXTRA_OF_MODULE = {
     **dict.fromkeys(("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers"), "trainer"),
-    **dict.fromkeys(("kopf", "kubernetes", "aiohttp", "cryptography"), "operator"),
+    **dict.fromkeys(("kubernetes", "aiohttp", "cryptography", "orjson"), "operator"),
     **dict.fromkeys(("boto3", "botocore", "prometheus_client"), "trainer] or rljob[operator"),
     **dict.fromkeys(("optuna", "scipy"), "trainer] or rljob[operator"),  # experiments: search, statistics
     "matplotlib": "trainer",

@@ -28,6 +28,7 @@ from rljob_contract.job import (
     RLTrainingJobSpec,
     StatusModel,
     read_documents,
+    starts_with_a_letter,
 )
 from rljob_contract.pod import format_validation_error, validate_document
 from rljob_contract.references import override_roots, scheme_overrides
@@ -564,6 +565,17 @@ _MIN_STEPS = "(has(self.earlyStopping.minSteps) ? self.earlyStopping.minSteps : 
 def _on_schedule(step: str) -> str:
     """CEL: ``step`` is past the rungs that count, or a step where the template evaluates."""
     return f"({step} >= {_MAX_STEPS} || has({_EVALUATION}.everySteps) && {step} % {_EVALUATION}.everySteps == 0)"
+
+
+#: On the resource (metadata is untyped in a CRD): trial jobs are named ``<experiment>-<arm or t<n>>...``, and a
+#: job's name must start with a letter (``rljob_contract.job.ROOT_RULES``), so an experiment's must too.
+EXPERIMENT_ROOT_RULES = [Rule(
+    "metadata.name: starts with a letter", "", "self.metadata.name.matches('^[a-z]')",
+    "metadata.name must start with a lower-case letter: it begins the names of the experiment's trial jobs, "
+    "whose Services need one", None,
+    holds=lambda experiment: starts_with_a_letter(experiment.metadata.name),
+    enforced_by="ObjectMeta._starts_with_a_letter",
+)]
 
 
 #: RLExperimentSpec's rules across its sections, in the CRD's order.

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from rljob_contract import yamltext
 from rljob_contract.plugins.algorithms import ALGORITHMS
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
 from rljob_contract.rules import Rule, enforce
@@ -55,6 +56,8 @@ DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: Longest job name: ``<name>-worker-1023`` must stay a DNS label (63 characters).
 MAX_NAME_LENGTH = 50
+#: Most workers a job may have (``spec.workers.maxReplicas``); worker pods are ``<name>-worker-0`` … ``-1023``.
+MAX_WORKERS = 1024
 
 
 class ObjectMeta(Model):
@@ -70,12 +73,36 @@ class ObjectMeta(Model):
     # Server-populated fields are accepted (a manifest read back from the cluster still validates).
     model_config = Model.model_config | {"extra": "allow"}
 
+    @field_validator("name", mode="after")
+    @classmethod
+    def _starts_with_a_letter(cls, name: str) -> str:
+        """``NAME_STARTS_WITH_A_LETTER``'s refusal, for jobs and experiments (whose names begin their trials')."""
+        if not starts_with_a_letter(name):
+            raise ValueError(f"{name!r} must start with a lower-case letter: a job's name is also its headless "
+                             "Service's, and Kubernetes requires a Service name to (a DNS-1035 label); an "
+                             "experiment's name begins its trial jobs' names")
+        return name
 
-#: On the resource: metadata is untyped in a CRD, so the name's length is checked here.
+
+def starts_with_a_letter(name: str) -> bool:
+    """Does ``name`` start as a DNS-1035 label (a Service's name) must: with a lower-case letter?"""
+    return name[:1].isascii() and name[:1].islower()
+
+
+#: On the resource: metadata is untyped in a CRD, so the name's rules are written here. A job named like
+#: ``7b-grpo`` is a valid object name but not a valid Service name; the operator names the job's headless
+#: Service after the job (its pods' DNS names, the rendezvous endpoint), so such a job is refused at
+#: ``kubectl apply`` instead of failing later as InvalidPodSpec. (Naming the Service otherwise for such jobs
+#: alone would let two jobs claim one Service name, ``7b`` and a job named after its replacement.)
 ROOT_RULES = [Rule(
     "metadata.name: length", "", f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
     f"metadata.name must be at most {MAX_NAME_LENGTH} characters (pods are named <name>-worker-<i>)", None,
     holds=lambda job: len(job.metadata.name) <= MAX_NAME_LENGTH, enforced_by="ObjectMeta.name (max_length)",
+), Rule(
+    "metadata.name: starts with a letter", "", "self.metadata.name.matches('^[a-z]')",
+    "metadata.name must start with a lower-case letter: it also names the job's headless Service, and a Service "
+    "name is a DNS-1035 label", None,
+    holds=lambda job: starts_with_a_letter(job.metadata.name), enforced_by="ObjectMeta._starts_with_a_letter",
 )]
 
 
@@ -110,12 +137,12 @@ class WorkerPodsSpec(WorkersSpec):
     """The worker pods: one pod per torchrun node, procsPerWorker processes in each."""
 
     min_replicas: int | None = Field(
-        None, ge=1, le=1024,
+        None, ge=1, le=MAX_WORKERS,
         description="Fewest workers the job may run with. replicas (kubectl scale, an HPA) is clamped to "
         "[minReplicas, maxReplicas]; setting either bound makes the job elastic (see spec.autoscaling).",
     )
     max_replicas: int | None = Field(
-        None, ge=1, le=1024, description="Most workers the job may run with (see minReplicas)."
+        None, ge=1, le=MAX_WORKERS, description="Most workers the job may run with (see minReplicas)."
     )
     termination_grace_period_seconds: int = Field(
         120, ge=10, le=3600,
@@ -264,8 +291,10 @@ class RunPolicy(Model):
     )
     check_interval_seconds: int = Field(
         30, ge=1,
-        description="How often autoscaling policy Capacity looks at free GPUs and nodes. (Heartbeat deadlines, "
-        "stallTimeoutSeconds and startupTimeoutSeconds, are checked when they fall due.)",
+        description="How often autoscaling policy Capacity looks at free GPUs and nodes (what it sees is the "
+        "operator's latest look at the cluster, taken at most every capacity_refresh_seconds, 30 s by default, "
+        "whatever this says). (Heartbeat deadlines, stallTimeoutSeconds and startupTimeoutSeconds, are checked "
+        "when they fall due.)",
     )
 
 
@@ -583,6 +612,15 @@ class RLTrainingJobStatus(StatusModel):
     gang_start_time: str | None = Field(None, description="When the current gang's pods were created.")
     oom_recovery: OomRecovery | None = Field(None, description="Reduced batch shape after out-of-memory failures.")
     scaling: ScalingStatus | None = Field(None, description="Worker count in use and the last resize.")
+    created_pods: dict[str, str] | None = Field(
+        None, max_length=MAX_WORKERS, description="The worker pods the operator created for this job: pod name to "
+        "the UID of the last pod it created under that name. Only those pods may speak for the job (the status "
+        "API refuses any other pod's token, whatever its labels or ownerReferences).")
+    queue: str | None = Field(
+        None, description="The queue an admission gate holds the job to (Kueue: the LocalQueue of its label "
+        "kueue.x-k8s.io/queue-name), remembered: a job once queued runs only through that queue, even if the label "
+        "is removed."
+    )
 
     @field_validator("phase", mode="after")
     @classmethod
@@ -682,7 +720,7 @@ def read_documents(path: str | os.PathLike[str]) -> list[Any]:
     except OSError as e:
         raise ManifestError(source, [f"cannot read file: {e.strerror}"]) from None
     try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
+        return [d for d in yamltext.load_all(text) if d is not None]
     except yaml.YAMLError as e:
         raise ManifestError(source, [f"invalid YAML: {e}"]) from None
 

@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from rljob_contract import yamltext
 from rljob_contract.spec import TrainerConfig
 
 # ------------------------------------------------------------------------ environment
@@ -50,7 +51,7 @@ RUN_ID_ENV = "RLJOB_RUN_ID"
 SHUTDOWN_TIMEOUT_ENV = "RLJOB_SHUTDOWN_TIMEOUT"
 #: Restarts this node's elastic agent may make of its ranks when a peer worker is lost, so that the
 #: survivors re-rendezvous with the pod the operator creates in its place (elastic jobs with durable
-#: checkpoints, see ``rljob_operator.decisions.failures``). Unset or 0: any rank failure ends the node.
+#: checkpoints, see ``rljob_operator.decisions.failure.respond``). Unset or 0: any rank failure ends the node.
 IN_PLACE_RESTARTS_ENV = "RLJOB_IN_PLACE_RESTARTS"
 #: Where logs, TensorBoard events and the summary go (overrides the config's ``outputDir``).
 OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
@@ -161,7 +162,7 @@ def load_config(path: str | Path) -> TrainerConfig:
     per problem (``format_validation_error``) joined with ``; ``.
     """
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yamltext.load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(str(path), f"cannot read trainer config: {e}") from e
     try:
@@ -179,8 +180,25 @@ def validate_document(model: type[ModelT], document: Any) -> ModelT:
     The one normalisation of everything read from outside: field names are camelCase, as the CRD
     has them; the Python spelling (``pod_template``) is an unknown field (``format_validation_error``
     says which spelling to write), so no check, merge or pod ever sees a second way of saying a thing.
+
+    Types are read as the API server reads them (``strict``, as JSON): ``backoffLimit: true`` or ``"3"``
+    is refused, not turned into 1 or 3, so ``rljob train`` never runs a manifest ``kubectl apply``
+    refuses. A number with no fraction (``3.0``) is an integer, as the API server's schema validation
+    takes it; enums are their strings, as in JSON.
     """
-    return model.model_validate(document, by_alias=True, by_name=False)
+    text = json.dumps(_integral_floats(document), default=str)
+    return model.model_validate_json(text, strict=True, by_alias=True, by_name=False)
+
+
+def _integral_floats(value: Any) -> Any:
+    """``value`` with every float that has no fraction (``3.0``) as an int (JSON does not tell them apart)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats(v) for v in value]
+    return value
 
 
 def format_validation_error(error: ValidationError, prefix: str = "") -> list[str]:

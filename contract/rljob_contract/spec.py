@@ -616,7 +616,7 @@ def check_options(
                                      value))
         else:
             try:
-                _adapter(adapter_owner or owner, key).validate_python(value)
+                _adapter(adapter_owner or owner, key).validate_python(value, strict=True)
             except ValidationError as e:
                 if "anyOf" in fields[key]:  # pydantic's per-member errors would name the Python types
                     problems.append(_problem(key, f"Input should be {describe_type(fields[key])}", value))

@@ -7,11 +7,12 @@ Modules, by responsibility (pure ones take no cluster and no clock):
 * ``rljob_contract`` (pure, outside this package): the pydantic models, the single source of truth;
   ``crd`` (pure): the CRDs from them.
 * ``decisions/`` (pure): ``children`` (ConfigMap, headless Service and worker pods from a spec),
-  ``observed`` (pods as observed, failure reasons), ``conditions`` (kstatus), ``plan`` (Plan and
-  the one status builder), ``situation`` + ``lifecycle`` + ``failures`` (one reconcile decided as
-  named steps: (job, pods, now) → Plan), ``refusals`` (a refused create → Plan), ``restarts``, ``scaling``.
+  ``observed`` (pods as observed), ``conditions`` (kstatus), ``plan`` (Plan and the one status
+  builder), ``situation`` + ``lifecycle`` (one reconcile decided as named steps: (job, pods, now) →
+  Plan), ``failure/`` (the failure step, one module per step: observe → classify → respond → record),
+  ``refusals`` (a refused create → Plan), ``scaling``.
 * ``cluster/reconciler``: observe, decide, apply the Plan, in an order that converges when interrupted.
-* ``kube``: the JSON REST layer; ``handlers``: kopf watches feeding ``workqueue``.
+* ``kube``: the JSON REST layer; ``streams``: the watches, whose subscribers (``handlers``) feed ``workqueue``.
 * ``leader``: the Lease; ``statusapi``: heartbeats and status over HTTPS; ``tls``: its certificate.
 * ``metrics``: Prometheus series and health; ``settings``: configuration; ``runner``: ``rljob operator``.
 """

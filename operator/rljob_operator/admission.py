@@ -1,4 +1,5 @@
-"""The reference checks of the admission policy, as CEL, generated from :mod:`rljob_contract.references`.
+"""The reference checks of the admission policy, as CEL, generated from :mod:`rljob_contract.references`;
+and whether the policies this operator relies on are in force (:func:`enforcement_problems`).
 
 ``charts/rljob/hack/gen_admission.py`` writes :func:`validations_yaml` into the chart's and the
 kustomize base's ValidatingAdmissionPolicy (between its ``BEGIN``/``END generated`` lines); a test
@@ -12,6 +13,8 @@ and its refusal lists that field's references. The policy defines the variables 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic.alias_generators import to_snake
 from rljob_contract.references import (
@@ -154,19 +157,94 @@ def _item_yaml(item: dict[str, str]) -> list[str]:
     return out
 
 
+def generated_checks() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The policy's generated part: its variables (name → CEL; one per reference field) and its validations
+    (what each checks → the validation)."""
+    names = [f"refs{i}" for i in range(len(JOB_REFERENCES))]
+    variables = {name: groups(ref) for ref, name in zip(JOB_REFERENCES, names, strict=True)}
+    validations = {"the arms' overrides": override_validation()}
+    validations |= {f"{ref.kind} {ref.path}": validation(ref, name)
+                    for ref, name in zip(JOB_REFERENCES, names, strict=True)}
+    return variables, validations
+
+
 def validations_yaml() -> str:
     """The end of the policy's ``variables`` (one per reference field: a list of lists of {field, name}) and
     its ``validations``, between the BEGIN and END lines."""
+    variables, validations = generated_checks()
     out = [BEGIN]
-    names = [f"refs{i}" for i in range(len(JOB_REFERENCES))]
-    for ref, name in zip(JOB_REFERENCES, names, strict=True):
-        out += [f"    # {ref.kind}: {ref.path}", *_item_yaml({"name": name, "expression": groups(ref)})]
+    for ref, (name, expression) in zip(JOB_REFERENCES, variables.items(), strict=True):
+        out += [f"    # {ref.kind}: {ref.path}", *_item_yaml({"name": name, "expression": expression})]
     out += ["  # One validation per reference field: a refusal names the field, the object and the right to ask for.",
-            "  validations:", *_item_yaml(override_validation())]
-    for ref, name in zip(JOB_REFERENCES, names, strict=True):
-        out += _item_yaml(validation(ref, name))
+            "  validations:"]
+    for item in validations.values():
+        out += _item_yaml(item)
     out.append(END)
     text = "\n".join(out) + "\n"
     if "{{" in text:
         raise ValueError("generated CEL would be read by Helm as a template")
     return text
+
+
+# ------------------------------------------------------------- are the policies in force?
+
+#: The rule of the queues policy (``<release>-queues``) that keeps a job's queue label for good (issue #43):
+#: without it a job failed on its spec could be revived outside its queue by one patch.
+QUEUE_LABEL_KEPT = "variables.oldQueue == '' || variables.queue != ''"
+
+
+def _cel(text: str) -> str:
+    """CEL with its whitespace normalised (YAML's folded blocks join lines with single spaces)."""
+    return " ".join(text.split())
+
+
+def _binds_everything(binding: Mapping[str, Any], policy: str) -> bool:
+    """``binding`` enforces ``policy`` (validationActions Deny) on every namespace and object it matches."""
+    spec = binding.get("spec") or {}
+    if spec.get("policyName") != policy or "Deny" not in (spec.get("validationActions") or []):
+        return False
+    match = spec.get("matchResources") or {}
+    narrowed = [k for k in ("namespaceSelector", "objectSelector") if match.get(k)]
+    return not narrowed and not match.get("excludeResourceRules") and not match.get("resourceRules")
+
+
+def enforcement_problems(policies: Mapping[str, Mapping[str, Any] | None],
+                         bindings: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why the admission policies named in ``policies`` (name → the object as stored, None: absent), with the
+    cluster's ``bindings``, do not enforce what this operator relies on; empty: they do.
+
+    The operator builds a job's pods with its own rights, so without them any job creator could name every
+    Secret, ConfigMap, PersistentVolumeClaim and ServiceAccount of the namespace, or remove a queued job's
+    queue label: each named policy must exist, fail closed, and be bound with ``Deny`` over every namespace;
+    together they must hold this operator's reference checks (``generated_checks``: a policy older than the
+    operator misses a field) and the queue rule (``QUEUE_LABEL_KEPT``).
+    """
+    if not policies:
+        return ["no admission policy is named (setting admission_policies): name the chart's or manifests/base's"]
+    problems = []
+    for name, policy in policies.items():
+        if policy is None:
+            problems.append(f"ValidatingAdmissionPolicy {name}: not found")
+            continue
+        failure = (policy.get("spec") or {}).get("failurePolicy") or "Fail"
+        if failure != "Fail":
+            problems.append(f"ValidatingAdmissionPolicy {name}: failurePolicy {failure} lets a job through when its "
+                            "checks cannot be evaluated; set Fail")
+        if not any(_binds_everything(b, name) for b in bindings):
+            problems.append(f"ValidatingAdmissionPolicy {name}: no ValidatingAdmissionPolicyBinding enforces it "
+                            "(validationActions [Deny], no matchResources narrowing it)")
+    held_variables = {(v.get("name"), _cel(v.get("expression") or "")) for p in policies.values() if p
+                      for v in (p.get("spec") or {}).get("variables") or []}
+    held = {_cel(v.get("expression") or "") for p in policies.values() if p
+            for v in (p.get("spec") or {}).get("validations") or []}
+    variables, validations = generated_checks()
+    missing = [f"variable {name}" for name, cel in variables.items() if (name, _cel(cel)) not in held_variables]
+    missing += [what for what, v in validations.items() if _cel(v["expression"]) not in held]
+    if missing and any(policies.values()):
+        problems.append(f"the policies {', '.join(policies)} lack {len(missing)} of this operator's reference checks "
+                        f"(first: {missing[0]}): they are not of this operator's version; apply the policies of its "
+                        "version (the chart's, or manifests/base/admission-policies.yaml)")
+    if any(policies.values()) and _cel(QUEUE_LABEL_KEPT) not in held:
+        problems.append("none of the policies keeps a queued job's queue label (the rule "
+                        f"{QUEUE_LABEL_KEPT!r} of the chart's <release>-queues policy)")
+    return problems

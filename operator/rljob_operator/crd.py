@@ -33,7 +33,12 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 from rljob_contract import yamltext
-from rljob_contract.experiment import EXPERIMENT_RULES, OBJECTIVE_RULES, PARAMETER_RULES
+from rljob_contract.experiment import (
+    EXPERIMENT_ROOT_RULES,
+    EXPERIMENT_RULES,
+    OBJECTIVE_RULES,
+    PARAMETER_RULES,
+)
 from rljob_contract.job import (
     API_VERSION,
     CATEGORIES,
@@ -428,7 +433,8 @@ def crd_yaml() -> str:
 # way; its spec.template is the job CRD's own spec schema (CEL rules included), so a template is checked
 # at `kubectl apply` exactly like a job, and the search space gets CEL rules that name the field.
 
-EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = cel_rules(EXPERIMENT_RULES, PARAMETER_RULES, OBJECTIVE_RULES)
+EXPERIMENT_CEL_RULES: dict[str, list[dict[str, str]]] = cel_rules(
+    EXPERIMENT_ROOT_RULES, EXPERIMENT_RULES, PARAMETER_RULES, OBJECTIVE_RULES)
 
 
 def experiment_openapi_schema() -> dict[str, Any]:

@@ -10,7 +10,9 @@ throttled over the job's share, unauthorized, forbidden, invalid),
 ``status_api_refused_total{reason}`` (status API requests answered before any token review:
 invalid_name 400, rate_limited and busy 429, token_rejected_before 401 from the rejected-token
 cache), ``events_dropped_total{reason}`` (Events a job's pods caused beyond its Event rate,
-``cluster.events``), ``leader`` (1 on the replica that reconciles).
+``cluster.events``), ``leader`` (1 on the replica that reconciles), ``admission_policies_in_force`` (1 while the
+admission policies the operator relies on are in force; 0 while they are not, and reconciles are paused, or
+when they are knowingly not checked, ``cluster.admission``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ EVENTS_DROPPED = Counter(
     ["reason"],
 )
 LEADER = Gauge("rljob_operator_leader", "1 while this replica holds the lease and reconciles.")
+ADMISSION_POLICIES_IN_FORCE = Gauge(
+    "rljob_operator_admission_policies_in_force",
+    "1 while the admission policies that check what job creators name are in force; 0 while they are not "
+    "(reconciles paused, /readyz 503) or when the operator runs without them (without_admission_policies).",
+)
 
 
 class JobPhases(Collector):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rljob_operator.decisions.egress import KUBE_DNS, Egress, check_cidrs, check_ports
+from rljob_operator.decisions.egress import KUBE_DNS, METADATA_CIDRS, Egress, check_cidrs, check_ports
 from rljob_operator.names import TOKEN_AUDIENCE
 
 ENV_PREFIX = "RLJOB_OPERATOR_"
@@ -91,6 +91,11 @@ def env_text(value: Any) -> str:
 def setting_infos() -> dict[str, SettingInfo]:
     """Every setting's name → its :class:`SettingInfo`, in declaration order."""
     return {f.name: f.metadata["setting"] for f in dataclasses.fields(OperatorSettings)}
+
+
+#: The least ``capacity_refresh_seconds`` may be: a tenant's Capacity jobs decide how often they look, the
+#: platform how often the operator reads every pod of the cluster for them (issue #43 point 4).
+MIN_CAPACITY_REFRESH_SECONDS = 10.0
 
 
 @dataclass
@@ -199,6 +204,11 @@ class OperatorSettings:
         True, help="Watch Nodes (needs list and watch on nodes, cluster-wide): a gang with a worker on a Node "
         "that is deleted is restarted at once, its pods there force-deleted, rather than once the pod garbage "
         "collector removes them (40 s later). Without the permission it is off, with one warning.")
+    capacity_refresh_seconds: float = setting(
+        30.0, help="Jobs with ``autoscaling.policy: Capacity`` share one look at the cluster's nodes and bound pods "
+        "(every pod of the cluster, read in pages) for this long, whatever their ``checkIntervalSeconds``; the "
+        "Node watch (``watch_nodes``) renews it when a node comes, goes or changes what it offers. At least "
+        f"{MIN_CAPACITY_REFRESH_SECONDS:g}: each look reads every pod of the cluster.")
     network_policy: bool = setting(
         True, help="Give every job a NetworkPolicy ``<job>-workers``: its pods accept traffic only from the job's "
         "own pods, and metrics scrapes from ``trainer_metrics_from``. Needs get, create, patch on "
@@ -212,8 +222,7 @@ class OperatorSettings:
         True, help="With ``network_policy``, restrict where a job's pods may connect to (policyType Egress): DNS "
         "(``trainer_dns_to``), the job's own pods, the status API (``status_port`` in the operator's namespace), "
         "and ``trainer_egress_cidrs`` and ``trainer_egress_to`` on ``trainer_egress_ports`` (object storage), "
-        "never the cloud metadata endpoints (``decisions.egress.METADATA_ENDPOINTS``) nor "
-        "``trainer_egress_except``.", chart="networkPolicy.trainerEgress.enabled")
+        "never ``trainer_egress_metadata`` nor ``trainer_egress_except``.", chart="networkPolicy.trainerEgress.enabled")
     trainer_dns_to: list[dict[str, Any]] = setting(
         factory=lambda: [copy.deepcopy(KUBE_DNS)], help="NetworkPolicyPeers (JSON list) of the cluster DNS (UDP "
         "and TCP 53); default kube-system's kube-dns pods. With NodeLocal DNSCache add "
@@ -221,8 +230,14 @@ class OperatorSettings:
     trainer_egress_cidrs: list[str] = setting(
         factory=lambda: ["0.0.0.0/0", "::/0"], help="Address ranges (comma-separated) trainers may reach on "
         "``trainer_egress_ports``: object storage.", chart="networkPolicy.trainerEgress.cidrs")
+    trainer_egress_metadata: list[str] = setting(
+        factory=lambda: list(METADATA_CIDRS), help="Ranges (comma-separated) cut out of ``trainer_egress_cidrs``: "
+        "link-local (169.254.0.0/16, fe80::/10) and the clouds' metadata and node-credential endpoints outside it "
+        "(``decisions.egress.METADATA_CIDRS``; docs/egress.md lists them per cloud). Replace it only to drop an "
+        "entry; to let trainers reach one endpoint inside it (EKS Pod Identity's 169.254.170.23/32), add that "
+        "endpoint to ``trainer_egress_cidrs``.", chart="networkPolicy.trainerEgress.metadataCIDRs")
     trainer_egress_except: list[str] = setting(
-        factory=list, help="Ranges cut out of those besides the metadata endpoints: the API server's address, "
+        factory=list, help="Ranges cut out of those besides ``trainer_egress_metadata``: the API server's address, "
         "the Service range.", chart="networkPolicy.trainerEgress.exceptCIDRs")
     trainer_egress_ports: list[str] = setting(
         factory=lambda: ["443", "80"], help="TCP ports (comma-separated) of object storage.",
@@ -235,6 +250,32 @@ class OperatorSettings:
         "its Workload (docs/guides/kueue.md). Needs Kueue's API; where it is not served, labelled "
         "jobs wait with reason KueueUnavailable. False: the label is ignored and such jobs run at once.",
         chart="kueue.enabled")
+    require_queue: bool = setting(
+        False, help="Every job runs through a Kueue LocalQueue: a job that names none (label "
+        "``kueue.x-k8s.io/queue-name``) waits, phase Queued, reason QueueRequired, and a running one is stopped, "
+        "until it is labelled. The operator's own check, whatever the admission policies say (the chart's "
+        "``<release>-queues`` policy refuses such a job at ``kubectl apply`` with the same value). A job once queued "
+        "runs only through its queue in any case (``status.queue``). Needs ``kueue``.", chart="kueue.requireQueue")
+    admission_policies: list[str] = setting(
+        factory=lambda: ["rljob-job-references", "rljob-queues"],
+        help="ValidatingAdmissionPolicies (comma-separated names) that must be in force, each bound with "
+        "validationActions Deny: they refuse a job naming a Secret, ConfigMap, PersistentVolumeClaim or "
+        "ServiceAccount its creator may not use, and a queued job's loss of its queue label, which the operator "
+        "cannot check itself (it never sees who wrote a job). Missing or not of this version: the operator refuses "
+        "to start (exit 2); gone later: /readyz answers 503 and reconciles pause until they are back "
+        "(docs/security-policies.md). Needs get on validatingadmissionpolicies and list on their bindings.",
+        chart=BY_CHART, shown_default="rljob-job-references,rljob-queues")
+    without_admission_policies: bool = setting(
+        False, help="Run with no admission policy checked. Any job creator can then name every Secret, ConfigMap, "
+        "PersistentVolumeClaim and ServiceAccount of their namespace through the operator, and take a queued job "
+        "out of its queue: only for a cluster that enforces the same rules another way (Kyverno, Gatekeeper) or a "
+        "throwaway one. Logged as an ERROR at start; rljob_operator_admission_policies_in_force stays 0.",
+        flag=Flag("--without-admission-policies", "run although no admission policy checks what job creators "
+                  "name (only where the same rules are enforced another way; see docs/security-policies.md)"),
+        chart="admissionPolicies.acknowledgeDisabled")
+    admission_recheck_seconds: float = setting(
+        30.0, help="How often every replica asks again whether the admission policies are in force (its "
+        "readiness; the leader pauses while they are not).")
     log_level: str = setting(
         "INFO", help="Log level: DEBUG, INFO, WARNING or ERROR.",
         flag=Flag("--log-level", "DEBUG, INFO, WARNING (default INFO)"), chart="operator.logLevel")
@@ -272,9 +313,15 @@ class OperatorSettings:
         start: otherwise only when a job needs its policy)."""
         for name in ("trainer_metrics_from", "trainer_dns_to", "trainer_egress_to"):
             check_peers(getattr(self, name), env_name(name))
-        for name in ("trainer_egress_cidrs", "trainer_egress_except"):
+        for name in ("trainer_egress_cidrs", "trainer_egress_metadata", "trainer_egress_except"):
             check_cidrs(getattr(self, name), env_name(name))
         check_ports(self.trainer_egress_ports, env_name("trainer_egress_ports"))
+
+    def check_queue(self) -> None:
+        """Raise ValueError when a queue is required but Kueue's label is ignored: no job could run."""
+        if self.require_queue and not self.kueue:
+            raise ValueError(f"{env_name('require_queue')}=true needs {env_name('kueue')}=true: with Kueue's label "
+                             "ignored no job could ever be queued")
 
     def egress(self) -> Egress | None:
         """Where every job's pods may connect to (None: anywhere; its NetworkPolicy restricts ingress only)."""
@@ -282,7 +329,8 @@ class OperatorSettings:
             return None
         return Egress(
             status_namespace=self.operator_namespace, status_port=self.status_port, dns_to=tuple(self.trainer_dns_to),
-            cidrs=tuple(self.trainer_egress_cidrs), except_cidrs=tuple(self.trainer_egress_except),
+            cidrs=tuple(self.trainer_egress_cidrs), metadata_cidrs=tuple(self.trainer_egress_metadata),
+            except_cidrs=tuple(self.trainer_egress_except),
             ports=tuple(check_ports(self.trainer_egress_ports, env_name("trainer_egress_ports"))),
             to=tuple(self.trainer_egress_to),
         )
@@ -309,6 +357,10 @@ class OperatorSettings:
             )
         settings = cls(**values)
         settings.check_network()
+        settings.check_queue()
+        if settings.capacity_refresh_seconds < MIN_CAPACITY_REFRESH_SECONDS:
+            raise ValueError(f"{env_name('capacity_refresh_seconds')}={settings.capacity_refresh_seconds:g}: at least "
+                             f"{MIN_CAPACITY_REFRESH_SECONDS:g} (each look at capacity reads every pod of the cluster)")
         if settings.tls_secret is None and in_cluster and not settings.tls_cert_file:
             settings.tls_secret = f"{settings.operator_namespace}/{settings.service_name}-tls"
         return settings

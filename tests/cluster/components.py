@@ -110,6 +110,10 @@ def etcd_argv(layout: Layout) -> list[str]:
     ]
 
 
+#: The resource kube-apiserver keeps no watch cache of (``apiserver_argv``).
+UNCACHED_RESOURCE = "podtemplates"
+
+
 def apiserver_argv(layout: Layout, config: ClusterConfig) -> list[str]:
     """kube-apiserver: TLS, client certificates, RBAC, service-account tokens."""
     toleration = str(config.eviction_toleration_s)
@@ -138,6 +142,9 @@ def apiserver_argv(layout: Layout, config: ClusterConfig) -> list[str]:
         # past the harness's 10 s, so every restart and every session's end waited out the SIGKILL.
         "--shutdown-watch-termination-grace-period=2s",
         "--profiling=false",
+        # PodTemplates (which nothing here uses) without the watch cache: their watches are served by etcd,
+        # so a test can compact etcd's history and see a watch resumed from before it answered 410 Gone.
+        f"--watch-cache-sizes={UNCACHED_RESOURCE}#0",
         f"--v={config.log_verbosity}",
         *audit_argv(layout, config),
         *(realnode.apiserver_argv(layout.cert, layout.key) if config.real_node else []),

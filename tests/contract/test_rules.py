@@ -28,8 +28,8 @@ JOB_RULES: list[Rule] = [*job.ROOT_RULES, *job.SPEC_RULES, *spec.LORA_RULES, *jo
                          *spec.EVALUATION_RULES, *spec.dataset_rules("spec.training.evaluation.dataset"),
                          *spec.EVAL_METRIC_RULES, *spec.dataset_rules("spec.training.dataset"), *spec.REWARD_RULES,
                          *spec.CHECKPOINT_RULES, *spec.MIRROR_RULES]
-EXPERIMENT_RULES: list[Rule] = [*experiment.EXPERIMENT_RULES, *experiment.PARAMETER_RULES,
-                                *experiment.OBJECTIVE_RULES]
+EXPERIMENT_RULES: list[Rule] = [*experiment.EXPERIMENT_ROOT_RULES, *experiment.EXPERIMENT_RULES,
+                                *experiment.PARAMETER_RULES, *experiment.OBJECTIVE_RULES]
 
 HELD_OUT = {"heldOutFraction": 0.2}
 ELASTIC = {"minReplicas": 1, "maxReplicas": 4}
@@ -93,8 +93,11 @@ JOB_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "spec.checkpoint.mirrors[].location: the pvc:// rule": ({"checkpoint": {"mirrors": [{"location": "pvc://c/../x"}]}},
                                                         {"checkpoint": {"mirrors": [{"location": "pvc://c/m"}]}}),
 }
-#: The one rule on the resource itself (metadata is untyped in the CRD).
-NAME_CASE = ("metadata.name: length", "j" * (job.MAX_NAME_LENGTH + 1), "j" * job.MAX_NAME_LENGTH)
+#: The rules on the resource itself (metadata is untyped in the CRD): rule → (a name that breaks it, one that keeps
+#: it), for jobs and for experiments.
+NAME_CASES = {"metadata.name: length": ("j" * (job.MAX_NAME_LENGTH + 1), "j" * job.MAX_NAME_LENGTH),
+              "metadata.name: starts with a letter": ("7b-grpo", "grpo-7b")}
+EXPERIMENT_NAME_CASES = {"metadata.name: starts with a letter": ("7b-sweep", "sweep-7b")}
 
 EVALUATED = {"training": {"evaluation": {**HELD_OUT, "everySteps": 10}}}
 ARM = {"name": "a", "overrides": {"training": {"learningRate": 0.001}}}
@@ -163,8 +166,8 @@ def _names(problems: list[str], field: str) -> bool:
 
 
 def test_every_rule_has_its_cases_and_the_crd_has_every_rule() -> None:
-    assert {r.name for r in JOB_RULES} == {*JOB_CASES, NAME_CASE[0]}
-    assert {r.name for r in EXPERIMENT_RULES} == set(EXPERIMENT_CASES)
+    assert {r.name for r in JOB_RULES} == {*JOB_CASES, *NAME_CASES}
+    assert {r.name for r in EXPERIMENT_RULES} == {*EXPERIMENT_CASES, *EXPERIMENT_NAME_CASES}
     crd_rules = [v for rules in crd.CEL_RULES.values() for v in rules]
     assert all(r.cel_rule() in crd_rules for r in JOB_RULES)
     crd_rules = [v for rules in crd.EXPERIMENT_CEL_RULES.values() for v in rules]
@@ -221,10 +224,27 @@ def test_the_models_refuse_what_breaks_a_rule_naming_its_field_and_accept_what_k
     assert rule.holds is not None or kind == "experiment"  # only the early-stopping schedule is too wide to restate
 
 
-def test_the_models_refuse_a_long_name() -> None:
-    rule = job.ROOT_RULES[0]
-    assert _names(_refused(parse_job, job_manifest(NAME_CASE[1])), "metadata.name")
-    assert rule.holds is not None and rule.holds(parse_job(job_manifest(NAME_CASE[2])))
+def named_doc(kind: str, name: str) -> dict[str, Any]:
+    """A valid job or experiment (``kind``) named ``name``."""
+    return job_manifest(name) if kind == "job" else experiment_doc({}, name)
+
+
+@pytest.mark.parametrize(("kind", "rule"), [("job", r) for r in NAME_CASES] + [("experiment", r) for r in EXPERIMENT_NAME_CASES])
+def test_the_models_refuse_a_bad_name_naming_metadata_name(kind: str, rule: str) -> None:
+    rules, _, _, parse = KINDS[kind]
+    breaks, keeps = (NAME_CASES if kind == "job" else EXPERIMENT_NAME_CASES)[rule]
+    problems = _refused(parse, named_doc(kind, breaks))
+    assert _names(problems, "metadata.name"), problems
+    found = next(r for r in rules if r.name == rule)
+    assert found.holds is not None and found.holds(parse(named_doc(kind, keeps)))
+
+
+def test_a_name_starting_with_a_digit_is_refused_saying_why() -> None:
+    """``7b-grpo`` is a valid object name, but not a Service's: refused before any pod fails InvalidPodSpec."""
+    problems = _refused(parse_job, job_manifest("7b-grpo"))
+    assert problems == ["metadata.name: '7b-grpo' must start with a lower-case letter: a job's name is also its "
+                        "headless Service's, and Kubernetes requires a Service name to (a DNS-1035 label); an "
+                        "experiment's name begins its trial jobs' names"]
 
 
 @pytest.mark.parametrize("refusal", trl_rules.REFUSALS, ids=lambda r: r.name)

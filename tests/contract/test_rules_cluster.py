@@ -12,14 +12,15 @@ from rljob_contract.rules import Rule
 
 from tests.contract.test_rules import (
     EXPERIMENT_CASES,
+    EXPERIMENT_NAME_CASES,
     EXPERIMENT_RULES,
     JOB_CASES,
     JOB_RULES,
-    NAME_CASE,
+    NAME_CASES,
     experiment_doc,
     job_doc,
+    named_doc,
 )
-from tests.support.operator import job_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -52,8 +53,8 @@ def test_the_api_server_agrees_with_the_models_on_every_job_rule(kube, crd_insta
     path = kube.job_path(namespace)
     problems = []
     for rule in JOB_RULES:
-        if rule.name == NAME_CASE[0]:
-            breaks, keeps = job_manifest(NAME_CASE[1]), job_manifest(NAME_CASE[2])
+        if rule.name in NAME_CASES:
+            breaks, keeps = (named_doc("job", name) for name in NAME_CASES[rule.name])
         else:
             breaks, keeps = (job_doc(patch, "rule") for patch in JOB_CASES[rule.name])
         problems += _problems(kube, path, rule, breaks, keeps)
@@ -64,6 +65,9 @@ def test_the_api_server_agrees_with_the_models_on_every_experiment_rule(kube, ex
     path = f"/apis/rljob.dev/v1alpha1/namespaces/{namespace}/rlexperiments"
     problems = []
     for rule in EXPERIMENT_RULES:
-        breaks, keeps = (experiment_doc(patch, "rule") for patch in EXPERIMENT_CASES[rule.name])
+        if rule.name in EXPERIMENT_NAME_CASES:
+            breaks, keeps = (named_doc("experiment", name) for name in EXPERIMENT_NAME_CASES[rule.name])
+        else:
+            breaks, keeps = (experiment_doc(patch, "rule") for patch in EXPERIMENT_CASES[rule.name])
         problems += _problems(kube, path, rule, breaks, keeps)
     assert problems == [], "\n".join(problems)

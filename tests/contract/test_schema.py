@@ -157,13 +157,13 @@ def _cli_without(modules: tuple[str, ...], code: str) -> subprocess.CompletedPro
 
 
 def test_commands_of_an_extra_name_it_when_its_packages_are_missing() -> None:
-    result = _cli_without(("torch", "kopf"), (
+    result = _cli_without(("torch", "kubernetes"), (
         f"assert main(['train', {str(REPO / 'examples/quickstart.yaml')!r}]) == 1\n"
         "assert main(['operator']) == 1\n"
     ))
     assert result.returncode == 0, result.stderr
     assert "`rljob train` needs torch, which this install lacks: pip install 'rljob[trainer]'" in result.stderr
-    assert "`rljob operator` needs kopf, which this install lacks: pip install 'rljob[operator]'" in result.stderr
+    assert "`rljob operator` needs kubernetes, which this install lacks: pip install 'rljob[operator]'" in result.stderr
 
 
 def test_trl_values_keep_their_strict_types_in_the_configmap_round_trip() -> None:

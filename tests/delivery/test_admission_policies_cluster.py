@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,17 @@ import yaml
 from pydantic.alias_generators import to_snake
 
 from tests.cluster.waiting import wait_for
-from tests.delivery.test_chart import MANIFESTS, REPO, helm_template, run
+from tests.delivery.test_chart import (
+    CHART,
+    KUBE_VERSION,
+    MANIFESTS,
+    REPO,
+    helm,
+    helm_template,
+    one,
+    operator_env,
+    run,
+)
 from tests.support.operator import create_job, deep_update
 
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
@@ -315,10 +326,11 @@ def _kubectl_as(control_plane: Any, kubeconfig: Path, namespace: str, *args: str
 
 
 @pytest.mark.cluster
-def test_a_queued_or_running_job_keeps_its_queue_and_an_admitted_one_its_priority(
+def test_a_job_once_queued_keeps_its_queue_for_good_and_an_admitted_one_its_priority(
         control_plane: Any, kube: Any, namespace: str, ordinary_user: Path, policy: None) -> None:
     """Issue #30, point 6: without this, removing the label from an admitted job took its gang out of
-    Kueue's quota (the operator stopped looking at its Workload) and a job that should preempt it waited."""
+    Kueue's quota (the operator stopped looking at its Workload) and a job that should preempt it waited.
+    Issue #43, point 2: not even once it failed (a spec edit revives a job failed on its spec)."""
     def label(*changes: str) -> subprocess.CompletedProcess[str]:
         return _kubectl_as(control_plane, ordinary_user, namespace, "label", "--overwrite", "rltrainingjob/q", *changes)
 
@@ -348,17 +360,29 @@ def test_a_queued_or_running_job_keeps_its_queue_and_an_admitted_one_its_priorit
     assert patched.returncode == 0, patched.stderr
     job = kube.request("GET", kube.job_path(namespace, "q"))
     assert job["metadata"]["labels"] == {QUEUE_LABEL: "team-b", PRIORITY_LABEL: "high"}
-    # Finished: nothing is held any more.
-    _set_phase(kube, namespace, "q", "Succeeded")
-    assert label(f"{QUEUE_LABEL}-").returncode == 0
+    # Failed on its spec: one patch that removes the label and fixes the spec would revive it outside the queue.
+    _set_phase(kube, namespace, "q", "Failed")
+    revive = {"metadata": {"labels": {QUEUE_LABEL: None}}, "spec": {"runPolicy": {"suspend": False}}}
+    patched = _kubectl_as(control_plane, ordinary_user, namespace, "patch", "rltrainingjob/q", "--type", "merge",
+                          "-p", json.dumps(revive))
+    assert patched.returncode != 0 and "a job once queued keeps a queue while it exists" in patched.stderr, \
+        patched.stderr
+    for phase in ("Failed", "Succeeded"):
+        _set_phase(kube, namespace, "q", phase)
+        result = label(f"{QUEUE_LABEL}-")
+        assert result.returncode != 0 and f"(phase {phase})" in result.stderr, (phase, result.stderr)
+        assert label(f"{QUEUE_LABEL}=", "--overwrite").returncode != 0  # an empty value is no queue either
+    assert kube.request("GET", kube.job_path(namespace, "q"))["metadata"]["labels"][QUEUE_LABEL] == "team-b"
     # The base leaves requireQueue off: a job without a queue is still welcome.
     assert _apply(control_plane, ordinary_user, namespace, _quickstart("free")).returncode == 0
 
 
 @pytest.mark.cluster
-def test_require_queue_refuses_a_new_job_without_one(
+def test_require_queue_refuses_a_job_without_one_on_create_and_on_every_update(
         control_plane: Any, kube: Any, namespace: str, ordinary_user: Path, policy: None) -> None:
-    strict = [d for d in helm_template("--set", "admissionPolicies.requireQueue=true")
+    """Issue #43 point 2: on update too, so a job from before the requirement is edited only to name a queue."""
+    assert _apply(control_plane, ordinary_user, namespace, _quickstart("before")).returncode == 0
+    strict = [d for d in helm_template("--set", "kueue.requireQueue=true")
               if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(strict[0]))
     try:
@@ -375,6 +399,12 @@ def test_require_queue_refuses_a_new_job_without_one(
         assert result.returncode != 0
         assert f"metadata.labels[{QUEUE_LABEL}]: every job on this cluster runs through a Kueue" in result.stderr
         assert _apply(control_plane, ordinary_user, namespace, _queued("queued-ok", "team-a", "low")).returncode == 0
+        edited = _kubectl_as(control_plane, ordinary_user, namespace, "patch", "rltrainingjob/before", "--type",
+                             "merge", "-p", '{"spec": {"runPolicy": {"suspend": true}}}')
+        assert edited.returncode != 0 and "every job on this cluster runs through a Kueue" in edited.stderr
+        labelled = _kubectl_as(control_plane, ordinary_user, namespace, "label", "rltrainingjob/before",
+                               f"{QUEUE_LABEL}=team-a")
+        assert labelled.returncode == 0, labelled.stderr
     finally:
         _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))  # the base's again (requireQueue off)
 
@@ -484,14 +514,106 @@ def test_the_chart_renders_the_kustomize_bases_policy() -> None:
                                       ("ValidatingAdmissionPolicyBinding", QUEUES)]
     assert by_name(chart) == by_name(base)
     assert [d["spec"]["validationActions"] for d in chart if d["kind"].endswith("Binding")] == [["Deny"]] * 2
-    required = [d for d in helm_template("--set", "admissionPolicies.requireQueue=true")
+    required = [d for d in helm_template("--set", "kueue.requireQueue=true")
                 if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
     assert {v["name"]: v["expression"] for v in required[0]["spec"]["variables"]}["requireQueue"] == "true"
 
-    assert not [d for d in helm_template("--set", "admissionPolicies.enabled=false")
+    assert not [d for d in helm_template("--set", "admissionPolicies.enabled=false",
+                                         "--set", "admissionPolicies.acknowledgeDisabled=true")
                 if d["kind"].startswith("ValidatingAdmissionPolicy")]
     opened = helm_template("--set", "admissionPolicies.openTrainerServiceAccount=false",
                            "--set", "admissionPolicies.openServiceAccounts={s3-reader}")
     variables = {v["name"]: v["expression"] for d in opened if d["kind"] == "ValidatingAdmissionPolicy"
                  for v in d["spec"]["variables"]}
     assert variables["openServiceAccounts"] == '["s3-reader"]'
+
+
+def test_the_operator_is_told_the_charts_policies_and_may_read_exactly_those() -> None:
+    """Issue #43 point 6: the operator checks the policies the chart made (their names follow the release)."""
+    from rljob_operator.admission import enforcement_problems
+
+    docs = helm_template(release="ml")
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    env = operator_env(one(docs, "Deployment"))
+    assert env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(",") == ["ml-rljob-job-references", "ml-rljob-queues"]
+    assert sorted(policies) == sorted(env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(","))
+    assert env["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "false"
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert enforcement_problems(policies, bindings) == []  # what the chart installs is what the operator wants
+    [read] = [r for r in one(docs, "ClusterRole", "ml-rljob-operator-admission")["rules"]
+              if r["resources"] == ["validatingadmissionpolicies"]]
+    assert sorted(read["resourceNames"]) == sorted(policies) and read["verbs"] == ["get"]
+
+
+def test_turning_the_policies_off_needs_an_acknowledgement_that_reaches_the_operator() -> None:
+    refused = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION,
+                   "--set", "admissionPolicies.enabled=false", check=False)
+    assert refused.returncode != 0 and "admissionPolicies.acknowledgeDisabled=true" in refused.stderr
+    both = helm("template", "rljob", str(CHART), "--kube-version", KUBE_VERSION,
+                "--set", "admissionPolicies.acknowledgeDisabled=true", check=False)
+    assert both.returncode != 0 and "goes with admissionPolicies.enabled=false" in both.stderr
+    docs = helm_template("--set", "admissionPolicies.enabled=false", "--set", "admissionPolicies.acknowledgeDisabled=true")
+    assert operator_env(one(docs, "Deployment"))["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "true"
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-admission") and d["kind"].startswith("ClusterRole")]
+
+
+# ------------------------------------------- the operator without its policies (#43 point 6)
+
+#: The operator as it runs in a cluster: its policies checked (the tests' processes run without them), often.
+CHECKED = {"RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES": "false", "RLJOB_OPERATOR_ADMISSION_RECHECK_SECONDS": "1"}
+
+
+def _readyz(proc: Any) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/readyz", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def _in_force_gauge(proc: Any) -> float:
+    line = next(x for x in proc.metrics_text().splitlines() if x.startswith("rljob_operator_admission_policies_in_force"))
+    return float(line.split()[-1])
+
+
+@pytest.mark.cluster
+def test_the_operator_refuses_to_start_without_its_policies_and_pauses_while_they_are_gone(
+        policy: None, operator: Any, control_plane: Any, kube: Any, namespace: str) -> None:
+    """With admissionPolicies.enabled=false nothing would check what a job's creator names: the operator, which
+    cannot (it never sees who wrote a job), will not build anything unless the policies are in force."""
+    from tests.support.operator import job_manifest, job_pods, wait_phase
+
+    proc = operator(env=CHECKED)
+    assert _readyz(proc) == 200 and _in_force_gauge(proc) == 1
+    create_job(kube, namespace, job_manifest("checked", 1))
+    wait_phase(kube, namespace, "checked", "Running")
+    try:
+        kube.request("DELETE", f"{BINDING_PATH}/{QUEUES}")  # a binding gone: the queue rule refuses nothing
+        wait_for(lambda: _readyz(proc) == 503, 30, message="/readyz 503 once the binding is gone")
+        assert _in_force_gauge(proc) == 0
+        create_job(kube, namespace, job_manifest("unchecked", 1))  # written while nothing checked it
+        time.sleep(4)  # more than a resync (3 s) and a recheck (1 s): it would have been reconciled
+        assert not (kube.get_job(namespace, "unchecked") or {}).get("status") and not job_pods(
+            kube, namespace, "unchecked")
+        assert "ValidatingAdmissionPolicy rljob-queues: no ValidatingAdmissionPolicyBinding enforces it" in \
+            proc.log.read_text()
+        _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))
+        wait_for(lambda: _readyz(proc) == 200, 30, message="ready once the policies are back")
+        wait_phase(kube, namespace, "unchecked", "Running")
+        proc.stop()
+
+        kube.request("DELETE", f"{VAP_PATH}/{QUEUES}")
+        refused = operator(wait=False, env=CHECKED)
+        assert refused.wait_exit(60) == 2
+        log = refused.log.read_text()
+        assert "refusing to start" in log and "ValidatingAdmissionPolicy rljob-queues: not found" in log, log[-2000:]
+        assert "--without-admission-policies" in log
+        # Knowingly without them: it runs, and says so.
+        unchecked = operator(env={**CHECKED, "RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES": "true"})
+        assert _readyz(unchecked) == 200 and _in_force_gauge(unchecked) == 0
+        assert "ERROR" in unchecked.log.read_text() and "WITHOUT admission policies" in unchecked.log.read_text()
+    finally:
+        _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))  # the module's other tests need them

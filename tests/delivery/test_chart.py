@@ -481,6 +481,10 @@ CAPACITY_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", 
                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
 KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"],
                 "verbs": ["get"]}]
+ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
+                    "resourceNames": ["rljob-job-references", "rljob-queues"], "verbs": ["get"]},
+                   {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
+                    "verbs": ["list"]}]
 
 
 def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly() -> None:
@@ -493,8 +497,11 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator-capacity")] == CAPACITY_RULES
     # Kueue: the flavors an admission assigns and the priority classes jobs name, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
+    # Are the admission policies in force? Its own two policies by name, and the bindings (issue #43 point 6).
+    assert rbac[("ClusterRole", "", "rljob-operator-admission")] == ADMISSION_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
                          ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),
+                         ("ClusterRole", "", "rljob-operator-admission"),
                          ("Role", "rljob-system", "rljob-operator-lease"),
                          ("Role", "rljob-system", "rljob-operator-tls")}
     without = operator_rbac(helm_template("--set", "rbac.capacityAutoscaling=false"))
@@ -510,7 +517,7 @@ def test_watch_namespaces_install_grants_job_rules_only_in_those_namespaces() ->
     assert rbac[("Role", "ml-a", "rljob-operator")] == rbac[("Role", "ml-b", "rljob-operator")] == JOB_RULES
     cluster_roles = {k for k in rbac if k[0] == "ClusterRole"}
     assert cluster_roles == {("ClusterRole", "", "rljob-operator-reviews"), ("ClusterRole", "", "rljob-operator-capacity"),
-                             ("ClusterRole", "", "rljob-operator-kueue")}
+                             ("ClusterRole", "", "rljob-operator-kueue"), ("ClusterRole", "", "rljob-operator-admission")}
     # Trainers get a ServiceAccount without any binding in each watched namespace.
     trainers = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "rljob-trainer"]
     assert sorted(d["metadata"]["namespace"] for d in trainers) == ["ml-a", "ml-b"]
@@ -636,12 +643,12 @@ def _jobs_policy(*helm_args: str) -> dict[str, Any]:
 
 
 def test_trainer_egress_is_restricted_by_default_and_never_reaches_the_metadata_endpoints() -> None:
-    from tests.operator.test_egress import allowed
+    from tests.operator.test_egress import METADATA_ENDPOINTS, allowed
 
     spec = _jobs_policy()
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     assert allowed(spec, "52.216.8.10", 443) and allowed(spec, "2600:1f18::1", 443)  # object storage
-    for address in ("169.254.169.254", "fd00:ec2::254"):
+    for address in METADATA_ENDPOINTS:  # every cloud's, as docs/egress.md lists them
         assert not any(allowed(spec, address, port) for port in (80, 443, 53)), address
     assert not allowed(spec, "52.216.8.10", 22)
     # The chart's DNS peers, status API namespace and port.

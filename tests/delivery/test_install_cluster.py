@@ -61,6 +61,11 @@ def kube(api_client: Any) -> Any:
     return Kube(api_client)
 
 
+def policy_names(fullname: str) -> dict[str, str]:
+    """The admission policies the operator may read, named after the release's full name (kustomize: rljob)."""
+    return {f"{fullname}-job-references": "<references-policy>", f"{fullname}-queues": "<queues-policy>"}
+
+
 def kubectl(control_plane: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(control_plane.admin_kubeconfig), *args],
                check=check)
@@ -244,7 +249,8 @@ class Release:
 
     def names(self) -> dict[str, str]:
         return {self.operator: "<operator>", self.namespace: "<operator-namespace>",
-                self.jobs_namespace: "<jobs-namespace>", self.other_namespace: "<other-namespace>"}
+                self.jobs_namespace: "<jobs-namespace>", self.other_namespace: "<other-namespace>",
+                **policy_names(self.name)}
 
     def deployment(self) -> dict[str, Any]:
         return next(d for d in self.manifest if d["kind"] == "Deployment")
@@ -498,7 +504,7 @@ def test_kubectl_apply_k_installs_each_overlay(overlay: str, namespace: str, con
         ns = kube.request("GET", f"/api/v1/namespaces/{namespace}")
         assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
         service_account = f"{namespace}:rljob-operator"
-        names = {"rljob-operator": "<operator>", namespace: "<operator-namespace>"}
+        names = {"rljob-operator": "<operator>", namespace: "<operator-namespace>", **policy_names("rljob")}
         if overlay == "cluster-wide":
             # The same rights as the chart's cluster-wide install (the same snapshot).
             rbac = rbac_by_namespace(control_plane, service_account, {

@@ -35,7 +35,7 @@ def test_each_image_puts_every_package_the_wheel_is_built_from_on_its_python_pat
 
 #: Modules every rank, launcher or operator process imports, a few from each heavy package.
 STARTUP_MODULES = ["trl/trainer/grpo_trainer.py", "transformers/modeling_utils.py", "torch/_dynamo/__init__.py",
-                   "sympy/core/basic.py", "kubernetes/client/api/core_v1_api.py", "kopf/__init__.py",
+                   "sympy/core/basic.py", "kubernetes/client/api/core_v1_api.py", "kubernetes/watch/watch.py",
                    "pydantic/main.py"]
 
 

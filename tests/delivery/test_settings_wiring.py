@@ -38,6 +38,7 @@ CHART_DEFAULT_DIFFERS = {
 }
 #: Chart values that a changed value needs beside it, and values whose new form the type cannot give.
 COMPANIONS = {"leaderElection.enabled": {"replicaCount": 1},
+              "admissionPolicies.acknowledgeDisabled": {"admissionPolicies.enabled": False},
               "podProfile.allowedServiceAccounts": {"trainerServiceAccount": {"create": False}}}
 NEW_VALUES: dict[str, Any] = {
     "operator.logLevel": "DEBUG", "podProfile.profile": "baseline", "statusAPI.url": "https://status.example.com",
@@ -48,6 +49,7 @@ NEW_VALUES: dict[str, Any] = {
     "networkPolicy.trainerEgress.dns": [{"ipBlock": {"cidr": "169.254.20.10/32"}}],
     "networkPolicy.trainerEgress.to": [{"podSelector": {"matchLabels": {"app": "minio"}}}],
     "networkPolicy.trainerEgress.ports": [9000], "networkPolicy.trainerEgress.exceptCIDRs": ["10.96.0.0/12"],
+    "networkPolicy.trainerEgress.metadataCIDRs": ["169.254.169.254/32"],
 }
 
 

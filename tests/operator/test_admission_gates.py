@@ -9,10 +9,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kubernetes.client import Configuration
 from rljob_contract.job import RLTrainingJob, RLTrainingJobStatus, parse_job
 from rljob_operator.cluster import runner
-from rljob_operator.cluster.handlers import JobWatch, check_handlers
+from rljob_operator.cluster.handlers import GateEvents
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.cluster.workqueue import JobKey
@@ -64,7 +63,7 @@ class ApprovalClient:
     name = APPROVAL_GATE.name
     applied: list[tuple[str, Any, str]] = []
 
-    def __init__(self, kube: Kube, watched: bool) -> None:
+    def __init__(self, kube: Kube, watched: bool, settings: OperatorSettings | None) -> None:
         self.unwatched_requeue = None if watched else 7.0
 
     def observe(self, job: RLTrainingJob, uid: str) -> Gated[str | None] | None:
@@ -102,7 +101,7 @@ def make(annotation: str | None = None, status: dict[str, Any] | None = None) ->
 
 def gates_for(job: RLTrainingJob) -> tuple[Gated[Any], ...]:
     """What the operator does: the settings' gates from the registry, each client observing the job."""
-    clients = [i.client(None, False) for i in registry.enabled(OperatorSettings(kueue=False))]  # type: ignore[arg-type]
+    clients = [i.client(None, False, None) for i in registry.enabled(OperatorSettings(kueue=False))]  # type: ignore[arg-type]
     return tuple(g for g in (c.observe(job, UID) for c in clients) if g is not None)
 
 
@@ -161,7 +160,7 @@ def test_the_reconciler_observes_and_applies_a_registered_gate_with_no_change_to
     raw["metadata"]["annotations"] = {APPROVAL: "yes"}
     kube = RecordingKube(raw)
     reconciler = Reconciler(kube, clock=lambda: NOW, profile=PodProfile(allowed_images=("*",)),  # type: ignore[arg-type]
-                            gates=[APPROVAL_INTEGRATION.client(kube, True)])  # type: ignore[arg-type]
+                            gates=[APPROVAL_INTEGRATION.client(kube, True, None)])  # type: ignore[arg-type]
     try:
         reconciler.reconcile("team-a", "train")
     finally:
@@ -177,12 +176,21 @@ def test_the_runner_starts_the_enabled_gates_and_the_watch_registers_their_resou
     assert [c.name for c in clients] == ["approval"] and clients[0].unwatched_requeue is None  # watched
     assert watches == [GateWatch("example.com", "v1", "approvals")]
     assert "approval: jobs wait for example.com/approved=yes" in caplog.text
+
+    async def wired() -> runner.Leading:
+        leading = runner._reconciling(OperatorSettings(kueue=False, watch_nodes=False, workers=1),
+                                      SimpleNamespace(configuration=None), SimpleNamespace(),  # type: ignore[arg-type]
+                                      None, None, SimpleNamespace(in_force=True))
+        await leading.work.queue.stop()
+        leading.threads.shutdown(wait=False)
+        return leading
+
+    stream = next(s for s in asyncio.run(wired()).watches.streams if s.resource.plural == "approvals")
+    assert (stream.resource.group, stream.resource.version, stream.resource.label_selector) == (
+        "example.com", "v1", "rljob.dev/job")  # the API server filters them by the job label
+    assert isinstance(stream.subscriber, GateEvents)
     enqueued: list[Any] = []
-    watch = JobWatch(Configuration(), lambda key, **kw: enqueued.append(key), lambda key: None, gate_watches=watches)
-    check_handlers(watch.registry)
-    handler = next(h for h in watch.registry._watching.get_all_handlers()  # noqa: SLF001
-                   if h.id == "approvals_event")
-    assert (handler.selector.group, handler.selector.version, handler.selector.any_name) == (
-        "example.com", "v1", "approvals")
-    asyncio.run(handler.fn(labels={"rljob.dev/job": "train"}, namespace="team-a"))
+    stream.subscriber.queue = SimpleNamespace(add=lambda key, **kw: enqueued.append(key))
+    stream.subscriber.event("team-a", "MODIFIED", {"metadata": {"namespace": "team-a",
+                                                               "labels": {"rljob.dev/job": "train"}}})
     assert enqueued == [JobKey("team-a", "train")]  # an event of the gate's resource wakes the job it names

@@ -1,4 +1,4 @@
-"""The reconciler reads worker pods from the watch (kopf's index), and the watch can lag: a stale
+"""The reconciler reads worker pods from the watch (the pod stream's store), and the watch can lag: a stale
 view must never create a second pod or restart a healthy gang. Real API server, in-process reconciler."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 from rljob_operator.decisions.children import desired_configmap
+from rljob_operator.decisions.failure.respond import backoff_seconds
 from rljob_operator.decisions.lifecycle import plan_reconcile
-from rljob_operator.decisions.restarts import backoff_seconds
 from rljob_operator.names import CONFIG_KEY
 from rljob_operator.times import rfc3339
 

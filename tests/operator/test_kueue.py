@@ -3,21 +3,28 @@ assigned flavor, stops gracefully when evicted and gives the quota back (integra
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any
 
+import pytest
 from rljob_contract.job import RLTrainingJob, parse_job
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations.gate import Gated
+from rljob_operator.integrations.kueue.client import KueueClient
 from rljob_operator.integrations.kueue.decide import (
     KUEUE,
+    QUEUE_REQUIRED,
     Flavor,
     Priority,
     QueueView,
     QueueWrites,
     desired_workload,
+    queue_name,
     workload_name,
 )
+from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
 from tests.operator.test_operator_unit import NOW, UID, observe, pod_json
@@ -166,18 +173,102 @@ def test_once_the_evicted_gang_is_gone_the_quota_reservation_is_cleared_as_jobfr
     assert not writes(pending).status
 
 
-def test_finishing_marks_the_workload_finished_and_suspending_deletes_it() -> None:
+def _finished_condition(plan: Plan, wl: dict[str, Any]) -> dict[str, Any]:
+    _, status = writes(plan).status[wl["metadata"]["name"]]
+    [finished] = [c for c in status["conditions"] if c["type"] == "Finished"]
+    return finished
+
+
+def test_worker_0_exiting_0_deletes_the_rest_and_the_workload_finishes_only_once_it_is_gone() -> None:
+    """Issue #43 point 1: a reward module makes worker 0 exit 0 and worker 1 sleep. The job succeeds, worker 1
+    is deleted, and its GPUs stay counted (the Workload not Finished) until it has terminated."""
     job = make(status={"phase": "Running", "gangGeneration": 0})
     wl = workload(job, *ADMITTED, admitted_to="a100")
-    done = reconcile(job, QueueView(workloads=[wl], flavors={"a100": FLAVOR}),
-                     pod_json(job, 0, phase="Succeeded", exit_code=0), pod_json(job, 1))
+    view = QueueView(workloads=[wl], flavors={"a100": FLAVOR})
+    done = reconcile(job, view, pod_json(job, 0, phase="Succeeded", exit_code=0), pod_json(job, 1))
     assert done.status["phase"] == "Succeeded"
-    _, status = writes(done).status[wl["metadata"]["name"]]
-    assert [c for c in status["conditions"] if c["type"] == "Finished"][0]["reason"] == "Succeeded"
+    assert done.delete_pods == ["train-worker-1"]
+    assert writes(done) == QueueWrites()  # worker 1 still holds its GPUs
+    assert done.requeue_after is not None  # looked at again without an event
+
+    later = make(status={**done.status, "gangGeneration": 0})
+    terminating = pod_json(later, 1, deleting=True)
+    still = reconcile(later, view, pod_json(later, 0, phase="Succeeded", exit_code=0), terminating)
+    assert still.status["phase"] == "Succeeded" and not still.delete_pods and writes(still) == QueueWrites()
+
+    gone = reconcile(later, view, pod_json(later, 0, phase="Succeeded", exit_code=0))
+    assert _finished_condition(gone, wl)["reason"] == "Succeeded"
+    # A worker that exited (whatever its code) holds nothing: the quota goes with it still listed.
+    exited = reconcile(later, view, pod_json(later, 0, phase="Succeeded", exit_code=0),
+                       pod_json(later, 1, phase="Failed", exit_code=1))
+    assert _finished_condition(exited, wl)["status"] == "True" and not exited.delete_pods
+
+
+def test_a_failed_job_deletes_its_running_workers_and_finishes_its_workload_once_they_are_gone() -> None:
+    job = make(status={"phase": "Running", "gangGeneration": 0})
+    wl = workload(job, *ADMITTED, admitted_to="a100")
+    view = QueueView(workloads=[wl], flavors={"a100": FLAVOR})
+    failed = reconcile(job, view, pod_json(job, 0), pod_json(job, 1, phase="Failed", exit_code=78, message="bad"))
+    assert failed.status["phase"] == "Failed" and failed.delete_pods == ["train-worker-0"]
+    assert writes(failed) == QueueWrites()
+    after = make(status={**failed.status, "gangGeneration": 0})
+    assert writes(reconcile(after, view, pod_json(after, 0, deleting=True))) == QueueWrites()
+    assert _finished_condition(reconcile(after, view), wl)["reason"] == "Failed"
+
+
+def test_a_finished_jobs_worker_stuck_terminating_is_force_deleted_and_looked_at_until_then() -> None:
+    """No event comes from a pod whose kubelet never answers: the finished job is looked at again when the
+    pod falls due (its deletion deadline, which its grace period set, plus ``force_delete_after``)."""
+    job = make(status={"phase": "Succeeded", "reason": "Completed", "gangGeneration": 0,
+                       "completionTime": rfc3339(NOW)})
+    wl = workload(job, *ADMITTED, admitted_to="a100")
+    stuck = pod_json(job, 1, deleting=True)  # deletion deadline: NOW
+    plan = plan_reconcile(job, observe(job, stuck), NOW, force_delete_after=30.0, profile=PROFILE,
+                          gates=(Gated(KUEUE, QueueView(workloads=[wl])),))
+    assert plan.requeue_after == 30.0 and not plan.force_delete_pods and writes(plan) == QueueWrites()
+    due = plan_reconcile(job, observe(job, stuck), NOW + timedelta(seconds=30), force_delete_after=30.0,
+                         profile=PROFILE, gates=(Gated(KUEUE, QueueView(workloads=[wl])),))
+    assert due.force_delete_pods == ["train-worker-1"] and writes(due) == QueueWrites()
+    assert due.requeue_after is not None and due.requeue_after > 0
+
+
+def test_suspending_deletes_the_workload_once_the_pods_are_gone() -> None:
     suspended = make({"runPolicy": {"suspend": True}}, {"phase": "Running", "gangGeneration": 0})
-    plan = reconcile(suspended, QueueView(workloads=[workload(suspended, *ADMITTED, admitted_to="a100")]))
-    assert plan.status["phase"] == "Suspended"
+    view = QueueView(workloads=[workload(suspended, *ADMITTED, admitted_to="a100")])
+    stopping = reconcile(suspended, view, pod_json(suspended, 0), pod_json(suspended, 1))
+    assert stopping.status["phase"] == "Suspended" and sorted(stopping.delete_pods) == ["train-worker-0",
+                                                                                       "train-worker-1"]
+    assert writes(stopping) == QueueWrites()
+    plan = reconcile(suspended, view)
     assert writes(plan).delete == [workload_name(suspended, 2)]
+
+
+def test_a_finished_workload_never_admits_a_job_revived_by_a_spec_edit() -> None:
+    """Kueue gave a finished Workload's quota back: a job revived after a refusable failure queues anew."""
+    failed = make({"image": "registry.invalid/rljob-trainer:new"},
+                  {"phase": "Failed", "reason": "PolicyViolation", "gangGeneration": 0, "observedGeneration": 1},
+                  generation=2)
+    wl = workload(failed, *ADMITTED, ("Finished", "True", "Failed"), admitted_to="a100")
+    plan = reconcile(failed, QueueView(workloads=[wl], flavors={"a100": FLAVOR}))
+    assert plan.status["phase"] == "Queued" and not plan.create_pods
+    assert writes(plan).delete == [wl["metadata"]["name"]]  # goes first: the new one takes its name
+    assert writes(plan).create is not None
+
+
+def test_a_stale_workload_goes_once_the_old_gang_is_gone_not_while_the_new_one_runs() -> None:
+    """After a resize the old size's Workload keeps its quota while the old gang terminates, and goes once it
+    has, even if the new gang already runs."""
+    old = make(status={"phase": "Running", "gangGeneration": 0})
+    stale = workload(old, *ADMITTED, admitted_to="a100")
+    job = make({"workers": {"replicas": 3, "procsPerWorker": 1, "gpusPerWorker": 2}},
+               {"phase": "Running", "gangGeneration": 1})
+    current = workload(job, *ADMITTED, admitted_to="a100")
+    view = QueueView(workloads=[stale, current], flavors={"a100": FLAVOR})
+    new_gang = [pod_json(job, i, generation=1) for i in range(3)]
+    old_pod = pod_json(old, 0, generation=0, deleting=True)
+    plan = reconcile(job, view, *new_gang, old_pod)
+    assert plan.status["phase"] == "Running" and writes(plan).delete == []
+    assert writes(reconcile(job, view, *new_gang)).delete == [stale["metadata"]["name"]]
 
 
 def test_a_new_size_is_a_new_workload_and_the_old_one_goes() -> None:
@@ -221,3 +312,61 @@ def test_an_unlabelled_job_plans_exactly_as_without_kueue() -> None:
     job = parse_job(doc)
     plain = plan_reconcile(job, [], NOW, profile=PROFILE)
     assert "kueue" not in plain.gate_writes and len(plain.create_pods) == 2
+
+
+# ------------------------------------------------------------- a queued job stays queued (#43 point 2)
+
+
+def test_a_queued_job_remembers_its_queue_in_status() -> None:
+    plan = reconcile(make(), QueueView())
+    assert plan.status["queue"] == "team-a"
+    moved = reconcile(make(labels={"kueue.x-k8s.io/queue-name": "team-b"}, status={"queue": "team-a"}), QueueView())
+    assert moved.status["queue"] == "team-b"  # moving it (allowed while not admitted) moves the memory
+    unlabelled = make(status={"queue": None})
+    unlabelled.metadata.labels.clear()
+    assert "queue" not in plan_reconcile(unlabelled, [], NOW, profile=PROFILE).status  # nothing to remember
+
+
+def test_a_failed_job_revived_by_an_edit_that_also_removes_its_label_runs_only_through_its_workload() -> None:
+    """The exploit: a job Failed on its spec (PolicyViolation) with a queue label; one patch removes the label
+    and fixes the spec. The status remembers the queue: the revived job waits for a Workload in that queue."""
+    bad = make({"image": "docker.io/evil:latest"})
+    failed = reconcile(bad, QueueView())
+    assert failed.status["reason"] == "PolicyViolation" and failed.status["queue"] == "team-a"
+
+    revived = make({"image": "registry.invalid/rljob-trainer:fixed"}, {**failed.status, "observedGeneration": 1},
+                   generation=2)
+    revived.metadata.labels.clear()
+    assert queue_name(revived) == "team-a"
+    client = KueueClient(None, False)  # type: ignore[arg-type]
+    client._served = (time.monotonic(), False)  # its answer to "is Kueue installed?", taken just now
+    assert client.observe(revived, UID) is not None, "the Kueue gate no longer governs a job whose label went"
+    plan = plan_reconcile(revived, [], NOW, profile=PROFILE, gates=(Gated(KUEUE, QueueView()),))
+    assert plan.status["phase"] == "Queued" and not plan.create_pods
+    assert writes(plan).create is not None and writes(plan).create["spec"]["queueName"] == "team-a"
+    assert plan.status["queue"] == "team-a"
+
+
+def test_where_a_queue_is_required_an_unlabelled_job_is_held_and_a_running_gang_stopped() -> None:
+    doc = job_manifest("train", 2, {"workers": {"gpusPerWorker": 2}}, namespace="team-a")
+    doc["metadata"].update({"uid": UID, "generation": 1})
+    doc["status"] = {"phase": "Running", "gangGeneration": 0}
+    job = parse_job(doc)
+    required = (Gated(KUEUE, QueueView(required=True)),)
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1)), NOW, profile=PROFILE,
+                          gates=required)
+    assert plan.status["phase"] == "Queued" and plan.status["reason"] == QUEUE_REQUIRED
+    assert "metadata.labels[kueue.x-k8s.io/queue-name]" in plan.status["message"]
+    assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"] and not plan.create_pods
+    assert writes(plan) == QueueWrites()  # no queue: nothing to write to Kueue
+    new = plan_reconcile(parse_job({**doc, "status": {}}), [], NOW, profile=PROFILE, gates=required)
+    assert new.status["reason"] == QUEUE_REQUIRED and not new.create_pods
+    # The client governs an unlabelled job only where the platform requires a queue.
+    client = KueueClient(None, False, OperatorSettings(require_queue=True))  # type: ignore[arg-type]
+    assert client.observe(job, UID) == Gated(KUEUE, QueueView(required=True))
+    assert KueueClient(None, False, OperatorSettings()).observe(job, UID) is None  # type: ignore[arg-type]
+
+
+def test_requiring_a_queue_without_kueue_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="RLJOB_OPERATOR_REQUIRE_QUEUE=true needs RLJOB_OPERATOR_KUEUE=true"):
+        OperatorSettings.from_env({"RLJOB_OPERATOR_REQUIRE_QUEUE": "true", "RLJOB_OPERATOR_KUEUE": "false"})

@@ -21,6 +21,7 @@ from tests.cluster.waiting import wait_for
 from tests.support.operator import (
     annotate_pod,
     create_job,
+    deep_update,
     get_job,
     job_manifest,
     job_pods,
@@ -86,21 +87,51 @@ class Queues:
             except Exception as error:  # noqa: BLE001 - best effort, never masks the test's own failure
                 print(f"cleanup of {obj}: {error}")
 
-    def job(self, name: str, priority: str | None = None, **spec: Any) -> dict[str, Any]:
-        """2 workers × 2 GPUs in the LocalQueue; workers stop within 1 s of SIGTERM."""
-        labels = {"kueue.x-k8s.io/queue-name": "lq"}
+    def job(self, name: str, priority: str | None = None, *, queue: str | None = "lq", user: Any = None,
+            **spec: Any) -> dict[str, Any]:
+        """2 workers × 2 GPUs in the LocalQueue ``queue``; workers stop within 1 s of SIGTERM. Created by
+        ``user`` (a tenant's client; default the admin)."""
+        labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
         if priority:
             labels["kueue.x-k8s.io/priority-class"] = priority
-        doc = job_manifest(name, 2, {"workers": {"gpusPerWorker": 2, "podTemplate": {"spec": {
-            "terminationGracePeriodSeconds": 1}}}, "runPolicy": {"backoffBaseSeconds": 0}, **spec})
+        doc = job_manifest(name, 2, deep_update({"workers": {"gpusPerWorker": 2, "podTemplate": {"spec": {
+            "terminationGracePeriodSeconds": 1}}}, "runPolicy": {"backoffBaseSeconds": 0}}, spec))
         doc["metadata"]["labels"] = labels
-        return create_job(self.kube, self.namespace, doc)
+        return create_job(user or self.kube, self.namespace, doc)
 
     def workloads(self, job: str | None = None) -> list[dict[str, Any]]:
         selector = f"rljob.dev/job={job}" if job else "rljob.dev/job"
         out = self.kube.request("GET", f"{KUEUE_API}/namespaces/{self.namespace}/workloads",
                                 query={"labelSelector": selector})
         return list(out.get("items") or [])
+
+
+@pytest.fixture
+def tenant(kube: Any, namespace: str, service_account_kubeconfig: Any) -> Iterator[Any]:
+    """The operator's REST layer acting as an ordinary tenant: RLTrainingJobs in ``namespace`` and nothing else
+    (no pods, no Workloads, no job status; its pods' code is played by the test's annotations)."""
+    from kubernetes import client, config
+    from rljob_operator.cluster.kube import Kube
+
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "jobs-only"}, "rules": [
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})
+    kube.request("POST", f"{rbac}/rolebindings", {
+        "metadata": {"name": "jobs-only"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                       "name": "jobs-only"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
+    configuration = client.Configuration()
+    config.load_kube_config(str(service_account_kubeconfig("tenant")), client_configuration=configuration)
+    user = client.ApiClient(configuration)
+    as_tenant = Kube(user)
+    # RBAC reaches the authorizer through an informer: wait until the tenant may read jobs.
+    wait_for(lambda: as_tenant.request("GET", as_tenant.job_path(namespace)) is not None, 30,
+             message="the tenant's rights in force", ignore=(Exception,))
+    try:
+        yield as_tenant
+    finally:
+        user.close()
 
 
 @pytest.fixture
@@ -282,3 +313,85 @@ def test_the_kueue_examples_apply_to_a_cluster_with_kueue(kube: Any, kueue: Any,
         bad = yaml.safe_load(yaml.safe_dump(docs[1]))
         bad["spec"]["resourceGroups"][0]["flavors"][0]["resources"][2]["nominalQuota"] = -1
         kube.request("POST", f"{KUEUE_API}/clusterqueues", bad, query={"dryRun": "All"})
+
+
+# ----------------------------------------------------- quota that holds, queues that stay (#43 points 1, 2)
+
+
+def _workload_finished(queues: Queues, job: str) -> bool:
+    return any(c["type"] == "Finished" and c["status"] == "True"
+               for w in queues.workloads(job) for c in (w.get("status") or {}).get("conditions") or [])
+
+
+def test_a_finished_jobs_worker_that_will_not_stop_is_deleted_and_keeps_the_quota_until_it_is_gone(
+        kube: Any, namespace: str, queues: Queues, operator: Any, tenant: Any) -> None:
+    """A tenant's reward module makes worker 0 exit 0 and worker 1 sleep on. The job succeeds, worker 1 is
+    deleted, and its GPUs stay counted against the quota (the Workload not Finished, the next job queued)
+    until it is gone: here its kubelet never confirms, so it is force-deleted past its grace period."""
+    queues.create(gpus=4)
+    operator(env={"RLJOB_OPERATOR_FORCE_DELETE_AFTER_SECONDS": "8"})
+    queues.job("greedy", user=tenant)  # the whole quota
+    _running(kube, namespace, "greedy")
+    queues.job("next", user=tenant)
+    wait_phase(kube, namespace, "next", "Queued", 60)
+
+    annotate_pod(kube, namespace, "greedy-worker-1", {"rljob.dev/fake-stuck-terminating": "true"})
+    annotate_pod(kube, namespace, "greedy-worker-0", {"rljob.dev/fake-exit-code": "0"})
+    wait_phase(kube, namespace, "greedy", "Succeeded", 60)
+
+    def worker_1_terminating() -> bool:
+        return any(p["metadata"]["name"] == "greedy-worker-1" and p["metadata"].get("deletionTimestamp")
+                   for p in job_pods(kube, namespace, "greedy"))
+
+    wait_for(worker_1_terminating, 30, message="the sleeping worker deleted")
+    assert not _workload_finished(queues, "greedy"), "the quota went while worker 1 still held its GPUs"
+    assert _phases(kube, namespace, ["next"]) == {"next": "Queued"} and job_pods(kube, namespace, "next") == []
+
+    wait_for_events(kube, namespace, "greedy", "ForceDeleted", timeout=60)
+    wait_for(lambda: _workload_finished(queues, "greedy"), 30, message="greedy's Workload Finished")
+    assert not [p for p in job_pods(kube, namespace, "greedy") if p["metadata"]["name"] == "greedy-worker-1"]
+    _running(kube, namespace, "next")
+
+
+def test_a_failed_job_revived_by_a_patch_that_drops_its_queue_runs_only_through_its_workload(
+        kube: Any, namespace: str, queues: Queues, operator: Any, tenant: Any) -> None:
+    """Issue #43 point 2, without the admission policies (the operator alone holds): a job fails on its spec
+    (PolicyViolation) while labelled; one patch by the tenant removes the label and fixes the spec. The
+    status remembers the queue: the revived job waits for a Workload in it, behind the job holding the quota."""
+    queues.create(gpus=4)
+    proc = operator()
+    queues.job("holder")
+    _running(kube, namespace, "holder")
+    queues.job("sneaky", user=tenant, image="docker.io/library/evil:latest")
+    failed = wait_phase(kube, namespace, "sneaky", "Failed", 60, reason="PolicyViolation")["status"]
+    assert failed["queue"] == "lq"
+
+    tenant.request("PATCH", tenant.job_path(namespace, "sneaky"), {
+        "metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}},
+        "spec": {"image": "registry.invalid/rljob-trainer:test"}}, content_type="application/merge-patch+json")
+    status = wait_phase(kube, namespace, "sneaky", "Queued", 60)["status"]
+    assert status["queue"] == "lq" and "kueue.x-k8s.io/queue-name" not in get_job(kube, namespace, "sneaky")[
+        "metadata"].get("labels", {})
+    [workload] = [w for w in queues.workloads("sneaky") if not w["metadata"].get("deletionTimestamp")]
+    assert workload["spec"]["queueName"] == "lq"
+    before = _ok_reconciles(proc)
+    wait_for(lambda: _ok_reconciles(proc) >= before + 3, 60, message="more reconciles")
+    assert job_pods(kube, namespace, "sneaky") == [], "the revived job ran outside its queue"
+
+    _finish(kube, namespace, "holder")
+    _running(kube, namespace, "sneaky")
+
+
+def test_where_a_queue_is_required_a_job_naming_none_waits_until_it_is_labelled(
+        kube: Any, namespace: str, queues: Queues, operator: Any, tenant: Any) -> None:
+    """The operator's own require_queue, whatever the admission policies say (none here)."""
+    queues.create(gpus=4)
+    operator(env={"RLJOB_OPERATOR_REQUIRE_QUEUE": "true"})
+    queues.job("loose", queue=None, user=tenant)
+    status = wait_phase(kube, namespace, "loose", "Queued", 60, reason="QueueRequired")["status"]
+    assert "metadata.labels[kueue.x-k8s.io/queue-name]" in status["message"]
+    assert job_pods(kube, namespace, "loose") == [] and queues.workloads("loose") == []
+    tenant.request("PATCH", tenant.job_path(namespace, "loose"), {
+        "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "lq"}}}, content_type="application/merge-patch+json")
+    _running(kube, namespace, "loose")
+    assert get_job(kube, namespace, "loose")["status"]["queue"] == "lq"

@@ -480,7 +480,7 @@ def _metrics(op: Any) -> str:
 def test_the_operator_watches_only_its_own_pods_the_api_server_filters_them(
     control_plane: Any, kube: Any, namespace: str, replicas: Any
 ) -> None:
-    # kopf filters a handler's labels= itself, after the watch sent every pod: the API server must.
+    # Filtering after the watch sent every pod of the namespace would decode them all: the API server must.
     started = time.time()
     kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
         "metadata": {"name": "someone-elses"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}})

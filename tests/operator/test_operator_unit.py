@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -28,8 +27,9 @@ from rljob_operator.decisions.children import (
     spec_hash,
 )
 from rljob_operator.decisions.conditions import make_conditions
+from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
-from rljob_operator.decisions.observed import ObservedPod, first_failure
+from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.names import (
     CONTAINER,
     LABEL_GANG_GENERATION,
@@ -417,14 +417,26 @@ def test_a_running_job_that_loses_readiness_stays_running_but_not_ready() -> Non
     assert [e.reason for e in plan.events] == ["EphemeralCheckpoints"]
 
 
-def test_worker_zero_exiting_0_means_succeeded() -> None:
+def test_worker_zero_exiting_0_means_succeeded_and_the_rest_of_the_gang_is_deleted() -> None:
     job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
     early = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0)), NOW)
     assert early.status["phase"] == "Running"
     done = plan_reconcile(job, observe(job, pod_json(job, 0, "Succeeded", False, exit_code=0), pod_json(job, 1)), NOW)
     assert done.status["phase"] == "Succeeded" and done.status["completionTime"] == rfc3339(NOW)
-    assert done.delete_pods == [] and done.create_pods == []
+    # Worker 1 outlived worker 0 (its code sleeps, say): it would keep its GPUs. Deleted, and looked after.
+    assert done.delete_pods == ["train-worker-1"] and done.create_pods == []
+    assert done.requeue_after is not None
     assert next(c for c in done.status["conditions"] if c["type"] == "Succeeded")["status"] == "True"
+    # The next reconcile (the finished step) deletes whatever still runs, orphans with the job's label too.
+    succeeded = make_job(status={"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW)})
+    orphan = pod_json(succeeded, 2)
+    orphan["metadata"]["ownerReferences"] = []
+    later = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0),
+                                              pod_json(succeeded, 1), orphan), NOW)
+    assert later.status["phase"] == "Succeeded" and sorted(later.delete_pods) == ["train-worker-1", "train-worker-2"]
+    finished = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0)),
+                              NOW)
+    assert finished.delete_pods == [] and finished.requeue_after is None
 
 
 def test_a_permanent_exit_fails_the_job_with_the_termination_message() -> None:
@@ -518,6 +530,17 @@ def test_ttl_deletes_a_finished_job_when_due() -> None:
     assert not plan_reconcile(make_job(status=status), [], NOW + timedelta(days=9)).delete_job
 
 
+def test_ttl_deletes_a_finished_job_only_once_its_pods_are_gone() -> None:
+    """Deleting the job would let the garbage collector take its Kueue Workload (its quota) while a pod runs."""
+    status = {"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW), "startTime": rfc3339(NOW)}
+    job = make_job(spec={"runPolicy": {"ttlSecondsAfterFinished": 30}}, status=status)
+    terminating = observe(job, pod_json(job, 1, deleting=True))
+    due = plan_reconcile(job, terminating, NOW + timedelta(seconds=30))
+    assert not due.delete_job and due.requeue_after is not None
+    exited = observe(job, pod_json(job, 1, "Succeeded", False, exit_code=0))
+    assert plan_reconcile(job, exited, NOW + timedelta(seconds=30)).delete_job
+
+
 def test_a_finished_job_creates_nothing() -> None:
     job = make_job(status={"phase": "Failed", "reason": "PermanentError", "completionTime": rfc3339(NOW)})
     plan = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Failed", False, exit_code=78)), NOW)
@@ -547,6 +570,22 @@ def test_an_invalid_spec_fails_until_it_is_edited() -> None:
     assert again.events == []
     fixed = make_job(status={**plan.status, "observedGeneration": 3}, generation=4)
     assert len(plan_reconcile(fixed, [], NOW).create_pods) == 2
+
+
+def test_a_running_job_edited_into_an_invalid_spec_stops_its_pods() -> None:
+    """An edit the CRD lets through and the models refuse fails the job (InvalidSpec): a finished job keeps no
+    pod running, whichever way it ended; a stuck one is force-deleted in its time."""
+    job = make_job()
+    raw = {"metadata": {"name": "train", "generation": 3, "uid": UID}, "status": {"phase": "Running"}}
+    pods = observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0))
+    plan = plan_invalid(raw, ["spec.training.trl: bad"], NOW, pods)
+    assert plan.status["phase"] == "Failed" and plan.delete_pods == ["train-worker-0"]
+    assert plan.requeue_after is not None
+    stuck = observe(job, pod_json(job, 0, deleting=True))
+    later = plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW + timedelta(seconds=60),
+                         stuck, force_delete_after=60)
+    assert later.force_delete_pods == ["train-worker-0"] and later.delete_pods == []
+    assert plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW).requeue_after is None
 
 
 def test_conditions_keep_their_transition_time_until_they_flip() -> None:
@@ -616,22 +655,51 @@ def test_a_job_and_an_experiment_of_one_name_are_two_keys_and_each_reaches_its_o
     monkeypatch.setattr(runner.ExperimentReconciler, "reconcile", lambda self, ns, name: ran.append(("exp", ns, name)))
 
     async def scenario() -> None:
-        queue, _, threads = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
-                                                SimpleNamespace(configuration=None),
-                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+        leading = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
+                                      SimpleNamespace(configuration=None), SimpleNamespace(), None, None,
+                                      SimpleNamespace(in_force=True))  # type: ignore[arg-type]
         try:
-            queue.add(JobKey("a", "x"))
-            queue.add(ExperimentKey("a", "x"))
+            leading.work.queue.add(JobKey("a", "x"))
+            leading.work.queue.add(ExperimentKey("a", "x"))
             for _ in range(200):
                 if len(ran) == 2:
                     break
                 await asyncio.sleep(0.02)
         finally:
-            await queue.stop()
-            threads.shutdown(wait=False)
+            await leading.work.queue.stop()
+            leading.threads.shutdown(wait=False)
 
     asyncio.run(scenario())
     assert sorted(ran) == [("exp", "a", "x"), ("job", "a", "x")]
+
+
+def test_no_reconcile_runs_while_the_admission_policies_are_not_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #43 point 6: a job written while the policies were gone was not checked; nothing is built for it
+    (nor for anyone) until they are back, and then every job queued meanwhile is reconciled."""
+    ran: list[str] = []
+    monkeypatch.setattr(runner.Reconciler, "reconcile", lambda self, ns, name: ran.append(name))
+    monkeypatch.setattr(runner, "PAUSED_REQUEUE_SECONDS", 0.05)
+    policies = SimpleNamespace(in_force=False)
+
+    async def scenario() -> list[str]:
+        leading = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
+                                      SimpleNamespace(configuration=None), SimpleNamespace(), None, None,
+                                      policies)  # type: ignore[arg-type]
+        try:
+            leading.work.queue.add(JobKey("a", "x"))
+            await asyncio.sleep(0.3)
+            paused = list(ran)
+            policies.in_force = True
+            for _ in range(100):
+                if ran:
+                    break
+                await asyncio.sleep(0.02)
+            return paused
+        finally:
+            await leading.work.queue.stop()
+            leading.threads.shutdown(wait=False)
+
+    assert asyncio.run(scenario()) == [] and ran == ["x"]
 
 
 def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_executor(
@@ -654,17 +722,17 @@ def test_reconciles_run_as_many_at_once_as_workers_says_whatever_the_default_exe
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
-        queue, _, threads = runner._reconciling(settings, SimpleNamespace(configuration=None),
-                                                SimpleNamespace(), None, None)  # type: ignore[arg-type]
+        leading = runner._reconciling(settings, SimpleNamespace(configuration=None), SimpleNamespace(), None, None,
+                                      SimpleNamespace(in_force=True))  # type: ignore[arg-type]
         try:
             for i in range(workers):
-                queue.add(JobKey("team-a", f"job-{i}"))
+                leading.work.queue.add(JobKey("team-a", f"job-{i}"))
             deadline = loop.time() + 15
             while len(met) < workers and loop.time() < deadline:
                 await asyncio.sleep(0.05)
         finally:
-            await queue.stop()
-            threads.shutdown(wait=False)
+            await leading.work.queue.stop()
+            leading.threads.shutdown(wait=False)
 
     asyncio.run(scenario())
     assert sorted(met) == sorted(f"job-{i}" for i in range(workers))
@@ -1068,224 +1136,3 @@ def test_the_job_cache_serves_the_watchs_job_unless_the_operators_own_write_is_n
     jobs.wrote(key, body("9"), body("11"))
     assert jobs.seen(key, None) is False and jobs.get(key) is None  # deleted: forgotten
     assert jobs.seen(key, body("11")) is False and jobs.get(key) is not None
-
-
-def test_the_watch_queues_a_job_for_every_event_but_the_operators_own_status_write() -> None:
-    from kubernetes.client import Configuration
-    from rljob_operator.cluster.handlers import JobWatch
-
-    queued: list[Any] = []
-    watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), lambda key: None)
-    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1", "generation": 1}, "spec": {}}
-    written = {**job, "metadata": {**job["metadata"], "resourceVersion": "2"}, "status": {"phase": "Running"}}
-
-    def event(type: str | None, body: dict[str, Any]) -> None:
-        watch.job_stream.handle(None, type, body)  # the job stream's event (type None: listed)
-
-    key = JobKey("ns", "j")
-    event(None, job)
-    watch.jobs.wrote(key, job, written)
-    event("MODIFIED", written)
-    assert queued == [key]  # the listing, not our own write
-    event("MODIFIED", {**written, "metadata": {**written["metadata"], "resourceVersion": "3"}})
-    event("DELETED", written)
-    assert queued == [key] * 3 and watch.jobs.get(key) is None and key not in watch.known
-
-
-def test_a_new_job_is_queued_as_urgent_a_job_with_a_status_as_an_event() -> None:
-    """Creating a gang is a gang decision: in a burst, new jobs are not served after the Running
-    writes (urgent) of the gangs created before them (bench/burst_floor.py)."""
-    from kubernetes.client import Configuration
-    from rljob_operator.cluster.handlers import JobWatch
-
-    queued: list[dict[str, Any]] = []
-    watch = JobWatch(Configuration(), lambda key, **kw: queued.append({"key": key, **kw}), lambda key: None)
-    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1", "generation": 1}, "spec": {}}
-
-    def event(type: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        watch.job_stream.handle(None, type, body)
-        return queued[-1]
-
-    key = JobKey("ns", "j")
-    assert event(None, job) == {"key": key, "urgent": True}  # listed: not deleted
-    assert event("ADDED", job) == {"key": key, "urgent": True}
-    assert event("MODIFIED", {**job, "status": None}) == {"key": key, "urgent": True}  # null: none yet
-    edited = {**job, "metadata": {**job["metadata"], "resourceVersion": "3", "generation": 2},
-              "status": {"phase": "Running"}}
-    assert event("MODIFIED", edited) == {"key": key, "urgent": False}
-    assert event("DELETED", edited) == {"key": key, "urgent": False}
-
-
-def test_a_pod_event_that_only_changes_the_status_is_queued_a_moment_later_a_decisive_one_at_once() -> None:
-    from kubernetes.client import Configuration
-    from rljob_operator.cluster.handlers import STATUS_NEWS_SECONDS, JobWatch
-
-    queued: list[dict[str, Any]] = []
-    watch = JobWatch(Configuration(), lambda key, **kw: queued.append({"key": key, **kw}), lambda key: None)
-    job = make_job(replicas=2)
-    key = JobKey("team-a", job.metadata.name)
-
-    def event(type: str, pod: dict[str, Any]) -> dict[str, Any]:
-        watch.pods.handle("team-a", type, pod)
-        return queued[-1]
-
-    scheduled = pod_json(job, 0, "Pending", False)
-    assert event("ADDED", scheduled) == {"key": key, "delay": STATUS_NEWS_SECONDS}
-    assert event("ADDED", pod_json(job, 1, "Pending", False)) == {"key": key, "delay": STATUS_NEWS_SECONDS}
-    ready = [pod_json(job, i) for i in range(2)]
-    assert event("MODIFIED", ready[0]) == {"key": key, "delay": STATUS_NEWS_SECONDS}  # ready before its gang
-    assert event("MODIFIED", ready[1]) == {"key": key, "urgent": True}  # the whole gang ready: Running
-    failed = pod_json(job, 1, "Failed", False, exit_code=1)
-    assert event("MODIFIED", failed) == {"key": key, "urgent": True}
-    deleting = pod_json(job, 0, deleting=True)
-    assert event("MODIFIED", deleting) == {"key": key, "delay": STATUS_NEWS_SECONDS}
-    assert event("DELETED", failed) == {"key": key, "delay": STATUS_NEWS_SECONDS}  # worker 0 still terminating
-    assert event("DELETED", deleting) == {"key": key, "urgent": True}  # the last: replacements can be created
-    assert watch.cached_pods("team-a", job.metadata.name) is None  # not listed yet: the reconciler lists
-
-
-def test_the_pod_store_serves_after_every_namespace_is_listed_and_drops_pods_deleted_while_away() -> None:
-    from rljob_operator.cluster.podwatch import PodWatch
-
-    events: list[tuple[str | None, Any, str, list[str]]] = []
-    watch = PodWatch(["team-a", "team-b"], lambda type, key, pod, others: events.append(
-        (type, key, pod["metadata"]["name"], sorted(p["metadata"]["name"] for p in others))))
-    job = make_job(replicas=3)
-    key = JobKey("team-a", job.metadata.name)
-    pods = [pod_json(job, i) for i in range(3)]
-    for pod in pods:
-        pod["metadata"]["namespace"] = "team-a"
-        watch.handle("team-a", None, pod)  # the listing
-    watch.handle("team-a", None, {"metadata": {"name": "no-label", "namespace": "team-a", "uid": "x"}})
-    assert watch.store.end_listing("team-a") == [] and watch.store.pods(key.namespace, key.name) is None  # team-b not listed yet
-    assert watch.store.end_listing("team-b") == []
-    assert [p["metadata"]["name"] for p in watch.store.pods(key.namespace, key.name) or []] == [p["metadata"]["name"] for p in pods]
-    assert "managedFields" not in (watch.store.pods(key.namespace, key.name) or [{}])[0]["metadata"]  # slim copies
-    assert watch.store.pods("team-a", "other") == [] and len(events) == 3
-    # The watch was away (410 Gone): the relisting shows workers 0 and 2 only; 1 was deleted meanwhile.
-    for pod in (pods[0], pods[2]):
-        watch.handle("team-a", None, pod)
-    gone = watch.store.end_listing("team-a")
-    assert [(k, p["metadata"]["name"]) for k, p in gone] == [(key, pods[1]["metadata"]["name"])]
-    assert len(watch.store.pods(key.namespace, key.name) or []) == 2
-    watch.handle("team-a", "DELETED", pods[0])
-    watch.handle("team-a", "DELETED", pods[2])
-    assert watch.store.pods(key.namespace, key.name) == [] and watch.store.jobs() == []
-    assert events[-1] == ("DELETED", key, pods[2]["metadata"]["name"], [])
-
-
-def test_the_pod_watch_reads_the_stream_of_the_locked_kopf_and_stops_the_operator_when_it_ends() -> None:
-    """``podwatch`` reads kopf's internal watch stream: this fails the day kopf moves or reshapes it."""
-    import inspect
-
-    from kopf._cogs.clients import watching
-    from rljob_operator.cluster.podwatch import PodWatch
-
-    assert {"settings", "resource", "namespace"} <= set(inspect.signature(watching.infinite_watch).parameters)
-    assert watching.Bookmark.LISTED
-
-    async def ended() -> PodWatch:
-        watch = PodWatch([], lambda *a: None)
-
-        async def broken(settings: Any, scope: str | None) -> None:
-            raise RuntimeError("403 Forbidden")
-
-        watch._stream = broken  # type: ignore[method-assign]
-        watch.start(None)  # type: ignore[arg-type]
-        await asyncio.wait_for(watch.failed.wait(), 5)
-        return watch
-
-    assert "403 Forbidden" in repr(asyncio.run(ended()).failure)
-
-
-def test_the_job_stream_hands_on_as_deleted_the_jobs_a_relisting_does_not_show() -> None:
-    """A job deleted while the stream was away (the relisting after 410 Gone does not show it) is
-    forgotten at the end of that listing, in its namespace only, as a DELETED event would."""
-    from kubernetes.client import Configuration
-    from rljob_operator.cluster.handlers import JobWatch
-
-    queued: list[Any] = []
-    forgotten: list[JobKey] = []
-    watch = JobWatch(Configuration(), lambda key, **kw: queued.append(key), forgotten.append,
-                     namespaces=["team-a", "team-b"])
-
-    def job(ns: str, name: str) -> dict[str, Any]:
-        return {"metadata": {"name": name, "namespace": ns, "resourceVersion": "1"}, "spec": {},
-                "status": {"phase": "Running"}}
-
-    a1, a2, b1 = JobKey("team-a", "one"), JobKey("team-a", "two"), JobKey("team-b", "one")
-    for key in (a1, a2, b1):
-        watch.job_stream.handle(key.namespace, None, job(key.namespace, key.name))
-    watch.job_stream.listed("team-a")
-    watch.job_stream.listed("team-b")
-    assert queued == [a1, a2, b1] and watch.known == {a1, a2, b1} and not forgotten
-    assert watch.jobs.get(a2) is not None
-    # team-a's stream was away (410 Gone): its relisting shows only "one"; team-b is not touched.
-    watch.job_stream.handle("team-a", None, job("team-a", "one"))
-    watch.job_stream.listed("team-a")
-    assert forgotten == [a2] and watch.known == {a1, b1} and watch.jobs.get(a2) is None
-    assert queued[-2:] == [a1, a2]  # the deleted job is reconciled once more (its metrics cleared)
-    watch.job_stream.listed("team-a")  # a listing that showed nothing: every job of team-a is gone
-    assert forgotten == [a2, a1] and watch.known == {b1} and watch.job_stream.keys == {b1}
-
-
-def test_the_streams_read_kopfs_events_and_a_job_stream_that_ends_stops_the_operator(monkeypatch: Any) -> None:
-    """Both streams read kopf's stream the same way (listing, its end, bookmarks, events) and an error
-    in one event is logged, never ends the stream; one that ends on its own is reported by ``stream_failed``."""
-    from kopf._cogs.clients import watching
-    from kubernetes.client import Configuration
-    from rljob_operator.cluster import streams
-    from rljob_operator.cluster.handlers import JobWatch
-
-    job = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "1"}, "spec": {}}
-    seen: list[tuple[JobKey, dict[str, Any]]] = []
-
-    def enqueue(key: JobKey, **kw: Any) -> None:
-        if key.name == "broken":
-            raise ValueError("a handler's error")
-        seen.append((key, kw))
-
-    async def infinite_watch(settings: Any, resource: Any, namespace: Any) -> Any:
-        assert resource is streams.JOBS and namespace is None
-        yield {"type": None, "object": job}
-        yield watching.Bookmark.LISTED
-        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}}
-        yield {"type": "ADDED", "object": {"metadata": {"name": "broken", "namespace": "ns"}}}  # logged
-        yield {"type": "DELETED", "object": job}
-        raise RuntimeError("403 Forbidden")
-
-    async def run() -> tuple[JobWatch, Any]:
-        watch = JobWatch(Configuration(), enqueue, lambda key: None)
-        watch.job_stream.start(None)  # type: ignore[arg-type]
-        return watch, await asyncio.wait_for(watch.stream_failed(), 5)
-
-    monkeypatch.setattr(watching, "infinite_watch", infinite_watch)
-    watch, stream = asyncio.run(run())
-    assert stream is watch.job_stream and "403 Forbidden" in repr(stream.failure) and not watch.pods.failed.is_set()
-    key = JobKey("ns", "j")
-    assert seen == [(key, {"urgent": True}), (key, {"urgent": False})]  # listed (new), deleted
-    assert watch.job_stream.keys == {JobKey("ns", "broken")} and watch.jobs.get(key) is None
-
-
-def test_the_operator_registers_no_kopf_handler_that_needs_the_diff_base_it_does_not_keep() -> None:
-    import kopf
-    from kubernetes.client import Configuration
-    from rljob_operator.cluster.experiments import register as register_experiments
-    from rljob_operator.cluster.handlers import JobWatch, NoDiffBase, check_handlers, kopf_settings
-    from rljob_operator.integrations.kueue.client import WORKLOADS
-
-    watch = JobWatch(Configuration(), lambda *a, **kw: None, lambda key: None, gate_watches=[WORKLOADS],
-                     watch_nodes=True)
-    register_experiments(watch.registry, lambda *a, **kw: None)
-    check_handlers(watch.registry)  # on.event, on.login, on.startup/cleanup and indexes only
-    assert isinstance(kopf_settings().persistence.diffbase_storage, NoDiffBase)
-    # Every handler of a watch event is a coroutine: kopf runs a plain function in its thread pool.
-    per_event = [*watch.registry._watching.get_all_handlers(), *watch.registry._indexing.get_all_handlers()]
-    assert len(per_event) >= 4 and all(inspect.iscoroutinefunction(h.fn) for h in per_event)
-    assert "rltrainingjob_event" not in {h.id for h in per_event}  # the jobs: kopf's stream (streams.JobStream)
-
-    @kopf.on.update("rljob.dev", "v1alpha1", "rltrainingjobs", registry=watch.registry, id="an_update_handler")
-    def an_update_handler(**_: Any) -> None: ...
-
-    with pytest.raises(RuntimeError, match="an_update_handler need a diff base"):
-        check_handlers(watch.registry)

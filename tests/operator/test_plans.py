@@ -234,6 +234,7 @@ class RecordingKube:
     def __init__(self, raw: dict[str, Any], refuse: tuple[str, Exception] | None = None) -> None:
         self.raw, self.refuse = raw, refuse
         self.calls: list[tuple[Any, ...]] = []
+        self.statuses: list[dict[str, Any]] = []
         self.lists = 0
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any]:
@@ -244,7 +245,11 @@ class RecordingKube:
         return []
 
     def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.calls.append(("status", status.get("phase"), status.get("reason")))
+        if set(status) == {"createdPods"}:  # the record of the pods just created
+            self.calls.append(("record", tuple(sorted(status["createdPods"]))))
+        else:
+            self.calls.append(("status", status.get("phase"), status.get("reason")))
+        self.statuses.append(status)
 
     def create_or_adopt(self, obj: dict[str, Any], uid: str, compare_data: bool = False,
                         compare_spec: bool = False, look_first: bool = False) -> None:
@@ -252,11 +257,11 @@ class RecordingKube:
         if self.refuse is not None and self.refuse[0] == obj["kind"]:
             raise self.refuse[1]
 
-    def create_pod(self, pod: dict[str, Any]) -> bool:
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("create", "Pod"))
         if self.refuse is not None and self.refuse[0] == "Pod":
             raise self.refuse[1]
-        return True
+        return {**pod, "metadata": {**pod["metadata"], "uid": f"uid-of-{pod['metadata']['name']}"}}
 
     def post_event(self, raw: dict[str, Any], type_: str, reason: str, message: str, now: str,
                    **kw: Any) -> dict[str, Any]:
@@ -290,13 +295,84 @@ def _refused(status: int, body: str) -> ApiException:
     return error
 
 
-def test_the_reconciler_writes_status_then_children_then_pods_then_events() -> None:
+WORKERS = ("train-worker-0", "train-worker-1")
+
+
+def test_the_reconciler_writes_status_then_children_then_pods_then_events_and_records_the_pods_next() -> None:
     kube = RecordingKube(_raw())
-    assert _reconcile(kube) is None
-    assert kube.calls[0] == ("status", "Pending", "CreatingWorkers")
-    assert sorted(kube.calls[1:3]) == [("create", "ConfigMap"), ("create", "Service")]
-    assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers"),
-                              ("event", "EphemeralCheckpoints")]
+    reconciler = _reconciler(kube)
+    try:
+        assert reconciler.reconcile("team-a", "train") is None
+        assert kube.calls[0] == ("status", "Pending", "CreatingWorkers")
+        assert sorted(kube.calls[1:3]) == [("create", "ConfigMap"), ("create", "Service")]
+        assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers"),
+                                  ("event", "EphemeralCheckpoints")]
+        # The job's first status write starts the record of the pods the operator created, empty; the UIDs the
+        # API server answered the creates with go into the job's next status write (decisions/createdpods.py):
+        # the next reconcile's, which the new pods' watch events bring.
+        assert kube.statuses[0]["createdPods"] == {}
+        kube.raw = _raw({**kube.statuses[0], "createdPods": {}})
+        kube.statuses.clear()
+        reconciler.reconcile("team-a", "train")
+        assert kube.statuses[0]["createdPods"] == {name: f"uid-of-{name}" for name in WORKERS}
+        kube.raw["status"]["createdPods"] = kube.statuses[0]["createdPods"]
+        kube.statuses.clear()
+        reconciler.reconcile("team-a", "train")  # recorded: not written again
+        assert all("createdPods" not in status for status in kube.statuses)
+    finally:
+        reconciler.close()
+
+
+def test_the_pods_created_are_recorded_even_when_another_create_is_refused_and_a_failed_record_is_sent_again(
+) -> None:
+    class OneRefused(RecordingKube):
+        def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+            if pod["metadata"]["name"].endswith("-1"):
+                raise _refused(422, '{"message": "invalid"}')
+            return super().create_pod(pod)
+
+    kube = OneRefused(_raw())
+    _reconcile(kube)
+    # The refusal still decides the rest, and its status write records the pod that was created.
+    assert kube.statuses[-1]["reason"] == "InvalidPodSpec"
+    assert kube.statuses[-1]["createdPods"] == {"train-worker-0": "uid-of-train-worker-0"}
+
+    class RecordFails(RecordingKube):
+        def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+            if status.get("createdPods") and self.fail:
+                self.fail = False
+                raise _refused(500, '{"message": "etcd timeout"}')
+            super().patch_job_status(namespace, name, status)
+
+    kube = RecordFails(_raw())
+    kube.fail = True
+    reconciler = _reconciler(kube)
+    try:
+        reconciler.reconcile("team-a", "train")  # creates the gang
+        kube.raw = _raw({"phase": "Pending", "reason": "CreatingWorkers", "createdPods": {}})
+        with pytest.raises(ApiException):  # the write that would record it fails
+            reconciler.reconcile("team-a", "train")
+        kube.statuses.clear()
+        reconciler.reconcile("team-a", "train")  # the next status write carries what was not recorded
+        assert kube.statuses[0]["createdPods"] == {name: f"uid-of-{name}" for name in WORKERS}
+    finally:
+        reconciler.close()
+
+
+def test_a_job_an_earlier_operator_ran_gets_its_controlled_pods_recorded_once_and_nothing_else() -> None:
+    from rljob_operator.decisions.createdpods import may_speak, seed
+
+    job = make_job(replicas=2)
+    ours, other = pod_json(job, 0), pod_json(job, 1)
+    other["metadata"]["ownerReferences"][0]["uid"] = "another-uid"
+    observed = observe(job, ours, other)
+    assert seed({}, observed) == {}  # no status yet: nothing observed counts
+    assert seed({"phase": "Running"}, observed) == {ours["metadata"]["name"]: ours["metadata"]["uid"]}
+    assert seed({"phase": "Running", "createdPods": {}}, observed) is None  # recorded since: nothing adopted
+    recorded = {"status": {"createdPods": {"train-worker-0": "u0"}}}
+    assert may_speak(recorded, "train-worker-0", "u0")
+    assert not may_speak(recorded, "train-worker-0", "u1") and not may_speak(recorded, "train-notebook", "u0")
+    assert not may_speak({"status": {}}, "train-worker-0", "u0") and not may_speak(recorded, "train-worker-0", "")
 
 
 def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after_the_first() -> None:
@@ -310,7 +386,7 @@ def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after
         # ones terminate): the children were made for it, only pods are created.
         kube.calls.clear()
         reconciler.reconcile("team-a", "train")
-        assert [c for c in kube.calls if c[1] != "Pod" and c[0] != "event" and c[0] != "status"] == []
+        assert [c for c in kube.calls if c[1] != "Pod" and c[0] not in ("event", "status", "record")] == []
         # A new generation: each child is looked up (it most likely exists), not re-posted blindly.
         kube.raw = _raw({"gangGeneration": 1, "phase": "Restarting", "restarts": 1})
         kube.calls.clear()

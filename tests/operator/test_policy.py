@@ -175,14 +175,12 @@ def test_a_verdict_is_remembered_for_an_unchanged_job_and_made_again_when_its_in
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``policy.checked``: reconciles of an unchanged job check nothing again; a new spec (even one that
     kept its generation, as tests build them), new labels or another profile get a verdict of their own."""
-    from collections import OrderedDict
-
     from rljob_operator.decisions import policy
 
     calls: list[str] = []
     real = policy.violations
     monkeypatch.setattr(policy, "violations", lambda job, profile: calls.append(job.metadata.name) or real(job, profile))
-    monkeypatch.setattr(policy, "_checked", OrderedDict())
+    monkeypatch.setattr(policy, "_checked", policy.VerdictCache(policy.CHECKED_BYTES))
     assert policy.checked(make_job(), PROFILE) == [] and policy.checked(make_job(), PROFILE) == []
     assert len(calls) == 1  # the second reconcile parsed the job again: same input, same verdict
     case, patch, field = ESCALATIONS[0]
@@ -194,10 +192,30 @@ def test_a_verdict_is_remembered_for_an_unchanged_job_and_made_again_when_its_in
     assert policy.checked(relabelled, PROFILE) == []
     assert any(v.startswith("spec.image") for v in policy.checked(make_job(), foreign))
     assert len(calls) == 4
-    monkeypatch.setattr(policy, "CHECKED_KEPT", 2)
-    relabelled.metadata.labels["team"] = "c"
-    policy.checked(relabelled, PROFILE)  # a fifth key: the three oldest go
-    assert len(policy._checked) == 2 and len(calls) == 5
+    assert len(policy._checked) == 4  # four inputs, four verdicts (the bound: the test below)
+
+
+def test_verdicts_are_kept_by_digest_within_a_bound_of_bytes_whatever_size_the_job() -> None:
+    """Issue #43 point 4: a job of ~1 MB annotated 500 times kept 500 copies of its spec (a 512 Mi operator went
+    down). Now each edit costs a digest and its verdict; the memory bound holds whatever the input size."""
+    from rljob_operator.decisions import policy
+
+    cache = policy.VerdictCache(64 * 1024)
+    big = make_job(spec={"training": {"rewards": [{"name": "pkg.mod:reward", "kwargs": {"blob": "x" * 1_000_000}}]}})
+    verdicts = []
+    for i in range(500):
+        big.metadata.annotations["round"] = str(i)
+        key = policy.verdict_key(big, PROFILE)
+        assert len(key) == 32
+        cache.put(key, tuple(policy.violations(big, PROFILE)) if i == 0 else verdicts[0])
+        verdicts.append(cache.get(key))
+    assert cache.bytes <= 64 * 1024 and 0 < len(cache) < 500
+    assert cache.get(policy.verdict_key(big, PROFILE)) == verdicts[0]  # the newest is kept
+    big.metadata.annotations["round"] = "0"
+    assert cache.get(policy.verdict_key(big, PROFILE)) is None  # the oldest went
+    # A verdict larger than a tenth of the bound is not kept (it would evict every other job's).
+    cache.put(b"k" * 32, tuple("spec.x: " + "y" * 1000 for _ in range(10)))
+    assert cache.get(b"k" * 32) is None
 
 
 def test_the_operator_loads_the_pod_schema_at_start_and_its_first_check_imports_nothing() -> None:

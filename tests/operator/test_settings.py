@@ -37,7 +37,9 @@ def test_operator_flags_are_exactly_the_declared_ones_and_their_defaults_are_the
     declared = {info.flag.name: name for name, info in setting_infos().items() if info.flag}
     parser = _operator_parser()
     flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
-    assert flags == set(declared) | {"--no-leader-elect"}
+    booleans = {flag for flag, name in declared.items() if isinstance(getattr(OperatorSettings(), name), bool)}
+    assert booleans == {"--leader-elect", "--without-admission-policies"}
+    assert flags == set(declared) | {f"--no-{flag[2:]}" for flag in booleans}
     defaults = OperatorSettings()
     for flag, name in declared.items():
         said = re.search(r"\(default ([^):;,]+)\)", setting_infos()[name].flag.help)  # type: ignore[union-attr]

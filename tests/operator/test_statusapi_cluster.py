@@ -79,30 +79,32 @@ def test_heartbeats_need_a_token_bound_to_a_worker_of_that_job(kube, namespace, 
     assert 'rljob_operator_heartbeats_total{result="forbidden"} 2.0' in metrics
 
 
-def test_a_heartbeat_speaks_only_for_a_pod_its_job_controls_by_uid(kube, namespace, running) -> None:
-    """A label anyone may set is not identity (issue #30, point 5): the token's pod must be controlled by the
-    job, by its UID."""
+def test_only_pods_the_operator_created_speak_for_a_job_not_a_tenants_pod_that_names_its_uid(
+        kube, namespace, running, tenant_kube) -> None:
+    """Issue #43 point 3: an ordinary tenant (``edit`` in the namespace) makes a notebook pod whose controller
+    ownerReference names the job by its current UID (public), and one with every worker label (issue #30 point 5).
+    Neither may report progress (curve points, rewards, best_checkpoint: what experiments rank trials by), however
+    many heartbeats it sends, nor throttle the job or move its stall clock. The operator's own workers may."""
+    job = get_job(kube, namespace, "st")
     worker = running["pods"]["st-worker-0"]
-    job_uid = get_job(kube, namespace, "st")["metadata"]["uid"]
+    # The record the operator wrote when it created the gang: name → the UID the API server gave.
+    assert job["status"]["createdPods"] == {name: running["pods"][name]["metadata"]["uid"]
+                                            for name in ("st-worker-0", "st-worker-1")}
 
-    # The tenant's pods are controlled by something (else the operator deletes them as orphans carrying the
-    # job's label, which would end the attack early but is not what refuses it).
-    mine = kube.request("POST", kube.core_path(namespace, "configmaps"), {"metadata": {"name": "tenant-owner"}})
+    def tenant_pod(name: str, meta: dict[str, Any]) -> dict[str, Any]:
+        spec = {"containers": [{"name": "notebook", "image": "registry.invalid/notebook:1"}],
+                "nodeSelector": {"rljob.test/no-such-node": "x"}}  # never runs: only its identity matters
+        return tenant_kube.request("POST", kube.core_path(namespace, "pods"),
+                                   {"metadata": {"name": name, **meta}, "spec": spec})
 
-    def tenant_pod(name: str, owner_uid: str | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name, "labels": dict(worker["metadata"]["labels"])}  # every worker label
-        meta["ownerReferences"] = [
-            {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st", "uid": owner_uid,
-             "controller": True} if owner_uid is not None else
-            {"apiVersion": "v1", "kind": "ConfigMap", "name": "tenant-owner", "uid": mine["metadata"]["uid"],
-             "controller": True}]
-        return kube.request("POST", kube.core_path(namespace, "pods"), {"metadata": meta, "spec": {
-            "containers": [{"name": "trainer", "image": "registry.invalid/tenant:1"}],
-            "nodeSelector": {"rljob.test/no-such-node": "x"}}})  # never runs: only its identity matters
+    owned = tenant_pod("st-notebook", {"ownerReferences": [
+        {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st", "uid": job["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": False}]})
+    mine = tenant_kube.request("POST", kube.core_path(namespace, "configmaps"), {"metadata": {"name": "tenant-owner"}})
+    labelled = tenant_pod("st-lookalike", {"labels": dict(worker["metadata"]["labels"]), "ownerReferences": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "tenant-owner", "uid": mine["metadata"]["uid"],
+         "controller": True}]})  # controlled by something, else the operator deletes it as an orphan of the job
 
-    labelled = tenant_pod("st-lookalike", None)
-    # (A pod whose ownerReference names job st with another uid is not tried here: the garbage collector
-    # deletes it within moments, as its owner's name resolves to another uid, racing the heartbeat.)
     def authenticated(token: str) -> bool:
         """The API server authenticates a token bound to a pod once its own caches hold the pod (a moment
         after the create, longer on a busy machine); asked first, the status API would remember a 401."""
@@ -111,14 +113,24 @@ def test_a_heartbeat_speaks_only_for_a_pod_its_job_controls_by_uid(kube, namespa
             "spec": {"token": token, "audiences": ["rljob-status"]}})
         return bool((review.get("status") or {}).get("authenticated"))
 
-    for pod in (labelled,):
+    forged = {"step": 10_000, "reward": 99.0, "loss": 0.0, "best_checkpoint": "s3://tenant/checkpoint-0",
+              "best_metric": 99.0, "metrics": {"eval/accuracy": 1.0}, "final": True}
+    for pod in (owned, labelled):
+        # The token a kubelet would project into the pod (the tenant chose the audience in its pod spec).
         token = token_for(kube, namespace, "default", "rljob-status", pod=pod)
         wait_for(lambda token=token: authenticated(token), 30, message="the tenant pod's token authenticated")
-        response = _post(running, "st", token)
-        assert response.status_code == 403 and "not a worker of" in response.json()["error"], response.text
-    # The same request from the operator's own worker (controlled by the job's uid) is accepted.
-    assert worker["metadata"]["ownerReferences"][0]["uid"] == job_uid
-    assert _post(running, "st", token_for(kube, namespace, "default", "rljob-status", pod=worker)).status_code == 202
+        answers = [_post(running, "st", token, forged) for _ in range(30)]  # more than the job's burst (20)
+        assert {r.status_code for r in answers} <= {403, 429} and answers[0].status_code == 403, answers[0].text
+        assert "only pods the operator created for the job may speak for it" in answers[0].json()["error"]
+    assert owned["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # what the old check accepted
+    progress = get_job(kube, namespace, "st")["status"].get("progress") or {}
+    assert progress.get("step") != 10_000 and "lastThrottled" not in progress  # nothing forged, no throttle written
+    # The same request from the operator's own worker is accepted (once this address's bucket, which the
+    # refused tokens paid from, has refilled: a token not checked yet pays per address).
+    token = token_for(kube, namespace, "default", "rljob-status", pod=worker)
+    answer = wait_for(lambda: (r := _post(running, "st", token, {"step": 3, "reward": 0.5})).status_code != 429 and r,
+                      20, interval=0.5, message="the address's bucket refilled")
+    assert answer.status_code == 202, answer.text
 
 
 def test_reading_status_needs_permission_to_get_that_job(kube, namespace, running) -> None:

@@ -43,6 +43,10 @@ FAST_ENV = {
     # The tests' trainer image (kwok never pulls it); every other setting of the pod profile is the default.
     "RLJOB_OPERATOR_ALLOWED_IMAGES": "registry.invalid/rljob-trainer:*",
 }
+#: The test control plane has no admission policies but where a test installs them (they are cluster-wide):
+#: an operator process run by a test says it runs without them, as a developer's must (docs/security-policies.md).
+#: Not in FAST_ENV: the chart's install test runs the operator with the chart's settings, policies checked.
+WITHOUT_POLICIES_ENV = {"RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES": "true"}
 
 
 def job_manifest(name: str, replicas: int = 2, spec: dict[str, Any] | None = None,
@@ -170,7 +174,7 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 def install_crd(kube: Any, crd: dict[str, Any], plural: str) -> dict[str, Any]:
     """Create (or replace) ``crd`` and wait until it is Established and its ``plural`` can be listed
-    (discovery, which kopf and kubectl resolve resources through, has caught up)."""
+    (discovery, which kubectl resolves resources through, has caught up)."""
     from kubernetes.client.exceptions import ApiException
 
     from tests.cluster.waiting import wait_for
@@ -240,7 +244,7 @@ class OperatorProcess:
             "--identity", self.identity,
             "--leader-elect" if leader_elect else "--no-leader-elect",
         ]
-        self.env = {**os.environ, **FAST_ENV, **(env or {})}
+        self.env = {**os.environ, **FAST_ENV, **WITHOUT_POLICIES_ENV, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -320,6 +324,51 @@ def operator(admin_kubeconfig: Path, namespace: str, crd_installed: Any, tmp_pat
     yield start
     for proc in started:
         proc.stop()
+
+
+# ------------------------------------------------------------------ an ordinary tenant
+
+#: What an ordinary tenant of a namespace may do with rljob's kinds: the chart's ``rbac-user-roles`` (aggregated
+#: into ``edit``): everything on jobs and experiments but writing their status.
+TENANT_RLJOB_RULES = [
+    {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingjobs/scale", "rlexperiments"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+    {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs/status", "rlexperiments/status"], "verbs": ["get"]},
+]
+
+
+@pytest.fixture
+def tenant_kube(kube: Any, namespace: str, service_account_kubeconfig: Any, crd_installed: Any) -> Any:
+    """The operator's REST layer acting as an ordinary tenant of ``namespace``: service account ``tenant`` bound to
+    Kubernetes' built-in ``edit`` role (pods, Services, ConfigMaps, ...) and to the chart's rights on rljob's
+    kinds (``TENANT_RLJOB_RULES``). It may create pods (a notebook's), jobs and experiments, never write their
+    status."""
+    from kubernetes import client, config
+
+    from tests.cluster.waiting import wait_for
+
+    kubeconfig = service_account_kubeconfig("tenant")
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "tenant-rljob"}, "rules": TENANT_RLJOB_RULES})
+    subjects = [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]
+    for name, kind, role in (("tenant-edit", "ClusterRole", "edit"), ("tenant-rljob", "Role", "tenant-rljob")):
+        kube.request("POST", f"{rbac}/rolebindings", {"metadata": {"name": name}, "subjects": subjects,
+                                                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                   "kind": kind, "name": role}})
+    configuration = client.Configuration()
+    config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+    tenant = _kube(client.ApiClient(configuration))
+
+    def in_force() -> bool:
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "patch", "group": "rljob.dev",
+                                                  "resource": "rltrainingjobs"}}}
+        answer = tenant.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+        return bool((answer.get("status") or {}).get("allowed"))
+
+    wait_for(in_force, 30, message="the tenant's rights in force")
+    yield tenant
+    tenant.api_client.close()
 
 
 # ------------------------------------------------------------------ job helpers

@@ -1,9 +1,13 @@
 """YAML read as kubectl, Helm and the API server read it (go-yaml v2, under sigs.k8s.io/yaml).
 
 go-yaml v2 resolves the plain scalars ``y``, ``Y``, ``n`` and ``N`` as booleans, and sigs.k8s.io/yaml turns
-a boolean key into the string ``"true"``/``"false"``; PyYAML reads all four as strings. Everything else the
-two read alike (both are YAML 1.1: ``yes``/``no``/``on``/``off`` are booleans to both). :class:`GoLoader` is
-``SafeLoader`` with go-yaml's extra booleans; :func:`go_differences` names where a text reads otherwise.
+a boolean key into the string ``"true"``/``"false"``; PyYAML reads all four as strings. go-yaml v2 also reads
+as a float any plain scalar that starts like a number and Go's ``strconv.ParseFloat`` takes (``1e-3``,
+``1.5e3``), where YAML 1.1, so PyYAML, wants a dot and a signed exponent. Everything else the two read alike
+(both are YAML 1.1: ``yes``/``no``/``on``/``off`` are booleans to both). :class:`GoLoader` is ``SafeLoader``
+with go-yaml's extra booleans and floats; :func:`go_differences` names where a text reads otherwise to Go than
+to rljob's own reader (``rljob_contract.yamltext``, which reads floats as Go does and refuses aliases; a text
+with an alias is read by PyYAML alone).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import re
 from typing import Any
 
 import yaml
+from rljob_contract import yamltext
 
 
 class GoLoader(yaml.SafeLoader):
@@ -19,6 +24,8 @@ class GoLoader(yaml.SafeLoader):
 
 
 GoLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+GoLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d[\d_]*\.?[\d_]*|\.[\d_]+)[eE][-+]?\d+$"),
+                               list("-+.0123456789"))
 GoLoader.add_constructor("tag:yaml.org,2002:bool",
                          lambda loader, node: loader.construct_scalar(node) in {"y", "Y", "yes", "Yes", "YES", "true",
                                                                                 "True", "TRUE", "on", "On", "ON"})
@@ -51,7 +58,10 @@ def _key_in(go: dict[Any, Any], ours: dict[Any, Any]) -> str:
 
 
 def go_differences(text: str) -> list[str]:
-    """Where ``text`` (one or more documents) reads otherwise in Go than in PyYAML: "doc N path: what"."""
-    ours = list(yaml.safe_load_all(text))
+    """Where ``text`` (one or more documents) reads otherwise in Go than in rljob: "doc N path: what"."""
+    try:
+        ours = yamltext.load_all(text)
+    except yamltext.UnsafeYAML:
+        ours = list(yaml.safe_load_all(text))
     go = [_as_json_keys(d) for d in yaml.load_all(text, Loader=GoLoader)]
     return [f"document {i}{d}" for i, (a, b) in enumerate(zip(ours, go, strict=True)) for d in _diff(a, b, "")]

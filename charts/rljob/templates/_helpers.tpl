@@ -26,6 +26,14 @@ Names. Every define is prefixed "rljob." (the chart's name), as cert-manager's c
 {{- printf "%s-operator" (include "rljob.fullname" .) | trunc 52 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The admission policies (templates/admission-policies.yaml), which the operator checks are in force. */}}
+{{- define "rljob.referencesPolicyName" -}}
+{{- printf "%s-job-references" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "rljob.queuesPolicyName" -}}
+{{- printf "%s-queues" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "rljob.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

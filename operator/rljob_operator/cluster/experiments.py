@@ -1,8 +1,9 @@
-"""RLExperiments on the cluster: the kopf handlers that queue them, and one reconcile (observe, apply).
+"""RLExperiments on the cluster: one reconcile (observe, apply).
 
 An experiment's key is an ``ExperimentKey`` in the operator's one work queue (a job's is a
 ``JobKey``; the reconcile dispatches on the type), so experiments get the same per-key serialisation, backoff and
-leader write guard as jobs. What wakes an experiment: its own events, and any event of a trial
+leader write guard as jobs. What wakes an experiment (``handlers.ExperimentEvents`` and
+``handlers.JobEvents``, from the one RLTrainingJob stream): its own events, and any event of a trial
 job (label ``rljob.dev/experiment``: created, status written by a heartbeat, finished); besides
 those it asks for another look every ``RECHECK_SECONDS`` while it runs.
 
@@ -17,18 +18,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-import kopf
 from kubernetes.client.exceptions import ApiException
 from rljob_contract import experiment as exp_api
 from rljob_contract.job import GROUP, PLURAL, VERSION, ManifestError
 
 from rljob_operator.cluster.kube import Kube
-from rljob_operator.cluster.workqueue import ExperimentKey
 from rljob_operator.decisions.experiments import (
     ExperimentFailure,
     ExperimentPlan,
@@ -39,21 +38,9 @@ from rljob_operator.decisions.experiments import (
     selector,
 )
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.experiments.trials import LABEL_EXPERIMENT
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.experiments")
-def register(registry: kopf.OperatorRegistry, enqueue: Callable[..., None]) -> None:
-    """kopf handlers: an experiment's events and its trial jobs' events queue the experiment."""
-
-    @kopf.on.event(GROUP, VERSION, exp_api.PLURAL, registry=registry, id="rlexperiment_event")
-    async def rlexperiment_event(name: str, namespace: str | None, **_: Any) -> None:
-        enqueue(ExperimentKey(namespace or "", name))
-
-    @kopf.on.event(GROUP, VERSION, PLURAL, labels={LABEL_EXPERIMENT: kopf.PRESENT}, registry=registry,
-                   id="trial_job_event")
-    async def trial_job_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        enqueue(ExperimentKey(namespace or "", labels[LABEL_EXPERIMENT]))
 
 
 class ExperimentReconciler:

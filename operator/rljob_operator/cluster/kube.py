@@ -15,8 +15,9 @@ import copy
 import json
 import logging
 import os
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -33,19 +34,31 @@ from rljob_operator.names import ANNOTATION_CREATED_FOR, LABEL_MANAGED_BY, MANAG
 log = logging.getLogger("rljob.kube")
 FAULT_ENV = "RLJOB_FAULT_CRASH_AFTER_WRITES"
 FIELD_MANAGER = "rljob-operator"
+#: Objects per page of a list across the cluster (client-go's reflector asks for 500; a pod decodes to ~39 KiB,
+#: so a page of 100 is a few MiB).
+LIST_PAGE = 100
+
+
+#: 19 digits in a row: perhaps an integer beyond 64 bits, which orjson decodes as a float, losing digits.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
 def loads(data: bytes | str) -> Any:
     """JSON decoded as the standard library decodes it, by orjson where it can (two to three times faster).
 
     The operator decodes every watch event (a pod's JSON is kilobytes) and every answer; orjson gives the
-    same objects, but refuses an integer beyond 64 bits, which the standard library decodes: such a
-    document (from a job's free-form fields, say) is decoded the slow way rather than refused.
+    same objects, but not for an integer beyond 64 bits: it refuses some and decodes others as a float,
+    silently losing digits (orjson 3.13: 18446744073709551616 → 1.8446744073709552e19). A document with 19
+    digits in a row (such an integer, or only a long digit string: then the slow way costs a little time,
+    nothing else) and one orjson refuses are decoded by the standard library.
     """
+    raw = data.encode() if isinstance(data, str) else data
+    if _LONG_DIGITS.search(raw):
+        return json.loads(raw)
     try:
-        return orjson.loads(data)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(data)
+        return json.loads(raw)
 
 
 class ChildConflict(Exception):
@@ -155,7 +168,13 @@ class Kube:
         query: dict[str, Any] | None = None,
         content_type: str = "application/json",
         count_write: bool = True,
+        metered: bool = True,
     ) -> Any:
+        """Send one request; the answer's JSON (None when empty), or ``ApiException``.
+
+        ``metered``: counted in the request metrics (the reconciler's and the status API's requests;
+        the watches' listings are not).
+        """
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
@@ -172,16 +191,18 @@ class Kube:
             reason = self.write_guard()
             if reason is not None:
                 raise NotLeader(f"{method} {path} not sent: {reason}")
-        metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
+        if metered:
+            metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
         try:
             response = self.api_client.call_api(*request, _request_timeout=self.timeout)
             response.read()
         except Exception:
-            metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code="connection").inc()
+            if metered:
+                metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code="connection").inc()
             raise
         if not 200 <= response.status <= 299:
             body = (response.data or b"").decode(errors="replace")
-            if response.status not in (404, 409):  # normal answers to get and create-or-adopt
+            if metered and response.status not in (404, 409):  # normal answers to get and create-or-adopt
                 # Creating in a namespace being deleted is refused with 403: not a permission problem.
                 code = "NamespaceTerminating" if namespace_terminating(response.status, body) else str(response.status)
                 metrics.API_ERRORS.labels(verb=method, resource=_resource_of(path), code=code).inc()
@@ -189,6 +210,24 @@ class Kube:
         if method != "GET" and count_write:
             self._after_write()
         return loads(response.data) if response.data else None
+
+    def open(self, path: str, query: dict[str, Any], timeout: tuple[float, float]) -> Any:
+        """GET ``path`` and return the response unread, for a watch to stream (urllib3's response);
+        ``ApiException`` for an answer that is not a success. ``timeout``: (connect, between two reads).
+        Not counted in the request metrics, as the watches' listings are not."""
+        request = self.api_client.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=[(k, v) for k, v in query.items() if v is not None],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(*request, _request_timeout=timeout)
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException.from_response(http_resp=response, body=(response.data or b"").decode(errors="replace"),
+                                              data=None)
+        return response.response
 
     def _after_write(self) -> None:
         if not self._crash_after:
@@ -260,10 +299,26 @@ class Kube:
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "/api/v1/nodes").get("items") or [])
 
-    def list_bound_pods(self) -> list[dict[str, Any]]:
-        """Every pod bound to a node and not finished, in all namespaces (what holds node capacity)."""
-        selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-        return list(self.request("GET", "/api/v1/pods", query={"fieldSelector": selector}).get("items") or [])
+    def list_bound_pods(self, page: int = LIST_PAGE) -> Iterator[dict[str, Any]]:
+        """Every pod bound to a node and not finished, in all namespaces (what holds node capacity), read ``page``
+        pods at a time (``limit`` and ``continue``, as client-go's reflector reads).
+
+        A generator: the caller keeps what it needs of each pod (``scaling.PodUsage``, a few hundred bytes) before
+        the next page is read, so what this costs in memory is one page, not the cluster's pods (about 39 KiB
+        each decoded: a whole listing of a large cluster once a second took hundreds of MiB, issue #43 point 4).
+        """
+        query: dict[str, Any] = {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+                                 "limit": page}
+        while True:
+            answer = self.request("GET", "/api/v1/pods", query=query)
+            items, token = answer.get("items") or [], (answer.get("metadata") or {}).get("continue")
+            del answer
+            items.reverse()
+            while items:  # each pod dropped here once the caller took what it needs of it
+                yield items.pop()
+            if not token:
+                return
+            query["continue"] = token
 
     def delete_pod(self, namespace: str, name: str, uid: str | None = None, force: bool = False) -> None:
         """Delete a pod (by uid when given, so a newer pod with the same name survives).
@@ -348,15 +403,15 @@ class Kube:
                 return None
             raise
 
-    def create_pod(self, pod: dict[str, Any]) -> bool:
-        """Create a worker pod; False when its name is taken (the next reconcile looks at it)."""
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a worker pod: the pod the API server created (its UID goes into the job's record of the pods
+        the operator created); None when its name is taken (the next reconcile looks at it)."""
         try:
-            self.request("POST", self.core_path(pod["metadata"]["namespace"], "pods"), pod,
-                         query={"fieldManager": FIELD_MANAGER})
-            return True
+            return self.request("POST", self.core_path(pod["metadata"]["namespace"], "pods"), pod,  # type: ignore[no-any-return]
+                                query={"fieldManager": FIELD_MANAGER})
         except ApiException as e:
             if e.status == 409:
-                return False
+                return None
             raise
 
     # ------------------------------------------------------------------ events

@@ -10,13 +10,18 @@ in this order, which is what makes an interrupted reconcile converge:
    its ``ForceDeleted`` Event);
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
    before any pod (a pod no policy selects accepts traffic from anywhere);
-4. the missing pods, under their deterministic names, created concurrently;
+4. the missing pods, under their deterministic names, created concurrently; the UIDs the API
+   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods may
+   speak for the job in the status API) with the job's next status write: the next reconcile's,
+   which the pods' own watch events bring a second later, before any trainer in them has started
+   (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
-can produce a second pod for a name. When a create in steps 3-4 is refused,
-``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
+can produce a second pod for a name (a crash between a create and its record leaves a pod the
+status API does not hear: the startup or stall timeout restarts its gang, whose pods are
+recorded). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
 
@@ -37,13 +42,15 @@ from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import ChildConflict, Kube
 from rljob_operator.cluster.workqueue import JobKey
+from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.children import JobNetwork
+from rljob_operator.decisions.createdpods import CREATED_PODS
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
-from rljob_operator.decisions.scaling import Capacity
+from rljob_operator.decisions.scaling import Capacity, NodeInfo
 from rljob_operator.integrations.client import GateClient
 from rljob_operator.integrations.gate import Gated
 from rljob_operator.integrations.registry import default_clients
@@ -51,8 +58,9 @@ from rljob_operator.names import LABEL_GANG_GENERATION, LABEL_JOB, StatusEndpoin
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.reconciler")
-#: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs.
-CAPACITY_MAX_AGE_SECONDS = 1.0
+#: How long one look at the cluster's nodes and bound pods serves policy-Capacity jobs (the setting
+#: ``capacity_refresh_seconds``, at least ``settings.MIN_CAPACITY_REFRESH_SECONDS``).
+CAPACITY_MAX_AGE_SECONDS = 30.0
 #: How long a pod this operator created may be absent from its watch before it is no longer looked up.
 UNSEEN_CREATE_SECONDS = 30.0
 #: Threads for a reconcile's concurrent requests (a gang's creates and deletes, its children), per reconcile worker.
@@ -99,9 +107,11 @@ class Reconciler:
         node_gone: Callable[[str | None], bool] | None = None,
         request_threads: int = 8,
         job_cache: JobCache | None = None,
+        capacity_max_age: float = CAPACITY_MAX_AGE_SECONDS,
     ) -> None:
         """``request_threads``: how many of the reconciles' concurrent requests may be in flight at once;
-        ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job)."""
+        ``job_cache``: the jobs as the watch shows them (None: every reconcile GETs its job);
+        ``capacity_max_age``: how long one look at capacity serves every Capacity job."""
         self.kube = kube
         self.job_cache = job_cache
         self.node_gone = node_gone
@@ -118,6 +128,7 @@ class Reconciler:
         """Its own budget per job, apart from the status API's: pods flooding warnings cannot crowd these out."""
         self.force_delete_after = force_delete_after
         self._capacity: tuple[float, Capacity | None] = (float("-inf"), None)
+        self.capacity_max_age = capacity_max_age
         self._pool = ThreadPoolExecutor(max_workers=request_threads, thread_name_prefix="rljob-create")
         self._events = ThreadPoolExecutor(max_workers=EVENT_THREADS, thread_name_prefix="rljob-events")
         """Events are written here, off the reconcile threads (``_post_events``)."""
@@ -125,6 +136,9 @@ class Reconciler:
         self._created: dict[tuple[str, str], dict[str, float]] = {}
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
         name → when (monotonic)."""
+        self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
+        """Per job (namespace, name, uid), pods it created whose UIDs no status write has recorded yet: the job's
+        next status write records them (``_write_status``)."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -166,15 +180,19 @@ class Reconciler:
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._children_verified.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
+            for key in [k for k in self._unrecorded if k[:2] == (namespace, name)]:
+                del self._unrecorded[key]
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
         try:
             job = parse_job(raw, f"{namespace}/{name}")
         except ManifestError as e:
-            plan = plan_invalid(raw, e.problems, now)
-            self._apply(raw, plan, now)
-            return None
+            cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
+            pods = cached if cached is not None else self._list_pods(namespace, name)
+            plan = plan_invalid(raw, e.problems, now, self._observe(pods, raw["metadata"]["uid"]),
+                                self.force_delete_after)
+            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
         uid = job_uid(job)
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
@@ -197,7 +215,9 @@ class Reconciler:
             pods = self._list_pods(namespace, name)
             plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, gates)
-        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
+        status = raw.get("status") or {}
+        record = None if CREATED_PODS in status else createdpods.seed(status, self._observe(pods, uid))
+        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
             requeue = min(unwatched)
@@ -237,13 +257,16 @@ class Reconciler:
         return self.kube.list_pods(namespace, f"{LABEL_JOB}={name}")
 
     def capacity(self) -> Capacity | None:
-        """Nodes and bound pods, shared by the reconciles of the next ``CAPACITY_MAX_AGE_SECONDS``.
+        """Nodes and bound pods, shared by the reconciles of the next ``capacity_max_age`` seconds, whatever the
+        jobs' ``checkIntervalSeconds`` (a tenant's): each look reads every pod of the cluster, page by page
+        (``Kube.list_bound_pods``), keeping what capacity needs of each. The Node watch renews it sooner
+        (``node_changed``).
 
         None when the operator may not list nodes or all pods (its RBAC): Capacity jobs then keep
         their size, as with policy Manual, and the operator says so once in its log.
         """
         taken, snapshot = self._capacity
-        if time.monotonic() - taken < CAPACITY_MAX_AGE_SECONDS:
+        if time.monotonic() - taken < self.capacity_max_age:
             return self._without_gone_nodes(snapshot)
         try:
             snapshot = Capacity.from_objects(self.kube.list_nodes(), self.kube.list_bound_pods())
@@ -259,8 +282,22 @@ class Reconciler:
         return self._without_gone_nodes(snapshot)
 
     def forget_capacity(self) -> None:
-        """A node was added or deleted: the next reconcile that needs capacity looks again."""
+        """The next reconcile that needs capacity looks again."""
         self._capacity = (float("-inf"), None)
+
+    def node_changed(self, type: str | None, node: dict[str, Any]) -> None:
+        """A Node watch event: a node added or deleted, or one whose readiness, schedulability, labels, taints or
+        allocatable changed from the last look, makes the next reconcile that needs capacity look again. (Nodes
+        change at the platform's hand and the kubelets', not a tenant's; a node's heartbeat changes none of that.)"""
+        if type in ("ADDED", "DELETED"):
+            self.forget_capacity()
+            return
+        _, snapshot = self._capacity
+        if snapshot is None or type is None:
+            return
+        seen = NodeInfo.from_node(node)
+        if next((n for n in snapshot.nodes if n.name == seen.name), None) != seen:
+            self.forget_capacity()
 
     def _without_gone_nodes(self, snapshot: Capacity | None) -> Capacity | None:
         """A snapshot taken before the Node watch saw a node deleted must not count it: the gang that
@@ -271,14 +308,18 @@ class Reconciler:
         return snapshot.without_nodes(self.node_gone)
 
     def _apply(self, raw: dict[str, Any], plan: Plan, now: datetime,
-               pods: dict[str, dict[str, Any]] | None = None) -> float | None:
+               pods: dict[str, dict[str, Any]] | None = None, record: dict[str, str] | None = None) -> float | None:
         """Carry ``plan`` out in the module's order; returns seconds until the job wants another look.
 
-        A create the API server refuses ends the plan there: ``refusals.plan_for_refusal`` decides
-        what replaces the rest of it, and that Plan is applied the same way.
+        ``record``: what the status write adds to ``status.createdPods`` (``createdpods.seed``), besides the
+        pods created by earlier reconciles (``_unrecorded``). A create the API server refuses ends the plan
+        there: ``refusals.plan_for_refusal`` decides what replaces the rest of it, and that Plan is applied
+        the same way, its status recording the pods created before the refusal.
         """
         meta = raw["metadata"]
-        stored = self._write_status(raw, raw.get("status") or {}, plan)
+        if record is None and not (raw.get("status") or {}):
+            record = createdpods.seed({}, [])  # a job's first status write starts its record (plan_invalid's too)
+        stored = self._write_status(raw, raw.get("status") or {}, plan, record)
         for gate, writes in plan.gate_writes.items():  # right after the status
             self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
         self._delete_pods(raw, plan, pods or {}, now)
@@ -296,14 +337,43 @@ class Reconciler:
             plan = rest
         return self._finish(raw, plan, now)
 
-    def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan) -> dict[str, Any]:
-        """Patch the plan's status unless it is already stored; returns the status now stored."""
+    def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan,
+                      record: dict[str, str] | None = None) -> dict[str, Any]:
+        """Patch the plan's status unless it is already stored, with ``status.createdPods`` gaining ``record``
+        and the pods created for the job that no write has recorded yet; returns the status now stored."""
         meta = raw["metadata"]
-        if _status_changed(stored, plan.status):
-            self._patch_status(raw, plan.status)
+        key = self._job_key(raw)
+        unrecorded = dict(self._unrecorded.get(key) or {})
+        patch = {**plan.status, **self._record_patch(stored, record, unrecorded)}
+        if _status_changed(stored, patch):
+            self._patch_status(raw, patch)
+        self._recorded(key, unrecorded)  # (a write that failed raised: they stay for the next)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
-        return _merge_patch(stored, plan.status)
+        return _merge_patch(stored, patch)
+
+    @staticmethod
+    def _record_patch(stored: dict[str, Any], record: dict[str, str] | None,
+                      unrecorded: dict[str, str]) -> dict[str, Any]:
+        """The ``status.createdPods`` part of a status patch: ``record`` and the pods created but not recorded
+        (those the stored status does not show already); empty when there is nothing to add."""
+        known = stored.get(CREATED_PODS) or {}
+        new = {name: uid for name, uid in unrecorded.items() if known.get(name) != uid}
+        if record is None and not new:
+            return {}
+        entries = {**(record or {}), **new}
+        return {CREATED_PODS: entries} if entries or CREATED_PODS not in stored else {}
+
+    def _recorded(self, key: tuple[str, str, str], written: dict[str, str]) -> None:
+        """Forget the pods a status write recorded (a newer pod created under a name since stays)."""
+        pending = self._unrecorded.get(key)
+        if pending is None:
+            return
+        for name, uid in written.items():
+            if pending.get(name) == uid:
+                del pending[name]
+        if not pending:
+            del self._unrecorded[key]
 
     def _delete_pods(self, raw: dict[str, Any], plan: Plan, pods: dict[str, dict[str, Any]], now: datetime) -> None:
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
@@ -347,8 +417,21 @@ class Reconciler:
         for pod in plan.create_pods:
             log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
             created[pod["metadata"]["name"]] = time.monotonic()
-        # A gang's pods are independent requests: send them together (a failure still raises).
-        list(self._pool.map(self.kube.create_pod, plan.create_pods))
+        # A gang's pods are independent requests: send them together; every answer is waited for, so the
+        # pods created are recorded even when another create was refused (which is raised afterwards).
+        answers = [self._pool.submit(self.kube.create_pod, pod) for pod in plan.create_pods]
+        refused = next((a.exception() for a in answers if a.exception() is not None), None)
+        made = [out for a in answers if a.exception() is None and (out := a.result()) is not None]
+        if made:  # recorded by the job's next status write (the refusal's, or the next reconcile's)
+            key = self._job_key(raw)
+            self._unrecorded[key] = {**self._unrecorded.get(key, {}), **createdpods.created(made)}
+        if refused is not None:
+            raise refused
+
+    @staticmethod
+    def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:
+        meta = raw["metadata"]
+        return meta["namespace"], meta["name"], meta.get("uid") or ""
 
     def _finish(self, raw: dict[str, Any], plan: Plan, now: datetime) -> float | None:
         """Events, then the job's deletion once its TTL passed."""

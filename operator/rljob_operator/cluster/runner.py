@@ -1,8 +1,8 @@
 """``rljob operator``: one operator replica, all in one asyncio loop.
 
 Every replica serves the status API (HTTPS) and ``/metrics``, ``/healthz``, ``/readyz``.
-The replica holding the Lease also runs kopf (watches on jobs and worker pods), the work
-queue and the periodic resync. Its reconciler writes through a ``Kube`` guarded by the
+The replica holding the Lease also runs the watches (``streams``: jobs, worker pods, Nodes,
+experiments, admission gates), the work queue they feed and the periodic resync. Its reconciler writes through a ``Kube`` guarded by the
 elector: once the Lease is not fresh no reconcile starts and no write is sent. Losing the
 Lease stops the work queue first and ends the process with status 1, so its pod restarts
 as a standby; SIGTERM/SIGINT stop it cleanly and release the Lease. A Lease
@@ -18,19 +18,34 @@ import contextlib
 import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 from aiohttp import web
+from kubernetes import client as k8s
 
 from rljob_operator import metrics
+from rljob_operator.cluster.admission import PAUSED_REQUEUE_SECONDS, AdmissionPolicies
 from rljob_operator.cluster.experiments import ExperimentReconciler
-from rljob_operator.cluster.experiments import register as register_experiments
-from rljob_operator.cluster.handlers import JobWatch, check_handlers, kopf_settings
+from rljob_operator.cluster.handlers import (
+    EXPERIMENTS,
+    JOBS,
+    NODES,
+    ExperimentEvents,
+    GateEvents,
+    GoneNodes,
+    JobEvents,
+    NodeEvents,
+    PodEvents,
+    gate_resource,
+)
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.kube import Kube, NotLeader, load_api_client
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
+from rljob_operator.cluster.podwatch import PODS, PodStore
 from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconciler
+from rljob_operator.cluster.streams import Watches
 from rljob_operator.cluster.workqueue import ExperimentKey, Key, WorkQueue
 from rljob_operator.decisions import podschema
 from rljob_operator.decisions.children import JobNetwork
@@ -74,8 +89,9 @@ async def _serve(app: web.Application, host: str, port: int, ssl_context: object
     return runner
 
 
-#: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing):
-#: no retry helps. (Not a trainer exit code: those live in rljob_contract.pod.)
+#: The operator process's exit status for a setting that cannot work (the Lease's namespace is missing,
+#: the admission policies are not in force): no retry helps. (Not a trainer exit code: those live in
+#: rljob_contract.pod.)
 UNWORKABLE_SETTING_STATUS = 2
 
 
@@ -85,9 +101,13 @@ async def operate(s: OperatorSettings) -> int:
     # thread and the status API's reviews.
     api_client = load_api_client(s.kubeconfig, max(64, (1 + REQUEST_THREADS_PER_WORKER) * s.workers + 16))
     kube = Kube(api_client)
+    policies = AdmissionPolicies(kube, s.admission_policies, s.without_admission_policies)
+    if not await policies.at_start():
+        return UNWORKABLE_SETTING_STATUS
     stopping = asyncio.Event()
     _install_signals(stopping)
-    endpoint, runners = await _serve_endpoints(s, kube)
+    endpoint, runners = await _serve_endpoints(s, kube, policies)
+    checking = asyncio.create_task(policies.keep_checking(s.admission_recheck_seconds))
     # Before the Lease: a standby pays this while it waits, a leader before its first reconcile.
     await asyncio.to_thread(podschema.load_models)
     try:
@@ -100,11 +120,12 @@ async def operate(s: OperatorSettings) -> int:
         else:
             log.info("leader election off: this replica reconciles alone (run one; --leader-elect for standbys)")
             metrics.LEADER.set(1)
-        return await _lead(s, api_client, kube, endpoint, elector, stopping)
+        return await _lead(s, api_client, kube, endpoint, elector, stopping, policies)
     except LeaseNamespaceMissing as e:
         log.error("%s", e)
         return UNWORKABLE_SETTING_STATUS
     finally:
+        checking.cancel()
         await _cleanup(runners)
 
 
@@ -114,8 +135,10 @@ def _install_signals(stopping: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stopping.set)
 
 
-async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpoint, list[web.AppRunner]]:
-    """Start the status API (HTTPS) and the metrics/health server; every replica serves both."""
+async def _serve_endpoints(s: OperatorSettings, kube: Kube,
+                          policies: AdmissionPolicies) -> tuple[StatusEndpoint, list[web.AppRunner]]:
+    """Start the status API (HTTPS) and the metrics/health server; every replica serves both. Ready while
+    the admission policies are in force."""
     cert, ca_pem = await asyncio.to_thread(serving_cert, s, kube)
     endpoint = StatusEndpoint(s.effective_status_url, ca_pem, s.token_audience)
     limits = StatusLimits(s.status_max_in_flight, s.status_rate_per_client, s.status_burst_per_client,
@@ -124,7 +147,7 @@ async def _serve_endpoints(s: OperatorSettings, kube: Kube) -> tuple[StatusEndpo
     status_api = StatusAPI(kube, s.token_audience, s.heartbeat_flush_seconds, limits)
     runners = [
         await _serve(status_api.app(), s.status_host, s.status_port, cert.ssl_context()),
-        await _serve(metrics.health_app(lambda: True), s.metrics_host, s.metrics_port),
+        await _serve(metrics.health_app(lambda: policies.in_force), s.metrics_host, s.metrics_port),
     ]
     log.info("status API on https://%s:%d (trainers use %s); metrics on :%d",
              s.status_host, s.status_port, endpoint.base_url, s.metrics_port)
@@ -164,20 +187,65 @@ def admission_gates(s: OperatorSettings, kube: Kube) -> tuple[list[GateClient], 
     for integration in registry.enabled(s):
         watch = integration.watch(kube)
         log.info("%s", integration.describe(watch is not None))
-        clients.append(integration.client(kube, watch is not None))
+        clients.append(integration.client(kube, watch is not None, s))
         watches += [watch] if watch is not None else []
     return clients, watches
 
 
+class Reconciling:
+    """The work queue and what it runs for each key: a job's reconcile or an experiment's, in the
+    operator's own threads, none started once the Lease is not fresh (with an elector) or while the
+    admission policies are not in force (each key is looked at again later: ``cluster.admission``)."""
+
+    def __init__(self, reconciler: Reconciler, experiments: ExperimentReconciler, jobs: JobCache,
+                 threads: ThreadPoolExecutor, elector: LeaderElector | None, policies: AdmissionPolicies,
+                 workers: int) -> None:
+        self.reconciler = reconciler
+        self.experiments = experiments
+        self.jobs = jobs
+        """The watch's jobs: a job's events wait while its reconcile runs (``JobCache.begin``)."""
+        self.threads = threads
+        self.elector = elector
+        self.policies = policies
+        self.queue = WorkQueue(self.reconcile, workers=workers)
+
+    async def reconcile(self, key: Key) -> float | None:
+        reason = self.elector.write_guard() if self.elector is not None else None
+        if reason is not None:  # not even the reads: the process is about to stop
+            raise NotLeader(f"reconcile of {key.namespace}/{key.name} not started: {reason}")
+        if not self.policies.in_force:  # a job written meanwhile was not checked: build nothing for anyone
+            return PAUSED_REQUEUE_SECONDS
+        loop = asyncio.get_running_loop()
+        if isinstance(key, ExperimentKey):
+            return await loop.run_in_executor(self.threads, self.experiments.reconcile, key.namespace, key.name)
+        self.jobs.begin(key)  # the job's watch events wait for this reconcile's end
+        try:
+            return await loop.run_in_executor(self.threads, self.reconciler.reconcile, key.namespace, key.name)
+        finally:
+            if self.jobs.end(key):  # one was not its own write: run again (the key is running)
+                self.queue.add(key)
+
+
+@dataclass
+class Leading:
+    """What the replica holding the Lease runs: the work queue (started), the watches that feed it (to
+    start), the jobs' subscriber (its resync) and the threads reconciles run in."""
+
+    work: Reconciling
+    watches: Watches
+    job_events: JobEvents
+    threads: ThreadPoolExecutor
+
+
 def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
-                 elector: LeaderElector | None) -> tuple[WorkQueue, JobWatch, ThreadPoolExecutor]:
-    """The work queue (started), the watch that feeds it, and the threads reconciles run in (shut
-    down after the queue stops); the reconciler reads the watch's pod cache.
+                 elector: LeaderElector | None, policies: AdmissionPolicies) -> Leading:
+    """The work queue (started), the watches that feed it, and the threads reconciles run in (shut
+    down after the queue stops); the reconciler reads the watches' jobs, pods and deleted Nodes.
 
     With an elector, every reconcile and every write of the reconciler first checks that the Lease
-    is fresh (``LeaderElector.write_guard``).
+    is fresh (``LeaderElector.write_guard``). While the admission policies are not in force no
+    reconcile runs: each job is looked at again later (``cluster.admission``).
     """
-    watch_ref: list[JobWatch] = []
     network = JobNetwork(tuple(s.trainer_metrics_from), s.egress()) if s.network_policy else None
     if elector is not None:
         kube = kube.guarded(elector.write_guard)
@@ -187,92 +255,55 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
     # 6 on a 2-core node, whatever s.workers says, and it is shared with everything else in the loop.
     threads = ThreadPoolExecutor(max_workers=s.workers, thread_name_prefix="rljob-reconcile")
     jobs = JobCache()  # filled by the watch, read by reconciles instead of a GET of their job
+    pods = PodStore.watching(s.namespaces)
+    gone_nodes = GoneNodes()
+    profile = PodProfile.from_settings(s)
     reconciler = Reconciler(kube, endpoint, instance=s.identity, force_delete_after=s.force_delete_after_seconds,
                             request_threads=REQUEST_THREADS_PER_WORKER * s.workers,
-                            profile=PodProfile.from_settings(s), network=network, gates=gate_clients, job_cache=jobs,
-                            pod_cache=lambda ns, name: watch_ref[0].cached_pods(ns, name) if watch_ref else None,
-                            node_gone=(lambda node: watch_ref[0].node_gone(node) if watch_ref else False)
-                            if watch_nodes else None)
+                            profile=profile, network=network, gates=gate_clients, job_cache=jobs,
+                            capacity_max_age=s.capacity_refresh_seconds,
+                            pod_cache=pods.pods, node_gone=gone_nodes.gone if watch_nodes else None)
+    experiments = ExperimentReconciler(kube, profile, instance=s.identity)
+    work = Reconciling(reconciler, experiments, jobs, threads, elector, policies, s.workers)
+    work.queue.start()
 
-    experiments = ExperimentReconciler(kube, PodProfile.from_settings(s), instance=s.identity)
-
-    async def reconcile(key: Key) -> float | None:
-        reason = elector.write_guard() if elector is not None else None
-        if reason is not None:  # not even the reads: the process is about to stop
-            raise NotLeader(f"reconcile of {key.namespace}/{key.name} not started: {reason}")
-        loop = asyncio.get_running_loop()
-        if isinstance(key, ExperimentKey):
-            return await loop.run_in_executor(threads, experiments.reconcile, key.namespace, key.name)
-        jobs.begin(key)  # the job's watch events wait for this reconcile's end
-        try:
-            return await loop.run_in_executor(threads, reconciler.reconcile, key.namespace, key.name)
-        finally:
-            if jobs.end(key):  # one was not its own write: run again (the key is running)
-                queue.add(key)
-
-    queue = WorkQueue(reconcile, workers=s.workers)
-    queue.start()
-    watch = JobWatch(api_client.configuration, queue.add, queue.forget, gate_watches=gate_watches,
-                     watch_nodes=watch_nodes, nodes_changed=reconciler.forget_capacity, jobs=jobs,
-                     namespaces=s.namespaces)
-    register_experiments(watch.registry, queue.add)
-    check_handlers(watch.registry)
-    watch_ref.append(watch)
-    return queue, watch, threads
+    # The watches' own connections (each holds one for minutes), with the operator's credentials.
+    watches = Watches(Kube(k8s.ApiClient(api_client.configuration)), s.namespaces)
+    job_events = JobEvents(jobs, work.queue)  # also wakes the experiment of a trial job
+    watches.add(JOBS, job_events)
+    watches.add(PODS, PodEvents(pods, work.queue))
+    if watch_nodes:
+        watches.add(NODES, NodeEvents(gone_nodes, pods, work.queue, reconciler))
+    for gate in gate_watches:
+        watches.add(gate_resource(gate), GateEvents(gate, work.queue))
+    watches.add(EXPERIMENTS, ExperimentEvents(work.queue))
+    return Leading(work, watches, job_events, threads)
 
 
 async def _lead(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: StatusEndpoint,
-                elector: LeaderElector | None, stopping: asyncio.Event) -> int:
-    """Watch and reconcile until a signal (0), the Lease is lost or kopf stops on its own (1)."""
-    import kopf
-
-    queue, watch, threads = _reconciling(s, api_client, kube, endpoint, elector)
-    stop_flag, ready_flag = asyncio.Event(), asyncio.Event()
-    # Our tasks exist before kopf starts, so kopf does not wait for them as "hung" when it stops.
+                elector: LeaderElector | None, stopping: asyncio.Event, policies: AdmissionPolicies) -> int:
+    """Watch and reconcile until a signal (0), the Lease is lost or a watch ends on its own (1)."""
+    leading = _reconciling(s, api_client, kube, endpoint, elector, policies)
+    leading.watches.start()
     holding = asyncio.create_task(elector.hold() if elector else asyncio.Event().wait())
     stop_wait = asyncio.create_task(stopping.wait())
-    ready_wait = asyncio.create_task(ready_flag.wait())
-    stream_failed = asyncio.create_task(watch.stream_failed())  # the job or pod watch ended: not blind
-    background = [asyncio.create_task(watch.resync(s.resync_seconds))]
-    kopf_task = asyncio.create_task(kopf.operator(
-        registry=watch.registry,
-        settings=kopf_settings(watch.gate_watches),
-        standalone=True,  # leadership is ours (the Lease), not kopf's peering
-        # Our identity, not kopf's own guess: it asks the password database for the user's name, and
-        # an image's non-root uid often has no entry there (every container under a kubelet failed).
-        identity=cast(Any, s.identity),  # kopf's Identity is a NewType of str, not exported
-        clusterwide=not s.namespaces,
-        namespaces=s.namespaces,
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-    ))
-    await asyncio.wait([kopf_task, ready_wait, holding, stop_wait, stream_failed], return_when=asyncio.FIRST_COMPLETED)
-    _install_signals(stopping)  # kopf installed its own; ours stop it through stop_flag
-    await asyncio.wait([kopf_task, holding, stop_wait, stream_failed], return_when=asyncio.FIRST_COMPLETED)
-    lost = holding.done()
-    code = 1 if lost or stream_failed.done() or (kopf_task.done() and not stopping.is_set()) else 0
-    if stream_failed.done():
-        failure = stream_failed.result().failure
-        log.error("stopping: the %s ended: %r", stream_failed.result().what, failure, exc_info=failure)
-    if kopf_task.done() and not stopping.is_set():  # kopf ended on its own: say why, never exit mute
-        error = None if kopf_task.cancelled() else kopf_task.exception()
-        log.error("stopping: the watches ended%s", f": {error!r}" if error else "", exc_info=error)
+    ended = asyncio.create_task(leading.watches.ended())  # a watch ended: the operator must not go on blind
+    background = [asyncio.create_task(leading.job_events.resync(s.resync_seconds))]
+    await asyncio.wait([holding, stop_wait, ended], return_when=asyncio.FIRST_COMPLETED)
+    lost, blind = holding.done(), ended.done()
+    if blind:
+        stream = ended.result()
+        log.error("stopping: the %s ended: %r", stream.what, stream.failure, exc_info=stream.failure)
     if lost:
         log.error("stopping: this replica no longer holds the lease")
-        await queue.stop()  # first: no reconcile may start while kopf winds down
-
-    for task in [*background, holding, stop_wait, ready_wait, stream_failed]:
+    await leading.work.queue.stop()  # first: no reconcile may start while the rest winds down
+    for task in [*background, holding, stop_wait, ended]:
         task.cancel()
-    stop_flag.set()
-    # kopf waits up to 5 s for tasks started while it ran (in-flight HTTP handlers, say); a
-    # shorter grace then cancellation keeps a restart or hand-over quick.
-    with contextlib.suppress(BaseException):
-        await asyncio.wait_for(kopf_task, timeout=1.5)
-    await queue.stop()
-    threads.shutdown(wait=False)  # a reconcile still running finishes on its own
+    await leading.watches.stop()
+    leading.threads.shutdown(wait=False)  # a reconcile still running finishes on its own
     if elector is not None and not lost:
         await asyncio.to_thread(elector.release)
-    return code
+    return 1 if lost or blind else 0
 
 
 async def _cleanup(runners: list[web.AppRunner]) -> None:
@@ -287,8 +318,6 @@ def run(s: OperatorSettings) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    # One line per handled watch event is noise: the reconciler logs what it does.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         profile = PodProfile.from_settings(s)
     except ValueError as e:  # a misspelt profile must not fall back to anything

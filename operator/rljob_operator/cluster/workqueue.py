@@ -4,7 +4,7 @@ Watch events for a job and for its pods only *add* the job's key; workers take k
 the reconcile. A key added while its reconcile runs is run once more afterwards (never
 concurrently), a key added many times while waiting runs once, a reconcile may ask to be
 run again after a delay (deadlines, TTLs), and a failing one is retried with exponential
-backoff. This is what keeps the kopf handlers one line long and every reconcile serial.
+backoff. This is what keeps the watches' handlers one line long and every reconcile serial.
 
 Keys are served in three tiers, first come first served within each:
 

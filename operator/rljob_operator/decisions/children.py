@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rljob_contract import pod as contract
-from rljob_contract.job import RLTrainingJob
+from rljob_contract.job import RestartPolicy, RLTrainingJob
 
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.decisions.egress import Egress, egress_rules
-from rljob_operator.decisions.restarts import in_place_restarts
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,
@@ -172,6 +171,21 @@ def desired_network_policy(job: RLTrainingJob, network: JobNetwork) -> dict[str,
         "metadata": _metadata(job, networkpolicy_name(job.metadata.name), "network"),
         "spec": spec,
     }
+
+
+def in_place_restarts(job: RLTrainingJob) -> int:
+    """How often a worker of this job may restart its ranks to meet a replaced peer (0: never).
+
+    Elastic jobs (``minReplicas``/``maxReplicas``) replace a failed worker other than worker 0 in
+    place (``failure.respond.replaceable``) and the survivors' agents re-rendezvous with it; each
+    replacement counts against ``backoffLimit``, which therefore also bounds the agents' restarts. It
+    lives beside the environment that tells the pods (``RLJOB_IN_PLACE_RESTARTS``); the failure's
+    decision reads it too.
+    """
+    policy = job.spec.run_policy
+    if not job.spec.workers.elastic or policy.restart_policy == RestartPolicy.never:
+        return 0
+    return policy.backoff_limit
 
 
 def worker_env(

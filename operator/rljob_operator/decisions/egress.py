@@ -3,11 +3,13 @@
 A trainer needs DNS, its gang's other pods (rendezvous, NCCL/Gloo on any port), the operator's
 status API (heartbeats) and object storage (models, datasets, checkpoints); nothing downloads from a
 hub at run time. Everything else is denied once a policy with policyType Egress selects the pods,
-and the cloud metadata endpoints (``METADATA_ENDPOINTS``: on most clouds the node's IAM role) are cut
-out of every address range allowed, as are the platform's own exceptions (the API server's address,
-the Service range). A job's own code (its reward function) runs in those pods, so this is what stops it
-from borrowing the node's identity. The rules are written as the API server stores them (protocols
-explicit), so comparing them with the stored policy is exact. Enforcement is the network plugin's.
+and the link-local ranges and the clouds' metadata and node-credential endpoints (``METADATA_CIDRS``,
+the setting ``trainer_egress_metadata`` by default; on most clouds the node's IAM role or its agent's
+certificates) are cut out of every address range allowed, as are the platform's own exceptions (the API
+server's address, the Service range). A job's own code (its reward function) runs in those pods, so this
+is what stops it from borrowing the node's identity. ``docs/egress.md`` lists each range per cloud and
+says how to change the list. The rules are written as the API server stores them (protocols explicit),
+so comparing them with the stored policy is exact. Enforcement is the network plugin's.
 """
 
 from __future__ import annotations
@@ -17,8 +19,22 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The cloud metadata endpoints (AWS, GCP, Azure, OpenStack: 169.254.169.254; AWS over IPv6: fd00:ec2::254).
-METADATA_ENDPOINTS = ("169.254.169.254/32", "fd00:ec2::254/128")
+#: What trainers may never reach by default: link-local addresses, where every cloud serves its instance
+#: metadata and node credentials, and the endpoints of that kind outside link-local (``docs/egress.md``: which
+#: cloud, which service, where it is documented).
+METADATA_CIDRS = (
+    "169.254.0.0/16",     # IPv4 link-local: 169.254.169.254 (AWS, GCP, Azure, Oracle, OpenStack, DigitalOcean, ...),
+                          # AWS ECS task credentials 169.254.170.2, EKS Pod Identity 169.254.170.23, Scaleway
+                          # 169.254.42.42, Tencent 169.254.0.23
+    "168.63.129.16/32",   # Azure WireServer (VM agent, certificates, extensions)
+    "100.100.100.200/32",  # Alibaba Cloud ECS metadata (RAM role credentials)
+    "192.0.0.192/32",     # Oracle Cloud Infrastructure Classic, Compute Cloud@Customer
+    "fe80::/10",          # IPv6 link-local: OpenStack fe80::a9fe:a9fe
+    "fd00:ec2::/32",      # AWS: IMDS fd00:ec2::254, EKS Pod Identity fd00:ec2::23, DNS, NTP
+    "fd20:ce::254/128",   # Google Cloud over IPv6
+    "fd00:c1::a9fe:a9fe/128",  # Oracle Cloud Infrastructure over IPv6
+    "fd00:42::42/128",    # Scaleway over IPv6
+)
 #: The cluster DNS as kubeadm, kops, EKS, GKE and AKS deploy it.
 KUBE_DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
@@ -34,7 +50,9 @@ class Egress:
     status_port: int = 8443
     dns_to: tuple[dict[str, Any], ...] = (KUBE_DNS,)
     cidrs: tuple[str, ...] = ("0.0.0.0/0", "::/0")
-    """Address ranges allowed on ``ports`` (object storage), less METADATA_ENDPOINTS and ``except_cidrs``."""
+    """Address ranges allowed on ``ports`` (object storage), less ``metadata_cidrs`` and ``except_cidrs`` (those
+    inside each range: a range inside an excepted one, ``169.254.170.23/32`` say, is allowed whole)."""
+    metadata_cidrs: tuple[str, ...] = METADATA_CIDRS
     except_cidrs: tuple[str, ...] = ()
     ports: tuple[int, ...] = (443, 80)
     to: tuple[dict[str, Any], ...] = field(default_factory=tuple)
@@ -51,7 +69,7 @@ def _ip_block(cidr: str, excepted: tuple[str, ...]) -> dict[str, Any]:
 
 def egress_rules(own: dict[str, Any], egress: Egress) -> list[dict[str, Any]]:
     """The egress rules of a job's NetworkPolicy; ``own`` selects the job's pods."""
-    excepted = tuple(dict.fromkeys((*METADATA_ENDPOINTS, *egress.except_cidrs)))
+    excepted = tuple(dict.fromkeys((*egress.metadata_cidrs, *egress.except_cidrs)))
     storage = [_ip_block(c, excepted) for c in egress.cidrs] + [copy.deepcopy(p) for p in egress.to]
     rules: list[dict[str, Any]] = [
         {"to": [{"podSelector": copy.deepcopy(own)}]},

@@ -15,21 +15,22 @@ and, after the backoff, created again as a new gang generation); ``Suspended`` w
 ``runPolicy.suspend`` is set (pods deleted, the rest kept; resuming starts a new gang
 generation and restarts the deadline clock, as for a batch Job).
 
-A failure is acted on once (``failures.py``): the reconcile that sees it writes the new gang
+A failure is acted on once (``failure/``): the reconcile that sees it writes the new gang
 generation, ``restarts`` and ``lastFailure`` to status first; the failed pods then belong to an
 old generation, and a later reconcile (or another operator replica after a crash) only deletes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from rljob_contract.job import FINISHED_PHASES, Phase, RLTrainingJob, RLTrainingJobStatus
 
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
-from rljob_operator.decisions.failures import plan_failure
+from rljob_operator.decisions.failure import plan_failure
+from rljob_operator.decisions.failure.observe import stall_check_in
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     INVALID_SPEC_FIELDS,
@@ -40,13 +41,15 @@ from rljob_operator.decisions.plan import (
     status_patch,
 )
 from rljob_operator.decisions.policy import PodProfile
-from rljob_operator.decisions.restarts import stall_check_in
 from rljob_operator.decisions.scaling import Capacity, resize_event_message, scaling_status
 from rljob_operator.decisions.situation import (
     FORCE_DELETE_AFTER_SECONDS,
     WAIT_REQUEUE_SECONDS,
     Situation,
+    holding_pods,
     settled,
+    stopping_look,
+    stuck_terminating,
 )
 from rljob_operator.integrations.gate import Gated, Outcome
 from rljob_operator.names import StatusEndpoint, worker_name
@@ -56,7 +59,12 @@ __all__ = ["FORCE_DELETE_AFTER_SECONDS", "WAIT_REQUEUE_SECONDS", "Event", "Plan"
 
 
 def finished(ctx: Situation) -> Plan | None:
-    """A finished job stays finished; only its TTL and the leftover pods of a failure are handled."""
+    """A finished job stays finished; only its TTL and its leftover pods are handled.
+
+    Every pod still running is deleted, whichever way the job ended (a worker that kept running after
+    worker 0 exited 0 would keep its GPUs; its job's Kueue Workload waits for it, ``Outcome.pods_left``),
+    and looked at again until it is gone (force-deleted once stuck past its grace period).
+    """
     prev, phase = ctx.prev, ctx.prev.phase
     if phase not in FINISHED_PHASES or ctx.retry_invalid:
         return None
@@ -64,8 +72,7 @@ def finished(ctx: Situation) -> Plan | None:
     d = StatusDraft(phase, prev.reason or phase, prev.message or "", ready=phase == Phase.succeeded.value,
                     start_time=prev.start_time, completion_time=prev.completion_time,
                     generation=prev.gang_generation or 0, desired=ctx.replicas).carry(prev)
-    leftovers = [p.name for p in ctx.owned if p.active] if phase == Phase.failed.value else []
-    return settled(ctx, d, leftovers)
+    return settled(ctx, d, [p.name for p in ctx.holding if not p.deleting])
 
 
 def policy_violation(ctx: Situation) -> Plan | None:
@@ -116,14 +123,19 @@ def deadline_passed(ctx: Situation) -> Plan | None:
 
 
 def succeeded(ctx: Situation) -> Plan | None:
-    """Worker 0 exited 0: the job succeeded."""
+    """Worker 0 exited 0: the job succeeded, and the rest of the gang is deleted.
+
+    Worker 0 exits only after every rank passed the trainer's last barrier (``finish_together``: rank 0's
+    final uploads and summary are done), so a worker still running has nothing left to do, or is one
+    whose code chose not to stop (a reward module can make worker 0 exit 0 and the rest sleep).
+    """
     worker0 = ctx.by_index.get(0)
     if worker0 is None or worker0.phase != "Succeeded":
         return None
     d = ctx.draft()
     d.phase, d.reason, d.message = Phase.succeeded.value, "Completed", "worker 0 finished training"
     d.ready, d.completion_time = True, rfc3339(ctx.now)
-    return settled(ctx, d, ctx.stale_deletions, ctx.lead_events)
+    return settled(ctx, d, ctx.stale_deletions + [p.name for p in ctx.current if p.active], ctx.lead_events)
 
 
 def held(ctx: Situation) -> Plan | None:
@@ -332,17 +344,32 @@ def plan_reconcile(
         plan = step(ctx)
         if plan is not None:
             if gates:  # each gate's objects follow the decided phase
-                outcome = Outcome(plan.status.get("phase") or "", plan.status.get("message") or "",
-                                  any(p.owned or p.orphan for p in pods), now)
-                plan.gate_writes = {g.gate.name: g.gate.writes(job, g.view, outcome) for g in gates}
+                plan.gate_writes = {g.gate.name: g.gate.writes(job, g.view, outcome(ctx, plan)) for g in gates}
             return plan
     raise AssertionError("plan_reconcile: the last step (progress) always decides")
 
 
-def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime) -> Plan:
+def outcome(ctx: Situation, plan: Plan) -> Outcome:
+    """What the gates' writes follow: the decided phase, and which of the job's pods still hold resources.
+
+    A pod outside the gang the plan keeps (of an older generation, or deleted now or before) is *old*:
+    the quota it was admitted with is given back once no old pod is left, the job's whole quota once no
+    pod is.
+    """
+    kept = plan.status.get("gangGeneration")
+    dropped = set(plan.delete_pods) | set(plan.force_delete_pods)
+    old = [p for p in ctx.holding if not p.owned or p.generation != kept or p.deleting or p.name in dropped]
+    return Outcome(plan.status.get("phase") or "", plan.status.get("message") or "", bool(ctx.holding), bool(old),
+                   ctx.now)
+
+
+def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime, pods: Sequence[ObservedPod] = (),
+                 force_delete_after: float = FORCE_DELETE_AFTER_SECONDS) -> Plan:
     """A job the models reject (the CRD let it through): Failed, reason InvalidSpec.
 
-    It is looked at again when its spec changes (a new metadata.generation).
+    Its pods (``pods``, observed; a running job edited into an invalid spec has some) are deleted as any
+    finished job's are, and looked at until they are gone. It is looked at again when its spec changes
+    (a new metadata.generation).
     """
     prev = RLTrainingJobStatus.model_validate(raw.get("status") or {})
     message = "; ".join(problems)[:1024]
@@ -353,5 +380,9 @@ def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime) -> Pla
                                      previous_conditions=[c.model_dump(by_alias=True) for c in prev.conditions],
                                      now=now), INVALID_SPEC_FIELDS)
     same = prev.reason == "InvalidSpec" and prev.message == message
-    return Plan(status=status, events=[] if same else [Event("Warning", "InvalidSpec", message)])
+    left = holding_pods(pods)
+    stuck = stuck_terminating([p for p in pods if p.owned or p.orphan], now, force_delete_after)
+    return Plan(status=status, events=[] if same else [Event("Warning", "InvalidSpec", message)],
+                delete_pods=[p.name for p in left if not p.deleting], force_delete_pods=stuck,
+                requeue_after=stopping_look(left, now, force_delete_after))
 

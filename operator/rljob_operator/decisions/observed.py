@@ -1,12 +1,10 @@
-"""What the operator observes (pure): worker pods as seen, and what a failed worker means."""
+"""What the operator observes (pure): worker pods as seen (what a failed one means: ``failure.observe``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from rljob_contract.pod import EXIT_CUDA_OOM, EXIT_PEER_LOST, EXIT_PERMANENT
 
 from rljob_operator.names import (
     ANNOTATION_JOB_GENERATION,
@@ -132,38 +130,3 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
         "status": {k: status[k] for k in _POD_STATUS if k in status},
     }
-
-
-def failure_reason(pod: ObservedPod) -> str:
-    """CamelCase reason of a failed worker, from the trainer's exit-code contract."""
-    if pod.exit_code == EXIT_PERMANENT:
-        return "PermanentError"
-    if pod.exit_code == EXIT_CUDA_OOM:
-        return "CudaOutOfMemory"
-    if pod.container_reason == "OOMKilled":
-        return "OOMKilled"
-    if pod.exit_code is None:
-        return pod.pod_reason or ("Disrupted" if pod.disrupted else "WorkerLost")
-    return "WorkerFailed"
-
-
-def failure_message(pod: ObservedPod) -> str:
-    if pod.exit_code is None:
-        what = f"{pod.name} failed ({pod.pod_reason or 'no exit code'})"
-    else:
-        what = f"{pod.name} exited with code {pod.exit_code}"
-    first = (pod.message or "").strip().splitlines()
-    return f"{what}: {first[0].strip()}" if first else what
-
-
-def first_failure(failed: list[ObservedPod]) -> ObservedPod:
-    """The failure that explains the gang's: permanent beats OOM beats the earliest, lowest index; a
-    worker that only lost a peer (``EXIT_PEER_LOST``) explains nothing while another failed."""
-
-    def rank(p: ObservedPod) -> tuple[int, str, int]:
-        severity = {EXIT_PERMANENT: 0, EXIT_CUDA_OOM: 1, EXIT_PEER_LOST: 3}.get(p.exit_code or -1, 2)
-        return severity, p.finished_at or "~", p.index if p.index is not None else 1 << 30
-
-    return min(failed, key=rank)
-
-

@@ -173,9 +173,13 @@ class StatusDraft:
     scaling: ScalingStatus | None = None
     checkpoints: Durability | None = None
     """Whether checkpoints outlive the gang (the CheckpointsDurable condition); None: keep the stored one."""
+    queue: str | None = None
+    """The queue a gate holds the job to (``status.queue``); None writes nothing (never clears it)."""
 
     def carry(self, prev: RLTrainingJobStatus) -> StatusDraft:
-        """Keep the restart bookkeeping of ``prev`` (each record written back whole: :func:`whole`)."""
+        """Keep the restart bookkeeping of ``prev`` (each record written back whole: :func:`whole`) and the
+        queue it remembers."""
+        self.queue = prev.queue
         self.scaling = whole(prev.scaling)
         self.restarts, self.disruptions = prev.restarts, prev.disruptions
         self.last_failure = whole(prev.last_failure)
@@ -256,6 +260,7 @@ def job_status(
         gang_start_time=d.gang_start_time,
         oom_recovery=d.oom_recovery,
         scaling=d.scaling,
+        **({"queue": d.queue} if d.queue else {}),
     )
 
 

@@ -23,6 +23,7 @@ namespace's ``default`` must be in ``allowedServiceAccounts``, Secret references
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -131,34 +132,82 @@ def violations(job: RLTrainingJob, profile: PodProfile) -> list[str]:
     return out or _built_pod(desired_worker_pod(job, 0, 0)["spec"], profile, named_sa)
 
 
-#: How many jobs' verdicts ``checked`` remembers (the least recently used is dropped first).
-CHECKED_KEPT = 4096
-_checked: OrderedDict[tuple[Any, ...], tuple[str, ...]] = OrderedDict()
-_checked_lock = threading.Lock()
+#: How many bytes the verdicts ``checked`` remembers may take, keys included (the least recently used go first).
+CHECKED_BYTES = 4 * 1024 * 1024
+#: What one remembered verdict costs besides its messages: the digest, the tuple, the dict's entry.
+VERDICT_OVERHEAD = 256
+
+
+class VerdictCache:
+    """Verdicts by the digest of their input, least recently used dropped first once they pass ``max_bytes``.
+
+    The key is a SHA-256 of the input, not the input: a tenant who edits a label or an annotation of a job of
+    ~1 MB 500 times (``kubectl annotate``) makes 500 keys of 32 bytes here, not 500 copies of the spec (which
+    took a 512 Mi operator down, issue #43 point 4). A verdict is a few messages, counted by their length; one
+    larger than a tenth of the bound is not kept at all, so one job's thousand violations cannot evict every
+    other job's verdict. Shared by the reconcile threads.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[bytes, tuple[str, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def cost(verdict: tuple[str, ...]) -> int:
+        return VERDICT_OVERHEAD + sum(len(message) for message in verdict)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: bytes) -> tuple[str, ...] | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: bytes, verdict: tuple[str, ...]) -> None:
+        cost = self.cost(verdict)
+        if cost > self.max_bytes // 10:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= self.cost(old)
+            self._items[key] = verdict
+            self.bytes += cost
+            while self.bytes > self.max_bytes:
+                _, dropped = self._items.popitem(last=False)
+                self.bytes -= self.cost(dropped)
+
+
+_checked = VerdictCache(CHECKED_BYTES)
+
+
+def verdict_key(job: RLTrainingJob, profile: PodProfile) -> bytes:
+    """The digest of everything a verdict depends on: the job's uid, namespace, name, labels, annotations and
+    spec (its JSON, not ``metadata.generation``: nothing but equal input shares a verdict), and the profile."""
+    meta = job.metadata
+    digest = hashlib.sha256(json.dumps(
+        [(meta.model_extra or {}).get("uid"), meta.namespace, meta.name, sorted(meta.labels.items()),
+         sorted(meta.annotations.items()), repr(profile)]).encode())
+    digest.update(job.spec.model_dump_json().encode())
+    return digest.digest()
 
 
 def checked(job: RLTrainingJob, profile: PodProfile) -> list[str]:
-    """``violations(job, profile)``, remembered for the same job (uid, name, labels, annotations) with the
-    same spec and profile.
+    """``violations(job, profile)``, remembered for the same input (``verdict_key``) in ``CHECKED_BYTES``.
 
-    Most reconciles (a pod scheduled, ready, a status written) see none of those change, and the check
-    builds and walks the whole worker pod (about a millisecond of the interpreter, in every reconcile);
-    the key is the spec itself (its JSON: microseconds), not ``metadata.generation``, so nothing but equal
-    input shares a verdict. Reconcile threads share the memory.
+    Most reconciles (a pod scheduled, ready, a status written) see none of that input change, and the check
+    builds and walks the whole worker pod (about a millisecond of the interpreter, in every reconcile).
     """
-    meta = job.metadata
-    key = ((meta.model_extra or {}).get("uid"), meta.namespace, meta.name, tuple(sorted(meta.labels.items())),
-           tuple(sorted(meta.annotations.items())), job.spec.model_dump_json(), profile)
-    with _checked_lock:
-        found = _checked.get(key)
-        if found is not None:
-            _checked.move_to_end(key)
-            return list(found)
-    found = tuple(violations(job, profile))
-    with _checked_lock:
-        _checked[key] = found
-        while len(_checked) > CHECKED_KEPT:
-            _checked.popitem(last=False)
+    key = verdict_key(job, profile)
+    found = _checked.get(key)
+    if found is None:
+        found = tuple(violations(job, profile))
+        _checked.put(key, found)
     return list(found)
 
 

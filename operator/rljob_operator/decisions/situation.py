@@ -8,7 +8,7 @@ hash or its size). It also turns a :class:`~rljob_operator.decisions.plan.Status
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
@@ -38,7 +38,7 @@ from rljob_operator.decisions.scaling import (
     requested_size,
     scaling_status,
 )
-from rljob_operator.integrations.gate import Gated, Hold, Verdict
+from rljob_operator.integrations.gate import Gated, Hold, Queueing, Verdict
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.times import parse_time, rfc3339
 
@@ -95,6 +95,28 @@ def stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> l
         if p.node_lost or (p.deleting and deadline is not None and (now - deadline).total_seconds() >= after):
             out.append(p.name)
     return out
+
+
+def holding_pods(pods: Sequence[ObservedPod]) -> list[ObservedPod]:
+    """Pods of the job (owned, or orphans with its label) that may still hold their node's resources: not
+    in a terminal phase. A quota is given back only once none is left, as a batch Job's terminal condition
+    waits for its terminating pods since Kubernetes 1.31; a pod that exited holds nothing."""
+    return [p for p in pods if (p.owned or p.orphan) and not p.finished]
+
+
+def stopping_look(holding: Sequence[ObservedPod], now: datetime, force_delete_after: float) -> float | None:
+    """When to look again at pods still holding resources (``holding_pods``; None: none is left).
+
+    A Terminating pod is looked at when it falls due for force-deletion (``force_delete_after`` past its
+    deletion deadline): no event comes from a pod whose kubelet never answers. A pod not yet seen
+    Terminating (deleted by this very plan) is looked at again shortly, in case its event is lost.
+    """
+    looks = []
+    for p in holding:
+        deadline = parse_time(p.deleted_at)
+        due = None if deadline is None else (deadline - now).total_seconds() + force_delete_after
+        looks.append(WAIT_REQUEUE_SECONDS if due is None else max(due, WAIT_REQUEUE_SECONDS))
+    return min(looks) if looks else None
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,15 @@ class Situation:
     def force_delete(self) -> list[str]:
         return stuck_terminating([p for p in self.pods if p.owned or p.orphan], self.now, self.force_delete_after)
 
+    @derived
+    def holding(self) -> list[ObservedPod]:
+        """The job's pods (owned, or orphans with its label) that may still hold their node's resources."""
+        return holding_pods(self.pods)
+
+    def stopping_look(self) -> float | None:
+        """When to look again at pods still holding resources (None: none is left): ``stopping_look``."""
+        return stopping_look(self.holding, self.now, self.force_delete_after)
+
     # ------------------------------------------------------------------- the gang
     @derived
     def resumed(self) -> bool:
@@ -186,7 +217,7 @@ class Situation:
 
     @derived
     def _same_generation(self) -> list[ObservedPod]:
-        # A pod replaced in place (``failures.in_place``) is stale though of this generation.
+        # A pod replaced in place (``failure.respond.replaceable``) is stale though of this generation.
         replaced = set(self.prev.last_failure.replaced_pods) if self.prev.last_failure is not None else set()
         return [p for p in self.owned
                 if p.generation == self.base_generation and p.index is not None and p.index < self.replicas
@@ -244,6 +275,12 @@ class Situation:
     def verdicts(self) -> list[Verdict]:
         """Each gate's verdict on the gang, in the registry's order."""
         return [g.gate.verdict(self.job, g.view, self.prev, self.profile) for g in self.gates]
+
+    @derived
+    def queue(self) -> str | None:
+        """The queue the job waits in (``status.queue``): what a gate with queues names, else the stored one."""
+        named = (g.gate.queue(self.job, g.view) for g in self.gates if isinstance(g.gate, Queueing))
+        return next((q for q in named if q), None) or self.prev.queue
 
     @derived
     def hold(self) -> Hold | None:
@@ -312,7 +349,9 @@ class Situation:
         return d
 
     def status(self, d: StatusDraft) -> RLTrainingJobStatus:
-        """The full status of draft ``d`` (``plan.job_status``); ``plan.status_patch`` writes it."""
+        """The full status of draft ``d`` (``plan.job_status``), with the queue the job waits in;
+        ``plan.status_patch`` writes it."""
+        d.queue = self.queue
         return job_status(
             d, job_name=self.job.metadata.name, observed_generation=self.meta_generation,
             previous_conditions=self.previous_conditions,
@@ -350,10 +389,15 @@ def _ttl(job: RLTrainingJob, completion: str | None, now: datetime) -> tuple[boo
 
 
 def settled(ctx: Situation, d: StatusDraft, delete: list[str], events: list[Event] | None = None) -> Plan:
-    """A Plan for a job that is finished, finishing or suspended: no restart pending, no pod created;
-    once ``ttlSecondsAfterFinished`` has passed since its completion the job is deleted."""
+    """A Plan for a job that is finished, finishing or suspended: no restart pending, no pod created.
+
+    Looked at again while a pod still holds resources (to force-delete it once it is stuck past its
+    grace period: the quota waits for it) and when ``ttlSecondsAfterFinished`` passes; the job is
+    deleted once the TTL has passed and no pod is left (deleting it sooner would let the garbage
+    collector take its quota, the Kueue Workload, while a pod still runs)."""
     expired, left = _ttl(ctx.job, d.completion_time, ctx.now)
     d.next_restart_time = None
-    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=left)
-    plan.delete_job = expired
+    looks = [t for t in (left, ctx.stopping_look()) if t is not None]
+    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=min(looks) if looks else None)
+    plan.delete_job = expired and not ctx.holding
     return plan

@@ -67,8 +67,8 @@ class Integration:
     name: str
     enabled: Callable[[OperatorSettings], bool]
     """Does this operator run the gate (its setting)?"""
-    client: Callable[[Kube, bool], GateClient]
-    """The gate's client for one reconciler: ``client(kube, watched)``."""
+    client: Callable[[Kube, bool, OperatorSettings | None], GateClient]
+    """The gate's client for one reconciler: ``client(kube, watched, settings)`` (settings None: the defaults)."""
     watch: Callable[[Kube], GateWatch | None]
     """What to watch, asked once at start (None: nothing, e.g. the gate's API is not served)."""
     describe: Callable[[bool], str]

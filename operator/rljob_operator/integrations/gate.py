@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from rljob_contract.job import RLTrainingJob, RLTrainingJobStatus
 
@@ -67,11 +67,19 @@ class Verdict:
 @dataclass(frozen=True)
 class Outcome:
     """What a reconcile decided, for the gate's writes: the phase and message, whether any of the
-    job's pods is left, and the time."""
+    job's pods still holds resources, and the time.
+
+    A gate gives back what it admitted only once the pods it admitted are gone (as batch Jobs finish
+    only once their pods have terminated, since Kubernetes 1.31): a pod in a terminal phase holds
+    nothing; one still running or Terminating does, however the job's phase reads.
+    """
 
     phase: str
     message: str
     pods_left: bool
+    """A pod of the job is not in a terminal phase (running, or Terminating)."""
+    old_pods_left: bool
+    """Such a pod outside the gang this reconcile keeps: of an older generation, or being deleted."""
     now: datetime
 
 
@@ -92,6 +100,17 @@ class AdmissionGate(Protocol[ViewIn]):
 
     def writes(self, job: RLTrainingJob, view: ViewIn, outcome: Outcome) -> object:
         """The gate's own writes that go with ``outcome``, applied by its client (``GateClient.apply``)."""
+        ...
+
+
+@runtime_checkable
+class Queueing(Protocol[ViewIn]):
+    """What a gate with queues (Kueue) adds: the queue a job waits in, which the core writes to
+    ``status.queue``. Its client then observes a job by that memory too, so a job once queued stays
+    governed by the gate (and its quota) when the label that put it there is removed."""
+
+    def queue(self, job: RLTrainingJob, view: ViewIn) -> str | None:
+        """The queue ``job`` waits in (None: none)."""
         ...
 
 

@@ -30,4 +30,4 @@ def enabled(settings: OperatorSettings) -> list[Integration]:
 
 def default_clients(kube: Kube) -> list[GateClient]:
     """Every known gate's client, none watched (a reconciler built without settings: tests, tools)."""
-    return [i.client(kube, False) for i in INTEGRATIONS.values()]
+    return [i.client(kube, False, None) for i in INTEGRATIONS.values()]

@@ -8,9 +8,10 @@ Every request to the status API is hostile until checked. In order, before any t
    never reach a path the operator requests with its own rights (→ 400);
 2. each client address has a token bucket (``RateLimiter``: ``rate`` per second, ``burst`` at
    once; → 429 with Retry-After), so one client cannot make the operator send TokenReviews
-   without bound. A heartbeat whose token the status API already reviewed and accepted, its pod's
-   job cached, costs no review and skips this bucket: it is charged to its job's instead (4.), here,
-   before it takes a slot in flight; a status read always pays here;
+   without bound. A heartbeat whose token the status API already reviewed and accepted as a worker
+   of its job (a pod the operator created for it) costs no review and skips this bucket: it is
+   charged to its job's instead (4.), here, before it takes a slot in flight; a status read, and a
+   token refused before, always pay here;
 3. at most ``max_in_flight`` requests are handled at once (→ 429, Retry-After: 1), which also
    bounds the queue in front of the review threads;
 4. after authentication, each job has a token bucket of its own (``rate_per_job``,

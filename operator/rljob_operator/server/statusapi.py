@@ -4,10 +4,12 @@
     Body ``{step, reward, loss, checkpoint, best_checkpoint, best_metric, final, ...}``
     (``rljob_contract.pod.HeartbeatBody``) from the trainer's rank 0, with
     ``Authorization: Bearer <projected service-account token>``. TokenReview must accept the
-    token for the audience ``rljob-status``; the token must be bound to a pod (the
-    ``authentication.kubernetes.io/pod-name``/``pod-uid`` extras a kubelet-projected token
-    carries), and that pod must exist with that uid in ``ns``, controlled (ownerReference, by uid) by
-    the RLTrainingJob ``ns/name`` that exists now; its labels prove nothing. Accepted heartbeats become the job's ``status.progress``
+    token for the audience ``rljob-status`` (which it does only while the pod it is bound to exists with
+    that uid); the token must be bound to a pod (the ``authentication.kubernetes.io/pod-name``/``pod-uid``
+    extras a kubelet-projected token carries), and that pod must be one the operator created for the
+    RLTrainingJob ``ns/name``: its name and uid recorded in the job's ``status.createdPods``
+    (``decisions.createdpods``). Its labels and ownerReferences prove nothing: anyone who may create pods
+    in ``ns`` can copy them, the job's uid included. Accepted heartbeats become the job's ``status.progress``
     (step, reward, loss, checkpoint, bestCheckpoint, bestMetric, lastHeartbeat), written at most every
     ``flush_seconds`` per job (a ``final`` heartbeat at once); the reward, loss and ``metrics`` of
     each heartbeat become a point of ``status.progress.curve`` (bounded, finite, steps increasing;
@@ -23,22 +25,23 @@ Hostile requests (issue #14): before anything else the namespace and name must b
 names (400 otherwise; ``guard.checked_names``), then the client's rate limit and the bound on
 requests in flight apply (429 with Retry-After; ``guard``). A token the API server rejected is
 answered 401 from memory for ``negative_cache_seconds``, so repeating a junk token costs no
-TokenReview. The API requests (TokenReview, SubjectAccessReview, the pod and the job) go through
+TokenReview. The API requests (TokenReview, SubjectAccessReview, the job) go through
 the typed client, which escapes every path parameter, and what comes back must be the kind,
 namespace and name asked for before it is used. They run on the status API's own threads
 (``review_threads``), never on the default executor that reconciles use nor on the Lease's
 thread: a flood of requests whose reviews are slow cannot delay a reconcile or a renewal.
 
 A job's pods cannot flood (issue #30 point 4): a heartbeat with a valid token is still hostile input.
-A heartbeat whose token is already known (reviewed, its pod's job cached) skips the per-address
-bucket and spends a token of the bucket of the job it speaks for (``rate_per_job``,
-``burst_per_job``) before it takes a slot in flight; one not known yet pays per address and is
-charged to its job once checked. Every job gets the same share whatever address its pods share. Beyond it: 429 with Retry-After (which the
-trainer honours), and ``status.progress.lastThrottled`` records that a worker of the job was alive,
-so the stall clock (``decisions.restarts``) does not take a throttled job for a hung one. A
-heartbeat's ``warnings`` become Events through ``cluster.events.EventRecorder``: repeats counted on
-one Event, at most ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest
-dropped and counted.
+A heartbeat whose token is already known (reviewed, and checked to speak for its job) skips the
+per-address bucket and spends a token of the bucket of the job it speaks for (``rate_per_job``,
+``burst_per_job``) before it takes a slot in flight; one not known yet, or refused before, pays per
+address and is charged to its job once checked (a refused token is never charged to a job: it cannot
+throttle one, nor write its ``lastThrottled``). Every job gets the same share whatever address its
+pods share. Beyond it: 429 with Retry-After (which the trainer honours), and
+``status.progress.lastThrottled`` records that a worker of the job was alive, so the stall clock
+(``decisions.failure.observe``) does not take a throttled job for a hung one. A heartbeat's ``warnings``
+become Events through ``cluster.events.EventRecorder``: repeats counted on one Event, at most
+``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest dropped and counted.
 
 ``RLJOB_FAULT_REVIEW_DELAY_SECONDS=S`` makes every TokenReview take S seconds longer (tests use it
 to stand for a slow API server or token webhook while they flood the API with junk tokens).
@@ -70,6 +73,7 @@ from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.kube import Kube
+from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.curve import curve_point, merge_curve
 from rljob_operator.names import TOKEN_AUDIENCE
 from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
@@ -80,6 +84,9 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 CACHE_SECONDS = 30.0
+#: A pod missing from the record of the job read is looked up again in a fresh read at most this often per job
+#: (a gang created since the read; a forger's pod, which no read will show, costs one GET per job per period).
+RECORD_RECHECK_SECONDS = 2.0
 FAULT_REVIEW_DELAY_ENV = "RLJOB_FAULT_REVIEW_DELAY_SECONDS"
 #: Conditional curve writes tried before the progress is written without new points.
 CURVE_WRITE_ATTEMPTS = 4
@@ -142,10 +149,14 @@ class _TTLCache:
         self.seconds, self.size = seconds, size
         self._items: dict[Any, tuple[float, Any]] = {}
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: Any, max_age: float | None = None) -> Any:
+        """The value put under ``key`` less than ``seconds`` ago (and, given, less than ``max_age``); else None."""
         hit = self._items.get(key)
-        if hit is None or hit[0] < time.monotonic():
+        now = time.monotonic()
+        if hit is None or hit[0] < now:
             self._items.pop(key, None)
+            return None
+        if max_age is not None and hit[0] - self.seconds + max_age < now:
             return None
         return hit[1]
 
@@ -298,8 +309,8 @@ class StatusAPI:
         self.writer = ProgressWriter(kube, flush_seconds, self._executor)
         self._reviews = _TTLCache(CACHE_SECONDS)
         self._rejected = _TTLCache(self.limits.negative_cache_seconds)
-        self._pods = _TTLCache(CACHE_SECONDS)
-        self._jobs = _TTLCache(CACHE_SECONDS)  # the jobs heartbeat warnings are Events on (their uid)
+        self._speakers = _TTLCache(CACHE_SECONDS)  # token digest → the job its pod was checked to speak for
+        self._jobs = _TTLCache(CACHE_SECONDS)  # each job's record of created pods, and its uid (Events)
         self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
         self._job_limiter = RateLimiter(self.limits.rate_per_job, self.limits.burst_per_job)
         self.events = EventRecorder(kube)
@@ -314,10 +325,6 @@ class StatusAPI:
     @functools.cached_property
     def _authz(self) -> k8s.AuthorizationV1Api:
         return k8s.AuthorizationV1Api(self.kube.api_client)
-
-    @functools.cached_property
-    def _core(self) -> k8s.CoreV1Api:
-        return k8s.CoreV1Api(self.kube.api_client)
 
     @functools.cached_property
     def _custom(self) -> k8s.CustomObjectsApi:
@@ -376,15 +383,14 @@ class StatusAPI:
             return await handler(request, namespace, name)
 
     def _token_job(self, request: web.Request) -> tuple[str, str] | None:
-        """(namespace, job) a heartbeat's token speaks for, from the caches alone; None when not known yet."""
+        """(namespace, job) a heartbeat's token was checked to speak for (``_check_worker``), from the cache
+        alone; None when not known yet. A token that was refused is never charged to a job: it pays per
+        address, and cannot throttle a job it does not speak for (nor move its stall clock)."""
         try:
             digest = hashlib.sha256(self._bearer(request).encode()).hexdigest()
         except Denied:
             return None
-        identity = self._reviews.get((digest, self.audience))
-        pod = _pod_of(identity) if identity is not None else None
-        owner = self._pods.get(pod) if pod is not None else None
-        return (pod[0], str(owner[0])) if pod is not None and owner and owner[0] else None
+        return self._speakers.get(digest)  # type: ignore[no-any-return]
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the status API's threads."""
@@ -449,55 +455,34 @@ class StatusAPI:
         self._reviews.put(key, identity)
         return identity
 
-    def _worker_job(self, namespace: str, pod_name: str, pod_uid: str) -> tuple[str, str]:
-        """(name, uid) of the RLTrainingJob that controls pod ``namespace/pod_name`` (with uid ``pod_uid``),
-        from its controller ownerReference (("", "") for none), cached. Not its ``rljob.dev/job`` label: anyone
-        who may create a pod may set that."""
-        key = (namespace, pod_name, pod_uid)
-        owner = self._pods.get(key)
-        if owner is not None:
-            return owner  # type: ignore[no-any-return]
-        try:
-            pod = self._call("GET", "pods", self._core.read_namespaced_pod, pod_name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                raise Denied(403, f"pod {namespace}/{pod_name} does not exist") from None
-            raise
-        _expect(pod, "v1", "Pod", namespace, pod_name)
-        if pod_uid and pod["metadata"].get("uid") != pod_uid:
-            raise Denied(403, f"the token's pod {namespace}/{pod_name} no longer exists")
-        ref: dict[str, Any] = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), {})
-        owned = ref.get("kind") == KIND and str(ref.get("apiVersion", "")).split("/")[0] == GROUP
-        owner = (str(ref.get("name", "")), str(ref.get("uid", ""))) if owned else ("", "")
-        self._pods.put(key, owner)
-        return owner
-
     def _check_worker(self, identity: Identity, namespace: str, name: str) -> None:
-        """The token's pod must be a worker of ``namespace/name``: controlled by that job, by its UID (a job
-        deleted and made again under the name is another job; a pod that only carries the label is no worker)."""
+        """The token's pod must be one the operator created for ``namespace/name``: its name and uid in the job's
+        ``status.createdPods`` (``createdpods.may_speak``). A job deleted and made again under the name has a
+        record of its own; a pod that only carries the labels, or an ownerReference with the job's uid, is no
+        worker. The job is read at most once per ``CACHE_SECONDS``, and once more (at most every
+        ``RECORD_RECHECK_SECONDS``) when the pod is not in the record read: a gang created since."""
         if not identity.username.startswith(SA_PREFIX):
             raise Denied(403, "heartbeats need a service-account token")
         pod = _pod_of(identity)
-        if pod is None:
+        if pod is None or not pod[2]:
             raise Denied(403, "the token is not bound to a pod (use a projected service-account token)")
         sa_namespace, pod_name, pod_uid = pod
         if sa_namespace != namespace:
             raise Denied(403, f"pod {sa_namespace}/{pod_name} is not a worker of {namespace}/{name}")
-        owner, owner_uid = self._worker_job(namespace, pod_name, pod_uid)
-        if owner != name:
-            raise Denied(403, f"pod {namespace}/{pod_name} is not a worker of {namespace}/{name}")
         job = self._cached_job(namespace, name)
+        if job is not None and not createdpods.may_speak(job, pod_name, pod_uid):
+            job = self._cached_job(namespace, name, max_age=RECORD_RECHECK_SECONDS)
         if job is None:
             raise Denied(404, f"{KIND} {namespace}/{name} not found")
-        if job["metadata"].get("uid") != owner_uid:
-            raise Denied(403, f"pod {namespace}/{pod_name} is not a worker of {namespace}/{name} (it belongs "
-                              "to another job of that name)")
+        if not createdpods.may_speak(job, pod_name, pod_uid):
+            raise Denied(403, f"pod {namespace}/{pod_name} is not a worker of {namespace}/{name}: only pods the "
+                              "operator created for the job may speak for it")
 
-    def _cached_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job, read at most once per ``CACHE_SECONDS`` (its uid: whose pods may speak for it, and on
-        which its Events are)."""
+    def _cached_job(self, namespace: str, name: str, max_age: float | None = None) -> dict[str, Any] | None:
+        """The job, read at most once per ``CACHE_SECONDS`` (or ``max_age``: at most that old): its record of the
+        pods that may speak for it, and its uid, on which its Events are."""
         key = (namespace, name)
-        job = self._jobs.get(key)
+        job = self._jobs.get(key, max_age)
         if job is None:
             job = self._read_job(namespace, name)
             if job is not None:
@@ -536,6 +521,7 @@ class StatusAPI:
             token = self._bearer(request)
             identity = await self._run(self._review, token, self.audience)
             await self._run(self._check_worker, identity, namespace, name)
+            self._speakers.put(hashlib.sha256(token.encode()).hexdigest(), (namespace, name))
         except Denied as e:
             metrics.HEARTBEATS.labels(result="unauthorized" if e.status == 401 else "forbidden").inc()
             return _error(e.status, e.message)

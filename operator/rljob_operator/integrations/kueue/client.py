@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from kubernetes.client.exceptions import ApiException
@@ -35,6 +35,9 @@ from rljob_operator.integrations.kueue.decide import (
     queue_name,
     rejected_status,
 )
+
+if TYPE_CHECKING:
+    from rljob_operator.settings import OperatorSettings
 from rljob_operator.names import LABEL_JOB
 
 log = logging.getLogger("rljob.reconciler")  # the reconciler's: these lines are part of its reconcile
@@ -134,17 +137,20 @@ class KueueClient:
 
     name = KUEUE.name
 
-    def __init__(self, kube: Kube, watched: bool) -> None:
+    def __init__(self, kube: Kube, watched: bool, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.unwatched_requeue = None if watched else UNWATCHED_QUEUE_SECONDS
         """A watch on Workloads wakes queued jobs; without one they are looked at every few seconds."""
+        self.required = settings is not None and settings.require_queue
+        """The platform requires a queue: a job naming none is held (``decide.missing_queue``)."""
         self._served: tuple[float, bool] = (float("-inf"), False)
         self._flavors: dict[str, tuple[float, Flavor | None]] = {}
 
     def observe(self, job: RLTrainingJob, uid: str) -> Gated[QueueView] | None:
-        """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued."""
+        """The job's Kueue side (its Workloads, their flavors and priority); None if it is not queued
+        (by its label or its status's memory) and the platform does not require a queue."""
         if queue_name(job) is None:
-            return None
+            return Gated(KUEUE, QueueView(required=True)) if self.required else None
         if not self.served():
             return Gated(KUEUE, QueueView(available=False))
         namespace = job.metadata.namespace or ""
@@ -189,8 +195,8 @@ class KueueClient:
         return flavor
 
     def recheck(self, writes: QueueWrites) -> bool:
-        """A Workload's quota given back (``cleared_admission``) relies on no pod being left."""
-        return bool(writes.status)
+        """Quota given back (a Workload finished, cleared or deleted) relies on no pod being left."""
+        return bool(writes.status or writes.delete)
 
     def apply(self, raw: dict[str, Any], writes: QueueWrites, status: dict[str, Any],
               patch_status: PatchStatus) -> None:

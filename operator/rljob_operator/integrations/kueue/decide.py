@@ -16,8 +16,13 @@ integrations do (jobframework's podset merge). What Kueue decides, the operator 
   generation (not a restart), and once no pod remains the Workload's quota reservation is
   cleared as jobframework does for a stopped job (``cleared_admission``); admitted again, the
   new gang resumes from the checkpoint;
-* finished: the Workload is marked ``Finished`` (quota released at once); suspended: the Workload
+* finished: the rest of the gang is deleted and, once no pod of the job holds resources, the
+  Workload is marked ``Finished`` (quota released); suspended: once the pods are gone the Workload
   is deleted (a resumed job queues again); deleted: the Workload goes with it (owner reference).
+  A Workload's quota is never given back while a pod it admitted still runs or terminates (as a
+  batch Job finishes only once its pods have terminated, since Kubernetes 1.31): ``queue_writes``;
+* a finished Workload never admits again: a job revived after a spec edit (``InvalidSpec``,
+  ``PolicyViolation``) deletes it and queues a new one.
 
 Why operator-owned Workloads and not Kueue's pod-group integration: with pod groups Kueue gates
 and deletes the pods itself, so its preemption would fight the operator's gang restarts (a pod
@@ -55,9 +60,30 @@ UNAVAILABLE_RETRY_SECONDS = 60.0
 _TEMPLATE_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
 
 
+#: The reason of a job held because it names no queue where the platform requires one.
+QUEUE_REQUIRED = "QueueRequired"
+
+
 def queue_name(job: RLTrainingJob) -> str | None:
-    """The LocalQueue a job asks for (its ``kueue.x-k8s.io/queue-name`` label), else None."""
-    return job.metadata.labels.get(QUEUE_LABEL) or None
+    """The LocalQueue a job waits in: its ``kueue.x-k8s.io/queue-name`` label, else the one its status
+    remembers (``status.queue``, written while it was labelled: a job once queued stays queued when the
+    label is removed), else None."""
+    remembered = job.status.queue if job.status is not None else None
+    return job.metadata.labels.get(QUEUE_LABEL) or remembered or None
+
+
+def missing_queue(job: RLTrainingJob, required: bool) -> Hold | None:
+    """Why a job that names no queue may not run where the platform requires one, else None.
+
+    ``required``: the operator setting ``require_queue`` (a runtime's ``queue.required`` can feed it
+    too). Held rather than failed: labelling the job (a metadata edit, which leaves the spec's
+    generation alone) lets it queue at once.
+    """
+    if not required or queue_name(job) is not None:
+        return None
+    return Hold(QUEUE_REQUIRED, f"metadata.labels[{QUEUE_LABEL}]: every job on this cluster runs through a Kueue "
+                "LocalQueue (the operator's require_queue); label the job with its team's queue",
+                taken_back="the platform requires a queue")
 
 
 def priority_class(job: RLTrainingJob) -> str | None:
@@ -108,6 +134,8 @@ class QueueView:
     priority: Priority | None = None
     priority_problem: str = ""
     """Why the named WorkloadPriorityClass cannot be used (it does not exist), else empty."""
+    required: bool = False
+    """The platform requires a queue (``missing_queue``): a job naming none is governed, and held."""
 
 
 def workload_template(job: RLTrainingJob) -> dict[str, Any]:
@@ -293,36 +321,48 @@ def _with_conditions(workload: dict[str, Any], new: list[dict[str, Any]]) -> dic
 
 
 def current_workload(job: RLTrainingJob, replicas: int, view: QueueView) -> dict[str, Any] | None:
-    """The job's Workload for its current size, if it exists and is not being deleted."""
+    """The job's Workload for its current size, if it exists, is not being deleted and has not finished
+    (Kueue gave its quota back: it admits nothing any more)."""
     name = workload_name(job, replicas)
     return next((w for w in view.workloads if w["metadata"]["name"] == name
-                 and not w["metadata"].get("deletionTimestamp")), None)
+                 and not w["metadata"].get("deletionTimestamp") and not is_true(w, "Finished")), None)
 
 
-def queue_writes(job: RLTrainingJob, replicas: int, view: QueueView, phase: str, message: str,
-                 pods_left: bool, now: datetime) -> QueueWrites:
-    """The Workload writes that go with a decided ``phase`` (``lifecycle.plan_reconcile``'s last pass)."""
-    if not view.available:
+def _versioned(workload: dict[str, Any], status: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return workload["metadata"].get("resourceVersion", ""), status
+
+
+def queue_writes(job: RLTrainingJob, replicas: int, view: QueueView, outcome: Outcome) -> QueueWrites:
+    """The Workload writes that go with a reconcile's ``outcome`` (``lifecycle.plan_reconcile``'s last pass).
+
+    What gives quota back waits for the pods it was given to: a finished job's Workload is marked
+    ``Finished``, a suspended job's deleted and an evicted one's reservation cleared once no pod of the
+    job holds resources (``outcome.pods_left``); a Workload of another size or shape once no pod
+    outside the current gang does (``outcome.old_pods_left``). The current Workload is created at once.
+    """
+    if not view.available or queue_name(job) is None:
         return QueueWrites()
     live = [w for w in view.workloads if not w["metadata"].get("deletionTimestamp")]
+    ended, phase = outcome.phase in ("Succeeded", "Failed"), outcome.phase
+    current = None if ended or phase == "Suspended" else current_workload(job, replicas, view)
+    create = None
+    if current is None and not ended and phase != "Suspended" and not view.priority_problem:
+        create = desired_workload(job, replicas, view.priority)
+    if outcome.pods_left and (ended or phase == "Suspended"):
+        return QueueWrites()
     if phase == "Suspended":
         return QueueWrites(delete=[w["metadata"]["name"] for w in live])
-    current = current_workload(job, replicas, view)
-    stale = [w["metadata"]["name"] for w in live if w is not current]
-    if phase in ("Succeeded", "Failed"):
-        statuses = {w["metadata"]["name"]: (w["metadata"].get("resourceVersion", ""), s) for w in live
-                    if (s := finished_status(w, phase == "Succeeded", message, now)) is not None}
-        return QueueWrites(status=statuses)
-    if current is None:
-        if view.priority_problem:
-            return QueueWrites(delete=stale)
-        return QueueWrites(create=desired_workload(job, replicas, view.priority), delete=stale)
+    if ended:
+        return QueueWrites(status={w["metadata"]["name"]: _versioned(w, s) for w in live
+                                   if (s := finished_status(w, phase == "Succeeded", outcome.message,
+                                                            outcome.now)) is not None})
+    stale = [] if outcome.old_pods_left else [w["metadata"]["name"] for w in live if w is not current]
     statuses = {}
-    if evicting(current) and not pods_left:
-        cleared = cleared_admission(current, now)
+    if current is not None and evicting(current) and not outcome.pods_left:
+        cleared = cleared_admission(current, outcome.now)
         if cleared is not None:
-            statuses[current["metadata"]["name"]] = (current["metadata"].get("resourceVersion", ""), cleared)
-    return QueueWrites(delete=stale, status=statuses)
+            statuses[current["metadata"]["name"]] = _versioned(current, cleared)
+    return QueueWrites(create=create, delete=stale, status=statuses)
 
 
 def owned(workload: dict[str, Any], job_uid: str) -> bool:
@@ -356,8 +396,14 @@ class KueueGate:
     def violations(self, job: RLTrainingJob, view: QueueView) -> list[str]:
         return queue_violations(job)
 
+    def queue(self, job: RLTrainingJob, view: QueueView) -> str | None:
+        return queue_name(job)
+
     def verdict(self, job: RLTrainingJob, view: QueueView, prev: RLTrainingJobStatus,
                 profile: PodProfile | None) -> Verdict:
+        unqueued = missing_queue(job, view.required)
+        if unqueued is not None:
+            return Verdict(hold=unqueued)
         workload = current_workload(job, job.replicas, view)
         if not (view.available and workload is not None and admitted(workload)):
             return Verdict(hold=_hold(job, view, workload, prev))
@@ -368,7 +414,7 @@ class KueueGate:
                        place=lambda pod: placed(pod, flavors)[0])
 
     def writes(self, job: RLTrainingJob, view: QueueView, outcome: Outcome) -> QueueWrites:
-        return queue_writes(job, job.replicas, view, outcome.phase, outcome.message, outcome.pods_left, outcome.now)
+        return queue_writes(job, job.replicas, view, outcome)
 
 
 KUEUE = KueueGate()

@@ -1,0 +1,110 @@
+"""A failure, step 3 (pure): what to do about it.
+
+In this order: a permanent failure fails the job; so does a worker failure that would exceed
+``backoffLimit`` (disruptions are not counted); an elastic job whose checkpoints outlive a pod has its
+failed or lost workers replaced in place, when worker 0 is not among them; any other gang restarts as a
+new generation after the backoff (none after a disruption), with half the per-device batch after
+running out of memory (OOM recovery). Saying it in the status and Events is the next step's (``record``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rljob_contract.job import OomRecovery, RLTrainingJob
+
+from rljob_operator.decisions.children import in_place_restarts
+from rljob_operator.decisions.failure.classify import Verdict
+from rljob_operator.decisions.failure.observe import Observation
+from rljob_operator.decisions.situation import Situation
+
+OOM_REASONS = frozenset({"OOMKilled", "CudaOutOfMemory"})
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job fails: the failure is permanent, or the restarts are used up."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReplaceInPlace:
+    """Replace these workers (indices) in the same gang generation; the others keep running."""
+
+    workers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RestartGang:
+    """Delete the whole gang and start the next generation after ``delay`` seconds (the backoff)."""
+
+    delay: float
+    out_of_memory: bool
+    """OOM recovery answers this failure (an Event says how, or that the batch cannot shrink)."""
+    batch: OomRecovery | None = None
+    """The halved batch the next gang runs with; None: unchanged."""
+
+
+Response = Fail | ReplaceInPlace | RestartGang
+
+
+def respond(ctx: Situation, seen: Observation, verdict: Verdict) -> Response:
+    """Fail, replace in place, or restart the gang: the first that applies, in that order."""
+    policy, restarts = ctx.job.spec.run_policy, ctx.prev.restarts
+    if not verdict.restart:
+        # The trainer's permanent error says why in its own message.
+        message = seen.message if seen.reason == "PermanentError" else f"{seen.message} ({verdict.why})"
+        return Fail(seen.reason, message)
+    if not verdict.disruption and restarts + 1 > policy.backoff_limit:
+        return Fail("BackoffLimitExceeded", f"the gang failed {restarts + 1} times, more than backoffLimit "
+                                            f"({policy.backoff_limit}); last failure: {seen.message}")
+    workers = replaceable(ctx, seen)
+    if workers is not None:
+        return ReplaceInPlace(workers)
+    oom = policy.oom_recovery and is_oom(seen.reason)
+    delay = 0.0 if verdict.disruption else backoff_seconds(ctx.job, restarts + 1)
+    return RestartGang(delay, oom, halved_batch(ctx.job) if oom else None)
+
+
+def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | None:
+    """The workers to replace in place (their indices), or None: the whole gang restarts.
+
+    Only for an elastic job (``children.in_place_restarts``: its agents restart their ranks to meet a
+    replaced peer, as often as the pods are told) whose checkpoints outlive a pod (the replacement
+    resumes from the same checkpoint as the survivors), for a worker failure or loss that spares worker 0
+    (it hosts the rendezvous store; its loss ends every agent's rendezvous). Not for a stall (which worker
+    hangs is unknown) nor an out-of-memory failure that OOM recovery answers (every worker's batch changes).
+    """
+    job = ctx.job
+    if seen.stalled or not in_place_restarts(job) or not ctx.checkpoints.durable:
+        return None
+    if job.spec.run_policy.oom_recovery and is_oom(seen.reason) and halved_batch(job) is not None:
+        return None
+    return seen.faulty if seen.faulty and 0 not in seen.faulty else None
+
+
+def backoff_seconds(job: RLTrainingJob, restarts: int) -> float:
+    """Wait before gang restart number ``restarts`` (1-based): base × 2^(restarts-1), capped."""
+    policy = job.spec.run_policy
+    if restarts <= 0:
+        return 0.0
+    return float(min(policy.backoff_max_seconds, policy.backoff_base_seconds * 2 ** (restarts - 1)))
+
+
+def is_oom(reason: str) -> bool:
+    return reason in OOM_REASONS
+
+
+def halved_batch(job: RLTrainingJob) -> OomRecovery | None:
+    """Half the per-device batch, twice the accumulation (same global batch); None at the floor.
+
+    The batch must stay a whole number of ``numGenerations`` groups across the world, so an
+    odd batch cannot be halved exactly and stays as it is.
+    """
+    batch, accumulation, _ = job.batch_shape()  # as the gang runs: OOM recovery's batch, the size in use
+    floor = job.spec.run_policy.oom_min_batch_size
+    if batch % 2 or batch // 2 < floor:
+        return None
+    return OomRecovery(batch_size=batch // 2, gradient_accumulation_steps=accumulation * 2)
