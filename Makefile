@@ -2,9 +2,9 @@
 SHELL := /bin/bash
 PY ?= .venv/bin/python
 PYTEST_ARGS ?=
-# Two pytest workers: the control-plane tests in one lane, the rest beside them (tests/conftest.py).
-# PYTEST_WORKERS=0 runs every test in one process, in file order.
-PYTEST_WORKERS ?= 2
+# Three pytest workers: two lanes of control-plane tests, each with its own control plane, and the rest
+# beside them (tests/conftest.py). PYTEST_WORKERS=0 runs every test in one process, in file order.
+PYTEST_WORKERS ?= 3
 # The shared venv holds dependencies only; the code comes from this checkout.
 export PYTHONPATH := $(CURDIR)/contract:$(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
