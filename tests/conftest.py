@@ -24,6 +24,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(_PATHS + [p for p in os.environ.get("
 
 pytest_plugins = ["tests.cluster.fixtures", "tests.support.operator"]  # cluster and operator fixtures
 
+from tests.support import lanes  # noqa: E402 - after sys.path is set
 
 # ------------------------------------------------------------------ lanes under pytest-xdist
 # `make test` runs pytest with three workers (`-n 3 --dist loadgroup`). The tests that need the control
@@ -49,6 +50,22 @@ def needs_control_plane(item: pytest.Item) -> bool:
             or "control_plane" in getattr(item, "fixturenames", ()))
 
 
+def lane_of(item: pytest.Item) -> str | None:
+    """The control-plane lane of ``item``; None for a local test."""
+    if not needs_control_plane(item):
+        return None
+    return TRAINING_CLUSTER_LANE if item.path.name.endswith("_training_cluster.py") else CLUSTER_LANE
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    lanes.configure(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lanes.unconfigure(config)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the lanes' xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The real-node tests need root, host packages and on-demand binaries, and change the host's
     # network: unless selected by name they are deselected (not skipped: they are `make e2e`'s, and
@@ -60,22 +77,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if real_node:
             config.hook.pytest_deselected(items=real_node)
             items[:] = [item for item in items if item.get_closest_marker("realnode") is None]
-    for item in items:
-        if needs_control_plane(item):
-            lane = TRAINING_CLUSTER_LANE if item.path.name.endswith("_training_cluster.py") else CLUSTER_LANE
-            item.add_marker(pytest.mark.xdist_group(lane))
+    lanes.assign(config, items, lane_of)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Grouped scheduling whatever ``--dist`` says (but ``each``): spread one by one, the cluster tests
-    would start a control plane in every worker. The largest group is handed out first, then the next,
-    then the local tests one by one in file order."""
+    """The lanes whatever ``--dist`` says (but ``each``): spread one by one, the cluster tests would
+    start a control plane in every worker (``tests/support/lanes.py``)."""
     if config.getvalue("dist") == "each":
         return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    return LoadGroupScheduling(config, log)  # type: ignore[arg-type]
+    return lanes.LaneScheduling(config, log)  # type: ignore[arg-type]
 
 
 @pytest.hookimpl(tryfirst=True)
