@@ -29,6 +29,10 @@ ANNOTATION_JOB_GENERATION = "rljob.dev/job-generation"
 ANNOTATION_CREATED_FOR = "rljob.dev/created-for-uid"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rljob-operator"
+#: The EndpointSlice labels that make a slice serve a Service (CoreDNS and kube-proxy read it) and keep
+#: Kubernetes' own EndpointSlice controllers off it.
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+LABEL_SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 
 CONTAINER = "trainer"
 RDZV_PORT = 29500
@@ -69,6 +73,11 @@ def worker_name(job_name: str, index: int) -> str:
 
 def service_name(job_name: str) -> str:
     return job_name
+
+
+def rendezvous_name(job_name: str) -> str:
+    """The EndpointSlice of the job's headless Service: worker 0's address (``children.desired_rendezvous``)."""
+    return f"{job_name}-rendezvous"
 
 
 def configmap_name(job_name: str) -> str:

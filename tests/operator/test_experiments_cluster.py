@@ -537,7 +537,8 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
         {"apiGroups": ["rljob.dev"], "resources": ["*"], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["pods", "configmaps", "services", "events"], "verbs": ["*"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
-        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["*"]}], "exp-operator")
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["*"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["*"]}], "exp-operator")
     op = OperatorProcess(service_account_kubeconfig("exp-operator"), namespace, tmp_path / "sa-operator.log").start()
     try:
         op.wait_leader()

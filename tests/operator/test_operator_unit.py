@@ -20,6 +20,7 @@ from rljob_operator.cluster import runner
 from rljob_operator.cluster.workqueue import JobKey, WorkQueue
 from rljob_operator.decisions.children import (
     desired_configmap,
+    desired_rendezvous,
     desired_service,
     desired_worker_pod,
     desired_worker_pods,
@@ -27,6 +28,7 @@ from rljob_operator.decisions.children import (
     spec_hash,
 )
 from rljob_operator.decisions.conditions import make_conditions
+from rljob_operator.decisions.createdpods import created
 from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.lifecycle import plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
@@ -83,7 +85,9 @@ def pod_json(job: RLTrainingJob, index: int, phase: str = "Running", ready: bool
 
 
 def observe(job: RLTrainingJob, *pods: dict[str, Any]) -> list[ObservedPod]:
-    return [ObservedPod.from_pod(p, UID) for p in pods]
+    """``pods`` as the operator sees pods it created itself: each recorded under its name (a test may show two
+    generations' pods under one name, which a cluster never holds at once)."""
+    return [ObservedPod.from_pod(p, UID, created([p])) for p in pods]
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
@@ -282,20 +286,29 @@ def test_configmap_holds_the_trainer_config_and_the_status_ca() -> None:
     assert cm["data"]["status-ca.crt"] == ENDPOINT.ca_pem
 
 
-def test_service_is_headless_publishes_unready_workers_and_selects_worker_0_only() -> None:
+def test_service_is_headless_with_no_selector_and_its_slice_names_the_operators_worker_0_only() -> None:
+    """Labels route nothing (anyone who may create a pod can copy them): the operator writes the Service's one
+    EndpointSlice itself, with the address of the worker 0 it created, under the rendezvous hostname."""
     job = make_job()
     svc = desired_service(job)
     assert svc["metadata"]["name"] == "train"
-    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    selector = svc["spec"]["selector"].items()
-    # Worker 0 (the rendezvous host, whatever its gang generation) and no other worker: the
-    # endpoint controllers re-sync the Service on its pods' events only.
-    assert [i for i in range(3) for g in (0, 5) if selector <= desired_worker_pod(job, i, g)["metadata"]["labels"].items()
-            ] == [0, 0]
-    # ... whose name, through this Service, is the rendezvous endpoint every worker is given.
+    assert svc["spec"]["clusterIP"] == "None" and "selector" not in svc["spec"]
+    worker0 = pod_json(job, 0)
+    worker0["status"]["podIP"] = "10.1.2.3"
+    [seen] = observe(job, worker0)
+    rendezvous = desired_rendezvous(job, seen)
+    assert rendezvous["metadata"]["name"] == "train-rendezvous"
+    assert rendezvous["metadata"]["labels"]["kubernetes.io/service-name"] == "train"
+    assert rendezvous["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] == "rljob-operator"
+    assert rendezvous["metadata"]["ownerReferences"] == svc["metadata"]["ownerReferences"]  # the job's
+    assert rendezvous["addressType"] == "IPv4" and rendezvous["endpoints"] == [{
+        "addresses": ["10.1.2.3"], "hostname": "train-worker-0", "conditions": {"ready": True}, "nodeName": "gpu-node-0",
+        "targetRef": {"kind": "Pod", "namespace": "team-a", "name": "train-worker-0", "uid": seen.uid}}]
+    assert desired_rendezvous(job, None)["endpoints"] == []
+    # ... whose hostname, through this Service, is the rendezvous endpoint every worker is given.
     endpoint = rendezvous_endpoint("train", "default")
     assert endpoint.startswith(f"{desired_worker_pod(job, 0, 0)['spec']['hostname']}.{svc['metadata']['name']}.")
-    assert {p["port"] for p in svc["spec"]["ports"]} == {29500, 9400}
+    assert {p["port"] for p in svc["spec"]["ports"]} == {p["port"] for p in rendezvous["ports"]} == {29500, 9400}
 
 
 def test_user_env_volumes_and_scheduling_fields_reach_the_pod() -> None:
@@ -456,8 +469,8 @@ def test_a_permanent_exit_fails_the_job_with_the_termination_message() -> None:
 
 def test_the_most_telling_failure_is_reported() -> None:
     job = make_job()
-    crash = ObservedPod.from_pod(pod_json(job, 0, "Failed", False, exit_code=1), UID)
-    config = ObservedPod.from_pod(pod_json(job, 1, "Failed", False, exit_code=78), UID)
+    crash, config = observe(job, pod_json(job, 0, "Failed", False, exit_code=1),
+                            pod_json(job, 1, "Failed", False, exit_code=78))
     assert first_failure([crash, config]) is config
 
 
@@ -472,9 +485,9 @@ def test_a_worker_on_a_deleted_node_restarts_the_gang_as_a_disruption_and_is_for
     job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0})
     pods = [pod_json(job, 0, node="node-a"), pod_json(job, 1, node="node-b")]
     # Unknown (no Node watch): both pods look healthy, nothing happens.
-    unknown = plan_reconcile(job, [ObservedPod.from_pod(p, UID) for p in pods], NOW)
+    unknown = plan_reconcile(job, observe(job, *pods), NOW)
     assert unknown.status.get("phase", "Running") == "Running" and not unknown.delete_pods
-    observed = [ObservedPod.from_pod(p, UID, node_gone=lambda node: node == "node-b") for p in pods]
+    observed = [ObservedPod.from_pod(p, UID, created([p]), node_gone=lambda node: node == "node-b") for p in pods]
     assert [p.node_lost for p in observed] == [False, True]
     plan = plan_reconcile(job, observed, NOW)
     s = plan.status
@@ -603,11 +616,11 @@ def test_conditions_keep_their_transition_time_until_they_flip() -> None:
 def test_observed_pod_reads_the_container_termination() -> None:
     job = make_job()
     pod = pod_json(job, 1, "Failed", False, exit_code=200, message="CUDA out of memory")
-    observed = ObservedPod.from_pod(pod, UID)
+    observed = ObservedPod.from_pod(pod, UID, created([pod]))
     assert (observed.index, observed.generation, observed.exit_code) == (1, 0, 200)
     assert observed.owned and observed.finished and not observed.active
     assert observed.spec_hash == spec_hash(job)
-    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other").owned
+    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other", created([pod])).owned
 
 
 # ------------------------------------------------------------------ work queue
@@ -1083,7 +1096,7 @@ def test_the_watch_cache_keeps_everything_the_reconciler_reads_of_a_pod() -> Non
             pod_json(job, 1, deleting=True, generation=3)]
     for pod in pods:
         slim = slim_pod(pod)
-        assert ObservedPod.from_pod(slim, UID) == ObservedPod.from_pod(pod, UID)
+        assert ObservedPod.from_pod(slim, UID, created([pod])) == ObservedPod.from_pod(pod, UID, created([pod]))
         assert slim["metadata"]["uid"] == pod["metadata"]["uid"]
         assert len(repr(slim)) < len(repr(pod)) / 2  # no container specs, volumes or env
 

@@ -252,10 +252,16 @@ class RecordingKube:
         self.statuses.append(status)
 
     def create_or_adopt(self, obj: dict[str, Any], uid: str, compare_data: bool = False,
-                        compare_spec: bool = False, look_first: bool = False) -> None:
+                        compare_spec: bool = False, look_first: bool = False,
+                        compare_fields: tuple[str, ...] = ()) -> dict[str, Any]:
         self.calls.append(("look" if look_first else "create", obj["kind"]))
         if self.refuse is not None and self.refuse[0] == obj["kind"]:
             raise self.refuse[1]
+        return obj
+
+    def get_child(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("get", obj["kind"]))
+        return None
 
     def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("create", "Pod"))
@@ -365,10 +371,9 @@ def test_a_job_an_earlier_operator_ran_gets_its_controlled_pods_recorded_once_an
     job = make_job(replicas=2)
     ours, other = pod_json(job, 0), pod_json(job, 1)
     other["metadata"]["ownerReferences"][0]["uid"] = "another-uid"
-    observed = observe(job, ours, other)
-    assert seed({}, observed) == {}  # no status yet: nothing observed counts
-    assert seed({"phase": "Running"}, observed) == {ours["metadata"]["name"]: ours["metadata"]["uid"]}
-    assert seed({"phase": "Running", "createdPods": {}}, observed) is None  # recorded since: nothing adopted
+    assert seed({}, [ours, other], UID) == {}  # no status yet: nothing observed counts
+    assert seed({"phase": "Running"}, [ours, other], UID) == {ours["metadata"]["name"]: ours["metadata"]["uid"]}
+    assert seed({"phase": "Running", "createdPods": {}}, [ours, other], UID) is None  # recorded since: nothing adopted
     recorded = {"status": {"createdPods": {"train-worker-0": "u0"}}}
     assert may_speak(recorded, "train-worker-0", "u0")
     assert not may_speak(recorded, "train-worker-0", "u1") and not may_speak(recorded, "train-notebook", "u0")

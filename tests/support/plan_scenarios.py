@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import random
@@ -240,6 +241,9 @@ def decide(s: dict[str, Any]) -> dict[str, Any]:
     from rljob_operator.decisions.observed import ObservedPod
     from rljob_operator.decisions.scaling import Capacity
 
+    def created(pods: list[dict[str, Any]]) -> dict[str, str]:
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
     try:
         job = parse_job(s["job"])
         want = spec_hash(job)
@@ -248,7 +252,11 @@ def decide(s: dict[str, Any]) -> dict[str, Any]:
             if annotations["rljob.dev/spec-hash"] == "":
                 annotations["rljob.dev/spec-hash"] = want
         gone = set(s["gone"])
-        pods = [ObservedPod.from_pod(p, JOB_UID, node_gone=lambda n: n in gone) for p in s["pods"]]
+        # Every pod drawn is one the operator created (recorded under its name), on a side whose decisions
+        # read that record (``created``); strangers are not drawn: no older side knows them.
+        recorded = "created" in inspect.signature(ObservedPod.from_pod).parameters
+        pods = [ObservedPod.from_pod(p, JOB_UID, *([created([p])] if recorded else []), node_gone=lambda n: n in gone)
+                for p in s["pods"]]
         capacity = Capacity.from_objects(s["nodes"], s["pods"]) if s["nodes"] is not None else None
         plan = plan_reconcile(job, pods, NOW + timedelta(seconds=s["now_offset"]),
                               force_delete_after=s["force_delete_after"], capacity=capacity)

@@ -133,9 +133,18 @@ app.kubernetes.io/component: operator
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
 # Each job's ConfigMap (trainer config, status CA) and headless rendezvous Service: created or
-# adopted (patch adds an ownerReference or updates the config).
+# adopted (patch adds an ownerReference or updates the config); a Service with a selector (an
+# earlier version's) is deleted and made again without one.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["delete"]
+# The rendezvous Service's EndpointSlice: the address of the worker 0 the operator created, written
+# by the operator (a selector would route by labels any pod may copy).
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
   verbs: ["get", "create", "patch"]
 {{- if .Values.networkPolicy.enabled }}
 # Each job's NetworkPolicy (only its own pods reach its workers): created, or adopted and brought

@@ -66,7 +66,8 @@ class ChildConflict(Exception):
 
 
 #: Collection names of the children ``create_or_adopt`` makes.
-_CHILD_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "NetworkPolicy": "networkpolicies"}
+_CHILD_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "NetworkPolicy": "networkpolicies",
+                  "EndpointSlice": "endpointslices"}
 
 
 def adoptable(existing: dict[str, Any], owner_uid: str) -> str:
@@ -122,8 +123,8 @@ def load_api_client(kubeconfig: str | None = None, connections: int = 64) -> k8s
     return k8s.ApiClient(configuration)
 
 
-_RESOURCES = ["pods", "configmaps", "services", "networkpolicies", "events", "leases", "secrets", PLURAL, "rlexperiments",
-              "tokenreviews", "subjectaccessreviews", "selfsubjectaccessreviews"]
+_RESOURCES = ["pods", "configmaps", "services", "networkpolicies", "endpointslices", "events", "leases", "secrets",
+              PLURAL, "rlexperiments", "tokenreviews", "subjectaccessreviews", "selfsubjectaccessreviews"]
 
 
 def count_resources(*plurals: str) -> None:
@@ -347,13 +348,14 @@ class Kube:
         return f"{path}/{quote(name)}" if name else path
 
     def create_or_adopt(self, obj: dict[str, Any], owner_uid: str, compare_data: bool = False,
-                        compare_spec: bool = False, look_first: bool = False) -> dict[str, Any]:
+                        compare_spec: bool = False, look_first: bool = False,
+                        compare_fields: tuple[str, ...] = ()) -> dict[str, Any]:
         """Create ``obj``; if its name is taken, keep or adopt the existing one, or raise ``ChildConflict``.
 
         Kept: controlled by ``owner_uid``. Adopted (ownerReference added): no controller, and the
         operator's marker for this very job (``adoptable``). Anything else: ``ChildConflict``.
         A kept or adopted object is brought up to date: its ``data`` with ``compare_data``, its
-        ``spec`` (replaced exactly) with ``compare_spec``.
+        ``spec`` (replaced exactly) with ``compare_spec``, the top-level ``compare_fields`` (replaced whole).
         ``look_first``: GET before the POST (one request instead of a refused POST and a GET, where
         the object most likely exists already: a gang restarted).
         """
@@ -388,11 +390,24 @@ class Kube:
             patch["data"] = {k: obj.get("data", {}).get(k) for k in set(existing.get("data") or {}) | set(obj["data"])}
         if compare_spec and existing.get("spec") != obj["spec"]:
             patch["spec"] = _replacing(existing.get("spec") or {}, obj["spec"])
+        patch.update({k: obj.get(k) for k in compare_fields if existing.get(k) != obj.get(k)})
         if not patch:
             return existing
         return self.request(
             "PATCH", self.child_path(obj, name), patch, content_type="application/merge-patch+json"
         )
+
+    def recreate_child(self, obj: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
+        """Delete ``existing`` (by uid: only that object) and create ``obj`` in its place; what the API server
+        created. For a field that cannot be taken back by a patch without leaving something behind."""
+        meta = existing["metadata"]
+        body = {"propagationPolicy": "Background", "preconditions": {"uid": meta["uid"]}}
+        try:
+            self.request("DELETE", self.child_path(obj, meta["name"]), body)
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone already, or replaced by someone else: the create says which
+                raise
+        return self.request("POST", self.child_path(obj), obj, query={"fieldManager": FIELD_MANAGER})  # type: ignore[no-any-return]
 
     def get_child(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """The object named as ``obj`` (same kind, namespace and name); None if there is none."""

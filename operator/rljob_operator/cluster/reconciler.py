@@ -11,26 +11,30 @@ in this order, which is what makes an interrupted reconcile converge:
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
    before any pod (a pod no policy selects accepts traffic from anywhere);
 4. the missing pods, under their deterministic names, created concurrently; the UIDs the API
-   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods may
-   speak for the job in the status API) with the job's next status write: the next reconcile's,
-   which the pods' own watch events bring a second later, before any trainer in them has started
-   (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
+   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods are the
+   job's gang and may speak for it in the status API) with the job's next status write: the next
+   reconcile's, which the pods' own watch events bring a second later, before any trainer in them has
+   started (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
+   until a status read shows them, the reconciler's memory of its creates makes them the job's;
+   then the Service's EndpointSlice, when the address of the worker 0 the operator created changed
+   (the rendezvous: ``children.desired_rendezvous``);
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
-can produce a second pod for a name (a crash between a create and its record leaves a pod the
-status API does not hear: the startup or stall timeout restarts its gang, whose pods are
-recorded). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
+can produce a second pod for a name (a crash between a create and its record leaves a pod no
+record names: the next reconcile takes it for a stranger, deletes it and creates it again, recorded;
+nothing on the pod could prove the operator made it, ``decisions.createdpods``). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,7 +50,7 @@ from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.createdpods import CREATED_PODS
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
-from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.observed import ObservedPod, controller_uid
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
@@ -137,8 +141,11 @@ class Reconciler:
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
         name → when (monotonic)."""
         self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
-        """Per job (namespace, name, uid), pods it created whose UIDs no status write has recorded yet: the job's
-        next status write records them (``_write_status``)."""
+        """Per job (namespace, name, uid), pods it created whose UIDs no status it read records yet: they are the
+        job's (``_observe``), and its next status write records them (``_write_status``)."""
+        self._rendezvous: dict[tuple[str, str], tuple[str, str | None]] = {}
+        """Per job, its uid and the endpoints (JSON) its rendezvous EndpointSlice was last seen or written with
+        (None: it has none)."""
         self._children_verified: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the gang generation for which its ConfigMap, Service and NetworkPolicy were
         last created or checked."""
@@ -180,26 +187,28 @@ class Reconciler:
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self._children_verified.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
+            self._rendezvous.pop((namespace, name), None)
             for key in [k for k in self._unrecorded if k[:2] == (namespace, name)]:
                 del self._unrecorded[key]
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
+        self._forget_recorded(raw)
         try:
             job = parse_job(raw, f"{namespace}/{name}")
         except ManifestError as e:
             cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
             pods = cached if cached is not None else self._list_pods(namespace, name)
-            plan = plan_invalid(raw, e.problems, now, self._observe(pods, raw["metadata"]["uid"]),
-                                self.force_delete_after)
-            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
-        uid = job_uid(job)
+            observed, record = self._observe(raw, pods)
+            plan = plan_invalid(raw, e.problems, now, observed, self.force_delete_after)
+            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         capacity = self.capacity() if job.spec.autoscaling.policy == ScalingPolicy.capacity else None
         cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
         pods = cached if cached is not None else self._list_pods(namespace, name)
-        gated = self._observe_gates(job, uid)
+        gated = self._observe_gates(job, job_uid(job))
         gates = tuple(g for _, g in gated)
-        plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
+        observed, record = self._observe(raw, pods)
+        plan = plan_reconcile(job, observed, now, self.endpoint,
                               self.force_delete_after, capacity, self.profile, self.network, gates)
         if cached is not None and raw.get("status") and (
                 plan.gang_restart or plan.replaced_workers or self._gates_recheck(plan)
@@ -213,10 +222,9 @@ class Reconciler:
             # was confirmed gone by the watch, or never created (its name is deterministic, so a
             # create that still finds it refuses, and creates nothing twice).
             pods = self._list_pods(namespace, name)
-            plan = plan_reconcile(job, self._observe(pods, uid), now, self.endpoint,
+            observed, record = self._observe(raw, pods)
+            plan = plan_reconcile(job, observed, now, self.endpoint,
                                   self.force_delete_after, capacity, self.profile, self.network, gates)
-        status = raw.get("status") or {}
-        record = None if CREATED_PODS in status else createdpods.seed(status, self._observe(pods, uid))
         requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
         unwatched = [c.unwatched_requeue for c, _ in gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
@@ -240,8 +248,18 @@ class Reconciler:
             del self._created[(namespace, name)]
         return any(p["metadata"]["name"] in created for p in plan.create_pods)
 
-    def _observe(self, pods: list[dict[str, Any]], uid: str) -> list[ObservedPod]:
-        return [ObservedPod.from_pod(p, uid, self.node_gone) for p in pods]
+    def _observe(self, raw: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[list[ObservedPod], dict[str, str] | None]:
+        """The job's pods as the decisions see them, and what this reconcile's status write seeds
+        ``status.createdPods`` with (``createdpods.seed``; None: nothing).
+
+        A pod is the job's only if the operator created it (``ObservedPod.owned``): its UID is in the
+        record, in the seed, or among the creates this reconciler made that no status it read shows yet.
+        """
+        uid = raw["metadata"]["uid"]
+        status = raw.get("status") or {}
+        record = createdpods.seed(status, pods, uid)
+        created = createdpods.known(status, record, self._unrecorded.get(self._job_key(raw)))
+        return [ObservedPod.from_pod(p, uid, created, self.node_gone) for p in pods], record
 
     # ------------------------------------------------------------ admission gates
     def _observe_gates(self, job: RLTrainingJob, uid: str) -> list[tuple[GateClient, Gated[Any]]]:
@@ -317,8 +335,6 @@ class Reconciler:
         the same way, its status recording the pods created before the refusal.
         """
         meta = raw["metadata"]
-        if record is None and not (raw.get("status") or {}):
-            record = createdpods.seed({}, [])  # a job's first status write starts its record (plan_invalid's too)
         stored = self._write_status(raw, raw.get("status") or {}, plan, record)
         for gate, writes in plan.gate_writes.items():  # right after the status
             self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
@@ -335,6 +351,7 @@ class Reconciler:
                      refusal.status or "ChildConflict", rest.status.get("reason") or "nothing more to do")
             self._write_status(raw, stored, rest)
             plan = rest
+        self._write_rendezvous(raw, plan.rendezvous)
         return self._finish(raw, plan, now)
 
     def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan,
@@ -347,7 +364,6 @@ class Reconciler:
         patch = {**plan.status, **self._record_patch(stored, record, unrecorded)}
         if _status_changed(stored, patch):
             self._patch_status(raw, patch)
-        self._recorded(key, unrecorded)  # (a write that failed raised: they stay for the next)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
         return _merge_patch(stored, patch)
@@ -364,13 +380,17 @@ class Reconciler:
         entries = {**(record or {}), **new}
         return {CREATED_PODS: entries} if entries or CREATED_PODS not in stored else {}
 
-    def _recorded(self, key: tuple[str, str, str], written: dict[str, str]) -> None:
-        """Forget the pods a status write recorded (a newer pod created under a name since stays)."""
+    def _forget_recorded(self, raw: dict[str, Any]) -> None:
+        """Forget the pods created for the job that its status, as read, records (a newer pod created under a
+        name since stays). Not when the write is sent: until a status read shows them, the reconciler's memory
+        is what makes them the job's (``_observe``), and a write the API server took sends nothing new."""
+        key = self._job_key(raw)
         pending = self._unrecorded.get(key)
         if pending is None:
             return
-        for name, uid in written.items():
-            if pending.get(name) == uid:
+        recorded = (raw.get("status") or {}).get(CREATED_PODS) or {}
+        for name, uid in list(pending.items()):
+            if recorded.get(name) == uid:
                 del pending[name]
         if not pending:
             del self._unrecorded[key]
@@ -401,10 +421,10 @@ class Reconciler:
             verified = self._children_verified.get((namespace, name))
             if verified is None or verified[0] != uid or not generations <= {verified[1]}:
                 look_first = verified is not None and verified[0] == uid
-                children = [
+                children: list[Future[Any]] = [
                     self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True,
                                       look_first=look_first),
-                    self._pool.submit(self.kube.create_or_adopt, plan.children.service, uid, look_first=look_first),
+                    self._pool.submit(self._service, plan.children.service, uid, look_first),
                 ]
                 if plan.children.networkpolicy is not None:
                     children.append(self._pool.submit(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
@@ -427,6 +447,41 @@ class Reconciler:
             self._unrecorded[key] = {**self._unrecorded.get(key, {}), **createdpods.created(made)}
         if refused is not None:
             raise refused
+
+    def _service(self, service: dict[str, Any], uid: str, look_first: bool) -> None:
+        """The job's headless Service, created or adopted; one with a selector (an earlier version's) is made
+        again without: a selector routes by labels anyone may copy, and the slices Kubernetes made for it would
+        outlive the selector's removal (the EndpointSlice controller leaves a Service without one alone), while
+        they go with the Service (its ownerReference)."""
+        existing = self.kube.create_or_adopt(service, uid, look_first=look_first)
+        if (existing.get("spec") or {}).get("selector"):
+            meta = service["metadata"]
+            log.info("%s/%s: the Service selects pods by labels: making it again without a selector",
+                     meta["namespace"], meta["name"])
+            self.kube.recreate_child(service, existing)
+
+    def _write_rendezvous(self, raw: dict[str, Any], desired: dict[str, Any] | None) -> None:
+        """Bring the job's rendezvous EndpointSlice to ``desired`` (``Plan.rendezvous``; None: not touched) when
+        its endpoints changed: one request when worker 0 gets its address, one when it goes. Never created
+        without an endpoint (until the worker 0 the operator created has an address, its name need not resolve).
+        What is stored is remembered; after a restart it is looked at once (none for a job without status)."""
+        if desired is None:
+            return
+        meta = raw["metadata"]
+        key, uid = (meta["namespace"], meta["name"]), meta["uid"]
+        endpoints = json.dumps(desired["endpoints"], sort_keys=True)
+        known = self._rendezvous.get(key)
+        stored: str | None = None  # the endpoints of this job's slice as stored (None: it has none)
+        if known is not None and known[0] == uid:
+            stored = known[1]
+        elif raw.get("status"):
+            existing = self.kube.get_child(desired)
+            if existing is not None and controller_uid(existing) == uid:
+                stored = json.dumps(existing.get("endpoints") or [], sort_keys=True)
+        write = stored != endpoints and (stored is not None or bool(desired["endpoints"]))
+        if write:
+            self.kube.create_or_adopt(desired, uid, look_first=stored is not None, compare_fields=("endpoints", "ports"))
+        self._rendezvous[key] = (uid, endpoints if write or stored is not None else None)
 
     @staticmethod
     def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:

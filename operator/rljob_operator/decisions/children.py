@@ -1,7 +1,8 @@
 """The children of an RLTrainingJob, as plain dicts built from its spec (pure).
 
-A job owns a ConfigMap and a headless Service, both named after the job, a NetworkPolicy
-``<job>-workers`` (when the platform has them on: ingress, and egress as ``decisions.egress`` says), and one pod per worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs twice or
+A job owns a ConfigMap and a headless Service, both named after the job, the Service's EndpointSlice
+``<job>-rendezvous`` (worker 0's address), a NetworkPolicy ``<job>-workers`` (when the platform has them on:
+ingress, and egress as ``decisions.egress`` says), and one pod per worker, ``<job>-worker-<i>``. Names are deterministic, so a reconcile that runs twice or
 after a crash finds what it made and never makes a second copy; ownerReferences let the
 garbage collector delete everything with the job.
 
@@ -26,6 +27,7 @@ from rljob_contract.job import RestartPolicy, RLTrainingJob
 
 from rljob_operator.decisions.checkpoints import claim_volumes, credential_volumes, mounted_checkpoint
 from rljob_operator.decisions.egress import Egress, egress_rules
+from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_JOB_GENERATION,
@@ -35,7 +37,10 @@ from rljob_operator.names import (
     CONTAINER,
     LABEL_GANG_GENERATION,
     LABEL_JOB,
+    LABEL_SERVICE_NAME,
+    LABEL_SLICE_MANAGED_BY,
     LABEL_WORKER_INDEX,
+    MANAGED_BY,
     METRICS_PORT,
     OUTPUT_DIR,
     RDZV_PORT,
@@ -52,6 +57,7 @@ from rljob_operator.names import (
     networkpolicy_name,
     owner_reference,
     rendezvous_endpoint,
+    rendezvous_name,
     run_id,
     service_name,
     worker_name,
@@ -110,15 +116,20 @@ def desired_configmap(job: RLTrainingJob, endpoint: StatusEndpoint | None = None
     }
 
 
+#: The ports of the rendezvous Service and its EndpointSlice.
+_PORTS = (("rendezvous", RDZV_PORT), ("metrics", METRICS_PORT))
+
+
 def desired_service(job: RLTrainingJob) -> dict[str, Any]:
     """Headless Service giving worker 0, which hosts the rendezvous, its DNS name.
 
-    It selects worker 0 only: the other workers reach worker 0 by that name and are reached by
+    Only worker 0 needs one: the other workers reach worker 0 by that name and are reached by
     the addresses they announce in the rendezvous (their own names resolve from the pod's
-    /etc/hosts), so no worker's DNS record is needed but worker 0's. A Service selecting every
-    worker makes the endpoint controllers re-sync it on each of the gang's pod events: with
-    a thousand jobs Running, the kube-controller-manager cost of restarted gangs quadruples.
-    Not-ready addresses are published: workers rendezvous long before they are Ready.
+    /etc/hosts). No selector: a selector chooses pods by labels, which anyone who may create a
+    pod in the namespace can copy (with ``spec.hostname`` set to worker 0's, such a pod would answer
+    for worker 0's name beside it). The operator writes the Service's one EndpointSlice itself,
+    with the address of the worker 0 it created (``desired_rendezvous``); EndpointSlices are not
+    the namespace's users' to write (Kubernetes' aggregated roles have never granted it).
     """
     name = job.metadata.name
     return {
@@ -128,12 +139,40 @@ def desired_service(job: RLTrainingJob) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_JOB: name, LABEL_WORKER_INDEX: "0"},
-            "ports": [
-                {"name": "rendezvous", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
-            ],
+            "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}
+                      for port_name, port in _PORTS],
         },
+    }
+
+
+def desired_rendezvous(job: RLTrainingJob, worker0: ObservedPod | None) -> dict[str, Any]:
+    """The EndpointSlice of the job's headless Service: ``worker0`` (the operator's own, of the current gang)
+    under its hostname, once it has an address; no endpoint otherwise.
+
+    Ready, whatever the pod's readiness: the workers rendezvous long before they are Ready (CoreDNS
+    answers only for ready endpoints). Owned by the job, as its other children are.
+    """
+    name = job.metadata.name
+    metadata = _metadata(job, rendezvous_name(name), "rendezvous")
+    metadata["labels"].update({LABEL_SERVICE_NAME: service_name(name), LABEL_SLICE_MANAGED_BY: MANAGED_BY})
+    endpoints = []
+    if worker0 is not None and worker0.pod_ip:
+        endpoint: dict[str, Any] = {
+            "addresses": [worker0.pod_ip],
+            "hostname": worker_name(name, 0),
+            "conditions": {"ready": True},
+            "targetRef": {"kind": "Pod", "namespace": job_namespace(job), "name": worker0.name, "uid": worker0.uid},
+        }
+        if worker0.node:
+            endpoint["nodeName"] = worker0.node
+        endpoints.append(endpoint)
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": metadata,
+        "addressType": "IPv6" if worker0 is not None and ":" in (worker0.pod_ip or "") else "IPv4",
+        "ports": [{"name": port_name, "port": port, "protocol": "TCP"} for port_name, port in _PORTS],
+        "endpoints": endpoints,
     }
 
 

@@ -19,6 +19,15 @@ The record starts with the job: the first status write of a job carries an empty
 pod someone made before the operator looked cannot be taken for the job's. A job whose status an operator
 of an earlier version wrote (status, but no record) gets its present workers recorded once, the pods its
 UID controls: what that version trusted.
+
+The same record decides which pods are the job's gang (``known``, read by ``ObservedPod.from_pod``): a pod
+with the job's labels, name or ownerReference whose UID is not recorded is a stranger, which the
+decisions neither count nor let decide a phase. Between a create and the status write that records it
+the operator remembers the answer itself (the reconciler's ``pending``). A crash in that moment (the
+gang's pods are recorded by the next reconcile, a second later) loses that memory: nothing on a pod
+proves the operator made it (its ``managedFields`` name the field manager its *client* chose, and a tenant
+may choose the operator's), so such a pod is taken for a stranger, deleted, and created again, recorded.
+One pod created twice after a rare crash, rather than a rule a tenant can satisfy.
 """
 
 from __future__ import annotations
@@ -28,23 +37,35 @@ from typing import Any
 
 from rljob_contract.job import RLTrainingJobStatus
 
-from rljob_operator.decisions.observed import ObservedPod
+from rljob_operator.decisions.observed import controller_uid
 
 #: ``status.createdPods``.
 CREATED_PODS = RLTrainingJobStatus.model_fields["created_pods"].alias or "createdPods"
 
 
-def seed(stored_status: Mapping[str, Any], observed: Iterable[ObservedPod]) -> dict[str, str] | None:
+def seed(stored_status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], job_uid: str) -> dict[str, str] | None:
     """What a reconcile's status write adds to the record before any pod is created; None when it has one.
 
     A job without status (no operator wrote it yet): an empty record. A job with status but no record (an
-    earlier operator ran it): the observed pods its UID controls, by name (``ObservedPod.owned``).
+    earlier operator ran it): the pods (JSON) its UID controls, by name (``ObservedPod.claimed``).
     """
     if CREATED_PODS in stored_status:
         return None
     if not stored_status:
         return {}
-    return {p.name: p.uid for p in observed if p.owned and p.uid}
+    out = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("name") and meta.get("uid") and controller_uid(pod) == job_uid:
+            out[str(meta["name"])] = str(meta["uid"])
+    return out
+
+
+def known(stored_status: Mapping[str, Any], seeded: Mapping[str, str] | None,
+          pending: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The pods the operator created for a job, name → UID: the stored record, what this reconcile's write
+    seeds it with (``seed``), and ``pending``, pods the operator created whose record is not written yet."""
+    return {**(stored_status.get(CREATED_PODS) or {}), **(seeded or {}), **(pending or {})}
 
 
 def created(pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:

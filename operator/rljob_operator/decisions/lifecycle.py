@@ -49,6 +49,7 @@ from rljob_operator.decisions.situation import (
     holding_pods,
     settled,
     stopping_look,
+    stranger_events,
     stuck_terminating,
 )
 from rljob_operator.integrations.gate import Gated, Outcome
@@ -381,8 +382,8 @@ def plan_invalid(raw: dict[str, Any], problems: list[str], now: datetime, pods: 
                                      now=now), INVALID_SPEC_FIELDS)
     same = prev.reason == "InvalidSpec" and prev.message == message
     left = holding_pods(pods)
-    stuck = stuck_terminating([p for p in pods if p.owned or p.orphan], now, force_delete_after)
-    return Plan(status=status, events=[] if same else [Event("Warning", "InvalidSpec", message)],
+    stuck = stuck_terminating([p for p in pods if p.claims_job], now, force_delete_after)
+    return Plan(status=status, events=stranger_events(pods) + ([] if same else [Event("Warning", "InvalidSpec", message)]),
                 delete_pods=[p.name for p in left if not p.deleting], force_delete_pods=stuck,
                 requeue_after=stopping_look(left, now, force_delete_after))
 

@@ -1,7 +1,16 @@
-"""What the operator observes (pure): worker pods as seen (what a failed one means: ``failure.observe``)."""
+"""What the operator observes (pure): worker pods as seen (what a failed one means: ``failure.observe``).
+
+Which pods are the job's: only those the operator created for it (``ObservedPod.owned``). A pod's labels,
+name and ownerReferences are written by whoever creates it, and anyone who may create pods in the
+namespace can copy every one of them (the job's UID is public); the UID the API server gives a pod is not
+chosen by its creator, and the operator records the UIDs of the pods it creates (``createdpods``). A pod
+that claims the job without being one it created is a *stranger* (``ObservedPod.stranger``): it is never
+counted and decides nothing, and the operator deletes it (``Situation.strangers``).
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,8 +20,31 @@ from rljob_operator.names import (
     ANNOTATION_SPEC_HASH,
     CONTAINER,
     LABEL_GANG_GENERATION,
+    LABEL_JOB,
     LABEL_WORKER_INDEX,
 )
+
+
+def controller_uid(pod: Mapping[str, Any]) -> str | None:
+    """The UID its controller ownerReference names (None: no controller). Its creator wrote it: a claim, not a proof."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return next((str(ref.get("uid")) for ref in refs if ref.get("controller")), None)
+
+
+def creating_manager(pod: Mapping[str, Any]) -> str | None:
+    """The field manager that wrote the pod's spec (``managedFields``: a pod's spec cannot be changed but for
+    its images, so that is its creator). The client chooses that name (``?fieldManager=``, ``kubectl
+    --field-manager``), so it says who *claims* to have made the pod: for people, never for a decision."""
+    for entry in (pod.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") and not entry.get("subresource") and "f:spec" in (entry.get("fieldsV1") or {}):
+            return str(entry["manager"])
+    return None
+
+
+def _worker_named(name: str, labels: Mapping[str, Any]) -> bool:
+    """Named as the operator names the workers of the job its label names (``<job>-worker-<i>``)."""
+    job = labels.get(LABEL_JOB)
+    return isinstance(job, str) and re.fullmatch(re.escape(job) + r"-worker-[0-9]+", name) is not None
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -32,11 +64,15 @@ class ObservedPod:
     spec_hash: str | None
     job_generation: int | None
     """``metadata.generation`` of the job when this pod was built."""
-    owned: bool
-    """Controlled by this job object (ownerReference uid); a pod left by a deleted job of
-    the same name is not, and blocks its name until the garbage collector removes it."""
+    claimed: bool
+    """Its controller ownerReference names this job object's UID: what its creator wrote, which anyone may
+    (the UID is public). A pod left by a deleted job of the same name names that job, and blocks its name
+    until the garbage collector removes it."""
+    created: bool
+    """The operator created it for this job: the API server gave the operator this UID for this name
+    (``status.createdPods``, or a create of this operator whose record is not written yet)."""
     orphan: bool
-    """Controlled by nothing (its job was deleted with ``--cascade=orphan``)."""
+    """Controlled by nothing (its job was deleted with ``--cascade=orphan``, or someone made it so)."""
     phase: str
     scheduled: bool
     ready: bool
@@ -58,6 +94,30 @@ class ObservedPod:
     node_lost: bool = False
     """Its node was deleted: no kubelet will run it or confirm its deletion (force-deleted at once)."""
     uid: str | None = None
+    worker_named: bool = False
+    """Holds one of the job's worker names (``<job>-worker-<i>``)."""
+    creator: str | None = None
+    """Who its creator said it was (``creating_manager``): for the ForeignPod Event, never for a decision."""
+    pod_ip: str | None = None
+    """status.podIP: where worker 0 is reached for the rendezvous."""
+
+    @property
+    def owned(self) -> bool:
+        """One of the job's pods: created by the operator for the job, and still claiming it."""
+        return self.claimed and self.created
+
+    @property
+    def claims_job(self) -> bool:
+        """The job's to manage: its controller is the job, or it has no controller and holds a worker's name
+        (a leftover of a namesake deleted with ``--cascade=orphan``, or a copy). The operator deletes such a
+        pod when it is not one of the job's; a pod another object controls, or an orphan under another name,
+        is never its to delete, only to ignore."""
+        return self.claimed or (self.orphan and self.worker_named)
+
+    @property
+    def stranger(self) -> bool:
+        """Claims the job (``claims_job``) though the operator did not create it for the job."""
+        return self.claims_job and not self.created
 
     @property
     def finished(self) -> bool:
@@ -68,14 +128,15 @@ class ObservedPod:
         return not self.finished and not self.deleting
 
     @classmethod
-    def from_pod(cls, pod: dict[str, Any], job_uid: str,
+    def from_pod(cls, pod: dict[str, Any], job_uid: str, created: Mapping[str, str],
                  node_gone: Callable[[str | None], bool] | None = None) -> ObservedPod:
-        """``node_gone``: whether a node was deleted (the operator's Node watch; None: unknown)."""
+        """``created``: the pods the operator created for the job, name → UID (``createdpods.known``);
+        ``node_gone``: whether a node was deleted (the operator's Node watch; None: unknown)."""
         meta, status = pod.get("metadata", {}), pod.get("status") or {}
         node = (pod.get("spec") or {}).get("nodeName")
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        controllers = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
-        owned = any(ref.get("uid") == job_uid for ref in controllers)
+        controller = controller_uid(pod)
+        name, uid = meta.get("name", ""), meta.get("uid")
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         scheduled_cond = conditions.get("PodScheduled", {})
         unschedulable = None
@@ -91,14 +152,15 @@ class ObservedPod:
             if cs.get("name") == CONTAINER and wait.get("reason") not in (None, "ContainerCreating"):
                 waiting = f"{wait['reason']}: {wait.get('message') or ''}".strip().rstrip(":")
         return cls(
-            name=meta.get("name", ""),
-            uid=meta.get("uid"),
+            name=name,
+            uid=uid,
             index=_int_or_none(labels.get(LABEL_WORKER_INDEX)),
             generation=_int_or_none(labels.get(LABEL_GANG_GENERATION)),
             spec_hash=annotations.get(ANNOTATION_SPEC_HASH),
             job_generation=_int_or_none(annotations.get(ANNOTATION_JOB_GENERATION)),
-            owned=owned,
-            orphan=not controllers,
+            claimed=controller is not None and controller == job_uid,
+            created=bool(uid) and created.get(name) == uid,
+            orphan=controller is None,
             phase=status.get("phase") or "Pending",
             scheduled=bool((pod.get("spec") or {}).get("nodeName")) or scheduled_cond.get("status") == "True",
             ready=conditions.get("Ready", {}).get("status") == "True",
@@ -114,19 +176,24 @@ class ObservedPod:
             deleted_at=meta.get("deletionTimestamp"),
             node=node,
             node_lost=node is not None and node_gone is not None and node_gone(node),
+            worker_named=_worker_named(name, labels),
+            creator=creating_manager(pod),
+            pod_ip=status.get("podIP") or None,
         )
 
 
 _POD_METADATA = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "deletionTimestamp")
-_POD_STATUS = ("phase", "conditions", "containerStatuses", "message", "reason")
+_POD_STATUS = ("phase", "conditions", "containerStatuses", "message", "reason", "podIP")
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a pod ``ObservedPod.from_pod`` and the reconciler read (a tenth of its size:
-    no managedFields, no container specs), for the operator's watch cache of worker pods."""
+    of managedFields only who said they created it, no container specs), for the operator's watch cache."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    made_by = creating_manager(pod)
     return {
-        "metadata": {k: meta[k] for k in _POD_METADATA if k in meta},
+        "metadata": {k: meta[k] for k in _POD_METADATA if k in meta}
+        | ({"managedFields": [{"manager": made_by, "fieldsV1": {"f:spec": {}}}]} if made_by else {}),
         "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
         "status": {k: status[k] for k in _POD_STATUS if k in status},
     }

@@ -104,7 +104,7 @@ class Plan:
     ``gate_writes`` (the admission gates' own objects: Kueue's Workload), then ``delete_pods`` and
     ``force_delete_pods``, then
     ``children`` (ConfigMap, Service and NetworkPolicy: a pod no policy selects accepts traffic from anywhere, so the policy exists
-    before any pod), then ``create_pods``, then ``events``, then ``delete_job``.
+    before any pod), then ``create_pods``, then ``rendezvous``, then ``events``, then ``delete_job``.
     """
 
     status: dict[str, Any]
@@ -117,6 +117,9 @@ class Plan:
     """The ConfigMap (brought up to date), Service and NetworkPolicy (brought up to date) to create or
     adopt before any pod (None: not touched)."""
     create_pods: list[dict[str, Any]] = field(default_factory=list)
+    rendezvous: dict[str, Any] | None = None
+    """The EndpointSlice of the job's Service: the address of the worker 0 the operator created
+    (``children.desired_rendezvous``; None: not touched)."""
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None

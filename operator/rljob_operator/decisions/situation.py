@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar, overload
 from rljob_contract.job import Phase, RLTrainingJob, RLTrainingJobStatus, ScalingPolicy, ScalingStatus
 
 from rljob_operator.decisions.checkpoints import Durability, durability
-from rljob_operator.decisions.children import JobNetwork, desired_worker_pod, spec_hash
+from rljob_operator.decisions.children import JobNetwork, desired_rendezvous, desired_worker_pod, spec_hash
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     Children,
@@ -98,10 +98,24 @@ def stuck_terminating(pods: list[ObservedPod], now: datetime, after: float) -> l
 
 
 def holding_pods(pods: Sequence[ObservedPod]) -> list[ObservedPod]:
-    """Pods of the job (owned, or orphans with its label) that may still hold their node's resources: not
-    in a terminal phase. A quota is given back only once none is left, as a batch Job's terminal condition
-    waits for its terminating pods since Kubernetes 1.31; a pod that exited holds nothing."""
-    return [p for p in pods if (p.owned or p.orphan) and not p.finished]
+    """Pods that claim the job (``ObservedPod.claims_job``: its own, and strangers it deletes) that may still
+    hold their node's resources: not in a terminal phase. A quota is given back only once none is left, as a
+    batch Job's terminal condition waits for its terminating pods since Kubernetes 1.31; a pod that exited
+    holds nothing."""
+    return [p for p in pods if p.claims_job and not p.finished]
+
+
+def stranger_events(pods: Sequence[ObservedPod]) -> list[Event]:
+    """A ForeignPod Warning for each stranger (``ObservedPod.stranger``) not yet being deleted: the reconcile
+    that deletes it says so once, naming the pod and who its creator said it was."""
+    events = []
+    for p in pods:
+        if p.stranger and not p.deleting:
+            said = f" (its creator named itself {p.creator!r})" if p.creator else ""
+            events.append(Event("Warning", "ForeignPod",
+                                f"pod {p.name}{said} claims this job but the operator did not create it for the "
+                                "job: it is not counted, decides nothing, and is deleted"))
+    return events
 
 
 def stopping_look(holding: Sequence[ObservedPod], now: datetime, force_delete_after: float) -> float | None:
@@ -193,7 +207,7 @@ class Situation:
 
     @derived
     def force_delete(self) -> list[str]:
-        return stuck_terminating([p for p in self.pods if p.owned or p.orphan], self.now, self.force_delete_after)
+        return stuck_terminating([p for p in self.pods if p.claims_job], self.now, self.force_delete_after)
 
     @derived
     def holding(self) -> list[ObservedPod]:
@@ -262,13 +276,27 @@ class Situation:
         return {p.index: p for p in self.current}
 
     @derived
+    def rendezvous(self) -> dict[str, Any]:
+        """The EndpointSlice of the job's Service: the current gang's worker 0 (one the operator created), while
+        it is neither finished nor being deleted; no endpoint otherwise (``children.desired_rendezvous``)."""
+        worker0 = self.by_index.get(0)
+        return desired_rendezvous(self.job, worker0 if worker0 is not None and worker0.active else None)
+
+    @derived
     def stale_deletions(self) -> list[str]:
-        """Pods of old gangs or beyond the size, and orphans, not yet being deleted."""
+        """Pods of old gangs or beyond the size, orphans under the job's worker names, and strangers, not yet
+        being deleted."""
         stale = [p for p in self.owned if p not in self.current]
-        # Orphans carrying this job's label (a namesake deleted with --cascade=orphan) would block the
-        # gang's names for ever; nothing else manages them.
-        stale += [p for p in self.pods if p.orphan]
+        # Orphans under a worker's name (a namesake deleted with --cascade=orphan) would block the gang's
+        # names for ever, and so would strangers (pods claiming the job the operator did not create):
+        # nothing else manages them.
+        stale += [p for p in self.pods if p.claims_job and not p.owned]
         return [p.name for p in stale if not p.deleting]
+
+    @derived
+    def strangers(self) -> list[str]:
+        """Strangers (``ObservedPod.stranger``) not yet being deleted: every Plan deletes them."""
+        return [p.name for p in self.pods if p.stranger and not p.deleting]
 
     # ------------------------------------------------------------ admission gates
     @derived
@@ -359,20 +387,25 @@ class Situation:
         )
 
     def plan(self, d: StatusDraft, *, delete: list[str], events: list[Event], requeue_after: float | None,
-             gang_restart: str | None = None, create: list[dict[str, Any]] | None = None) -> Plan:
+             gang_restart: str | None = None, create: list[dict[str, Any]] | None = None,
+             serving: bool = True) -> Plan:
         """A Plan writing draft ``d``; the phase-change Event follows ``events``.
 
         Pods are created with the ConfigMap and Service they mount and resolve, and the
-        NetworkPolicy that admits their traffic (``Children``).
+        NetworkPolicy that admits their traffic (``Children``). Strangers are deleted, whatever
+        the step decided, each with its ForeignPod Event. ``serving``: the gang may run, and its
+        worker 0 is the rendezvous (False: no endpoint, as for a job that is stopping its pods).
         """
         status = self.status(d)
         return Plan(
             status=status_patch(status),
-            delete_pods=delete,
+            delete_pods=delete + [name for name in self.strangers if name not in delete],
             force_delete_pods=self.force_delete,
             children=Children(self.job, status, self.endpoint, self.network) if create else None,
             create_pods=create or [],
-            events=events + transition_event(self.prev.phase, d) + checkpoint_event(self.previous_conditions, d),
+            rendezvous=self.rendezvous if serving else desired_rendezvous(self.job, None),
+            events=stranger_events(self.pods) + events + transition_event(self.prev.phase, d)
+            + checkpoint_event(self.previous_conditions, d),
             requeue_after=requeue_after,
             gang_restart=gang_restart,
         )
@@ -398,6 +431,7 @@ def settled(ctx: Situation, d: StatusDraft, delete: list[str], events: list[Even
     expired, left = _ttl(ctx.job, d.completion_time, ctx.now)
     d.next_restart_time = None
     looks = [t for t in (left, ctx.stopping_look()) if t is not None]
-    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=min(looks) if looks else None)
+    plan = ctx.plan(d, delete=delete, events=events or [], requeue_after=min(looks) if looks else None,
+                    serving=False)
     plan.delete_job = expired and not ctx.holding
     return plan

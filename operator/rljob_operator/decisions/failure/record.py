@@ -16,7 +16,7 @@ from rljob_operator.decisions.failure.classify import Verdict
 from rljob_operator.decisions.failure.observe import Observation
 from rljob_operator.decisions.failure.respond import Fail, ReplaceInPlace, Response, RestartGang
 from rljob_operator.decisions.plan import Event, Plan, StatusDraft, status_patch, whole
-from rljob_operator.decisions.situation import WAIT_REQUEUE_SECONDS, Situation, settled
+from rljob_operator.decisions.situation import WAIT_REQUEUE_SECONDS, Situation, settled, stranger_events
 from rljob_operator.names import worker_name
 from rljob_operator.times import rfc3339
 
@@ -117,7 +117,7 @@ def _restart_plan(ctx: Situation, d: StatusDraft, seen: Observation, events: lis
         status=status_patch(ctx.status(d)),
         delete_pods=ctx.stale_deletions + delete,
         force_delete_pods=ctx.force_delete,
-        events=events + restart_event,
+        events=stranger_events(ctx.pods) + events + restart_event,
         requeue_after=requeue_after,
         gang_restart=gang_restart,
         replaced_workers=replaced_workers,

@@ -1,0 +1,121 @@
+"""Pods an ordinary tenant makes to pass for a job's workers, on the real API server (issue #43 point 3, the gang's
+side): the job's phase and gang are the operator's pods' alone, a stranger claiming the job is deleted, one that does
+not is left alone, and the rendezvous names only the worker 0 the operator created (``test_strangers.py`` for the
+decisions)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from rljob_contract.job import parse_job
+from rljob_operator.cluster.kube import FIELD_MANAGER
+from rljob_operator.decisions.children import desired_worker_pod
+
+from tests.cluster.waiting import wait_for
+from tests.support.operator import create_job, get_job, job_manifest, job_pods, wait_for_events, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+
+def _tenant_pod(tenant: Any, kube: Any, namespace: str, job: dict[str, Any], name: str, index: int,
+                meta: dict[str, Any], manager: str = "notebook") -> dict[str, Any]:
+    """What the tenant can make from what it may read: the worker's public shape (labels, spec, hostname), its
+    own annotations and ownerReferences, created with the field manager it chooses."""
+    pod = desired_worker_pod(parse_job(copy.deepcopy(job)), index, 0)
+    pod["metadata"] = {**pod["metadata"], "name": name, **meta,
+                       "annotations": {**pod["metadata"]["annotations"], **meta.get("annotations", {})}}
+    return tenant.request("POST", kube.core_path(namespace, "pods"), pod,  # type: ignore[no-any-return]
+                          query={"fieldManager": manager})
+
+
+def _claim(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A controller ownerReference naming the job: its UID is public."""
+    return [{"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
+             "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": False}]
+
+
+def _gone(kube: Any, namespace: str, pod: dict[str, Any]) -> bool:
+    uids = {p["metadata"]["uid"] for p in kube.list_pods(namespace, f"rljob.dev/job={pod['metadata']['labels']['rljob.dev/job']}")}
+    return pod["metadata"]["uid"] not in uids
+
+
+def _rendezvous(kube: Any, namespace: str, job: str) -> list[dict[str, Any]]:
+    """Every EndpointSlice serving the job's Service: what CoreDNS answers worker 0's name from."""
+    found = kube.request("GET", f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+                         query={"labelSelector": f"kubernetes.io/service-name={job}"})
+    return list(found.get("items") or [])
+
+
+def _worker0_only(kube: Any, namespace: str, job: str) -> dict[str, Any] | None:
+    """The Service's slices once they name worker 0 (the operator's: its UID in ``status.createdPods``), and only it."""
+    recorded = (get_job(kube, namespace, job).get("status") or {}).get("createdPods") or {}
+    slices = _rendezvous(kube, namespace, job)
+    endpoints = [e for s in slices for e in s.get("endpoints") or []]
+    if len(endpoints) != 1 or endpoints[0]["targetRef"]["uid"] != recorded.get(f"{job}-worker-0"):
+        return None
+    return {"slices": slices, "endpoint": endpoints[0]}
+
+
+def test_a_tenants_worker_0_made_before_the_operator_does_not_finish_the_job_and_is_replaced(
+        kube, namespace, operator, tenant_kube) -> None:
+    """The tenant makes ``early-worker-0`` (every label, the job's ownerReference, the operator's field manager)
+    before the operator has looked, and has it exit 0: once the operator runs, the job does not succeed; the
+    stranger is deleted with a ForeignPod Event, and the real worker 0 is created, recorded and given the
+    rendezvous name."""
+    job = create_job(kube, namespace, job_manifest("early", replicas=2))
+    fake = _tenant_pod(tenant_kube, kube, namespace, job, "early-worker-0", 0,
+                       {"ownerReferences": _claim(job), "annotations": {"rljob.dev/fake-exit-code": "0"}},
+                       manager=FIELD_MANAGER)
+    assert [m["manager"] for m in fake["metadata"]["managedFields"]] == [FIELD_MANAGER]  # the client's choice
+    wait_for(lambda: next((p["status"].get("phase") == "Succeeded" for p in job_pods(kube, namespace, "early")), False),
+             60, message="the tenant's worker 0 exited 0")
+
+    operator()
+    running = wait_phase(kube, namespace, "early", "Running", timeout=90)
+    assert _gone(kube, namespace, fake)
+    [event] = [e for e in wait_for_events(kube, namespace, "early", "ForeignPod") if e["reason"] == "ForeignPod"]
+    assert event["type"] == "Warning" and event["message"].startswith(f"pod early-worker-0 (its creator named itself "
+                                                                       f"'{FIELD_MANAGER}') claims this job")
+    status = running["status"]
+    assert "completionTime" not in status and status["workers"]["succeeded"] == 0
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "early")}
+    assert pods.keys() == {"early-worker-0", "early-worker-1"} and pods["early-worker-0"] != fake["metadata"]["uid"]
+    found = wait_for(lambda: _worker0_only(kube, namespace, "early"), 30, message="the rendezvous names worker 0")
+    assert found["endpoint"]["hostname"] == "early-worker-0" and status["createdPods"] == pods
+    assert "Completed" not in {e["reason"] for e in wait_for_events(kube, namespace, "early", "ForeignPod")}
+
+
+def test_pods_a_tenant_adds_to_a_running_gang_change_nothing_and_only_those_claiming_it_are_deleted(
+        kube, namespace, operator, tenant_kube) -> None:
+    """During a run the tenant adds a lookalike of worker 0 (every label, worker 0's hostname, controlled by its own
+    ConfigMap, exiting 0) and a pod claiming the job under another name (worker 1's labels, exiting 1). The job stays
+    Running with its two workers, nothing restarts, the claiming pod is deleted, the lookalike (not the operator's to
+    delete) is left alone, and no rendezvous answer ever names it."""
+    operator()
+    create_job(kube, namespace, job_manifest("mid", replicas=2))
+    job = wait_phase(kube, namespace, "mid", "Running", timeout=90)
+    wait_for(lambda: _worker0_only(kube, namespace, "mid"), 30, message="the rendezvous names worker 0")
+    owner = tenant_kube.request("POST", kube.core_path(namespace, "configmaps"), {"metadata": {"name": "notebooks"}})
+    lookalike = _tenant_pod(tenant_kube, kube, namespace, job, "mid-notebook", 0, {
+        "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "notebooks",
+                             "uid": owner["metadata"]["uid"], "controller": True}],
+        "annotations": {"rljob.dev/fake-exit-code": "0", "rljob.dev/fake-exit-after": "5s"}})
+    assert lookalike["spec"]["hostname"] == "mid-worker-0" and lookalike["spec"]["subdomain"] == "mid"
+    claiming = _tenant_pod(tenant_kube, kube, namespace, job, "mid-helper", 1, {
+        "ownerReferences": _claim(job), "annotations": {"rljob.dev/fake-exit-code": "1"}})
+
+    wait_for(lambda: _gone(kube, namespace, claiming), 60, message="the claiming stranger deleted")
+    wait_for(lambda: next((p["status"].get("phase") == "Succeeded" for p in job_pods(kube, namespace, "mid")
+                           if p["metadata"]["name"] == "mid-notebook"), False), 60, message="the lookalike exited 0")
+    events = wait_for_events(kube, namespace, "mid", "ForeignPod")
+    assert [e["message"].split()[1] for e in events if e["reason"] == "ForeignPod"] == ["mid-helper"]
+    status = wait_phase(kube, namespace, "mid", "Running")["status"]
+    assert (status["restarts"], status["workers"]["active"], status["workers"]["ready"]) == (0, 2, 2)
+    assert status["gangGeneration"] == job["status"]["gangGeneration"] and "completionTime" not in status
+    assert {p["metadata"]["name"] for p in job_pods(kube, namespace, "mid")} == {"mid-worker-0", "mid-worker-1",
+                                                                                  "mid-notebook"}
+    found = _worker0_only(kube, namespace, "mid")
+    assert found is not None and len(found["slices"]) == 1, found  # the operator's slice, and no selector's
+    assert lookalike["metadata"]["uid"] not in str(found)
