@@ -2,9 +2,9 @@
 SHELL := /bin/bash
 PY ?= .venv/bin/python
 PYTEST_ARGS ?=
-# Two pytest workers: the control-plane tests in one lane, the rest beside them (tests/conftest.py).
-# PYTEST_WORKERS=0 runs every test in one process, in file order.
-PYTEST_WORKERS ?= 2
+# Three pytest workers: two lanes of control-plane tests, each with its own control plane, and the rest
+# beside them (tests/conftest.py). PYTEST_WORKERS=0 runs every test in one process, in file order.
+PYTEST_WORKERS ?= 3
 # The shared venv holds dependencies only; the code comes from this checkout.
 export PYTHONPATH := $(CURDIR)/contract:$(CURDIR)/operator:$(CURDIR)/trainer:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
@@ -30,9 +30,14 @@ test: venv binaries lint check-wheel images ## Run every test (unit, trainer, S3
 test-fast: venv ## Unit tests only (no torchrun, no cluster)
 	$(PY) -m pytest -m "not trainer and not cluster and not s3 and not images" $(PYTEST_ARGS)
 
+# mypy's cache is the machine's, like the venv: a clean clone (CI) reuses it instead of checking every
+# module and its stubs again (35 s, against 1 s warm, on a 2-core machine). An entry whose source file's
+# hash differs is checked again, so clones with other code share it safely.
+MYPY_CACHE_DIR ?= $(or $(RLJOB_CACHE),$(HOME)/.cache/rljob)/mypy
+
 lint: venv ## ruff and mypy
 	.venv/bin/ruff check rljob contract operator trainer tests bench charts/rljob/hack tools
-	.venv/bin/mypy rljob contract/rljob_contract operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/algorithms \
+	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) .venv/bin/mypy rljob contract/rljob_contract operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/algorithms \
 		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py \
 		trainer/rljob_trainer/evaluation.py
 

@@ -24,19 +24,23 @@ os.environ["PYTHONPATH"] = os.pathsep.join(_PATHS + [p for p in os.environ.get("
 
 pytest_plugins = ["tests.cluster.fixtures", "tests.support.operator"]  # cluster and operator fixtures
 
+from tests.support import lanes  # noqa: E402 - after sys.path is set
 
-# ------------------------------------------------------------------ two lanes under pytest-xdist
-# `make test` runs pytest with two workers (`-n 2 --dist loadgroup`). Every test that needs the control
-# plane goes to one lane, in file order, so only one worker ever starts a control plane (a second would
-# double its CPU and its start-up); the other tests are spread over both workers. Most of a cluster
-# test's time is Kubernetes' own timers and waits, most of a trainer test's is real training, so the
-# two overlap. The trainer and unit tests run at a lower CPU priority, so the cluster lane's own
-# polling and the processes it starts in its session come first whenever both lanes want the two
-# cores; the local tests have no clocks of that kind (leases, heartbeats, force-delete deadlines).
-# With Linux's autogroup scheduling (on here), niceness weighs threads within one session only: a
-# process started in a session of its own (every control-plane component; a test's torchrun gang
-# started to be killed as a group; the S3 server) is scheduled as one group among equals.
+# ------------------------------------------------------------------ lanes under pytest-xdist
+# `make test` runs pytest with three workers (`-n 3 --dist loadgroup`). The tests that need the control
+# plane go to two lanes, in file order, each with its own control plane (it starts in 4 s and idles at
+# 1.5 CPU-seconds a minute): the real training runs against it (`*_training_cluster.py`, minutes of
+# torchrun) in one, every other one (mostly waits on Kubernetes' own timers and deadlines) in the other,
+# so neither waits behind the other. The third worker takes the rest, and each control-plane worker
+# joins it once its lane is done. The trainer and unit tests run at a lower CPU priority, so the
+# control-plane lanes' own polling and the processes they start in their session come first whenever
+# all want the two cores; the local tests have no clocks of that kind (leases, heartbeats, force-delete
+# deadlines). With Linux's autogroup scheduling (on here), niceness weighs threads within one session
+# only: a process started in a session of its own (every control-plane component; a test's torchrun
+# gang started to be killed as a group; the S3 server) is scheduled as one group among equals.
 CLUSTER_LANE = "cluster"
+#: The lane of the real training runs against the control plane (files ``*_training_cluster.py``).
+TRAINING_CLUSTER_LANE = "cluster-training"
 #: The niceness of the local tests and their processes while a cluster test may run beside them.
 LOCAL_LANE_NICENESS = 10
 
@@ -46,6 +50,22 @@ def needs_control_plane(item: pytest.Item) -> bool:
             or "control_plane" in getattr(item, "fixturenames", ()))
 
 
+def lane_of(item: pytest.Item) -> str | None:
+    """The control-plane lane of ``item``; None for a local test."""
+    if not needs_control_plane(item):
+        return None
+    return TRAINING_CLUSTER_LANE if item.path.name.endswith("_training_cluster.py") else CLUSTER_LANE
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    lanes.configure(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lanes.unconfigure(config)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the lanes' xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The real-node tests need root, host packages and on-demand binaries, and change the host's
     # network: unless selected by name they are deselected (not skipped: they are `make e2e`'s, and
@@ -57,20 +77,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if real_node:
             config.hook.pytest_deselected(items=real_node)
             items[:] = [item for item in items if item.get_closest_marker("realnode") is None]
-    for item in items:
-        if needs_control_plane(item):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_LANE))
+    lanes.assign(config, items, lane_of)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Grouped scheduling whatever ``--dist`` says (but ``each``): spread one by one, the cluster tests
-    would start a control plane in every worker."""
+    """The lanes whatever ``--dist`` says (but ``each``): spread one by one, the cluster tests would
+    start a control plane in every worker (``tests/support/lanes.py``)."""
     if config.getvalue("dist") == "each":
         return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    return LoadGroupScheduling(config, log)  # type: ignore[arg-type]
+    return lanes.LaneScheduling(config, log)  # type: ignore[arg-type]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -80,7 +96,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     wanted = 0 if needs_control_plane(item) else LOCAL_LANE_NICENESS
-    # Lowering it again needs root. Not needed otherwise: the cluster lane, the largest group, is
-    # handed out first, so its worker runs no local test before it.
+    # Lowering it again needs root. Not needed otherwise: the control-plane lanes, the largest groups,
+    # are handed out first, so their workers run no local test before them.
     with contextlib.suppress(PermissionError):
         os.setpriority(os.PRIO_PROCESS, 0, wanted)

@@ -75,7 +75,8 @@ def _real_node_line(plane: ControlPlane, images: tuple[str, ...]) -> str:
         return ""
     steps = ", ".join(f"{step} {seconds:.1f}s" for step, seconds in plane.real_node_start_seconds.items())
     return (f", real node {realnode.NODE_NAME} at {plane.real_node.gateway} ({steps}; "
-            f"images: base{''.join(', ' + image for image in images)})")
+            f"images: base{''.join(', ' + image for image in images)}; imported "
+            f"{len(plane.real_node_images['imported'])}, kept {len(plane.real_node_images['kept'])} from earlier nodes)")
 
 
 if __name__ == "__main__":

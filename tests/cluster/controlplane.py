@@ -120,6 +120,9 @@ class ControlPlane:
         """The real node's network and folder (None: none started)."""
         self.real_node_start_seconds: dict[str, float] = {}
         """How long each step of the real node's start took (containerd, images, node Ready, ...)."""
+        self.real_node_images: dict[str, list[str]] = {"imported": [], "kept": []}
+        """The images ``load_images`` imported into the real node's containerd, and those it kept (the
+        same image ID was there from an earlier node: ``nodeimages``)."""
 
     # ----------------------------------------------------------------- paths
     @property
@@ -351,6 +354,7 @@ class ControlPlane:
         realnode.save_host_settings(state)
         state.kube_proxy = binaries["kube-proxy"]
         state.api_port = layout.ports["apiserver"]  # recorded first: teardown removes the rule
+        realnode.claim_image_root(state)  # the images earlier nodes imported, when they left it clean
         # From here on a stop, or the next start's reaper after a crash, tears the node down.
         self._record.real_node = realnode.state_dict(state)
         self._record.save()
@@ -377,12 +381,14 @@ class ControlPlane:
         steps["total"] = time.monotonic() - clock
 
     def load_images(self, images: tuple[str, ...] | list[str], binaries: realnode.NodeBinaries | None = None) -> None:
-        """Copy images from the local podman storage into the real node's containerd (no registry)."""
+        """Copy images from the local podman storage into the real node's containerd (no registry), those
+        it lacks by image ID."""
         if self.real_node is None:
             raise ControlPlaneError("no real node: start with ClusterConfig(real_node=True)")
         binaries = binaries or realnode.real_node_bin_dir(build=False)
-        for image in images:
-            realnode.import_podman_image(binaries, self.real_node, image)
+        imported, kept = realnode.load_images(binaries, self.real_node, images)
+        self.real_node_images["imported"] += imported
+        self.real_node_images["kept"] += kept
 
     def _node_schedulable(self, name: str) -> bool:
         """Ready, and the node lifecycle controller has removed the taints it had while not Ready."""

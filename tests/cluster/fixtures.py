@@ -68,6 +68,10 @@ def control_plane(request: pytest.FixtureRequest):
         plane.start(build_binaries=False)
     except BinariesUnavailable as error:
         pytest.fail(f"{error}\nBuild them first: `make binaries` (tools/build-binaries.sh).")
+    if real:
+        steps = ", ".join(f"{step} {seconds:.1f}s" for step, seconds in plane.real_node_start_seconds.items())
+        print(f"real node up ({steps}); images imported {plane.real_node_images['imported']}, "
+              f"kept from an earlier node {plane.real_node_images['kept']}")
     try:
         yield plane
     finally:

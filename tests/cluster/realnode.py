@@ -39,9 +39,9 @@ from typing import Any
 
 import yaml
 
-from tests.cluster import pki
+from tests.cluster import nodeimages, pki
 from tests.cluster.binaries import REPO_ROOT
-from tests.cluster.processes import ProcessRecord, run_dir, stop_component
+from tests.cluster.processes import ProcessRecord, is_running, run_dir, stop_component
 
 NODE_NAME = "rljob-real-node"
 #: Label of the real node (its pods select it; kwok never manages it: it lacks kwok's annotation).
@@ -99,6 +99,8 @@ class RealNodeState:
     """``KUBE-FIREWALL`` did not exist before: teardown removes it and its jumps."""
     api_port: int = 0
     """kube-apiserver's port on 127.0.0.1, which pods reach as ``kubernetes.default`` (:func:`forward_api`)."""
+    image_root: str = ""
+    """containerd's root, kept between nodes for its images (``nodeimages``); empty: one in the node's folder."""
 
     @property
     def gateway(self) -> str:
@@ -118,6 +120,11 @@ class RealNodeState:
     def runc_root(self) -> Path:
         """runc's state folder (one subfolder per containerd namespace)."""
         return self.path("containerd", "state", "runc")
+
+    @property
+    def containerd_root(self) -> Path:
+        """containerd's root: its content store, metadata and snapshots."""
+        return Path(self.image_root) if self.image_root else self.path("containerd", "root")
 
 
 @dataclass(frozen=True)
@@ -255,7 +262,7 @@ def cni_config(state: RealNodeState) -> dict[str, Any]:
 def containerd_config(state: RealNodeState, binaries: NodeBinaries) -> str:
     """containerd's own root, state and socket; CRI settings this machine needs."""
     return f"""version = 2
-root = "{state.path('containerd', 'root')}"
+root = "{state.containerd_root}"
 state = "{state.path('containerd', 'state')}"
 # opt would create /opt/containerd; the rest are snapshotters this host has no use for.
 disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.aufs",
@@ -358,6 +365,20 @@ def import_pause_image(binaries: NodeBinaries, state: RealNodeState) -> None:
     """The sandbox image containerd's ``sandbox_image`` names, from the ``--real-node`` pause binary."""
     name = f"{PAUSE_REPOSITORY}:{binaries.pause_tag}"
     ctr(binaries, state, "images", "import", "-", input=pause_image_archive(Path(binaries["pause"]), name))
+
+
+def claim_image_root(state: RealNodeState) -> None:
+    """containerd's root from the machine's cache, with the images earlier nodes imported (``nodeimages``)."""
+    state.image_root = str(nodeimages.claim(nodeimages.image_root(), _unmount_under))
+
+
+def load_images(binaries: NodeBinaries, state: RealNodeState, images: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Import the ``images`` containerd lacks by image ID from the local podman storage: (imported, kept)."""
+    def node_ctr(*args: str) -> str:
+        return str(ctr(binaries, state, *args, text=True).stdout)
+
+    return nodeimages.load(state.containerd_root, images, node_ctr,
+                           lambda image: import_podman_image(binaries, state, image))
 
 
 def import_podman_image(binaries: NodeBinaries, state: RealNodeState, image: str) -> None:
@@ -554,11 +575,16 @@ def teardown(state_data: dict[str, Any], processes: Iterable[ProcessRecord]) -> 
         if name in by_name:
             stop_component(by_name[name], timeout=5.0)
     _kill_containers(state)
+    images_only = "containerd" in by_name and _forget_pods(state, by_name["containerd"])
     if "containerd" in by_name:
         stop_component(by_name["containerd"], timeout=5.0)
     _kill_shims(state)
     _kill_containers(state, delete=True)
     _unmount_under(Path(state.directory))
+    if state.image_root:
+        _unmount_under(Path(state.image_root))
+        if images_only:
+            nodeimages.mark_clean(Path(state.image_root))
     _ip("link", "del", state.bridge, check=False)
     if state.api_port:
         subprocess.run(["iptables", "-t", "nat", "-D", *_api_rule(state)], capture_output=True, check=False)
@@ -567,6 +593,22 @@ def teardown(state_data: dict[str, Any], processes: Iterable[ProcessRecord]) -> 
     if state.created_firewall_chain:
         _remove_firewall_chain()
     _restore_host(state)
+
+
+def _forget_pods(state: RealNodeState, containerd: ProcessRecord) -> bool:
+    """Leave only images in a kept root (``nodeimages.forget_pods``), while containerd still runs; False
+    when it does not run, or fails to: the next node then empties the root."""
+    if not state.image_root or not is_running(containerd.pid, containerd.exe):
+        return False
+    binaries = NodeBinaries(Path(state.kube_proxy).parent)  # containerd's ctr is the host's
+
+    def node_ctr(*args: str) -> str:
+        return str(ctr(binaries, state, *args, text=True, timeout=60).stdout)
+
+    try:
+        return nodeimages.forget_pods(node_ctr)
+    except (OSError, RealNodeError, subprocess.SubprocessError):
+        return False
 
 
 def _remove_firewall_chain() -> None:

@@ -130,10 +130,11 @@ def test_every_generated_page_is_current() -> None:
 def test_check_mode_reports_a_stale_page_and_writing_fixes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     module = gen_docs()
+    pages = rendered()  # before the patch below: rendered() asks the module, whose rendered is then the patch
     monkeypatch.setattr(module, "REPO", tmp_path)
     monkeypatch.setattr(module, "REFERENCE", tmp_path / "docs" / "reference")
     monkeypatch.setattr(module, "rendered", lambda: {tmp_path / "docs/reference" / p.name: t
-                                                     for p, t in rendered().items()})
+                                                     for p, t in pages.items()})
     assert module.main(["--check"]) == 1
     assert "docs/reference/cli.md: drifted from its source: run 'make generate'" in capsys.readouterr().err
     assert module.main([]) == 0 and module.main(["--check"]) == 0

@@ -93,7 +93,8 @@ def test_sigkilled_worker_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_
         stop(first[:1], signal.SIGTERM)  # the kubelet stops worker 0 when its pod is deleted
         job = wait_gang(kube, namespace, "e2e", 1)
         listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{own}/").get("Contents", [])
-        sealed = {int(o["Key"].split("/")[1].split("-")[1]) for o in listed if o["Key"].endswith("/rljob-manifest.json")}
+        sealed = {int(o["Key"][len(own) + 1:].split("/")[0].split("-")[1]) for o in listed
+                  if o["Key"].endswith("/rljob-manifest.json")}
         assert sealed, "the first gang sealed no checkpoint in the bucket"
         # Each rank's RNG states are in it, though each rank saved them in its own pod's folder.
         newest = {o["Key"].rsplit("/", 1)[1] for o in listed if o["Key"].startswith(f"{own}/checkpoint-{max(sealed)}/")}

@@ -62,7 +62,8 @@ def plane(host_before: dict[str, Any]) -> Iterator[ControlPlane]:
     cluster = ControlPlane(config=ClusterConfig(gpu_nodes=1, real_node=True))
     cluster.start(build_binaries=False)
     steps = ", ".join(f"{k} {v:.1f}s" for k, v in cluster.real_node_start_seconds.items())
-    print(f"control plane with a real node up in {time.monotonic() - started:.1f}s ({steps})")
+    print(f"control plane with a real node up in {time.monotonic() - started:.1f}s ({steps}); images "
+          f"imported {cluster.real_node_images['imported']}, kept {cluster.real_node_images['kept']}")
     try:
         yield cluster
     finally:

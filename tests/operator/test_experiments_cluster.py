@@ -505,7 +505,9 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
 
     _role(control_plane, namespace, "experiments-only", [
         {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments"], "verbs": ["get", "list", "create", "patch"]},
-        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["get", "list"]}], "alice")
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"], "verbs": ["get", "list"]},
+        # the platform's runtimes, by the shipped runtime-use policy (in force with the experiments' one)
+        {"apiGroups": ["rljob.dev"], "resources": ["clusterrltrainingruntimes"], "verbs": ["use"]}], "alice")
     alice = service_account_kubeconfig("alice")
     sourced = [{"name": "team_rewards:score", "source": {"configMap": {"name": "team-rewards", "key": "r.py"}}}]
     doc = experiment("creds", arms=ARMS)
@@ -530,7 +532,11 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
     # Secret) creates its trials: the template was checked against alice, not against the operator.
     _role(control_plane, namespace, "read-team-rewards", [
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["team-rewards"], "verbs": ["get"]}], "alice")
-    wait_for(lambda: not refusal(doc), 30, message="alice's experiment admitted once she may read the ConfigMap")
+    refused: list[str] = []
+    try:
+        wait_for(lambda: not refused.append(refusal(doc)) and not refused[-1], 30)
+    except TimeoutError:
+        raise AssertionError(f"alice's experiment still refused once she may read the ConfigMap: {refused[-1]}")
     created = _apply(control_plane, alice, namespace, doc)
     assert created.returncode == 0, created.stderr
     assert "spec.arms[].overrides may not set" in refusal(sneaky)  # still: arms never carry references

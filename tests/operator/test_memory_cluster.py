@@ -107,7 +107,7 @@ def test_a_capacity_job_looking_every_second_while_a_tenant_fills_the_cluster_co
     _pool_nodes(kube, fake_gpu_nodes, pool, 1)
     op = operator(env={"RLJOB_OPERATOR_CAPACITY_REFRESH_SECONDS": "10"})  # the least allowed: the most looks
     assert op.proc is not None
-    spec = _spec(pool, policy="Capacity")
+    spec = _spec(kube, namespace, pool, policy="Capacity")
     spec["workers"].update(minReplicas=1, maxReplicas=2)
     tenant_kube.request("POST", kube.job_path(namespace), {**job_manifest("looker", 1, spec),
                                                            "metadata": {"name": "looker", "namespace": namespace}})

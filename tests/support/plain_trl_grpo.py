@@ -3,10 +3,13 @@
 It builds the same tiny model, data and reward as the quickstart (rljob's built-ins are just
 data and functions) and trains with TRL directly: no rljob launcher, config or callbacks.
 
-    python tests/support/plain_trl_grpo.py OUT_DIR MAX_STEPS [--model-overrides JSON] [--batch N]
+    PYTHONSAFEPATH=1 python tests/support/plain_trl_grpo.py OUT_DIR MAX_STEPS [--model-overrides JSON] [--batch N]
         [--max-completion-length N] [--bf16] [--save-at-end]
         [--learning-rate LR]
-    python -m torch.distributed.run --nproc-per-node 2 tests/support/plain_trl_grpo.py OUT_DIR MAX_STEPS
+    PYTHONSAFEPATH=1 python -m torch.distributed.run --nproc-per-node 2 tests/support/plain_trl_grpo.py OUT_DIR MAX_STEPS
+
+PYTHONSAFEPATH=1 keeps this folder off the front of sys.path, where ``operator.py`` would shadow the
+standard library's module.
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ def test_rljob_and_plain_trl_log_the_same_rewards_and_losses(tmp_path: Path) -> 
                  "checkpoint": {"everySteps": 1000}},
     })
     manifest = write_manifest(tmp_path / "job.yaml", doc)
+    # PYTHONSAFEPATH: the script's own folder is not put first on sys.path, where tests/support/operator.py
+    # would stand in for the standard library's operator module.
     plain = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "plain_trl_grpo.py"), str(tmp_path / "plain"),
-                            str(STEPS)], capture_output=True, text=True, env=trainer_env(), cwd=REPO, timeout=600)
+                            str(STEPS)], capture_output=True, text=True, env=trainer_env(PYTHONSAFEPATH="1"), cwd=REPO,
+                           timeout=600)
     assert plain.returncode == 0, plain.stderr[-3000:]
     reference = json.loads((tmp_path / "plain" / "history.json").read_text())
     assert len(reference) == STEPS
