@@ -536,7 +536,7 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
     try:
         wait_for(lambda: not refused.append(refusal(doc)) and not refused[-1], 30)
     except TimeoutError:
-        raise AssertionError(f"alice's experiment still refused once she may read the ConfigMap: {refused[-1]}")
+        raise AssertionError(f"alice's experiment still refused once she may read the ConfigMap: {refused[-1]}") from None
     created = _apply(control_plane, alice, namespace, doc)
     assert created.returncode == 0, created.stderr
     assert "spec.arms[].overrides may not set" in refusal(sneaky)  # still: arms never carry references
