@@ -26,7 +26,7 @@ from rljob_operator.names import StatusEndpoint
 from rljob_operator.server.statusapi import StatusAPI
 from rljob_trainer import errors
 
-from tests.support.operator import REPO, job_manifest
+from tests.support.operator_process import REPO, job_manifest
 
 #: Each top folder's floor: a file may import from its own folder and from lower floors only.
 FLOORS: dict[str, int] = {"contract": 0, "trainer": 1, "operator": 1, "rljob": 2, "tests": 3, "bench": 3, "charts": 3}

@@ -117,7 +117,7 @@ def test_a_repeated_step_keeps_at_most_the_metrics_the_crd_allows() -> None:
 def test_the_api_server_accepts_the_curve_at_its_maxima(kube: Any, crd_installed: Any, namespace: str) -> None:
     """No 422: the largest curve a hostile trainer can cause (above) is written to the real API server's
     status subresource as the status API writes it, and read back whole."""
-    from tests.support.operator import get_job, job_manifest
+    from tests.support.operator_process import get_job, job_manifest
 
     kube.request("POST", kube.job_path(namespace), job_manifest("curve", replicas=1))
     curve = _hostile_run()

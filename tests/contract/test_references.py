@@ -31,7 +31,7 @@ from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.policy import PodProfile, violations
 
 from tests.delivery.test_chart import REPO
-from tests.support.operator import TEST_RUNTIME, job_manifest, on_runtime, runtime_manifest
+from tests.support.operator_process import TEST_RUNTIME, job_manifest, on_runtime, runtime_manifest
 from tests.support.trainer import deep_update
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",))

@@ -246,7 +246,7 @@ def chart_operator_pod(control_plane: Any, api_client: Any, tmp_path: Path) -> A
 
 def _api_access_files(kube: Any, control_plane: Any, pod: dict[str, Any]) -> containers.VolumeFiles:
     """What a kubelet puts in the pod's projected ``kube-api-access-*`` volume: its token, CA, namespace."""
-    from tests.support.operator import token_for
+    from tests.support.operator_process import token_for
 
     volume = next(v for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-access-"))
     namespace = pod["metadata"]["namespace"]
@@ -259,7 +259,7 @@ def _api_access_files(kube: Any, control_plane: Any, pod: dict[str, Any]) -> con
 @pytest.mark.cluster
 def test_operator_image_runs_under_the_charts_pod_and_reconciles_a_job(
         built_images: dict[str, str], chart_operator_pod: Any, control_plane: Any, tmp_path: Path) -> None:
-    from tests.support.operator import (
+    from tests.support.operator_process import (
         create_job,
         free_port,
         job_manifest,

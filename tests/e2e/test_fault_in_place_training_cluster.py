@@ -22,7 +22,7 @@ import pytest
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.e2e.test_fault_training_cluster import KEYS
-from tests.support.operator import (
+from tests.support.operator_process import (
     annotate_pod,
     create_job,
     events_for,

@@ -16,7 +16,7 @@ import yaml
 from rljob_operator.admission import QUEUE_LABEL_KEPT, enforcement_problems
 from rljob_operator.settings import OperatorSettings
 
-from tests.support.operator import REPO
+from tests.support.operator_process import REPO
 
 BASE = [d for d in yaml.safe_load_all((REPO / "manifests/base/admission-policies.yaml").read_text()) if d]
 

@@ -13,7 +13,7 @@ from rljob_operator.names import CONFIG_KEY
 from rljob_operator.times import rfc3339
 
 from tests.operator.test_operator_unit import ENDPOINT, NOW, make_job, observe, pod_json
-from tests.support.operator import on_runtime
+from tests.support.operator_process import on_runtime
 
 RUNNING = {"phase": "Running", "startTime": rfc3339(NOW), "gangStartTime": rfc3339(NOW)}
 

@@ -35,7 +35,7 @@ from rljob_operator.names import LABEL_JOB
 from rljob_operator.settings import OperatorSettings
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     FAST_ENV,
     OperatorProcess,
     annotate_pod,

@@ -22,7 +22,7 @@ from rljob_operator import settings as settings_module
 from rljob_operator.cluster.leader import LeaderElector, LeaseNamespaceMissing
 from rljob_operator.settings import OperatorSettings
 
-from tests.support.operator import (
+from tests.support.operator_process import (
     FAST_ENV,
     REPO,
     WITHOUT_POLICIES_ENV,

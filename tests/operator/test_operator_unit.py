@@ -43,7 +43,7 @@ from rljob_operator.names import (
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
-from tests.support.operator import (
+from tests.support.operator_process import (
     INVALID_MANIFESTS,
     REPO,
     TEST_IMAGE,

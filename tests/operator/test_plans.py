@@ -32,7 +32,7 @@ from rljob_operator.decisions.refusals import CONFLICT_REQUEUE_SECONDS, Refusal,
 from rljob_operator.times import rfc3339
 
 from tests.operator.test_operator_unit import ENDPOINT, NOW, UID, make_job, observe, pod_json
-from tests.support.operator import job_manifest
+from tests.support.operator_process import job_manifest
 
 EARLIER = rfc3339(NOW - timedelta(hours=1))
 FULL_FIELDS = ["phase", "reason", "message", "observedGeneration", "conditions", "workers", "gangGeneration",

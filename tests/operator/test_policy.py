@@ -27,7 +27,7 @@ from rljob_operator.settings import OperatorSettings
 
 from tests.cluster.waiting import wait_for
 from tests.operator.test_operator_unit import NOW, make_job, observe, pod_json
-from tests.support.operator import (
+from tests.support.operator_process import (
     TEST_RUNTIME,
     apply_runtime,
     create_job,
