@@ -359,3 +359,17 @@ def test_the_best_metric_default_is_spelled_once() -> None:
              for path, text in [(file.relative_to(REPO).as_posix(), file.read_text(encoding="utf-8"))]
              for m in literal.finditer(text)]
     assert found == [], "use rljob_contract.spec.DEFAULT_BEST_METRIC"
+
+
+def test_the_operator_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'transformers', 'trl', 'datasets'): sys.modules[name] = None\n"
+        "import rljob_operator.cluster.runner, rljob.cli, rljob_operator.crd\n"
+        "rljob_operator.crd.crd_yaml()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -26,7 +26,7 @@ from rljob_operator.decisions.refusals import Refusal, plan_for_refusal
 from rljob_operator.settings import OperatorSettings
 
 from tests.cluster.waiting import wait_for
-from tests.operator.test_operator_unit import NOW, make_job, observe, pod_json
+from tests.support.jobs import NOW, make_job, observe, pod_json
 from tests.support.operator_process import (
     TEST_RUNTIME,
     apply_runtime,
