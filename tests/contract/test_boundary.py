@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from rljob_contract import pod as contract
+from rljob_contract.job import API_VERSION, KIND, parse_job
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server.statusapi import StatusAPI
@@ -373,3 +374,15 @@ def test_the_operator_imports_without_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_trainer_config_round_trips_through_json() -> None:
+    from rljob_contract.spec import TrainerConfig
+
+    job = parse_job({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
+                     "spec": {"workers": {"replicas": 2, "procsPerWorker": 4}, "training": {"batchSize": 4}}})
+    cfg = job.trainer_config("/out")
+    assert cfg.world_size == 8
+    again = TrainerConfig.model_validate_json(cfg.model_dump_json(by_alias=True))
+    assert again == cfg
+    assert cfg.checkpoint_location() == "/out/checkpoints"

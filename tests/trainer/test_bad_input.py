@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rljob_contract.job import API_VERSION, KIND, ManifestError, parse_job
 
 from tests.support.trainer import deep_update, quickstart_doc, run_rljob, write_manifest
 
@@ -175,3 +176,13 @@ def test_validate_checks_experiments_too_naming_the_field(tmp_path: Path) -> Non
     result = run_rljob("validate", str(tmp_path / "other.yaml"))
     assert result.returncode == 1 and "no RLTrainingJob, RLExperiment, ClusterRLTrainingRuntime, RLTrainingRuntime " \
         "document found" in result.stderr
+
+
+def test_manifest_errors_list_every_problem_with_its_path() -> None:
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
+           "spec": {"training": {"maxSteps": 0, "rewards": [{"name": "repeat_char", "weight": "heavy"}]},
+                    "checkpoint": {"keepLast": 0}}}
+    with pytest.raises(ManifestError) as e:
+        parse_job(doc)
+    paths = sorted(p.split(":")[0] for p in e.value.problems)
+    assert paths == ["spec.checkpoint.keepLast", "spec.training.maxSteps", "spec.training.rewards[0].weight"]
