@@ -18,7 +18,7 @@ import yaml
 from rljob_operator.names import CONFIG_KEY
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     QUICK_EXIT,
     annotate_pod,
     create_job,
