@@ -63,7 +63,8 @@ def plain_trl(out: Path, steps: int, nproc: int, *extra_args: str) -> dict[str, 
                "--standalone", str(PLAIN), str(out), str(steps)]
     else:
         cmd = [sys.executable, str(PLAIN), str(out), str(steps)]
-    # Not the script's folder first on sys.path: tests/support/operator.py would shadow the standard library's.
+    # Not the script's folder first on sys.path, where a helper module could shadow the standard library's
+    # (tests/support/operator.py, now operator_process.py, once stood in for `operator`).
     wall = run([*cmd, *extra_args], PYTHONSAFEPATH="1")
     data: dict[str, Any] = json.loads((out / "runtime.json").read_text())
     data["process_wall_seconds"] = wall

@@ -44,7 +44,7 @@ from rljob_operator.names import StatusEndpoint  # noqa: E402
 
 from bench.operator_scale import install_crd  # noqa: E402
 from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
-from tests.support.operator import job_manifest  # noqa: E402
+from tests.support.operator_process import job_manifest  # noqa: E402
 
 ENDPOINT = StatusEndpoint("https://rljob-operator.rljob-system.svc:8443", "-----BEGIN CERTIFICATE-----\nx\n")
 CHILD_RESOURCES = ("pods", "configmaps", "services")

@@ -33,7 +33,7 @@ from rljob_operator.cluster.kube import Kube, load_api_client  # noqa: E402
 from bench.operator_scale import create_namespace, distribution, install_crd  # noqa: E402
 from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
 from tests.cluster.waiting import wait_for  # noqa: E402
-from tests.support import operator as helpers  # noqa: E402
+from tests.support import operator_process as helpers  # noqa: E402
 
 API = "/apis/kueue.x-k8s.io/v1beta2"
 NAMESPACE = "kueue-bench"

@@ -87,7 +87,7 @@ from tests.cluster import fake_pods  # noqa: E402
 from tests.cluster.controlplane import ClusterConfig, ControlPlane  # noqa: E402
 from tests.cluster.nodes import GpuNodeShape  # noqa: E402
 from tests.cluster.waiting import wait_for  # noqa: E402
-from tests.support import operator as helpers  # noqa: E402
+from tests.support import operator_process as helpers  # noqa: E402
 
 WORKERS = 4
 NODES = 100

@@ -41,7 +41,7 @@ def node_manifest() -> dict[str, Any]:
 
 
 def experiment_manifest() -> dict[str, Any]:
-    """Two seeds of one arm: one-process trials of the quickstart task (as tests/contract/test_cli_experiment.py)."""
+    """Two seeds of one arm: one-process trials of the quickstart task (as tests/contract/test_cli_experiment_training.py)."""
     template = {
         "workers": {"replicas": 1, "procsPerWorker": 1},
         "training": {

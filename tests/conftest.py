@@ -22,7 +22,7 @@ for _p in reversed(_PATHS):
 os.environ["PYTHONPATH"] = os.pathsep.join(_PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                      if p and p not in _PATHS])
 
-pytest_plugins = ["tests.cluster.fixtures", "tests.support.operator"]  # cluster and operator fixtures
+pytest_plugins = ["tests.cluster.fixtures", "tests.support.operator_process"]  # cluster and operator fixtures
 
 from tests.support import lanes  # noqa: E402 - after sys.path is set
 

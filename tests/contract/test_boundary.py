@@ -21,12 +21,13 @@ from typing import Any
 
 import pytest
 from rljob_contract import pod as contract
+from rljob_contract.job import API_VERSION, KIND, parse_job
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.server.statusapi import StatusAPI
 from rljob_trainer import errors
 
-from tests.support.operator import REPO, job_manifest
+from tests.support.operator_process import REPO, job_manifest
 
 #: Each top folder's floor: a file may import from its own folder and from lower floors only.
 FLOORS: dict[str, int] = {"contract": 0, "trainer": 1, "operator": 1, "rljob": 2, "tests": 3, "bench": 3, "charts": 3}
@@ -359,3 +360,29 @@ def test_the_best_metric_default_is_spelled_once() -> None:
              for path, text in [(file.relative_to(REPO).as_posix(), file.read_text(encoding="utf-8"))]
              for m in literal.finditer(text)]
     assert found == [], "use rljob_contract.spec.DEFAULT_BEST_METRIC"
+
+
+def test_the_operator_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'transformers', 'trl', 'datasets'): sys.modules[name] = None\n"
+        "import rljob_operator.cluster.runner, rljob.cli, rljob_operator.crd\n"
+        "rljob_operator.crd.crd_yaml()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_trainer_config_round_trips_through_json() -> None:
+    from rljob_contract.spec import TrainerConfig
+
+    job = parse_job({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"},
+                     "spec": {"workers": {"replicas": 2, "procsPerWorker": 4}, "training": {"batchSize": 4}}})
+    cfg = job.trainer_config("/out")
+    assert cfg.world_size == 8
+    again = TrainerConfig.model_validate_json(cfg.model_dump_json(by_alias=True))
+    assert again == cfg
+    assert cfg.checkpoint_location() == "/out/checkpoints"

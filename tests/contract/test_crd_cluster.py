@@ -8,7 +8,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from rljob_contract.job import RLTrainingJobSpec, parse_job
 
-from tests.support.operator import (
+from tests.support.operator_process import (
     INVALID_MANIFESTS,
     INVALID_RUNTIMES,
     RUNTIMES,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -113,19 +112,6 @@ def test_a_repeated_step_keeps_at_most_the_metrics_the_crd_allows() -> None:
     Progress.model_validate({"curve": curve})  # the model the CRD is generated from: maxProperties, maxItems
 
 
-@pytest.mark.cluster
-def test_the_api_server_accepts_the_curve_at_its_maxima(kube: Any, crd_installed: Any, namespace: str) -> None:
-    """No 422: the largest curve a hostile trainer can cause (above) is written to the real API server's
-    status subresource as the status API writes it, and read back whole."""
-    from tests.support.operator import get_job, job_manifest
-
-    kube.request("POST", kube.job_path(namespace), job_manifest("curve", replicas=1))
-    curve = _hostile_run()
-    kube.request("PATCH", kube.job_path(namespace, "curve", "status"), {"status": {"progress": {"curve": curve}}},
-                 content_type="application/merge-patch+json")
-    stored = get_job(kube, namespace, "curve")
-    assert stored["status"]["progress"]["curve"] == curve
-    assert len(json.dumps(stored)) < 1024 * 1024  # and far from the object size limit (1.5 MiB)
 def _evaluated_run(steps: int, every: int) -> tuple[list, list[int]]:
     """A run's curve as heartbeats build it: a point per step, an evaluation every ``every`` steps (and at 0),
     merged into the step's point; and the evaluations missing from the curve after any step."""

@@ -21,7 +21,7 @@ from rljob_contract.runtime import parse_runtime
 from rljob_contract.spec import TrainingSpec
 from rljob_operator import crd
 
-from tests.support.operator import job_manifest, runtime_manifest
+from tests.support.operator_process import job_manifest, runtime_manifest
 from tests.support.trainer import deep_update
 
 #: Every rule list, as crd.py reads them.

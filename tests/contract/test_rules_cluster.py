@@ -30,7 +30,7 @@ from tests.contract.test_rules import (
     runtime_doc,
 )
 from tests.contract.test_runtime import MOVED_CASES, moved_patch
-from tests.support.operator import job_manifest
+from tests.support.operator_process import job_manifest
 
 pytestmark = pytest.mark.cluster
 

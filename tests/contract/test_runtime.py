@@ -33,7 +33,7 @@ from rljob_contract.runtime import (
 from rljob_contract.spec import TrainerConfig
 
 from rljob import cli
-from tests.support.operator import TEST_IMAGE, job_manifest, runtime_manifest, test_runtime
+from tests.support.operator_process import TEST_IMAGE, job_manifest, runtime_manifest, test_runtime
 from tests.support.trainer import deep_update, quickstart_doc, write_manifest
 
 RT = "ClusterRLTrainingRuntime/rljob-tests"

@@ -19,7 +19,7 @@ from rljob_contract import yamltext
 from rljob_contract.job import ManifestError, parse_job
 from rljob_operator.crd import crd_manifest
 
-from tests.support.operator import job_manifest
+from tests.support.operator_process import job_manifest
 
 #: A value of each JSON type a scalar field may be given; ``3.0`` is an integer to the API server too.
 SPELLINGS: dict[str, Any] = {"boolean": True, "string": "3", "integer": 3, "number": 0.5}

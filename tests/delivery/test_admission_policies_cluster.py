@@ -40,7 +40,7 @@ from tests.delivery.test_chart import (
     operator_env,
     run,
 )
-from tests.support.operator import create_job, deep_update, runtime_manifest
+from tests.support.operator_process import create_job, deep_update, runtime_manifest
 
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
 POLICY = "rljob-job-references"
@@ -412,7 +412,7 @@ def test_changing_the_spec_of_a_runtime_someone_else_wrote_needs_the_same_rights
     from kubernetes.client.exceptions import ApiException
     from rljob_operator.cluster.kube import Kube
 
-    from tests.support.operator import apply_runtime
+    from tests.support.operator_process import apply_runtime
 
     admins = _runtime("admins", {"checkpoint": {"storage": "s3://bucket/ckpt", "credentialsSecret": "s3-keys"}})
     apply_runtime(kube, deep_update(admins, {"metadata": {"namespace": namespace}}))
@@ -813,7 +813,7 @@ def test_every_reference_field_of_a_namespaced_runtime_needs_its_writers_right_t
     from rljob_operator.cluster.kube import Kube
 
     from tests.contract.test_references import OTHER, reference_spec
-    from tests.support.operator import runtime_manifest
+    from tests.support.operator_process import runtime_manifest
 
     _role(control_plane, namespace, "write-runtimes", [{"apiGroups": ["rljob.dev"], "verbs": ["create"],
                                                          "resources": ["rltrainingruntimes"]}], WRITER)
@@ -899,7 +899,7 @@ def test_the_operator_refuses_to_start_without_its_policies_and_pauses_while_the
         policy: None, operator: Any, control_plane: Any, kube: Any, namespace: str) -> None:
     """With admissionPolicies.enabled=false nothing would check what a job's creator names: the operator, which
     cannot (it never sees who wrote a job), will not build anything unless the policies are in force."""
-    from tests.support.operator import job_manifest, job_pods, wait_phase
+    from tests.support.operator_process import job_manifest, job_pods, wait_phase
 
     proc = operator(env=CHECKED)
     assert _readyz(proc) == 200 and _in_force_gauge(proc) == 1

@@ -890,7 +890,7 @@ def _jobs_policy(*helm_args: str) -> dict[str, Any]:
     from rljob_operator.decisions.children import JobNetwork, desired_network_policy
     from rljob_operator.settings import OperatorSettings
 
-    from tests.support.operator import job_manifest
+    from tests.support.operator_process import job_manifest
 
     env = {k: v for k, v in operator_env(one(helm_template(*helm_args), "Deployment")).items() if isinstance(v, str)}
     settings = OperatorSettings.from_env(env)

@@ -37,7 +37,7 @@ import yaml
 
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import CHART, MANIFESTS, PROMETHEUS, REPO, operator_env, run
-from tests.support.operator import (
+from tests.support.operator_process import (
     FAST_ENV,
     TEST_IMAGE,
     create_job,

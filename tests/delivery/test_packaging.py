@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.operator import REPO
+from tests.support.operator_process import REPO
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.operator", "Dockerfile.trainer"])

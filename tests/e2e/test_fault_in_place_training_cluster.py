@@ -2,7 +2,7 @@
 
 Three workers of an elastic job (``minReplicas: 2``, ``maxReplicas: 3``, checkpoints in the S3 test
 server) run the real trainer as local processes from the pods the operator builds, as in
-``test_fault_e2e``. Worker 1's node is SIGKILLed after a checkpoint; its pod reports exit 137.
+``test_fault_training_cluster.py``. Worker 1's node is SIGKILLed after a checkpoint; its pod reports exit 137.
 The operator deletes only that pod and creates worker 1 again in the same gang generation; workers
 0 and 2 keep their pods (same UIDs) and their processes: torchrun's agents restart their ranks,
 which lost a peer, and rendezvous again with the new worker 1. All three resume from the newest
@@ -22,7 +22,7 @@ import pytest
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.e2e.test_fault_training_cluster import KEYS
-from tests.support.operator import (
+from tests.support.operator_process import (
     annotate_pod,
     create_job,
     events_for,

@@ -21,7 +21,7 @@ import pytest
 
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     annotate_pod,
     create_job,
     get_job,

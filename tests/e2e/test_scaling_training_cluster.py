@@ -1,6 +1,6 @@
 """End to end: a job resized from 2 workers to 1 mid-training (``kubectl scale``) with the real trainer.
 
-The pods the operator builds run here as local processes (as in ``test_fault_e2e``). When the
+The pods the operator builds run here as local processes (as in ``test_fault_training_cluster.py``). When the
 operator deletes the 2-worker gang, the test stops its processes with SIGTERM, as the kubelet
 would: the workers agree on the step, save a checkpoint and exit. The 1-worker gang the operator
 then creates resumes from that checkpoint, with gradientAccumulationSteps doubled so the global
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import create_job, get_job, job_manifest, job_pods, on_namespaced_runtime
+from tests.support.operator_process import create_job, get_job, job_manifest, job_pods, on_namespaced_runtime
 from tests.support.pod_harness import PodProcess, logs, start_gang, stop
 
 pytestmark = [pytest.mark.cluster, pytest.mark.trainer]

@@ -22,9 +22,9 @@ from rljob_operator.integrations.client import GateWatch, Integration, PatchStat
 from rljob_operator.integrations.gate import Gated, Hold, Outcome, Verdict
 from rljob_operator.settings import OperatorSettings
 
-from tests.operator.test_operator_unit import NOW, UID, observe, pod_json
 from tests.operator.test_plans import RecordingKube
-from tests.support.operator import job_manifest
+from tests.support.jobs import NOW, UID, observe, pod_json
+from tests.support.operator_process import job_manifest
 
 APPROVAL = "example.com/approved"
 

@@ -8,15 +8,19 @@ answers in ``tests/delivery/test_admission_policies_cluster.py``.
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 from rljob_operator.admission import QUEUE_LABEL_KEPT, enforcement_problems
+from rljob_operator.cluster import runner
+from rljob_operator.cluster.workqueue import JobKey
 from rljob_operator.settings import OperatorSettings
 
-from tests.support.operator import REPO
+from tests.support.operator_process import REPO
 
 BASE = [d for d in yaml.safe_load_all((REPO / "manifests/base/admission-policies.yaml").read_text()) if d]
 
@@ -120,3 +124,32 @@ def test_running_without_the_policies_is_a_setting_of_its_own_and_a_flag() -> No
     args = build_parser().parse_args(["operator", "--without-admission-policies"])
     assert operator_settings(args, {}).without_admission_policies is True
     assert OperatorSettings.from_env({"RLJOB_OPERATOR_ADMISSION_POLICIES": "a,b"}).admission_policies == ["a", "b"]
+
+
+def test_no_reconcile_runs_while_the_admission_policies_are_not_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #43 point 6: a job written while the policies were gone was not checked; nothing is built for it
+    (nor for anyone) until they are back, and then every job queued meanwhile is reconciled."""
+    ran: list[str] = []
+    monkeypatch.setattr(runner.Reconciler, "reconcile", lambda self, ns, name: ran.append(name))
+    monkeypatch.setattr(runner, "PAUSED_REQUEUE_SECONDS", 0.05)
+    policies = SimpleNamespace(in_force=False)
+
+    async def scenario() -> list[str]:
+        leading = runner._reconciling(OperatorSettings(workers=2, kueue=False, watch_nodes=False),
+                                      SimpleNamespace(configuration=None), SimpleNamespace(), None, None,
+                                      policies)  # type: ignore[arg-type]
+        try:
+            leading.work.queue.add(JobKey("a", "x"))
+            await asyncio.sleep(0.3)
+            paused = list(ran)
+            policies.in_force = True
+            for _ in range(100):
+                if ran:
+                    break
+                await asyncio.sleep(0.02)
+            return paused
+        finally:
+            await leading.work.queue.stop()
+            leading.threads.shutdown(wait=False)
+
+    assert asyncio.run(scenario()) == [] and ran == ["x"]

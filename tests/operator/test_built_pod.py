@@ -18,8 +18,8 @@ from rljob_operator.decisions.children import desired_worker_pod
 from rljob_operator.decisions.policy import PodProfile, violations
 from rljob_operator.integrations.kueue.decide import desired_workload
 
-from tests.operator.test_operator_unit import ENDPOINT, make_job
-from tests.support.operator import REPO, test_runtime
+from tests.support.jobs import ENDPOINT, make_job
+from tests.support.operator_process import REPO, test_runtime
 
 GOLDEN = Path(__file__).parent / "snapshots" / "built-pod.yaml"
 #: A platform team's GPU runtime: everything a runtime may shape that the restricted profile allows.

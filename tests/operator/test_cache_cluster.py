@@ -15,7 +15,14 @@ from rljob_operator.names import LABEL_GANG_GENERATION
 
 from tests.cluster.fake_pods import exit_annotations
 from tests.cluster.waiting import wait_for
-from tests.support.operator import annotate_pod, create_job, get_job, job_manifest, job_pods, runtime_store
+from tests.support.operator_process import (
+    annotate_pod,
+    create_job,
+    get_job,
+    job_manifest,
+    job_pods,
+    runtime_store,
+)
 
 pytestmark = pytest.mark.cluster
 

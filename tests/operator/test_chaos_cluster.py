@@ -18,7 +18,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     create_job,
     get_job,
     job_manifest,

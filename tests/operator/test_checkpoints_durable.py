@@ -28,7 +28,7 @@ from rljob_trainer.checkpoints.backends import location_for
 from rljob_trainer.checkpoints.plan import storage_plan
 from rljob_trainer.errors import PermanentError
 
-from tests.support.operator import job_manifest, on_runtime, runtime_manifest
+from tests.support.operator_process import job_manifest, on_runtime, runtime_manifest
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 

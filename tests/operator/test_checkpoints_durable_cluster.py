@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.operator import (
+from tests.support.operator_process import (
     create_job,
     events_for,
     get_job,

@@ -10,7 +10,7 @@ import pytest
 from rljob_operator.cluster.kube import loads
 from rljob_operator.decisions.children import desired_worker_pod
 
-from tests.operator.test_operator_unit import ENDPOINT, make_job
+from tests.support.jobs import ENDPOINT, make_job
 
 
 def test_loads_decodes_what_the_standard_library_decodes_to_the_same_objects() -> None:

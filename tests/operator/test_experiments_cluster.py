@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from rljob_contract.experiment import parse_experiment
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     annotate_pod,
     deep_update,
     get_job,
@@ -501,7 +501,7 @@ def test_an_experiment_cannot_launder_a_reference_its_creator_could_not_use(
     operator creates the trials."""
     from tests.delivery.test_admission_policies_cluster import _apply
     from tests.delivery.test_chart import run
-    from tests.support.operator import OperatorProcess
+    from tests.support.operator_process import OperatorProcess
 
     _role(control_plane, namespace, "experiments-only", [
         {"apiGroups": ["rljob.dev"], "resources": ["rlexperiments"], "verbs": ["get", "list", "create", "patch"]},

@@ -9,7 +9,7 @@ from collections import Counter
 from types import ModuleType
 
 from tests.support import plan_scenarios
-from tests.support.operator import REPO
+from tests.support.operator_process import REPO
 
 STEPS = ("failure", "failure.observe", "failure.classify", "failure.respond", "failure.record")
 

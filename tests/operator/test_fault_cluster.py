@@ -18,7 +18,7 @@ import yaml
 
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     QUICK_EXIT,
     annotate_pod,
     create_job,

@@ -7,13 +7,14 @@ from typing import Any
 
 import yaml
 from rljob_operator.decisions.children import desired_configmap
+from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.failure.respond import backoff_seconds
 from rljob_operator.decisions.lifecycle import plan_reconcile
 from rljob_operator.names import CONFIG_KEY
 from rljob_operator.times import rfc3339
 
-from tests.operator.test_operator_unit import ENDPOINT, NOW, make_job, observe, pod_json
-from tests.support.operator import on_runtime
+from tests.support.jobs import ENDPOINT, NOW, make_job, observe, pod_json
+from tests.support.operator_process import on_runtime
 
 RUNNING = {"phase": "Running", "startTime": rfc3339(NOW), "gangStartTime": rfc3339(NOW)}
 
@@ -289,3 +290,10 @@ def test_a_survivor_that_only_lost_its_peer_is_not_the_failure() -> None:
     assert sorted(plan.delete_pods) == ["train-worker-1", "train-worker-2"]
     alone = plan_after(job, pod_json(job, 0), pod_json(job, 1), failed_worker(job, EXIT_PEER_LOST, index=2))
     assert alone.status["phase"] == "Restarting" and alone.status["lastFailure"]["exitCode"] == EXIT_PEER_LOST
+
+
+def test_the_most_telling_failure_is_reported() -> None:
+    job = make_job()
+    crash, config = observe(job, pod_json(job, 0, "Failed", False, exit_code=1),
+                            pod_json(job, 1, "Failed", False, exit_code=78))
+    assert first_failure([crash, config]) is config

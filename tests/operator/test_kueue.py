@@ -29,8 +29,8 @@ from rljob_operator.integrations.kueue.decide import (
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
-from tests.operator.test_operator_unit import NOW, UID, observe, pod_json
-from tests.support.operator import job_manifest, on_runtime
+from tests.support.jobs import NOW, UID, observe, pod_json
+from tests.support.operator_process import job_manifest, on_runtime
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/*",))
 FLAVOR = Flavor("a100", {"pool": "a100"}, [{"key": "pool", "operator": "Equal", "value": "a100",

@@ -19,7 +19,7 @@ from rljob_operator.names import CONFIG_KEY
 
 from tests.cluster.kueue import DEVICE_CLASS, DRA_RESOURCE
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     QUICK_EXIT,
     annotate_pod,
     create_job,

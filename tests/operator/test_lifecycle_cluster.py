@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     TEST_IMAGE,
     annotate_pod,
     apply_runtime,

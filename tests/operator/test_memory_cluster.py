@@ -25,7 +25,7 @@ import pytest
 
 from tests.cluster.waiting import wait_for
 from tests.operator.test_scaling_cluster import _pool_nodes, _running_at, _spec
-from tests.support.operator import get_job, job_manifest
+from tests.support.operator_process import get_job, job_manifest
 
 pytestmark = pytest.mark.cluster
 

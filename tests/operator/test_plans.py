@@ -3,6 +3,7 @@ and the reconciler applying Plans in its documented order (over a recording fake
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from datetime import timedelta
@@ -15,8 +16,11 @@ from rljob_operator.cluster.kube import ChildConflict
 from rljob_operator.cluster.reconciler import Reconciler
 from rljob_operator.decisions import plan as plan_module
 from rljob_operator.decisions import situation as situation_module
-from rljob_operator.decisions.children import JobNetwork
+from rljob_operator.decisions.children import JobNetwork, spec_hash
+from rljob_operator.decisions.conditions import make_conditions
+from rljob_operator.decisions.createdpods import created
 from rljob_operator.decisions.lifecycle import STEPS, plan_invalid, plan_reconcile
+from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
     INVALID_SPEC_FIELDS,
     REJECTED_POD_FIELDS,
@@ -29,10 +33,11 @@ from rljob_operator.decisions.plan import (
 )
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import CONFLICT_REQUEUE_SECONDS, Refusal, plan_for_refusal
+from rljob_operator.names import LABEL_GANG_GENERATION
 from rljob_operator.times import rfc3339
 
-from tests.operator.test_operator_unit import ENDPOINT, NOW, UID, make_job, observe, pod_json
-from tests.support.operator import job_manifest
+from tests.support.jobs import ENDPOINT, NOW, UID, make_job, observe, pod_json
+from tests.support.operator_process import job_manifest
 
 EARLIER = rfc3339(NOW - timedelta(hours=1))
 FULL_FIELDS = ["phase", "reason", "message", "observedGeneration", "conditions", "workers", "gangGeneration",
@@ -508,3 +513,268 @@ def test_a_merge_patch_replacing_a_spec_exactly() -> None:
     desired = {"podSelector": {"matchLabels": {"a": "1"}}, "ingress": [{"from": []}], "policyTypes": ["Ingress"]}
     assert _merge_patch(current, _replacing(current, desired)) == desired
     assert _replacing(desired, desired) == {}
+
+
+def test_new_job_creates_every_worker_and_records_its_start() -> None:
+    job = make_job(replicas=3)
+    plan = plan_reconcile(job, [], NOW, ENDPOINT)
+    assert [p["metadata"]["name"] for p in plan.create_pods] == [f"train-worker-{i}" for i in range(3)]
+    assert plan.configmap is not None and plan.service is not None and not plan.delete_pods
+    s = plan.status
+    assert (s["phase"], s["reason"], s["startTime"], s["gangGeneration"]) == ("Pending", "CreatingWorkers",
+                                                                            rfc3339(NOW), 0)
+    assert s["workers"] == {"desired": 3, "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "summary": "0/3",
+                            "current": 0}
+    assert s["selector"] == "rljob.dev/job=train" and s["observedGeneration"] == 1
+    assert [e.reason for e in plan.events] == ["CreatingWorkers", "EphemeralCheckpoints"]  # no spec.checkpoint.storage
+
+
+def test_a_partly_created_gang_is_completed_and_never_duplicated() -> None:
+    job = make_job(replicas=3, status={"phase": "Pending", "startTime": rfc3339(NOW), "gangGeneration": 0})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0, "Pending", False, node=None)), NOW)
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1", "train-worker-2"]
+    full = observe(job, *(pod_json(job, i) for i in range(3)))
+    assert plan_reconcile(job, full, NOW).create_pods == []
+
+
+def test_phases_follow_the_pods() -> None:
+    job = make_job(status={"phase": "Pending", "startTime": rfc3339(NOW)})
+    pending = plan_reconcile(job, observe(job, pod_json(job, 0, "Pending", False, node=None),
+                                          pod_json(job, 1, "Pending", False, node=None,
+                                                   unschedulable="0/4 nodes: Insufficient nvidia.com/gpu")), NOW)
+    assert pending.status["phase"] == "Pending" and pending.status["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in pending.status["message"]
+    starting = plan_reconcile(job, observe(job, pod_json(job, 0, "Running", False), pod_json(job, 1, "Pending", False)),
+                              NOW)
+    assert starting.status["phase"] == "Starting"
+    running = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1)), NOW)
+    assert running.status["phase"] == "Running" and running.status["workers"]["summary"] == "2/2"
+    assert {c["type"]: c["status"] for c in running.status["conditions"]} == {
+        "Ready": "True", "Reconciling": "False", "Stalled": "False", "Succeeded": "False", "Failed": "False",
+        "Suspended": "False", "CheckpointsDurable": "False"}
+    # The stored status has no CheckpointsDurable yet (a job from before it): warned once, with the phase change.
+    assert [(e.type, e.reason) for e in running.events] == [("Normal", "Running"), ("Warning", "EphemeralCheckpoints")]
+
+
+def test_a_running_job_that_loses_readiness_stays_running_but_not_ready() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0, ready=False), pod_json(job, 1)), NOW)
+    assert plan.status["phase"] == "Running" and plan.status["reason"] == "WorkersNotReady"
+    assert next(c for c in plan.status["conditions"] if c["type"] == "Ready")["status"] == "False"
+    # No phase change, no Event; only the once-per-job warning a job from before CheckpointsDurable gets.
+    assert [e.reason for e in plan.events] == ["EphemeralCheckpoints"]
+
+
+def test_worker_zero_exiting_0_means_succeeded_and_the_rest_of_the_gang_is_deleted() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
+    early = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0)), NOW)
+    assert early.status["phase"] == "Running"
+    done = plan_reconcile(job, observe(job, pod_json(job, 0, "Succeeded", False, exit_code=0), pod_json(job, 1)), NOW)
+    assert done.status["phase"] == "Succeeded" and done.status["completionTime"] == rfc3339(NOW)
+    # Worker 1 outlived worker 0 (its code sleeps, say): it would keep its GPUs. Deleted, and looked after.
+    assert done.delete_pods == ["train-worker-1"] and done.create_pods == []
+    assert done.requeue_after is not None
+    assert next(c for c in done.status["conditions"] if c["type"] == "Succeeded")["status"] == "True"
+    # The next reconcile (the finished step) deletes whatever still runs, orphans with the job's label too.
+    succeeded = make_job(status={"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW)})
+    orphan = pod_json(succeeded, 2)
+    orphan["metadata"]["ownerReferences"] = []
+    later = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0),
+                                              pod_json(succeeded, 1), orphan), NOW)
+    assert later.status["phase"] == "Succeeded" and sorted(later.delete_pods) == ["train-worker-1", "train-worker-2"]
+    finished = plan_reconcile(succeeded, observe(succeeded, pod_json(succeeded, 0, "Succeeded", False, exit_code=0)),
+                              NOW)
+    assert finished.delete_pods == [] and finished.requeue_after is None
+
+
+def test_a_permanent_exit_fails_the_job_with_the_termination_message() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(
+        job, pod_json(job, 0),
+        pod_json(job, 1, "Failed", False, exit_code=78, message="spec.training.rewards[0]: cannot import x\nmore"),
+    ), NOW)
+    s = plan.status
+    assert (s["phase"], s["reason"]) == ("Failed", "PermanentError")
+    assert s["message"] == "train-worker-1 exited with code 78: spec.training.rewards[0]: cannot import x"
+    assert plan.delete_pods == ["train-worker-0"]  # the rest of the gang would hang: free the GPUs
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "PermanentError")]
+    conditions = {c["type"]: c["status"] for c in s["conditions"]}
+    assert conditions["Failed"] == conditions["Stalled"] == "True" and conditions["Ready"] == "False"
+
+
+def test_a_worker_disappearing_under_restart_policy_never_fails_the_job() -> None:
+    job = make_job(spec={"runPolicy": {"restartPolicy": "Never"}}, status={"phase": "Running", "startTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0)), NOW)
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "WorkerLost"
+    assert "train-worker-1" in plan.status["message"] and plan.create_pods == []
+
+
+def test_a_worker_on_a_deleted_node_restarts_the_gang_as_a_disruption_and_is_force_deleted() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0})
+    pods = [pod_json(job, 0, node="node-a"), pod_json(job, 1, node="node-b")]
+    # Unknown (no Node watch): both pods look healthy, nothing happens.
+    unknown = plan_reconcile(job, observe(job, *pods), NOW)
+    assert unknown.status.get("phase", "Running") == "Running" and not unknown.delete_pods
+    observed = [ObservedPod.from_pod(p, UID, created([p]), node_gone=lambda node: node == "node-b") for p in pods]
+    assert [p.node_lost for p in observed] == [False, True]
+    plan = plan_reconcile(job, observed, NOW)
+    s = plan.status
+    assert (s["phase"], s["reason"], s["gangGeneration"], s["disruptions"], s["restarts"]) == (
+        "Restarting", "WorkerLost", 1, 1, 0)
+    assert s["lastFailure"]["worker"] == "train-worker-1" and s["lastFailure"]["disruption"] is True
+    # No kubelet will confirm worker 1's end: it is force-deleted (and only that); worker 0 goes gracefully.
+    assert (plan.force_delete_pods, plan.delete_pods) == (["train-worker-1"], ["train-worker-0"])
+
+
+def test_a_pod_of_a_deleted_namesake_job_blocks_its_name() -> None:
+    job = make_job()
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0, uid="old-job-uid", deleting=True)), NOW)
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1"]
+    assert plan.delete_pods == []  # not ours to delete
+    assert plan.requeue_after is not None
+
+
+def test_suspend_deletes_pods_and_resume_starts_a_new_gang() -> None:
+    running = {"phase": "Running", "startTime": rfc3339(NOW - timedelta(hours=1)), "gangGeneration": 2}
+    job = make_job(spec={"runPolicy": {"suspend": True}}, status=running)
+    pods = observe(job, pod_json(job, 0, generation=2), pod_json(job, 1, generation=2))
+    plan = plan_reconcile(job, pods, NOW)
+    assert plan.status["phase"] == "Suspended" and sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"]
+    assert plan.status["startTime"] is None and plan.create_pods == []
+    done = plan_reconcile(make_job(spec={"runPolicy": {"suspend": True}}, status=plan.status), [], NOW)
+    assert done.status["phase"] == "Suspended" and done.requeue_after is None
+    assert next(c for c in done.status["conditions"] if c["type"] == "Suspended")["status"] == "True"
+    resumed = plan_reconcile(make_job(status=done.status), [], NOW + timedelta(minutes=5))
+    assert resumed.status["gangGeneration"] == 3 and resumed.gang_restart == "Resumed"
+    assert {p["metadata"]["labels"][LABEL_GANG_GENERATION] for p in resumed.create_pods} == {"3"}
+    assert resumed.status["startTime"] == rfc3339(NOW + timedelta(minutes=5))  # the deadline clock restarts
+
+
+def test_the_deadline_fails_the_job_and_is_requeued_before() -> None:
+    start = NOW - timedelta(seconds=50)
+    job = make_job(spec={"runPolicy": {"activeDeadlineSeconds": 60}},
+                   status={"phase": "Running", "startTime": rfc3339(start)})
+    pods = observe(job, pod_json(job, 0), pod_json(job, 1))
+    before = plan_reconcile(job, pods, NOW)
+    assert before.status["phase"] == "Running" and before.requeue_after == pytest.approx(10)
+    after = plan_reconcile(job, pods, NOW + timedelta(seconds=11))
+    assert (after.status["phase"], after.status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert sorted(after.delete_pods) == ["train-worker-0", "train-worker-1"]
+
+
+def test_ttl_deletes_a_finished_job_when_due() -> None:
+    status = {"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW), "startTime": rfc3339(NOW)}
+    job = make_job(spec={"runPolicy": {"ttlSecondsAfterFinished": 30}}, status=status)
+    waiting = plan_reconcile(job, [], NOW + timedelta(seconds=10))
+    assert not waiting.delete_job and waiting.requeue_after == pytest.approx(20)
+    assert plan_reconcile(job, [], NOW + timedelta(seconds=30)).delete_job
+    assert not plan_reconcile(make_job(status=status), [], NOW + timedelta(days=9)).delete_job
+
+
+def test_ttl_deletes_a_finished_job_only_once_its_pods_are_gone() -> None:
+    """Deleting the job would let the garbage collector take its Kueue Workload (its quota) while a pod runs."""
+    status = {"phase": "Succeeded", "reason": "Completed", "completionTime": rfc3339(NOW), "startTime": rfc3339(NOW)}
+    job = make_job(spec={"runPolicy": {"ttlSecondsAfterFinished": 30}}, status=status)
+    terminating = observe(job, pod_json(job, 1, deleting=True))
+    due = plan_reconcile(job, terminating, NOW + timedelta(seconds=30))
+    assert not due.delete_job and due.requeue_after is not None
+    exited = observe(job, pod_json(job, 1, "Succeeded", False, exit_code=0))
+    assert plan_reconcile(job, exited, NOW + timedelta(seconds=30)).delete_job
+
+
+def test_a_finished_job_creates_nothing() -> None:
+    job = make_job(status={"phase": "Failed", "reason": "PermanentError", "completionTime": rfc3339(NOW)})
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0), pod_json(job, 1, "Failed", False, exit_code=78)), NOW)
+    assert plan.create_pods == [] and plan.delete_pods == ["train-worker-0"] and plan.events == []
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "PermanentError"
+
+
+def test_a_spec_change_restarts_the_gang() -> None:
+    old = make_job(replicas=3)
+    pods = [pod_json(old, 0), pod_json(old, 1), pod_json(old, 2)]
+    job = make_job(replicas=3, spec={"training": {"seed": 5}},
+                   status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0}, generation=2)
+    plan = plan_reconcile(job, observe(job, *pods), NOW)
+    assert plan.status["gangGeneration"] == 1 and plan.gang_restart == "SpecChanged"
+    assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1", "train-worker-2"]
+    assert plan.create_pods == []  # the names are taken until the old pods are gone
+    assert plan.status["phase"] == "Pending" and plan.status["observedGeneration"] == 2
+    assert "SpecChanged" in [e.reason for e in plan.events]
+
+
+def test_an_invalid_spec_fails_until_it_is_edited() -> None:
+    raw = {"metadata": {"name": "x", "generation": 3}, "status": {}}
+    plan = plan_invalid(raw, ["spec.training.trl: max_steps are set by rljob"], NOW)
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "InvalidSpec"
+    assert "spec.training.trl" in plan.status["message"] and plan.events[0].type == "Warning"
+    again = plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: max_steps are set by rljob"], NOW)
+    assert again.events == []
+    fixed = make_job(status={**plan.status, "observedGeneration": 3}, generation=4)
+    assert len(plan_reconcile(fixed, [], NOW).create_pods) == 2
+
+
+def test_a_running_job_edited_into_an_invalid_spec_stops_its_pods() -> None:
+    """An edit the CRD lets through and the models refuse fails the job (InvalidSpec): a finished job keeps no
+    pod running, whichever way it ended; a stuck one is force-deleted in its time."""
+    job = make_job()
+    raw = {"metadata": {"name": "train", "generation": 3, "uid": UID}, "status": {"phase": "Running"}}
+    pods = observe(job, pod_json(job, 0), pod_json(job, 1, "Succeeded", False, exit_code=0))
+    plan = plan_invalid(raw, ["spec.training.trl: bad"], NOW, pods)
+    assert plan.status["phase"] == "Failed" and plan.delete_pods == ["train-worker-0"]
+    assert plan.requeue_after is not None
+    stuck = observe(job, pod_json(job, 0, deleting=True))
+    later = plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW + timedelta(seconds=60),
+                         stuck, force_delete_after=60)
+    assert later.force_delete_pods == ["train-worker-0"] and later.delete_pods == []
+    assert plan_invalid({**raw, "status": plan.status}, ["spec.training.trl: bad"], NOW).requeue_after is None
+
+
+def test_conditions_keep_their_transition_time_until_they_flip() -> None:
+    first = make_conditions("Running", "Running", "m", ready=True, reconciling=False, generation=1, previous=[],
+                            now=NOW)
+    later = NOW + timedelta(minutes=1)
+    second = make_conditions("Failed", "X", "m", ready=False, reconciling=False, generation=2,
+                             previous=[c.model_dump(by_alias=True) for c in first], now=later)
+    times = {c.type: c.last_transition_time for c in second}
+    assert times["Ready"] == times["Failed"] == times["Stalled"] == rfc3339(later)
+    assert times["Succeeded"] == times["Suspended"] == rfc3339(NOW)
+    assert {c.observed_generation for c in second} == {2}
+
+
+def test_observed_pod_reads_the_container_termination() -> None:
+    job = make_job()
+    pod = pod_json(job, 1, "Failed", False, exit_code=200, message="CUDA out of memory")
+    observed = ObservedPod.from_pod(pod, UID, created([pod]))
+    assert (observed.index, observed.generation, observed.exit_code) == (1, 0, 200)
+    assert observed.owned and observed.finished and not observed.active
+    assert observed.spec_hash == spec_hash(job)
+    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other", created([pod])).owned
+
+
+def test_an_operator_upgrade_alone_does_not_restart_running_gangs() -> None:
+    job = make_job(status={"phase": "Running", "startTime": rfc3339(NOW), "gangGeneration": 0})
+    pods = [pod_json(job, 0), pod_json(job, 1)]
+    for pod in pods:  # built by an older operator whose spec rendering differed
+        pod["metadata"]["annotations"]["rljob.dev/spec-hash"] = "older-rendering"
+    plan = plan_reconcile(job, observe(job, *pods), NOW)
+    assert plan.status["phase"] == "Running" and plan.delete_pods == [] and plan.gang_restart is None
+
+
+def test_starting_says_why_a_container_does_not_start() -> None:
+    job = make_job(status={"phase": "Starting", "startTime": rfc3339(NOW)})
+    stuck = pod_json(job, 1, "Pending", False)
+    stuck["status"]["containerStatuses"] = [{"name": "trainer", "state": {"waiting": {
+        "reason": "ErrImagePull", "message": "pull access denied for registry.invalid/rljob"}}}]
+    plan = plan_reconcile(job, observe(job, pod_json(job, 0), stuck), NOW)
+    assert plan.status["phase"] == "Starting"
+    assert plan.status["message"].endswith("train-worker-1: ErrImagePull: pull access denied for registry.invalid/rljob")
+
+
+def test_orphaned_pods_of_a_namesake_are_cleared_away() -> None:
+    job = make_job()
+    orphan = pod_json(job, 0)
+    orphan["metadata"]["ownerReferences"] = []
+    plan = plan_reconcile(job, observe(job, orphan), NOW)
+    assert plan.delete_pods == ["train-worker-0"]
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1"]
+    assert plan.status["reason"] == "CreatingWorkers"

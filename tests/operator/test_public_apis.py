@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.support.operator import REPO
+from tests.support.operator_process import REPO
 
 #: Libraries whose private parts no code of ours may touch.
 LIBRARIES = ("kopf", "kubernetes")

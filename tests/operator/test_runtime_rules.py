@@ -37,8 +37,8 @@ from rljob_operator.integrations.kueue.decide import KUEUE, QUEUE_REQUIRED, Queu
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.times import rfc3339
 
-from tests.operator.test_operator_unit import NOW, UID, make_job, observe, pod_json
-from tests.support.operator import on_runtime, runtime_manifest
+from tests.support.jobs import NOW, UID, make_job, observe, pod_json
+from tests.support.operator_process import on_runtime, runtime_manifest
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/*",))
 PRIVILEGED = dataclasses.replace(PROFILE, level="privileged")

@@ -21,8 +21,8 @@ from rljob_operator.decisions.lifecycle import plan_reconcile
 from rljob_operator.decisions.plan import RUNTIME_NOT_FOUND
 from rljob_operator.decisions.policy import PodProfile, violations
 
-from tests.operator.test_operator_unit import NOW, make_job, observe, pod_json
-from tests.support.operator import on_runtime, runtime_manifest
+from tests.support.jobs import NOW, make_job, observe, pod_json
+from tests.support.operator_process import on_runtime, runtime_manifest
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",))
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     QUICK,
     annotate_pod,
     apply_runtime,

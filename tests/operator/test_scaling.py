@@ -17,8 +17,8 @@ from rljob_operator.decisions.scaling import Capacity
 from rljob_operator.names import CONFIG_KEY
 from rljob_operator.times import rfc3339
 
-from tests.operator.test_operator_unit import NOW, UID, env_of, observe, pod_json
-from tests.support.operator import job_manifest, on_runtime
+from tests.support.jobs import NOW, UID, env_of, observe, pod_json
+from tests.support.operator_process import job_manifest, on_runtime
 
 ELASTIC = {"workers": {"minReplicas": 1, "maxReplicas": 4}}
 CAPACITY = {"workers": {"minReplicas": 2, "maxReplicas": 4},

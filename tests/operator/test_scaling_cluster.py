@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import (
+from tests.support.operator_process import (
     QUICK_EXIT,
     create_job,
     events_for,

@@ -90,3 +90,23 @@ def test_the_settings_page_shows_every_declaration() -> None:
 def test_a_table_cell_keeps_code_and_escapes_pipes_and_placeholders() -> None:
     cell = settings_table.markdown_cell("https://<service>.<ns>  |  ``a|b`` and `<x>`")
     assert cell == "https://&lt;service&gt;.&lt;ns&gt; \\| `a\\|b` and `<x>`"
+
+
+def test_settings_come_from_env_then_flags() -> None:
+    env = {"RLJOB_OPERATOR_RESYNC_SECONDS": "2.5", "RLJOB_OPERATOR_NAMESPACES": "a, b",
+           "RLJOB_OPERATOR_LEADER_ELECT": "false", "RLJOB_OPERATOR_STATUS_PORT": "9443"}
+    s = OperatorSettings.from_env(env, status_port=10443, kubeconfig=None)
+    assert s.resync_seconds == 2.5 and s.namespaces == ["a", "b"] and s.leader_elect is False
+    assert s.status_port == 10443
+    assert s.effective_status_url == f"https://rljob-operator.{s.operator_namespace}.svc:10443"
+    assert OperatorSettings.from_env({}, namespaces=["team"]).operator_namespace == "team"
+
+
+def test_in_a_cluster_replicas_share_one_certificate_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob_operator import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "_own_namespace", lambda: "rljob-system")
+    s = OperatorSettings.from_env({})
+    assert s.operator_namespace == "rljob-system" and s.tls_secret == "rljob-system/rljob-operator-tls"
+    assert s.effective_status_url == "https://rljob-operator.rljob-system.svc:8443"
+    assert OperatorSettings.from_env({}, tls_cert_file="/c", tls_key_file="/k").tls_secret is None

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import create_job, get_job, job_manifest, job_pods, token_for, wait_phase
+from tests.support.operator_process import create_job, get_job, job_manifest, job_pods, token_for, wait_phase
 
 pytestmark = pytest.mark.cluster
 

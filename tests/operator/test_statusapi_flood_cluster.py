@@ -25,7 +25,14 @@ from rljob_operator.cluster.events import COMBINED_PREFIX, EventLimits
 from rljob_trainer.heartbeat import Heartbeat
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import create_job, events_for, get_job, job_manifest, token_for, wait_phase
+from tests.support.operator_process import (
+    create_job,
+    events_for,
+    get_job,
+    job_manifest,
+    token_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 

@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import FAST_ENV, create_job, job_manifest, token_for
+from tests.support.operator_process import FAST_ENV, create_job, job_manifest, token_for
 
 LEASE_S = float(FAST_ENV["RLJOB_OPERATOR_LEASE_SECONDS"])
 

@@ -14,8 +14,8 @@ from rljob_operator.decisions.lifecycle import plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.decisions.plan import Event, Plan
 
-from tests.operator.test_operator_unit import NOW, UID, make_job, pod_json
 from tests.operator.test_plans import RecordingKube, _raw, _reconciler
+from tests.support.jobs import NOW, UID, make_job, pod_json
 
 RUNNING = {"phase": "Running", "startTime": "2030-01-01T11:00:00Z", "gangGeneration": 0,
            "gangStartTime": "2030-01-01T11:59:00Z"}

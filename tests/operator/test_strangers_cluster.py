@@ -14,7 +14,14 @@ from rljob_operator.cluster.kube import FIELD_MANAGER
 from rljob_operator.decisions.children import desired_worker_pod
 
 from tests.cluster.waiting import wait_for
-from tests.support.operator import create_job, get_job, job_manifest, job_pods, wait_for_events, wait_phase
+from tests.support.operator_process import (
+    create_job,
+    get_job,
+    job_manifest,
+    job_pods,
+    wait_for_events,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 

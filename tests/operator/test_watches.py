@@ -5,6 +5,7 @@ one stream per resource to them. The streams themselves run against the real API
 from __future__ import annotations
 
 import asyncio
+import copy
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,10 +33,11 @@ from rljob_operator.cluster.workqueue import ExperimentKey, JobKey
 from rljob_operator.experiments.trials import LABEL_EXPERIMENT
 from rljob_operator.integrations.client import GateWatch
 from rljob_operator.integrations.kueue.client import WORKLOADS
-from rljob_operator.names import LABEL_JOB
+from rljob_operator.names import CONTAINER, LABEL_JOB
 from rljob_operator.settings import OperatorSettings
+from rljob_operator.times import rfc3339
 
-from tests.operator.test_operator_unit import make_job, pod_json
+from tests.support.jobs import NOW, make_job, pod_json
 
 
 class Queue:
@@ -249,3 +251,39 @@ def test_the_runner_wires_one_stream_per_resource_to_its_subscriber() -> None:
     labels = by_path[NAMESPACES.path(None)].subscriber  # every Namespace's labels: the runtimes' namespaceSelectors
     assert isinstance(labels, NamespaceEvents) and labels.store is reconciler.namespaces
     assert [f.scope for f in by_path[NAMESPACES.path(None)].followers] == [None]
+
+
+def test_a_pod_event_is_urgent_when_a_worker_ended_its_gangs_last_terminating_pod_is_gone_or_all_are_ready(
+) -> None:
+    from rljob_operator.cluster.handlers import urgent_pod_event
+
+    job = make_job()
+    running = pod_json(job, 0)
+    running["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+    def variant(status: dict[str, Any] | None = None, deleting: bool = False) -> dict[str, Any]:
+        pod = copy.deepcopy(running)
+        if status is not None:
+            pod["status"] = status
+        if deleting:
+            pod["metadata"]["deletionTimestamp"] = rfc3339(NOW)
+        return pod
+
+    exited = {"phase": "Running", "containerStatuses": [
+        {"name": CONTAINER, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+    unready = variant({"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]})
+    assert not urgent_pod_event("MODIFIED", running, [running, unready])  # ready before its gang: status only
+    assert not urgent_pod_event("MODIFIED", running, [running, variant(deleting=True)])
+    assert urgent_pod_event("MODIFIED", running, [running, running])  # the last of its gang: Running
+    assert not urgent_pod_event("ADDED", variant({"phase": "Pending"}), [])
+    assert not urgent_pod_event("MODIFIED", variant(deleting=True), [variant(deleting=True)])
+    assert urgent_pod_event("MODIFIED", variant({"phase": "Failed"}), [])
+    assert urgent_pod_event("MODIFIED", variant({"phase": "Succeeded"}), [])
+    assert urgent_pod_event("MODIFIED", variant(exited), [])  # the trainer exited, the phase not yet
+    assert urgent_pod_event("MODIFIED", variant({"phase": "Running", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}), [])
+    assert urgent_pod_event(None, variant({"phase": "Failed"}), [])  # listed at start
+    # Deleted: urgent once no other pod of the job is still terminating (its replacements can be created).
+    assert not urgent_pod_event("DELETED", variant(deleting=True), [running, variant(deleting=True)])
+    assert urgent_pod_event("DELETED", variant(deleting=True), [running])
+    assert urgent_pod_event("DELETED", running, [])  # gone without a word: a worker lost

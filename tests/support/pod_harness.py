@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.operator import free_port, job_pods, token_for
+from tests.support.operator_process import free_port, job_pods, token_for
 
 #: Every RLJOB_* variable the operator sets, and how a local process gets it.
 MAPPED = {"RLJOB_RDZV_ENDPOINT", "RLJOB_OUTPUT_DIR", "RLJOB_METRICS_PORT", "RLJOB_TOKEN_FILE",

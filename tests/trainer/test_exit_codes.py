@@ -1,64 +1,93 @@
-"""The exit-code contract end to end: what a failure inside a rank makes the whole node exit with.
-
-The operator's side (exit 200 → retry with half the per-device batch) is tested in the operator
-tests; here a real ``rljob train`` (torchrun's elastic launcher, 2 ranks on CPU) meets the failure.
-"""
+"""The exit-code contract's pure parts: which rank's failure a node exits with, a rank that only lost a
+peer, a CUDA out-of-memory error recognised through wrappers. A real ``rljob train`` meeting the failure:
+``test_exit_codes_training.py``."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from rljob_trainer.checkpoints.manifest import step_of, verify_checkpoint
-
-from tests.support.trainer import deep_update, quickstart_doc, run_rljob, write_manifest
-
-EXIT_CUDA_OOM = 200
-
-# A reward that works, until rank OOM_RANK's call OOM_CALL: then a CUDA out-of-memory error as torch
-# raises it (a reward model on the GPU, say). Checkpoints every 2 steps, so one is sealed before.
-OOM_REWARDS = '''
-import os
-
-import torch
-
-CALLS = 0
+from rljob_contract.pod import EXIT_PEER_LOST
+from rljob_trainer.errors import EXIT_CUDA_OOM, EXIT_PERMANENT, is_cuda_oom, is_peer_loss
+from rljob_trainer.launch import exit_code_for, peers_lost, recorded_exit_codes
+from rljob_trainer.rewards import checked_reward
 
 
-def oom_on_rank(prompts, completions, **kwargs):
-    global CALLS
-    CALLS += 1
-    if os.environ.get("RANK") == os.environ["OOM_RANK"] and CALLS >= int(os.environ["OOM_CALL"]):
-        raise torch.cuda.OutOfMemoryError(
-            "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity)")
-    return [1.0 if isinstance(c, str) and c.startswith(p[-1:]) else 0.0 for p, c in zip(prompts, completions)]
-'''
+def _failure(code: int, ts: int) -> SimpleNamespace:
+    return SimpleNamespace(exitcode=code, timestamp=ts)
 
 
-@pytest.mark.trainer
-def test_cuda_oom_in_a_rank_makes_the_node_exit_200(tmp_path: Path) -> None:
-    (tmp_path / "rljob_oom_rewards.py").write_text(OOM_REWARDS)
-    patch = {"spec": {"training": {"maxSteps": 8, "rewards": [{"name": "rljob_oom_rewards:oom_on_rank"}]},
-                      "checkpoint": {"everySteps": 2}}}
-    manifest = write_manifest(tmp_path / "job.yaml", deep_update(quickstart_doc(), patch))
-    out = tmp_path / "out"
-    termination = tmp_path / "termination-log"
-    termination.write_text("")
-    result = run_rljob("train", str(manifest), "--output", str(out), timeout=300,
-                       PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-                       RLJOB_TERMINATION_LOG=str(termination), RLJOB_SHUTDOWN_TIMEOUT="20",
-                       OOM_RANK="1", OOM_CALL="3")
-    log = result.stderr[-3000:]
-    assert result.returncode == EXIT_CUDA_OOM, log
-    assert "node 0 failed: CUDA out of memory" in result.stderr, log
-    # The termination message (what the operator reads with the exit code) names the OOM.
-    message = termination.read_text()
-    assert message.startswith("CUDA out of memory"), message
-    assert "Tried to allocate 2.00 GiB" in message
-    # Nothing half-written: every checkpoint folder is sealed and verifies; none from the failed step on.
-    folders = sorted(out.glob("checkpoints/checkpoint-*"))
-    assert folders, "the checkpoint before the failure was not kept"
-    for folder in folders:
-        assert verify_checkpoint(folder) == [], folder.name
-        assert (step_of(folder.name) or 0) < 3, folder.name
+def test_exit_code_prefers_permanent_then_oom_then_first_failure() -> None:
+    assert exit_code_for({0: _failure(-15, 2), 1: _failure(EXIT_PERMANENT, 3)}) == (EXIT_PERMANENT, 1)
+    assert exit_code_for({0: _failure(EXIT_CUDA_OOM, 5), 1: _failure(1, 1)}) == (EXIT_CUDA_OOM, 0)
+    assert exit_code_for({0: _failure(-9, 2), 1: _failure(1, 1)}) == (1, 1)
+    assert exit_code_for({0: _failure(-9, 1)}) == (137, 0)
+    # A forked gang's agent names one failure; the ranks' own records decide with it.
+    assert exit_code_for({0: _failure(1, 1)}, {1: EXIT_CUDA_OOM}) == (EXIT_CUDA_OOM, 1)
+    assert exit_code_for({0: _failure(1, 1)}, {0: 1, 1: 3}) == (1, 0)
+    assert exit_code_for({1: _failure(EXIT_CUDA_OOM, 1)}, {0: EXIT_PERMANENT}) == (EXIT_PERMANENT, 0)
+
+
+def test_a_rank_that_only_lost_a_peer_neither_explains_a_failure_nor_ends_an_in_place_node() -> None:
+    # The node's own failure wins over its ranks that merely lost the failed one.
+    assert exit_code_for({0: _failure(EXIT_PEER_LOST, 1), 1: _failure(1, 2)}) == (1, 1)
+    assert exit_code_for({0: _failure(EXIT_PEER_LOST, 1)}) == (EXIT_PEER_LOST, 0)
+    # The in-place agent restarts its ranks only when every failed one lost a peer (the records win).
+    assert peers_lost({0: _failure(EXIT_PEER_LOST, 1), 1: _failure(EXIT_PEER_LOST, 1)}, {})
+    assert not peers_lost({0: _failure(EXIT_PEER_LOST, 1), 1: _failure(-9, 1)}, {})
+    assert not peers_lost({0: _failure(EXIT_PEER_LOST, 1)}, {1: EXIT_CUDA_OOM})
+    assert not peers_lost({0: _failure(1, 1)}, {0: 1})
+    assert not peers_lost({}, {})
+
+
+def test_peer_loss_is_told_from_a_rank_s_own_failure() -> None:
+    # What gloo raised here when the process at the other end of an all_reduce was SIGKILLed.
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed "
+                        "by peer [127.0.0.1]:11944. This is typically caused by a remote worker crashing.")
+    assert is_peer_loss(gloo)
+    try:  # wrapped on the way out of TRL or accelerate
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ValueError("gather failed") from e
+    except ValueError as wrapped:
+        assert is_peer_loss(wrapped)
+    import torch.distributed as dist
+
+    assert is_peer_loss(dist.DistNetworkError("Failed to recv, got 0 bytes"))
+    assert not is_peer_loss(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_peer_loss(KeyError("reward"))
+
+
+def test_ranks_exit_codes_are_read_back_from_the_error_folder(tmp_path: Path) -> None:
+    (tmp_path / "rank-1.exit").write_text("200")
+    (tmp_path / "rank-3.exit").write_text("78\n")
+    (tmp_path / "rank-2.txt").write_text("the first error line")
+    (tmp_path / "rank-x.exit").write_text("1")
+    (tmp_path / "rank-4.exit").write_text("junk")
+    assert recorded_exit_codes(str(tmp_path)) == {1: 200, 3: 78}
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stands in for torch.cuda.OutOfMemoryError (matched by name, as the worker does)."""
+
+
+def test_cuda_oom_is_recognised_through_wrappers_and_not_blamed_on_the_reward() -> None:
+    assert is_cuda_oom(OutOfMemoryError("Tried to allocate 2.00 GiB"))
+    assert is_cuda_oom(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"))
+    assert not is_cuda_oom(MemoryError("host memory")) and not is_cuda_oom(RuntimeError("CUDA error: misaligned"))
+    try:
+        try:
+            raise OutOfMemoryError("Tried to allocate 2.00 GiB")
+        except OutOfMemoryError as inner:
+            raise RuntimeError("generation failed") from inner
+    except RuntimeError as wrapped:
+        assert is_cuda_oom(wrapped)
+
+    def oom(prompts: object, completions: object, **_: object) -> list[float]:
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    # Not a RewardFunctionError (permanent, 78): the OOM itself reaches the worker, which exits 200.
+    with pytest.raises(OutOfMemoryError):
+        checked_reward(oom, "reward_model", {})(prompts=["p"], completions=["c"])

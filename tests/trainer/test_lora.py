@@ -13,7 +13,7 @@ from rljob_trainer.checkpoints.export import base_identity
 from rljob_trainer.checkpoints.manifest import MANIFEST, build_manifest
 from rljob_trainer.worker import build_trl_config, peft_config, run_alone_when_alone
 
-from tests.support.operator import job_manifest
+from tests.support.operator_process import job_manifest
 
 
 def trainer_config(**training: object) -> TrainerConfig:

@@ -22,8 +22,8 @@ def test_rljob_and_plain_trl_log_the_same_rewards_and_losses(tmp_path: Path) -> 
                  "checkpoint": {"everySteps": 1000}},
     })
     manifest = write_manifest(tmp_path / "job.yaml", doc)
-    # PYTHONSAFEPATH: the script's own folder is not put first on sys.path, where tests/support/operator.py
-    # would stand in for the standard library's operator module.
+    # PYTHONSAFEPATH: the script's own folder is not put first on sys.path, where a helper module could stand
+    # in for a standard library module (tests/support/operator.py, now operator_process.py, once did).
     plain = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "plain_trl_grpo.py"), str(tmp_path / "plain"),
                             str(STEPS)], capture_output=True, text=True, env=trainer_env(PYTHONSAFEPATH="1"), cwd=REPO,
                            timeout=600)

@@ -28,7 +28,7 @@ import yaml
 
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import CHART, KUBE_VERSION, REPO, helm
-from tests.support.operator import create_job, get_job, job_pods, wait_for_events, wait_phase
+from tests.support.operator_process import create_job, get_job, job_pods, wait_for_events, wait_phase
 from tests.support.s3_server import MotoServer
 from tests.support.trainer import deep_update
 

@@ -26,7 +26,14 @@ import yaml
 
 from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
-from tests.support.operator import annotate_pod, create_job, get_job, job_manifest, job_pods, wait_phase
+from tests.support.operator_process import (
+    annotate_pod,
+    create_job,
+    get_job,
+    job_manifest,
+    job_pods,
+    wait_phase,
+)
 from tests.support.pod_harness import logs, start_gang, stop
 from tests.support.trainer import REPO
 
