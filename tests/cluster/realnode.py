@@ -304,8 +304,12 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
 def ctr(binaries: NodeBinaries, state: RealNodeState, *args: str, **kwargs: Any) -> subprocess.CompletedProcess:
     """``ctr`` on this node's containerd, in the CRI's ``k8s.io`` namespace."""
-    return subprocess.run([binaries["ctr"], "--address", str(state.socket), "--namespace", "k8s.io", *args],
-                          capture_output=True, check=True, **kwargs)
+    try:
+        return subprocess.run([binaries["ctr"], "--address", str(state.socket), "--namespace", "k8s.io", *args],
+                              capture_output=True, check=True, **kwargs)
+    except subprocess.CalledProcessError as error:
+        said = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else str(error.stderr)
+        raise RealNodeError(f"ctr {' '.join(args)} failed (exit {error.returncode}): {said[-2000:]}") from error
 
 
 def pause_image_archive(pause: Path, name: str) -> bytes:

@@ -89,10 +89,21 @@ def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str
 
 @pytest.fixture
 def real_operator(real_node: Any, operator: Any, chart_runtimes: str) -> Any:
-    """The operator, its status API on the gateway address (its certificate names it), the trainer image
-    allowed as the e2e values allow it (a platform team allows its own registry's)."""
-    allowed = yaml.safe_load(E2E_VALUES.read_text())["podProfile"]["allowedImages"]
-    return operator(status_host=real_node.real_node.gateway, env={"RLJOB_OPERATOR_ALLOWED_IMAGES": ",".join(allowed)})
+    """The operator, its status API on the gateway address (its certificate names it), its pod profile as
+    the chart sets it with the e2e values: the trainer image allowed (a platform team allows its own
+    registry's) and the trainers' ServiceAccount the chart's runtimes name."""
+    return operator(status_host=real_node.real_node.gateway, env=chart_profile_env())
+
+
+def chart_profile_env() -> dict[str, str]:
+    """The pod profile's settings in the operator Deployment the chart renders with the e2e values."""
+    rendered = helm("template", RUNTIMES_RELEASE, str(CHART), "--namespace", "rljob-system", "--kube-version",
+                    KUBE_VERSION, "-f", str(E2E_VALUES), "--show-only", "templates/deployment.yaml").stdout
+    container = yaml.safe_load(rendered)["spec"]["template"]["spec"]["containers"][0]
+    wanted = ("RLJOB_OPERATOR_ALLOWED_IMAGES", "RLJOB_OPERATOR_ALLOWED_SERVICE_ACCOUNTS")
+    env = {e["name"]: e["value"] for e in container["env"] if e["name"] in wanted}
+    assert set(env) == set(wanted), f"the chart's Deployment sets {sorted(env)} of {wanted}"
+    return env
 
 
 def real_job(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
