@@ -11,7 +11,6 @@ operator renders for a worker pod, and what the chart renders for the operator's
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
 import subprocess
@@ -29,7 +28,8 @@ from tests.support.trainer import deep_update
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
-IMAGES = ("trainer", "operator")
+IMAGES = containers.IMAGES
+
 
 def _pins(lock: Path) -> dict[str, str]:
     """Package → version of a pip requirements file (``name==version`` lines)."""
@@ -73,22 +73,6 @@ def test_dockerfile_installs_its_lock_hash_checked_on_a_base_without_torch(image
 
 
 # ------------------------------------------------------------------------------ built images
-
-
-@pytest.fixture(scope="session")
-def built_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Both images built from this checkout (warm: only the code layers), by their local tags.
-
-    Built under a lock shared by the test lanes: the first builds, the other then finds every layer cached.
-    """
-    containers.podman()  # a clear error when no engine is installed
-    lock = tmp_path_factory.getbasetemp().parent / "rljob-images.lock"
-    start = time.monotonic()
-    with open(lock, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        subprocess.run([str(REPO / "tools" / "images" / "build.sh"), *IMAGES], check=True, timeout=3600)
-    print(f"images built in {time.monotonic() - start:.0f} s")
-    return {image: f"localhost/rljob-{image}:dev" for image in IMAGES}
 
 
 def _quickstart_pod(spec: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:

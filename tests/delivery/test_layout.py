@@ -115,3 +115,18 @@ def test_the_checks_tell_the_kinds_apart() -> None:
     assert not starts_the_control_plane(given)
     assert runs_training(ast.parse("import pytest\n@pytest.mark.trainer\ndef test_x():\n    pass\n"))
     assert not runs_training(helper)
+
+
+def test_every_fixture_a_test_asks_for_is_found_where_the_test_is() -> None:
+    """A file split from another keeps the fixtures it needs (shared ones live in its folder's conftest.py
+    or in tests/support/): pytest's setup plan names each missing one without running anything."""
+    import os
+    import subprocess
+    import sys
+
+    plan = subprocess.run([sys.executable, "-m", "pytest", "--setup-plan", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "-m", "", str(TESTS)], capture_output=True, text=True,
+                          cwd=TESTS.parent, env={**os.environ, "PYTEST_ADDOPTS": ""}, timeout=300)
+    missing = sorted({line.strip() for line in plan.stdout.splitlines() if "fixture '" in line and "not found" in line})
+    assert not missing, missing
+    assert plan.returncode == 0, plan.stdout[-3000:]

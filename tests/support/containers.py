@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 #: Flags every podman call here needs on this kind of machine (see the module docstring).
+#: The two images of the repository, by their Dockerfile's suffix (``Dockerfile.<image>``).
+IMAGES = ("trainer", "operator")
+
 ENGINE = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 ULIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
 #: Where Kubernetes puts a container's termination message unless the container says otherwise.
