@@ -525,16 +525,16 @@ def test_require_queue_refuses_a_job_without_one_on_create_and_on_every_update(
     assert _apply(control_plane, ordinary_user, namespace, _quickstart("before")).returncode == 0
     strict = [d for d in helm_template("--set", "kueue.requireQueue=true")
               if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == QUEUES]
+    unlabelled = _quickstart("unqueued")
+
+    def unlabelled_refused() -> bool:  # a dry run until the API server has the new policy
+        result = run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(ordinary_user), "--namespace",
+                      namespace, "create", "--dry-run=server", "-f", "-"], check=False,
+                     input=yaml.safe_dump(unlabelled))
+        return result.returncode != 0 and QUEUES in result.stderr
+
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump(strict[0]))
     try:
-        unlabelled = _quickstart("unqueued")
-
-        def unlabelled_refused() -> bool:  # a dry run until the API server has the new policy
-            result = run([str(control_plane.bin / "kubectl"), "--kubeconfig", str(ordinary_user), "--namespace",
-                          namespace, "create", "--dry-run=server", "-f", "-"], check=False,
-                         input=yaml.safe_dump(unlabelled))
-            return result.returncode != 0 and QUEUES in result.stderr
-
         wait_for(unlabelled_refused, 30, message="requireQueue in force")
         result = _apply(control_plane, ordinary_user, namespace, unlabelled)
         assert result.returncode != 0
@@ -548,6 +548,8 @@ def test_require_queue_refuses_a_job_without_one_on_create_and_on_every_update(
         assert labelled.returncode == 0, labelled.stderr
     finally:
         _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))  # the base's again (requireQueue off)
+        # ... in force before the next test: the API server reads policies from a watch, seconds later.
+        wait_for(lambda: not unlabelled_refused(), 30, message="requireQueue off again")
 
 
 # --------------------------------------------------- every field of the table of references (#30)

@@ -384,6 +384,21 @@ def test_a_job_outside_its_runtimes_namespace_selector_fails_naming_the_selector
     assert runtime_in_use(job, False, mine, None, namespace_labels={}).not_allowed is None
 
 
+def test_a_runtime_requiring_a_queue_serves_no_job_where_the_operator_runs_none_through_kueue() -> None:
+    rt = runtime({"queue": {"name": "team-q", "required": True}})
+    job = make_job()
+    use = runtime_in_use(job, False, rt, None, queues=False)
+    assert use.not_allowed == (
+        "spec.runtimeRef: ClusterRLTrainingRuntime/gpu requires a Kueue LocalQueue (its spec.queue.required), and this "
+        "operator does not run jobs through Kueue (its setting kueue, the chart's kueue.enabled, is false): the job "
+        "would run unqueued; name another runtime, or ask the platform team to enable Kueue")
+    plan = plan_reconcile(job, [], NOW, profile=PROFILE, runtime=resolve(job, rt), runtime_in_use=use)
+    assert (plan.status["phase"], plan.status["reason"]) == ("Failed", NOT_ALLOWED) and not plan.create_pods
+    assert runtime_in_use(job, False, rt, None, queues=True).not_allowed is None  # Kueue's gate holds it instead
+    optional = runtime({"queue": {"name": "team-q"}})
+    assert runtime_in_use(job, False, optional, None, queues=False).not_allowed is None  # the queue a mere default
+
+
 def test_a_job_failed_for_its_namespace_is_looked_at_again_once_edited() -> None:
     failed = make_job(status={"phase": "Failed", "reason": NOT_ALLOWED, "observedGeneration": 1}, generation=2)
     plan = plan_reconcile(failed, [], NOW, profile=PROFILE, runtime=resolve(failed, runtime()))

@@ -99,6 +99,21 @@ def test_a_runtime_outside_its_namespace_selector_is_refused_by_the_operator_its
              30, message="the stopped job's pods deleted")
 
 
+def test_a_runtime_requiring_a_queue_runs_no_job_of_an_operator_without_kueue(
+        kube: Any, namespace: str, operator: Any, tenant: Any, team_runtime: Any) -> None:
+    """The runtime's ``queue.required`` holds even where the operator's Kueue integration is off: no job of it
+    runs unqueued."""
+    runtime = team_runtime({})
+    kube.request("PATCH", f"{RUNTIMES}/{runtime}", {"spec": {"queue": {"name": "team-q", "required": True}}},
+                 content_type="application/merge-patch+json")
+    operator(env={"RLJOB_OPERATOR_KUEUE": "false"})
+    create_job(tenant, namespace, job_manifest("unqueued", 1, {"runtimeRef": {"name": runtime}}))
+    job = wait_phase(kube, namespace, "unqueued", "Failed", reason="RuntimeNotAllowed")
+    assert "requires a Kueue LocalQueue (its spec.queue.required), and this operator does not run jobs through " \
+        "Kueue" in job["status"]["message"]
+    assert job_pods(kube, namespace, "unqueued") == []
+
+
 def test_the_three_escapes_of_a_runtimes_pod_are_closed(kube: Any, namespace: str, operator: Any,
                                                         tenant: Any) -> None:
     """A year-long grace period in the template, gpuResource naming the control plane (a namespace admin's

@@ -307,10 +307,11 @@ class Reconciler:
         if self.runtimes is None:
             return RuntimeInUse(None)
         record = recorded(job)
+        queues = "kueue" in self.gates  # the Kueue gate is among them only while the setting kueue is on
         if record is None or not wants_snapshot(job, current):  # the runtime as the gang was built: no choice
-            return runtime_in_use(job, False, current, missing, None, self._labels(job))
+            return runtime_in_use(job, False, current, missing, None, self._labels(job), queues)
         return runtime_in_use(job, gang_started(job, pods, now), current, missing, self._snapshot(job, record),
-                              self._labels(job))
+                              self._labels(job), queues)
 
     def _snapshot(self, job: RLTrainingJob, record: RuntimeStatus) -> TrainingRuntime | str:
         """The runtime the job's ConfigMap keeps (``runtime.json``), if it is the one ``record`` names; a good one

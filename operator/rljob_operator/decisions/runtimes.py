@@ -126,7 +126,7 @@ class RuntimeInUse:
 
 def runtime_in_use(job: RLTrainingJob, gang_started: bool, current: TrainingRuntime | None, missing: str | None,
                    snapshot: TrainingRuntime | str | None = None,
-                   namespace_labels: Mapping[str, str] | None = None) -> RuntimeInUse:
+                   namespace_labels: Mapping[str, str] | None = None, queues: bool = True) -> RuntimeInUse:
     """The runtime ``job``'s pods are built from in this reconcile.
 
     ``gang_started``: the current gang generation's pods were created (``Situation.gang_started``): they were
@@ -134,7 +134,8 @@ def runtime_in_use(job: RLTrainingJob, gang_started: bool, current: TrainingRunt
     why); ``snapshot``: the runtime the ConfigMap keeps (``read_snapshot``; None when not read: only
     ``wants_snapshot`` jobs need it); ``namespace_labels``: those of the job's namespace, for the
     runtime's namespaceSelector (None: not known, so not enforced: a reconciler without the Namespaces' watch, in
-    tests of other parts).
+    tests of other parts); ``queues``: the operator runs jobs through Kueue (its setting ``kueue``): without it
+    a runtime that requires a queue (``spec.queue.required``) serves no job, which would otherwise run unqueued.
     """
     record = recorded(job)
     if current is not None and (record is None or not gang_started or runtime_hash(current) == record.hash):
@@ -150,6 +151,10 @@ def runtime_in_use(job: RLTrainingJob, gang_started: bool, current: TrainingRunt
             if record is not None and isinstance(snapshot, str) else ""
         return RuntimeInUse(None, missing=f"{missing or 'the job has no runtime'}{why}")
     refused = not_allowed(use, job.metadata.namespace or "", namespace_labels) if namespace_labels is not None else None
+    if refused is None and use.spec.queue.required and not queues:
+        refused = (f"spec.runtimeRef: {use.ref} requires a Kueue LocalQueue (its spec.queue.required), and this "
+                   "operator does not run jobs through Kueue (its setting kueue, the chart's kueue.enabled, is false): "
+                   "the job would run unqueued; name another runtime, or ask the platform team to enable Kueue")
     return RuntimeInUse(use, not_allowed=refused, stale=stale)
 
 
