@@ -20,6 +20,7 @@ from tests.operator.test_policy import (
     _template,
 )
 from tests.support.operator_process import (
+    JOBS_ONLY,
     apply_runtime,
     create_job,
     events_for,
@@ -28,6 +29,7 @@ from tests.support.operator_process import (
     job_pods,
     patch_spec,
     runtime_manifest,
+    service_account_kube,
     wait_phase,
 )
 
@@ -40,24 +42,15 @@ def _label_namespace(core_v1: Any, namespace: str, level: str) -> None:
 @pytest.fixture
 def ordinary_user(control_plane: Any, kube: Any, namespace: str) -> Iterator[Any]:
     """A Kube acting as a ServiceAccount token whose only rights are on rltrainingjobs of ``namespace``."""
-    from rljob_operator.cluster.kube import Kube
-
-    rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/" + namespace
-    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "jobs-only"}, "rules": [
-        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
-         "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]}]})
-    kube.request("POST", f"{rbac}/rolebindings", {
-        "metadata": {"name": "jobs-only"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                                       "name": "jobs-only"},
-        "subjects": [{"kind": "ServiceAccount", "name": "team-member", "namespace": namespace}]})
-    api_client = control_plane.api_client(control_plane.service_account_kubeconfig(namespace, "team-member"))
-    user = Kube(api_client)
+    user = service_account_kube(kube, namespace, "team-member",
+                                control_plane.service_account_kubeconfig(namespace, "team-member"),
+                                {"jobs-only": JOBS_ONLY})
     with pytest.raises(ApiException) as denied:  # the user could not build such pods themselves
         user.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
             "metadata": {"name": "direct"}, "spec": {"containers": [{"name": "c", "image": FOREIGN_IMAGE}]}})
     assert denied.value.status == 403
     yield user
-    api_client.close()
+    user.api_client.close()
 
 
 def _pod_posts(op: Any) -> float:

@@ -257,6 +257,44 @@ def _kube(api_client: Any) -> Any:
     return Kube(api_client)
 
 
+#: A Role's rules for a user who may do everything with RLTrainingJobs of a namespace and nothing else.
+JOBS_ONLY = [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
+              "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]
+
+
+def service_account_kube(kube: Any, namespace: str, account: str, kubeconfig: Path,
+                         roles: dict[str, list[dict[str, Any]]], cluster_roles: tuple[str, ...] = ()) -> Any:
+    """The operator's REST layer acting as ServiceAccount ``account`` of ``namespace`` (its ``kubeconfig``), bound to
+    the Roles ``roles`` (name -> rules, made here) and to the existing ClusterRoles ``cluster_roles``; returned once
+    RBAC is in force (the authorizer learns bindings from an informer): it may create RLTrainingJobs."""
+    from kubernetes import client, config
+
+    from tests.cluster.waiting import wait_for
+
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    subjects = [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    bindings = [(name, "Role", name) for name in roles] + [(f"{account}-{r}", "ClusterRole", r) for r in cluster_roles]
+    for name, rules in roles.items():
+        kube.request("POST", f"{rbac}/roles", {"metadata": {"name": name}, "rules": rules})
+    for name, kind, role in bindings:
+        kube.request("POST", f"{rbac}/rolebindings", {"metadata": {"name": name}, "subjects": subjects,
+                                                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                                   "kind": kind, "name": role}})
+    configuration = client.Configuration()
+    config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+    user = _kube(client.ApiClient(configuration))
+
+    def in_force() -> bool:
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "create", "group": "rljob.dev",
+                                                  "resource": "rltrainingjobs"}}}
+        answer = user.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+        return bool((answer.get("status") or {}).get("allowed"))
+
+    wait_for(in_force, 30, message=f"the rights of {account} in force")
+    return user
+
+
 @pytest.fixture(scope="session")
 def kube(api_client: Any) -> Any:
     """The operator's JSON REST layer on the admin client."""
@@ -465,30 +503,12 @@ def operator(admin_kubeconfig: Path, namespace: str, crd_installed: Any, tmp_pat
 def tenant(kube: Any, namespace: str, service_account_kubeconfig: Any) -> Iterator[Any]:
     """The operator's REST layer acting as an ordinary tenant: RLTrainingJobs in ``namespace`` and nothing else
     (no pods, no Workloads, no runtimes, no job status; its pods' code is played by the test's annotations)."""
-    from kubernetes import client, config
-    from rljob_operator.cluster.kube import Kube
-
-    from tests.cluster.waiting import wait_for
-
-    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
-    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "jobs-only"}, "rules": [
-        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs"],
-         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})
-    kube.request("POST", f"{rbac}/rolebindings", {
-        "metadata": {"name": "jobs-only"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                                       "name": "jobs-only"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
-    configuration = client.Configuration()
-    config.load_kube_config(str(service_account_kubeconfig("tenant")), client_configuration=configuration)
-    user = client.ApiClient(configuration)
-    as_tenant = Kube(user)
-    # RBAC reaches the authorizer through an informer: wait until the tenant may read jobs.
-    wait_for(lambda: as_tenant.request("GET", as_tenant.job_path(namespace)) is not None, 30,
-             message="the tenant's rights in force", ignore=(Exception,))
+    as_tenant = service_account_kube(kube, namespace, "tenant", service_account_kubeconfig("tenant"),
+                                     {"jobs-only": JOBS_ONLY})
     try:
         yield as_tenant
     finally:
-        user.close()
+        as_tenant.api_client.close()
 
 
 # ------------------------------------------------------------------ an ordinary tenant
@@ -508,30 +528,8 @@ def tenant_kube(kube: Any, namespace: str, service_account_kubeconfig: Any, crd_
     Kubernetes' built-in ``edit`` role (pods, Services, ConfigMaps, ...) and to the chart's rights on rljob's
     kinds (``TENANT_RLJOB_RULES``). It may create pods (a notebook's), jobs and experiments, never write their
     status."""
-    from kubernetes import client, config
-
-    from tests.cluster.waiting import wait_for
-
-    kubeconfig = service_account_kubeconfig("tenant")
-    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
-    kube.request("POST", f"{rbac}/roles", {"metadata": {"name": "tenant-rljob"}, "rules": TENANT_RLJOB_RULES})
-    subjects = [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]
-    for name, kind, role in (("tenant-edit", "ClusterRole", "edit"), ("tenant-rljob", "Role", "tenant-rljob")):
-        kube.request("POST", f"{rbac}/rolebindings", {"metadata": {"name": name}, "subjects": subjects,
-                                                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
-                                                                   "kind": kind, "name": role}})
-    configuration = client.Configuration()
-    config.load_kube_config(str(kubeconfig), client_configuration=configuration)
-    tenant = _kube(client.ApiClient(configuration))
-
-    def in_force() -> bool:
-        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "patch", "group": "rljob.dev",
-                                                  "resource": "rltrainingjobs"}}}
-        answer = tenant.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
-        return bool((answer.get("status") or {}).get("allowed"))
-
-    wait_for(in_force, 30, message="the tenant's rights in force")
+    tenant = service_account_kube(kube, namespace, "tenant", service_account_kubeconfig("tenant"),
+                                  {"tenant-rljob": TENANT_RLJOB_RULES}, cluster_roles=("edit",))
     yield tenant
     tenant.api_client.close()
 
