@@ -32,6 +32,7 @@ from rljob_operator.decisions.policy import PodProfile, violations
 
 from tests.delivery.test_chart import REPO
 from tests.support.operator_process import TEST_RUNTIME, job_manifest, on_runtime, runtime_manifest
+from tests.support.scripts import load_script
 from tests.support.trainer import deep_update
 
 PROFILE = PodProfile(allowed_images=("registry.invalid/rljob-trainer:*",))
@@ -88,12 +89,7 @@ def _on_runtime(ref: refs.Reference, name: str = OTHER) -> tuple[Any, Any]:
 
 
 def test_the_committed_admission_policies_are_generated_from_the_table() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gen_admission", REPO / "charts/rljob/hack/gen_admission.py")
-    assert spec is not None and spec.loader is not None
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = load_script(REPO / "charts/rljob/hack/gen_admission.py")
     for path in gen.FILES:
         text = path.read_text()
         assert gen.rendered(text, path) == text, f"{path} drifted from the table: run 'make generate'"

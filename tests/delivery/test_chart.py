@@ -8,7 +8,6 @@ copies against ``rljob crd``. The helpers at the top are shared by the other del
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.scripts import load_script
 from tests.support.trainer import deep_update
 from tests.support.yaml_go import go_differences
 
@@ -319,11 +319,7 @@ def _crd_text() -> str:
 
 
 def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_crds", CHART / "hack" / "gen_crds.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CHART / "hack" / "gen_crds.py")
 
 
 def test_chart_and_kustomize_crds_are_generated_from_rljob_crd() -> None:

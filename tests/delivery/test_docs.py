@@ -3,9 +3,7 @@ and names every field, the README is short and its commands are make targets."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -17,6 +15,8 @@ from pydantic import BaseModel
 from rljob_contract.experiment import RLExperimentSpec
 from rljob_contract.job import RLTrainingJobSpec
 from rljob_contract.runtime import RuntimeSpec
+
+from tests.support.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 #: The pages a reader of the repository walks: the README, every page under docs/, the other READMEs.
@@ -104,13 +104,8 @@ def test_the_checker_finds_anchors_paths_and_links_as_github_does(tmp_path: Path
 
 @cache
 def gen_docs() -> ModuleType:
-    """``tools/gen_docs.py``, imported from its file (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("gen_docs", REPO / "tools" / "gen_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_docs"] = module
-    spec.loader.exec_module(module)
-    return module
+    """``tools/gen_docs.py``."""
+    return load_script(REPO / "tools" / "gen_docs.py")
 
 
 @cache

@@ -3,25 +3,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 from types import ModuleType
 
 from tests.support import plan_scenarios
 from tests.support.operator_process import REPO
+from tests.support.scripts import load_script
 
 STEPS = ("failure", "failure.observe", "failure.classify", "failure.respond", "failure.record")
 
 
 def _context_walk() -> ModuleType:
-    """``tools/context_walk.py``, imported from its file (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("context_walk", REPO / "tools" / "context_walk.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["context_walk"] = module
-    spec.loader.exec_module(module)
-    return module
+    """``tools/context_walk.py``."""
+    return load_script(REPO / "tools" / "context_walk.py")
 
 
 def test_plan_failures_context_goes_down_the_steps_in_order_and_never_back() -> None:
