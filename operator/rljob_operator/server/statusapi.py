@@ -68,7 +68,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from rljob_contract.job import API_VERSION, GROUP, KIND, PLURAL, VERSION, EvaluationProgress, Progress
-from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path
+from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path, warning_reason
 
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
@@ -563,7 +563,8 @@ class StatusAPI:
                            f"second (burst {self.limits.burst_per_job}); retry later", wait)
 
     def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
-        """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people.
+        """A trainer's resume fell back (corrupt checkpoint, unreachable primary) or it left out a tracking server
+        that did not answer (``warning_reason``): tell people.
 
         Through the ``EventRecorder``: repeats are counted on one Event, and a job's pods cannot cause
         more Events than its rate (``cluster.events``), whatever they send. The job (for its uid) is
@@ -578,9 +579,9 @@ class StatusAPI:
         now, clock = rfc3339(datetime.now(UTC)), time.monotonic()
         for message in warnings:
             try:
-                self.events.record(job, "Warning", "CheckpointFallback", message, now, clock)
+                self.events.record(job, "Warning", warning_reason(message), message, now, clock)
             except ApiException as e:  # an Event is worth a log line, not a refused heartbeat
-                log.warning("cannot post CheckpointFallback event for %s/%s: %s", namespace, name, e)
+                log.warning("cannot post %s event for %s/%s: %s", warning_reason(message), namespace, name, e)
 
     async def get_status(self, request: web.Request, namespace: str, name: str) -> web.Response:
         """Job ``namespace/name``'s status for a caller who may get it (names already checked)."""

@@ -1,0 +1,307 @@
+"""Experiment tracking (``spec.training.tracking``): MLflow and W&B through transformers' own callbacks.
+
+``report_to`` names them, so TRL's trainer adds transformers' ``MLflowCallback`` and ``WandbCallback``,
+configured by their own environment variables (:func:`tracking_env`: ``MLFLOW_TRACKING_URI``,
+``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_TAGS``, ``WANDB_PROJECT``, ``WANDB_MODE``, ``WANDB_DIR`` …). They log
+TRL's arguments and every logged metric (``eval/*`` too). :func:`install` swaps each for a guarded
+subclass that adds what they lack — the job's spec as flattened ``spec.training.*`` parameters, rljob,
+TRL, transformers and torch versions and the image as tags — and that never lets a tracking server
+fail training: a server that does not answer is tried :data:`PROBE_ATTEMPTS` times with backoff, then
+left out with a warning (the log, ``summary.json``'s ``tracking.warnings`` and, in a pod, the heartbeat's
+warnings, which the operator turns into a ``TrackingUnavailable`` Warning Event on the job); an error
+of the integration later does the same. After the summary is written, :meth:`RunTracking.finish` adds
+the summary and reward curve as artifacts and the best checkpoint's location as a tag (never the
+weights), then ends the run.
+
+Credentials (``MLFLOW_TRACKING_TOKEN``, ``WANDB_API_KEY``) are never in the spec: they come from the
+environment, which a runtime fills from a Secret.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rljob_contract.pod import IMAGE_ENV, TRACKING_PARENT_RUN_ENV, TRACKING_WARNING_PREFIX
+from rljob_contract.spec import TrainerConfig
+
+log = logging.getLogger("rljob.tracking")
+
+#: Tries of an unreachable tracking server before the run goes on without it, and the first wait between them.
+PROBE_ATTEMPTS = 3
+PROBE_BACKOFF_SECONDS = 2.0
+#: MLflow's own HTTP retries and timeout per request, bounded so a server that goes down mid-run costs seconds
+#: (MLflow's defaults retry for minutes); a user's own setting wins.
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+#: Files of the output folder logged as artifacts when the run ends (never checkpoints or weights).
+ARTIFACTS = ("summary.json", "reward_curve.png")
+#: MLflow's longest parameter value; a longer value of the spec is cut (the full spec is in the artifacts).
+MAX_PARAM_CHARS = 6000
+
+
+def report_to(cfg: TrainerConfig) -> list[str]:
+    """transformers' ``report_to``: TensorBoard always, then what ``spec.training.tracking`` sets."""
+    tracking = cfg.training.tracking
+    return ["tensorboard", *(tracking.integrations() if tracking is not None else [])]
+
+
+def tracking_env(cfg: TrainerConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment transformers' callbacks read, from the spec (and a parent run an experiment set)."""
+    tracking = cfg.training.tracking
+    out: dict[str, str] = {}
+    if tracking is None:
+        return out
+    if tracking.mlflow is not None:
+        if tracking.mlflow.tracking_uri:
+            out["MLFLOW_TRACKING_URI"] = tracking.mlflow.tracking_uri
+        out["MLFLOW_EXPERIMENT_NAME"] = tracking.mlflow.experiment or cfg.job_name
+        tags = {"rljob.job": cfg.job_name, "rljob.algorithm": str(cfg.training.algorithm)}
+        if cfg.namespace:
+            tags["rljob.namespace"] = cfg.namespace
+        if environ.get(TRACKING_PARENT_RUN_ENV):
+            tags["mlflow.parentRunId"] = environ[TRACKING_PARENT_RUN_ENV]
+        out["MLFLOW_TAGS"] = json.dumps(tags)
+        out["MLFLOW_FLATTEN_PARAMS"] = "true"
+        out.update({k: v for k, v in MLFLOW_HTTP_DEFAULTS.items() if k not in environ})
+    if tracking.wandb is not None:
+        out.update({"WANDB_PROJECT": tracking.wandb.project, "WANDB_MODE": str(tracking.wandb.mode),
+                    "WANDB_DIR": str(Path(cfg.output_dir).resolve()), "WANDB_SILENT": "true"})
+        if tracking.wandb.entity:
+            out["WANDB_ENTITY"] = tracking.wandb.entity
+    return out
+
+
+def flat_spec(cfg: TrainerConfig) -> dict[str, str]:
+    """``spec.training`` as flat parameters (``spec.training.rewards.0.name``), values as strings."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(f"{prefix}.{i}", item)
+            if not value:
+                out[prefix] = "[]"
+        elif value is not None:
+            out[prefix] = str(value)[:MAX_PARAM_CHARS]
+
+    walk("spec.training", cfg.training.model_dump(mode="json", by_alias=True, exclude_none=True))
+    return out
+
+
+def versions() -> dict[str, str]:
+    """rljob's, TRL's, transformers', torch's versions and the image (``RLJOB_IMAGE``, where the operator set it)."""
+    import torch
+    import transformers
+    import trl
+
+    import rljob_trainer
+
+    out = {"rljob.version": rljob_trainer.__version__, "rljob.trl_version": trl.__version__,
+           "rljob.transformers_version": transformers.__version__, "rljob.torch_version": torch.__version__}
+    if os.environ.get(IMAGE_ENV):
+        out["rljob.image"] = os.environ[IMAGE_ENV]
+    return out
+
+
+def probe(uri: str | None, attempts: int = PROBE_ATTEMPTS, backoff: float = PROBE_BACKOFF_SECONDS) -> str | None:
+    """None when the MLflow server at ``uri`` answers (any HTTP answer below 500), else why not, after
+    ``attempts`` tries with exponential backoff. A non-HTTP URI (a file store) is not probed."""
+    import requests
+
+    if not uri or not uri.startswith(("http://", "https://")):
+        return None
+    why = ""
+    for attempt in range(attempts):
+        try:
+            answer = requests.get(uri.rstrip("/") + "/health", timeout=5)
+            if answer.status_code < 500:
+                return None
+            why = f"HTTP {answer.status_code}"
+        except requests.RequestException as e:
+            why = type(e).__name__ + (f": {e.args[0]}" if e.args else "")
+        if attempt + 1 < attempts:
+            log.warning("tracking: MLflow at %s does not answer (%s); trying again", uri, why)
+            time.sleep(backoff * 2 ** attempt)
+    return f"MLflow at {uri} did not answer {attempts} tries ({why[:200]})"
+
+
+class RunTracking:
+    """Rank 0's tracking of one run: the guarded callbacks' shared state, warnings and the end of the run."""
+
+    def __init__(self, cfg: TrainerConfig, heartbeat: Any = None) -> None:
+        self.cfg = cfg
+        self.heartbeat = heartbeat
+        self.warnings: list[str] = []
+        self.ids: dict[str, str] = {}
+        self.active: dict[str, bool] = {}
+
+    def warn(self, integration: str, what: str) -> None:
+        """Leave ``integration`` out for the rest of the run, and tell the log, the summary and the operator."""
+        self.active[integration] = False
+        message = f"{TRACKING_WARNING_PREFIX}{integration}: {what}; training goes on without it"
+        log.warning("%s", message)
+        self.warnings.append(message)
+        if self.heartbeat is not None:
+            self.heartbeat.warnings.append(message[:1000])
+
+    def guard(self, integration: str, action: Callable[[], Any]) -> Any:
+        """Run ``action`` of ``integration`` unless it was left out; an error leaves it out (never raises)."""
+        if not self.active.get(integration, True):
+            return None
+        try:
+            return action()
+        except Exception as e:  # a tracking server never fails training
+            self.warn(integration, f"{type(e).__name__}: {str(e)[:300]}")
+            return None
+
+    def log_eval(self, step: int, values: dict[str, float]) -> None:
+        """An evaluation's ``eval/*`` values (rljob's evaluation reports them itself, not through the Trainer's log)."""
+        if self.active.get("mlflow"):
+            self.guard("mlflow", lambda: _mlflow_metrics(values, step))
+        if self.active.get("wandb"):
+            self.guard("wandb", lambda: _wandb_metrics(values, step))
+
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Artifacts, the best checkpoint's location, then end each run; summary.json's ``tracking`` part."""
+        best = (summary.get("best_checkpoint") or summary.get("latest_checkpoint") or {}).get("location")
+        output = Path(self.cfg.output_dir)
+        files = [output / name for name in ARTIFACTS if (output / name).is_file()]
+        if self.active.get("mlflow"):
+            self.guard("mlflow", lambda: _finish_mlflow(files, best))
+        if self.active.get("wandb"):
+            self.guard("wandb", lambda: _finish_wandb(files, best))
+        return {"runs": dict(self.ids), "warnings": list(self.warnings)}
+
+
+def _mlflow_metrics(values: dict[str, float], step: int) -> None:
+    import mlflow
+
+    mlflow.log_metrics(values, step=step, synchronous=False)
+
+
+def _wandb_metrics(values: dict[str, float], step: int) -> None:
+    import wandb
+
+    if wandb.run is not None:
+        wandb.log({**values, "train/global_step": step})
+
+
+def _finish_mlflow(files: list[Path], best: str | None) -> None:
+    import mlflow
+
+    for path in files:
+        mlflow.log_artifact(str(path))
+    if best:
+        mlflow.set_tag("rljob.best_checkpoint", best)
+    mlflow.end_run()
+
+
+def _finish_wandb(files: list[Path], best: str | None) -> None:
+    import wandb
+
+    if wandb.run is None:
+        return
+    for path in files:
+        wandb.save(str(path), base_path=str(path.parent), policy="now")
+    if best:
+        wandb.run.summary["rljob/best_checkpoint"] = best
+    wandb.finish()
+
+
+def guarded_mlflow(tracking: RunTracking) -> Any:
+    """transformers' ``MLflowCallback``, probed first, guarded, with the spec and versions, not ending the run."""
+    from transformers.integrations import MLflowCallback
+
+    class GuardedMLflow(MLflowCallback):  # type: ignore[misc]
+        def setup(self, args: Any, state: Any, model: Any) -> None:
+            if not state.is_world_process_zero:
+                self._initialized = True
+                return
+            self._initialized = True  # once: a failed setup is not tried again at every log
+            why = probe(os.environ.get("MLFLOW_TRACKING_URI"))
+            if why is not None:
+                tracking.warn("mlflow", why)
+                return
+            tracking.guard("mlflow", lambda: self._start(args, state, model))
+
+        def _start(self, args: Any, state: Any, model: Any) -> None:
+            super().setup(args, state, model)
+            params = flat_spec(tracking.cfg)
+            items = list(params.items())
+            for i in range(0, len(items), self._MAX_PARAMS_TAGS_PER_BATCH):
+                self._ml_flow.log_params(dict(items[i:i + self._MAX_PARAMS_TAGS_PER_BATCH]))
+            self._ml_flow.set_tags(versions())
+            tracking.ids["mlflow_run_id"] = self._ml_flow.active_run().info.run_id
+            tracking.active["mlflow"] = True
+
+        def on_log(self, *a: Any, **kw: Any) -> None:
+            if tracking.active.get("mlflow"):
+                tracking.guard("mlflow", lambda: super(GuardedMLflow, self).on_log(*a, **kw))
+
+        def on_save(self, *a: Any, **kw: Any) -> None:
+            if tracking.active.get("mlflow"):
+                tracking.guard("mlflow", lambda: super(GuardedMLflow, self).on_save(*a, **kw))
+
+        def on_train_end(self, *a: Any, **kw: Any) -> None:
+            """The run stays open for :meth:`RunTracking.finish` (the summary is written after training)."""
+
+        def __del__(self) -> None:
+            """Ended by :meth:`RunTracking.finish`, or by MLflow's own exit hook."""
+
+    return GuardedMLflow()
+
+
+def guarded_wandb(tracking: RunTracking) -> Any:
+    """transformers' ``WandbCallback``, guarded, with the spec and versions in the run's config."""
+    from transformers.integrations import WandbCallback
+
+    class GuardedWandb(WandbCallback):  # type: ignore[misc]
+        def setup(self, args: Any, state: Any, model: Any, **kwargs: Any) -> None:
+            if not state.is_world_process_zero:
+                self._initialized = True
+                return
+            self._initialized = True
+            tracking.guard("wandb", lambda: self._start(args, state, model, **kwargs))
+
+        def _start(self, args: Any, state: Any, model: Any, **kwargs: Any) -> None:
+            super().setup(args, state, model, **kwargs)
+            if self._wandb.run is not None:
+                self._wandb.config.update({**flat_spec(tracking.cfg), **versions()}, allow_val_change=True)
+                tracking.ids["wandb_run_id"] = self._wandb.run.id
+                tracking.active["wandb"] = True
+
+        def on_log(self, *a: Any, **kw: Any) -> None:
+            if tracking.active.get("wandb"):
+                tracking.guard("wandb", lambda: super(GuardedWandb, self).on_log(*a, **kw))
+
+        def on_save(self, *a: Any, **kw: Any) -> None:
+            if tracking.active.get("wandb"):
+                tracking.guard("wandb", lambda: super(GuardedWandb, self).on_save(*a, **kw))
+
+        def on_train_end(self, *a: Any, **kw: Any) -> None:
+            if tracking.active.get("wandb"):
+                tracking.guard("wandb", lambda: super(GuardedWandb, self).on_train_end(*a, **kw))
+
+    return GuardedWandb()
+
+
+def install(trainer: Any, tracking: RunTracking) -> None:
+    """Put the guarded callbacks where ``report_to`` put transformers' own (before rljob's callbacks, so a run
+    is started before the evaluation at step 0 reports)."""
+    from transformers.integrations import MLflowCallback, WandbCallback
+
+    guarded = {MLflowCallback: lambda: guarded_mlflow(tracking), WandbCallback: lambda: guarded_wandb(tracking)}
+    callbacks = trainer.callback_handler.callbacks
+    for i, callback in enumerate(callbacks):
+        make = guarded.get(type(callback))
+        if make is not None:
+            callbacks[i] = make()
