@@ -55,7 +55,7 @@ class CheckpointPointer(_Strict):
 class RunRecord(_Strict):
     """One finished run: what ran (spec hash), how it ended, its final and best metrics, where its checkpoints are."""
 
-    kind: Literal["rljob.dev/RunRecord"] = RECORD_KIND
+    kind: Literal["rljob.dev/RunRecord"] = "rljob.dev/RunRecord"
     version: Literal[1] = 1
     job: Name
     namespace: Name | None = None

@@ -36,6 +36,7 @@ from rljob_contract.spec import (
     BUILTIN_MODELS,
     EVAL_PREFIX,
     K8S_NAME_PATTERN,
+    LABEL_VALUE_PATTERN,
     CheckpointCadence,
     CheckpointSpec,
     GenerationBatchError,
@@ -57,6 +58,8 @@ PLURAL = "rltrainingjobs"
 SINGULAR = "rltrainingjob"
 SHORT_NAMES = ["rltj"]
 
+#: The label an RLExperiment's trials carry: the experiment's name.
+EXPERIMENT_LABEL = "rljob.dev/experiment"
 #: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit);
 #: ``rljob_operator.decisions.curve`` thins the curve to it.
 MAX_CURVE_POINTS = 100
@@ -851,7 +854,13 @@ class RLTrainingJob(Model):
             world_size=self.world_size,
             output_dir=output_dir,
             sources=sources,
+            experiment=self.experiment(),
         )
+
+    def experiment(self) -> str | None:
+        """The RLExperiment this job is a trial of (its label), None when the label is absent or no label value."""
+        value = self.metadata.labels.get(EXPERIMENT_LABEL, "")
+        return value if len(value) <= 63 and re.match(LABEL_VALUE_PATTERN, value) else None
 
     def cadence(self) -> CheckpointSpec:
         """The trainer's checkpoint settings from the job alone: its cadence and retention, no storage."""

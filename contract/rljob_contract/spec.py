@@ -105,6 +105,8 @@ def dataset_rules(at: str) -> list[Rule]:
 
 #: A Kubernetes object name (DNS-1123 subdomain), as a pattern the CRD carries too.
 K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: A Kubernetes label value (non-empty).
+LABEL_VALUE_PATTERN = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
 #: Largest reward module fetched from a ``uri`` source (a module, not a model: one mebibyte).
 MAX_REWARD_MODULE_BYTES = 1 << 20
 
@@ -1095,6 +1097,10 @@ class TrainerConfig(Model):
     sources: list[str] | None = Field(
         None, description="The runtime's spec.sources.allowed: prefixes a reward module's uri must start with "
                           "(None: no runtime, as `rljob train` without one).")
+    experiment: str | None = Field(
+        None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN,
+        description="The RLExperiment this job is a trial of (its label rljob.dev/experiment): the tracked run is a "
+                    "child of the experiment's run.")
 
     def checkpoint_location(self) -> str:
         return self.checkpoint.storage or os.path.join(self.output_dir, "checkpoints")

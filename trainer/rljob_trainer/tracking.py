@@ -64,8 +64,8 @@ def tracking_env(cfg: TrainerConfig, environ: Mapping[str, str]) -> dict[str, st
         tags = {"rljob.job": cfg.job_name, "rljob.algorithm": str(cfg.training.algorithm)}
         if cfg.namespace:
             tags["rljob.namespace"] = cfg.namespace
-        if environ.get(TRACKING_PARENT_RUN_ENV):
-            tags["mlflow.parentRunId"] = environ[TRACKING_PARENT_RUN_ENV]
+        if cfg.experiment:
+            tags["rljob.experiment"] = experiment_key(cfg.experiment, cfg.namespace)
         out["MLFLOW_TAGS"] = json.dumps(tags)
         out["MLFLOW_FLATTEN_PARAMS"] = "true"
         out.update({k: v for k, v in MLFLOW_HTTP_DEFAULTS.items() if k not in environ})
@@ -132,6 +132,47 @@ def probe(uri: str | None, attempts: int = PROBE_ATTEMPTS, backoff: float = PROB
             log.warning("tracking: MLflow at %s does not answer (%s); trying again", uri, why)
             time.sleep(backoff * 2 ** attempt)
     return f"MLflow at {uri} did not answer {attempts} tries ({why[:200]})"
+
+
+def experiment_key(name: str, namespace: str | None) -> str:
+    """How a tracked run names its RLExperiment (tag ``rljob.experiment``): ``namespace/name`` on a cluster."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def parent_run(experiment: str, key: str) -> str:
+    """The run id of RLExperiment ``key``'s parent run in MLflow experiment ``experiment``, created if missing.
+
+    Trials started together may each find none and create one: every creator then looks again and all
+    take the oldest (by start time, then id), and a creator whose run lost deletes it, so the trials of one
+    experiment converge on one parent without talking to each other."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        try:
+            experiment_id = client.create_experiment(experiment)
+        except MlflowException:  # created by another trial meanwhile
+            experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    else:
+        experiment_id = found.experiment_id
+    query = f"tags.`rljob.experiment` = '{key}' and tags.`rljob.role` = 'experiment'"
+
+    def oldest() -> Any:
+        runs = client.search_runs([experiment_id], filter_string=query, max_results=50)
+        return min(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id), default=None)
+
+    chosen = oldest()
+    if chosen is not None:
+        return str(chosen.info.run_id)
+    mine = client.create_run(experiment_id, run_name=key.rsplit("/", 1)[-1],
+                             tags={"rljob.experiment": key, "rljob.role": "experiment"}).info.run_id
+    chosen = oldest()
+    if chosen is not None and chosen.info.run_id != mine:
+        client.delete_run(mine)
+        return str(chosen.info.run_id)
+    return str(mine)
 
 
 class RunTracking:
@@ -235,7 +276,13 @@ def guarded_mlflow(tracking: RunTracking) -> Any:
 
         def _start(self, args: Any, state: Any, model: Any) -> None:
             super().setup(args, state, model)
-            params = flat_spec(tracking.cfg)
+            cfg = tracking.cfg
+            if cfg.experiment:  # a trial: a child run of its experiment's run
+                experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.job_name
+                parent = os.environ.get(TRACKING_PARENT_RUN_ENV) or parent_run(
+                    experiment, experiment_key(cfg.experiment, cfg.namespace))
+                self._ml_flow.set_tag("mlflow.parentRunId", parent)
+            params = flat_spec(cfg)
             items = list(params.items())
             for i in range(0, len(items), self._MAX_PARAMS_TAGS_PER_BATCH):
                 self._ml_flow.log_params(dict(items[i:i + self._MAX_PARAMS_TAGS_PER_BATCH]))
@@ -305,3 +352,50 @@ def install(trainer: Any, tracking: RunTracking) -> None:
         make = guarded.get(type(callback))
         if make is not None:
             callbacks[i] = make()
+
+
+# ------------------------------------------------------------------------- experiments (rljob experiment)
+
+
+def start_experiment_run(tracking: Any, name: str, namespace: str | None) -> tuple[str | None, str | None]:
+    """(the parent run of RLExperiment ``name`` for its trials, None and why when MLflow is not tracked or does
+    not answer). ``tracking``: the template's ``spec.training.tracking``; its server is probed as a trial's is."""
+    if tracking is None or tracking.mlflow is None:
+        return None, None
+    if tracking.mlflow.tracking_uri:
+        os.environ["MLFLOW_TRACKING_URI"] = tracking.mlflow.tracking_uri
+    for key, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    why = probe(os.environ.get("MLFLOW_TRACKING_URI"))
+    if why is not None:
+        return None, f"{TRACKING_WARNING_PREFIX}mlflow: {why}; the experiment's trials are not grouped under a run"
+    try:
+        return parent_run(tracking.mlflow.experiment or name, experiment_key(name, namespace)), None
+    except Exception as e:
+        return None, f"{TRACKING_WARNING_PREFIX}mlflow: {type(e).__name__}: {str(e)[:300]}"
+
+
+def record_experiment(run_id: str, status: dict[str, Any], files: list[Path]) -> str | None:
+    """The leaderboard, winner and best trial on the experiment's parent run, then end it; None, or why not."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient()
+        client.log_dict(run_id, {"leaderboard": status.get("leaderboard") or [], "winner": status.get("winner"),
+                                 "best": status.get("best")}, "leaderboard.json")
+        for path in files:
+            if path.is_file():
+                client.log_artifact(run_id, str(path))
+        winner, best = status.get("winner") or {}, status.get("best") or {}
+        tags = {"rljob.phase": str(status.get("phase")), "rljob.winner": winner.get("arm"),
+                "rljob.winner_message": winner.get("message"), "rljob.best_trial": best.get("trial"),
+                "rljob.best_checkpoint": best.get("checkpoint")}
+        for key, value in tags.items():
+            if value:
+                client.set_tag(run_id, key, str(value)[:5000])
+        if isinstance(best.get("objective"), int | float):
+            client.log_metric(run_id, "best_objective", float(best["objective"]))
+        client.set_terminated(run_id, "FINISHED" if status.get("phase") == "Succeeded" else "FAILED")
+    except Exception as e:
+        return f"{TRACKING_WARNING_PREFIX}mlflow: the leaderboard was not recorded: {type(e).__name__}: {str(e)[:300]}"
+    return None
