@@ -85,6 +85,8 @@ def flat_spec(cfg: TrainerConfig) -> dict[str, str]:
         if isinstance(value, dict):
             for key, item in value.items():
                 walk(f"{prefix}.{key}", item)
+            if not value:
+                out[prefix] = "{}"
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 walk(f"{prefix}.{i}", item)
