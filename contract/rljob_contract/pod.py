@@ -108,8 +108,11 @@ PARENT_PID_ENV = "RLJOB_PARENT_PID"
 
 #: The MLflow run an experiment's trials are child runs of (set by ``rljob experiment`` for its trials).
 TRACKING_PARENT_RUN_ENV = "RLJOB_MLFLOW_PARENT_RUN_ID"
-#: The trainer's image as the pod names it (a tag on the tracked run, where the operator or a runtime sets it).
+#: The trainer's image as the pod names it (a digest when the runtime pins one): a tag on the tracked run. Set
+#: on the workers of a job with spec.training.tracking only (:data:`TRACKING_ENV`).
 IMAGE_ENV = "RLJOB_IMAGE"
+#: Set besides OPERATOR_ENV on the workers of a job with spec.training.tracking.
+TRACKING_ENV = frozenset({IMAGE_ENV})
 #: What a heartbeat warning about a tracking server starts with: the operator's Event reason is then
 #: ``TrackingUnavailable`` (:func:`warning_reason`), not ``CheckpointFallback``.
 TRACKING_WARNING_PREFIX = "tracking: "

@@ -267,6 +267,13 @@ def test_the_pod_environment_is_what_the_launcher_and_heartbeat_read(monkeypatch
     assert node.in_place_restarts == 0  # a fixed-size gang: any failure ends the node, the gang restarts
 
 
+def test_a_tracked_job_s_workers_know_their_image_for_the_tracked_run() -> None:
+    tracked = _job(training={"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000"}}})
+    env = {e["name"]: e for e in desired_worker_pod(tracked, 0, 1, ENDPOINT)["spec"]["containers"][0]["env"]}
+    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.TRACKING_ENV
+    assert env[contract.IMAGE_ENV]["value"] == desired_worker_pod(tracked, 0, 1, ENDPOINT)["spec"]["containers"][0]["image"]
+
+
 def test_an_elastic_job_s_workers_may_restart_their_ranks_as_often_as_its_backoff_limit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from rljob_trainer.launch import NodeSettings, build_launch_config
