@@ -42,23 +42,6 @@ S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 RUNTIMES_RELEASE = "rljob-e2e"
 
 
-@pytest.fixture
-def real_node(control_plane: Any) -> Any:
-    """The session's control plane, which ``-m realnode`` starts with the real node (tests/cluster/fixtures.py)."""
-    assert control_plane.real_node is not None, "run with -m realnode (make e2e): the control plane has no real node"
-    return control_plane
-
-
-@pytest.fixture
-def bucket(real_node: Any, tmp_path: Any) -> Iterator[tuple[MotoServer, str]]:
-    """The S3 test server on the pods' gateway address, and a fresh bucket on it."""
-    server = MotoServer(host=real_node.real_node.gateway, log=tmp_path / "s3.log").start()
-    try:
-        yield server, server.create_bucket()
-    finally:
-        server.stop()
-
-
 def chart_runtimes_yaml(namespace: str, *values: str) -> str:
     """The chart's runtimes with the e2e values (and ``values``), and the trainers' ServiceAccount they name,
     made in ``namespace``: what ``helm install -f tests/e2e/real-node-values.yaml`` creates of them."""
