@@ -256,7 +256,7 @@ def _finish_wandb(files: list[Path], best: str | None) -> None:
     for path in files:
         wandb.save(str(path), base_path=str(path.parent), policy="now")
     if best:
-        wandb.run.summary["rljob/best_checkpoint"] = best
+        wandb.run.summary["rljob.best_checkpoint"] = best
     wandb.finish()
 
 
