@@ -153,3 +153,18 @@ def test_rljob_history_lists_records_on_s3_after_the_jobs_are_gone(
                            env=env, cwd=REPO)
     assert table.returncode == 0 and "team-a/grpo-b" in table.stdout and "grpo-a" not in table.stdout
     assert datetime.fromtimestamp(1_796_000_100.0, UTC).strftime("%Y-%m-%d %H:%M:%S") in table.stdout
+
+
+def test_a_run_whose_training_raised_is_ended_failed_not_finished(tmp_path: Path) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")  # MLflow's own SQLite store, in this process
+    try:
+        run = mlflow.start_run()
+        tracking = RunTracking(config({"mlflow": {}}))
+        tracking.active["mlflow"] = True
+        tracking.fail()
+        assert mlflow.active_run() is None
+        assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
+    finally:
+        mlflow.set_tracking_uri("")

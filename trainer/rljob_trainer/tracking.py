@@ -213,16 +213,24 @@ class RunTracking:
         if self.active.get("wandb"):
             self.guard("wandb", lambda: _wandb_metrics(values, step))
 
-    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Artifacts, the best checkpoint's location, then end each run; summary.json's ``tracking`` part."""
+    def finish(self, summary: dict[str, Any], stopped: bool = False) -> dict[str, Any]:
+        """Artifacts, the best checkpoint's location, then end each run (KILLED when ``stopped`` by a signal after
+        its checkpoint); summary.json's ``tracking`` part."""
         best = (summary.get("best_checkpoint") or summary.get("latest_checkpoint") or {}).get("location")
         output = Path(self.cfg.output_dir)
         files = [output / name for name in ARTIFACTS if (output / name).is_file()]
         if self.active.get("mlflow"):
-            self.guard("mlflow", lambda: _finish_mlflow(files, best))
+            self.guard("mlflow", lambda: _finish_mlflow(files, best, "KILLED" if stopped else "FINISHED"))
         if self.active.get("wandb"):
             self.guard("wandb", lambda: _finish_wandb(files, best))
         return {"runs": dict(self.ids), "warnings": list(self.warnings)}
+
+    def fail(self) -> None:
+        """End the runs as failed: training raised (else MLflow's exit hook would end the run FINISHED)."""
+        if self.active.get("mlflow"):
+            self.guard("mlflow", lambda: __import__("mlflow").end_run("FAILED"))
+        if self.active.get("wandb"):
+            self.guard("wandb", lambda: __import__("wandb").finish(exit_code=1))
 
 
 def _mlflow_metrics(values: dict[str, float], step: int) -> None:
@@ -238,14 +246,14 @@ def _wandb_metrics(values: dict[str, float], step: int) -> None:
         wandb.log({**values, "train/global_step": step})
 
 
-def _finish_mlflow(files: list[Path], best: str | None) -> None:
+def _finish_mlflow(files: list[Path], best: str | None, status: str) -> None:
     import mlflow
 
     for path in files:
         mlflow.log_artifact(str(path))
     if best:
         mlflow.set_tag("rljob.best_checkpoint", best)
-    mlflow.end_run()
+    mlflow.end_run(status)
 
 
 def _finish_wandb(files: list[Path], best: str | None) -> None:

@@ -369,7 +369,7 @@ def write_run_summary(
     summary["algorithm"] = builder(cfg.training.algorithm).descriptor.effective(cfg.training.strategy, trainer.args)
     atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
     if tracking is not None and cfg.training.tracking is not None:
-        summary["tracking"] = tracking.finish(summary)
+        summary["tracking"] = tracking.finish(summary, stopped=bool(STOP.signum))
         atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
     record_run(cfg, summary, publisher, started)
     if heartbeat is not None:
@@ -438,7 +438,12 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     trainer = build_trainer(cfg, trainer_cls, inputs, callbacks, tracking)
     if resume is not None and rank == 0:
         log.warning("resuming from %s", resume)
-    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    except BaseException:
+        if tracking is not None:
+            tracking.fail()
+        raise
     summary = None
     if trainer.is_world_process_zero() and publisher is not None:
         summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric, tracking)
