@@ -41,11 +41,11 @@ def test_mlflow_and_wandb_are_told_the_spec_through_their_own_environment() -> N
     assert report_to(cfg) == ["tensorboard", "mlflow", "wandb"]
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert env["MLFLOW_EXPERIMENT_NAME"] == "grpo-a"  # the job's name when the spec names no experiment
-    assert json.loads(env["MLFLOW_TAGS"]) == {"rljob.job": "grpo-a", "rljob.algorithm": "grpo",
-                                              "rljob.namespace": "team-a"}
+    assert json.loads(env["MLFLOW_TAGS"]) == {"mlflow.runName": "grpo-a", "rljob.job": "grpo-a",
+                                              "rljob.algorithm": "grpo", "rljob.namespace": "team-a"}
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in env and env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"  # theirs wins
     assert (env["WANDB_PROJECT"], env["WANDB_MODE"], env["WANDB_DIR"]) == ("rl", "offline", "/tmp/out")
-    assert "WANDB_ENTITY" not in env
+    assert "WANDB_ENTITY" not in env and "WANDB_RUN_GROUP" not in env and env["WANDB_NAME"] == "grpo-a"
 
 
 def test_no_tracking_reports_to_tensorboard_only_and_sets_nothing() -> None:
@@ -54,11 +54,12 @@ def test_no_tracking_reports_to_tensorboard_only_and_sets_nothing() -> None:
 
 
 def test_a_trial_names_its_experiment_and_an_unset_uri_leaves_the_runtimes_environment() -> None:
-    cfg = config({"mlflow": {"experiment": "sweeps"}}, experiment="lr-sweep")
+    cfg = config({"mlflow": {"experiment": "sweeps"}, "wandb": {"project": "rl"}}, experiment="lr-sweep")
     env = tracking_env(cfg, {})
     assert "MLFLOW_TRACKING_URI" not in env  # MLFLOW_TRACKING_URI from the runtime's podTemplate env stays
     assert env["MLFLOW_EXPERIMENT_NAME"] == "sweeps"
     assert json.loads(env["MLFLOW_TAGS"])["rljob.experiment"] == "team-a/lr-sweep"
+    assert env["WANDB_RUN_GROUP"] == "team-a/lr-sweep"  # W&B groups the trials
 
 
 def test_the_spec_becomes_flat_parameters_by_its_api_names() -> None:

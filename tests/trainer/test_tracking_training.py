@@ -56,6 +56,7 @@ def test_a_local_run_lands_in_mlflow_and_wandb_files_and_leaves_a_record_rljob_h
     assert params["spec.training.evaluation.everySteps"] == "2" and params["learning_rate"] == "0.01"  # TRL's too
     assert {"rljob.version", "rljob.trl_version", "rljob.torch_version", "rljob.transformers_version"} <= set(tags)
     assert tags["rljob.job"] == "tracked" and tags["rljob.best_checkpoint"] == summary["best_checkpoint"]["location"]
+    assert run.info.run_name == "tracked"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward")] == list(range(1, STEPS + 1))
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/repeat_char")] == [0, 2, 4]
     assert {"summary.json", "reward_curve.png"} <= {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -61,7 +61,8 @@ def tracking_env(cfg: TrainerConfig, environ: Mapping[str, str]) -> dict[str, st
         if tracking.mlflow.tracking_uri:
             out["MLFLOW_TRACKING_URI"] = tracking.mlflow.tracking_uri
         out["MLFLOW_EXPERIMENT_NAME"] = tracking.mlflow.experiment or cfg.job_name
-        tags = {"rljob.job": cfg.job_name, "rljob.algorithm": str(cfg.training.algorithm)}
+        # mlflow.runName names the run after the job (MLflow would pick a random name).
+        tags = {"mlflow.runName": cfg.job_name, "rljob.job": cfg.job_name, "rljob.algorithm": str(cfg.training.algorithm)}
         if cfg.namespace:
             tags["rljob.namespace"] = cfg.namespace
         if cfg.experiment:
@@ -74,6 +75,9 @@ def tracking_env(cfg: TrainerConfig, environ: Mapping[str, str]) -> dict[str, st
                     "WANDB_DIR": str(Path(cfg.output_dir).resolve()), "WANDB_SILENT": "true"})
         if tracking.wandb.entity:
             out["WANDB_ENTITY"] = tracking.wandb.entity
+        out["WANDB_NAME"] = cfg.job_name
+        if cfg.experiment:  # an experiment's trials are one W&B group
+            out["WANDB_RUN_GROUP"] = experiment_key(cfg.experiment, cfg.namespace)
     return out
 
 
