@@ -1,0 +1,84 @@
+"""The health signals in a real run (torchrun, CPU): the issue's DAPO setting trips maskedBatch and entropyCollapse,
+in the run's output, summary.json and its heartbeats, which the status API turns into status.progress.health.
+
+The setting is ``examples/experiments/strategies.yaml``'s DAPO arm as issue #47 ran it (builtin:first-char,
+maxCompletionLength 6, so nearly every completion is truncated, and DAPO masks truncated completions out of the
+loss), at its smallest that trips both on every seed tried (0, 1, 2: collapse at step 9 to 22): 2 prompts a step,
+30 steps. The healthy quickstart trips none (``test_run_training.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rljob_contract.pod import HeartbeatBody
+from rljob_operator.server.statusapi import heartbeat_progress, newly_tripped
+
+from tests.support.trainer import run_rljob, write_manifest
+
+pytestmark = pytest.mark.trainer
+
+DAPO_AS_IN_THE_ISSUE = {
+    "apiVersion": "rljob.dev/v1alpha1",
+    "kind": "RLTrainingJob",
+    "metadata": {"name": "dapo"},
+    "spec": {
+        "workers": {"replicas": 1, "procsPerWorker": 1},
+        "training": {
+            "strategy": "dapo",
+            "model": "builtin:tiny",
+            "dataset": {"name": "builtin:first-char", "size": 2048},
+            "rewards": [{"name": "repeat_char", "kwargs": {"length": 6}}],
+            "batchSize": 16,
+            "numGenerations": 8,
+            "stepsPerGeneration": 2,
+            "maxCompletionLength": 6,
+            "learningRate": 0.003,
+            "maxSteps": 30,
+            "seed": 0,
+            "trl": {"lr_scheduler_type": "constant", "temperature": 1.0},
+        },
+        "checkpoint": {"everySteps": 1000, "keepLast": 1},
+    },
+}
+
+
+def test_the_issues_dapo_setting_trips_masked_batch_and_entropy_collapse_everywhere_they_are_told(
+    tmp_path: Path, receiver: Any
+) -> None:
+    url, received = receiver
+    manifest = write_manifest(tmp_path / "dapo.yaml", DAPO_AS_IN_THE_ISSUE)
+    out = tmp_path / "out"
+    done = run_rljob("train", str(manifest), "--output", str(out), RLJOB_STATUS_URL=url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+
+    # The run's output: a line as each trips, and the warnings again at the end.
+    tripped_lines = [line for line in output.splitlines() if line.startswith("rljob: health: ")]
+    assert [line.split()[2] for line in tripped_lines][:1] == ["maskedBatch"], tripped_lines
+    assert any(line.split()[2] == "entropyCollapse" for line in tripped_lines), tripped_lines
+    assert "rljob: health warning: maskedBatch at step" in done.stdout
+    assert "rljob: health warning: entropyCollapse at step" in done.stdout
+
+    # summary.json: the reports, with the lines people read.
+    summary = json.loads((out / "summary.json").read_text())
+    health = {r["signal"]: r for r in summary["health"]}
+    assert {"maskedBatch", "entropyCollapse"} <= set(health), summary["health"]
+    assert health["maskedBatch"]["value"] >= 0.5 and health["maskedBatch"]["step"] <= 10
+    assert health["entropyCollapse"]["threshold"] > 0 and health["entropyCollapse"]["value"] < (
+        health["entropyCollapse"]["threshold"])
+    assert "docs/guides/health.md" in health["entropyCollapse"]["message"]
+
+    # The heartbeats carried them, and the status API makes them the job's status warnings.
+    last = HeartbeatBody.model_validate(received[-1][0])
+    assert {r.signal for r in last.health or []} >= {"maskedBatch", "entropyCollapse"}
+    warnings = heartbeat_progress(last, datetime.now(UTC))["health"]
+    assert {w["signal"] for w in warnings} >= {"maskedBatch", "entropyCollapse"}
+    assert all(w["message"].startswith(w["signal"]) for w in warnings)
+    # Each signal was told once, as it tripped: one heartbeat at its step made it an Event.
+    told = [r.signal for body, _ in received for r in newly_tripped(HeartbeatBody.model_validate(body))]
+    assert sorted(set(told)) == sorted(told) and {"maskedBatch", "entropyCollapse"} <= set(told)
