@@ -167,5 +167,8 @@ DESCRIBE = {
     HealthSignal.kl_blow_up: "KL to the reference model blew up",
     HealthSignal.grad_norm_spike: "gradient norm spiked far above its recent median",
 }
+#: What the metrics log's health values start with (``contract.METRICS_LOG``): ``health/entropyCollapse`` is 1
+#: while the signal holds and 0 once it cleared; a signal that never tripped is not in the record.
+HEALTH_LOG_PREFIX = "health/"
 #: Most health reports one heartbeat (and status.progress.health) may carry: one per signal.
 MAX_HEALTH_REPORTS = len(HealthSignal)

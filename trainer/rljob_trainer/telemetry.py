@@ -23,7 +23,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
-from rljob_contract.health import HealthReport, HealthSignal, HealthSpec
+from rljob_contract.health import HEALTH_LOG_PREFIX, HealthReport, HealthSignal, HealthSpec
 from rljob_contract.pod import finite_metrics
 from transformers import TrainerCallback
 
@@ -192,6 +192,12 @@ class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
         if self.health_spec is not None:
             self.health = HealthMonitor.for_args(self.health_spec, args)
 
+    def _health_record(self) -> dict[str, float]:
+        """The metrics log's health values: ``health/<signal>`` 1 while it holds, 0 once cleared; a signal that
+        never tripped is left out (``rljob experiment`` reads which tripped)."""
+        reports = self.health.reports() if self.health is not None else []
+        return {f"{HEALTH_LOG_PREFIX}{r.signal}": 1.0 if r.active else 0.0 for r in reports}
+
     def _observe_health(self, step: int, logs: dict[str, Any]) -> None:
         """The health signals of this step: gauges, a line for each newly tripped one, the heartbeat's report."""
         if self.health is None:
@@ -216,7 +222,7 @@ class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
             self.metrics.observe(logs, state.global_step, tps)
         self._observe_health(state.global_step, logs)
         if self.log_path is not None:
-            append_metrics(self.log_path, state.global_step, logs)
+            append_metrics(self.log_path, state.global_step, {**logs, **self._health_record()})
         if self.heartbeat is not None and ("reward" in logs or "loss" in logs):
             # The other logged numbers (kl, each reward's mean, ...) too: an experiment's objective may be any of them.
             metrics = finite_metrics(logs, skip=frozenset({"reward", "loss", "step"}))
