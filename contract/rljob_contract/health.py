@@ -47,8 +47,9 @@ COLLAPSE_SIGNALS = frozenset({HealthSignal.entropy_collapse})
 
 
 _WINDOW = "Logged values of the signal's input whose median is compared to its threshold (1: each value alone)."
-_REWARD_GAIN = ("Not while the mean reward of the last window logged steps is at least this much above its start "
-                "(the mean of the first window): a policy that learned its task may converge.")
+_REWARD_GAIN = ("Not while the mean reward of the last window logged values is at least this much above its start "
+                "(the mean of its first values, as many as the larger window of entropyCollapse and "
+                "noLearningSignal): a policy that learned its task may converge.")
 
 
 class SignalSpec(_Model):
