@@ -48,7 +48,7 @@ COLLAPSE_SIGNALS = frozenset({HealthSignal.entropy_collapse})
 
 _WINDOW = "Logged values of the signal's input whose median is compared to its threshold (1: each value alone)."
 _REWARD_GAIN = ("Not while the mean reward of the last window logged values is at least this much above its start "
-                "(the mean of its first values, as many as the larger window of entropyCollapse and "
+                "(the median of its first values, as many as the larger window of entropyCollapse and "
                 "noLearningSignal): a policy that learned its task may converge.")
 
 
@@ -64,7 +64,7 @@ class EntropyCollapseSpec(SignalSpec):
     fraction_of_start: float = Field(
         0.1, gt=0, lt=1,
         description="Trips when the median entropy of the last window steps is below this fraction of its start "
-                    "(the mean of the first window).")
+                    "(the median of the first window).")
     reward_gain: float = Field(0.1, ge=0, description=_REWARD_GAIN)
 
 

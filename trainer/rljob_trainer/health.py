@@ -4,7 +4,7 @@ A run can fail while every process stays up. Each signal of ``rljob_contract.hea
 the median of its input's last ``window`` logged values with a threshold (``spec.training.health``), so one
 noisy step neither trips nor clears it:
 
-* ``entropyCollapse``: TRL's ``entropy`` below ``fractionOfStart`` × its start (the mean of its first
+* ``entropyCollapse``: TRL's ``entropy`` below ``fractionOfStart`` × its start (the median of its first
   ``window`` values). A step whose every completion was masked out of the loss logs entropy 0 (no token
   counted), so a mostly masked run trips it too: nothing is learned from such steps, and ``maskedBatch``
   says why.
@@ -43,7 +43,7 @@ MAX_WINDOW = 1000
 
 @dataclass
 class Series:
-    """One input's logged values: its start (the mean of its first ``window``) and its last ``window``."""
+    """One input's logged values: its start (the median of its first ``window``) and its last ``window``."""
 
     window: int
     first: list[float] = field(default_factory=list)
@@ -56,7 +56,8 @@ class Series:
 
     @property
     def start(self) -> float | None:
-        return statistics.fmean(self.first) if len(self.first) >= self.window else None
+        """The median of the first ``window`` values: a step that trained on nothing (entropy 0) does not lower it."""
+        return statistics.median(self.first) if len(self.first) >= self.window else None
 
     def median(self) -> float | None:
         """The median of the last ``window`` values (None until there are that many)."""
