@@ -85,3 +85,36 @@ def test_the_issues_dapo_setting_trips_masked_batch_and_entropy_collapse_everywh
     for signal in ("maskedBatch", "entropyCollapse"):
         assert (signal, health[signal]["step"]) in told, told
     assert len([s for s, _ in told if s == "maskedBatch"]) == 1  # it never cleared: told once
+
+
+def test_an_experiment_marks_the_collapsed_dapo_arm_and_its_winner_says_so(tmp_path: Path) -> None:
+    """Issue #47 point 2 for real: `rljob experiment` with the issue's DAPO arm beside GRPO (one seed each). The DAPO
+    trial's metrics log says it collapsed; its leaderboard row and the winner's message say so."""
+    import subprocess
+
+    import yaml
+
+    from tests.support.trainer import REPO, rljob_cmd, trainer_env
+
+    template = {k: v for k, v in DAPO_AS_IN_THE_ISSUE["spec"].items()}
+    template["training"] = {k: v for k, v in template["training"].items() if k != "strategy"}
+    doc = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "metadata": {"name": "strategies"},
+           "spec": {"template": template, "arms": [
+               {"name": "grpo", "overrides": {"training": {"strategy": "grpo"}}},
+               {"name": "dapo", "overrides": {"training": {"strategy": "dapo"}}}]}}
+    manifest, out = tmp_path / "exp.yaml", tmp_path / "out"
+    manifest.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run(rljob_cmd("experiment", str(manifest), "--output", str(out)), capture_output=True,
+                          text=True, timeout=900, env=trainer_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = json.loads((out / "summary.json").read_text())["status"]
+    health = {t["arm"]: t.get("health", []) for t in status["trials"]}
+    assert {"entropyCollapse", "maskedBatch"} <= set(health["dapo"]), health
+    assert "entropyCollapse" not in health["grpo"], health
+    rows = {e["name"]: e for e in status["leaderboard"]}
+    assert rows["dapo"]["collapsed"] == 1 and rows["grpo"].get("collapsed", 0) == 0
+    assert "of the runner-up dapo collapsed" in status["winner"]["message"] or \
+        "of the winner dapo collapsed" in status["winner"]["message"], status["winner"]
+    table = proc.stdout[proc.stdout.index("rank"):]
+    dapo_row = next(line for line in table.splitlines() if line.split()[1:2] == ["dapo"])
+    assert dapo_row.split()[-1] == "1/1", table

@@ -82,7 +82,7 @@ class TrainerMetrics:
             ["signal"], registry=r)
         self.entropy = Gauge("rljob_trainer_entropy", "Mean token entropy of the last logged step.", registry=r)
         self.entropy_start = Gauge(
-            "rljob_trainer_entropy_start", "Mean entropy of the run's first logged steps (entropyCollapse's base).",
+            "rljob_trainer_entropy_start", "Median entropy of the run's first logged steps (entropyCollapse's base).",
             registry=r)
         self.reward_zero_std_ratio = Gauge(
             "rljob_trainer_reward_zero_std_ratio", "Fraction of groups whose rewards are all equal (no advantage).",
