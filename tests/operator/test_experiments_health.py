@@ -129,6 +129,11 @@ def test_the_local_runner_marks_and_prunes_a_trial_from_its_metrics_log(
     runner.prune()
     assert proc.wait(timeout=10) == -15  # SIGTERM
     assert status.pruned and status.pruned_at_step == 22 and "its policy collapsed" in (status.message or "")
+    runner.stream.close()
+    said = (tmp_path / "out.txt").read_text().splitlines()
+    assert [line for line in said if "health signal" in line] == [
+        f"rljob: [3/4] {dapo.name}: health signal maskedBatch tripped (docs/guides/health.md)",
+        f"rljob: [3/4] {dapo.name}: health signal entropyCollapse tripped (docs/guides/health.md)"]
 
     done = [trial("grpo", 0, 0.8), trial("grpo", 1, 0.9), trial("dapo", 1, 0.1, ["entropyCollapse"]),
             trial("dapo", 2, 0.0, ["entropyCollapse"])]
