@@ -71,11 +71,15 @@ def test_the_operator_reads_a_trials_health_from_its_jobs_status_and_keeps_it() 
     assert health["strategies-dapo-s0"] == ["entropyCollapse", "maskedBatch"]  # HealthSignal's order
     assert health["strategies-grpo-s0"] == []
     assert second.suspend == []  # pruneCollapsed is off: a collapsed trial runs on, marked
+    assert [(e.type, e.reason, e.message) for e in second.events if e.reason == "TrialCollapsed"] == [
+        ("Warning", "TrialCollapsed", "trial strategies-dapo-s0: its policy collapsed (entropyCollapse, maskedBatch; "
+                                      "docs/guides/health.md)")]
     # A later status without the warnings (a job's status rewritten) does not unmark the trial.
     later = plan_experiment({**doc, "status": {**second.status}}, parse_experiment(doc),
                             [_job(j, "Running", []) for j in first.create], NOW)
     assert next(t for t in later.status["trials"] if t["name"] == "strategies-dapo-s0")["health"] == [
         "entropyCollapse", "maskedBatch"]
+    assert not [e for e in later.events if e.reason == "TrialCollapsed"]  # told once
 
 
 def test_prune_collapsed_stops_a_collapsed_trial_and_only_that_one() -> None:
