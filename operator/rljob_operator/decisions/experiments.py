@@ -43,7 +43,12 @@ from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.curve import series
 from rljob_operator.decisions.plan import Event, status_patch
 from rljob_operator.decisions.policy import PodProfile, job_violations
-from rljob_operator.experiments.health import collapse_prune_message, collapsed, ordered, signals_from_progress
+from rljob_operator.experiments.health import (
+    collapse_prune_message,
+    collapsed,
+    ordered,
+    signals_from_progress,
+)
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import objective_value, thin
 from rljob_operator.experiments.pruning import should_prune
