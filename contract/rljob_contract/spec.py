@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from rljob_contract.health import HealthSpec
 from rljob_contract.plugins.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
 from rljob_contract.plugins.rewards import BUILTIN_REWARD_NAMES as BUILTIN_REWARDS
 from rljob_contract.plugins.rewards import BUILTIN_REWARD_OPTIONS
@@ -635,6 +636,14 @@ class TrainingSpec(Model):
             "Also log the run to MLflow and/or Weights & Biases (TRL's report_to integrations): the spec as "
             "parameters, versions, every metric (eval/* too), the summary and reward curve as artifacts, the "
             "best checkpoint's location as a tag. A tracking server that is down never fails training."
+        ),
+    )
+    health: HealthSpec = Field(
+        default_factory=HealthSpec,
+        description=(
+            "Thresholds of the RL health signals (entropy collapse, no learning signal, masked batch, KL blow-up, "
+            "gradient-norm spikes) the trainer computes from TRL's logs: each is a Prometheus metric, a line in "
+            "the run's output, a warning in status.progress.health and an alert (docs/guides/health.md)."
         ),
     )
     trl: dict[str, Any] = Field(

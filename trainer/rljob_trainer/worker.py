@@ -343,7 +343,7 @@ def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callback
 
 def write_run_summary(
     cfg: TrainerConfig, trainer: Any, publisher: Any, resume: Path | None, started: float, heartbeat: Any,
-    eval_metric: str | None = None, tracking: RunTracking | None = None,
+    eval_metric: str | None = None, health: list[Any] | None = None, tracking: RunTracking | None = None,
 ) -> dict[str, Any]:
     """Rank 0's end of run: wait (bounded) for the last uploads, write summary.json, end the tracked runs,
     leave the run record beside the checkpoints, send the final heartbeat."""
@@ -359,6 +359,7 @@ def write_run_summary(
         checkpoints=checkpoint_fields.pop("checkpoints"),
         resumed_from=resume.name if resume is not None else None,
         wall_seconds=time.time() - started,
+        health=health,
     )
     summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
     if eval_metric is not None:
@@ -433,7 +434,8 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
                                                  base_model=base_identity(inputs.model_path) if inputs.peft_config else None)
     metrics_log = Path(cfg.output_dir) / METRICS_LOG if rank == 0 else None
     evaluate, eval_metric = evaluation_callbacks(cfg, inputs, metrics, heartbeat, metrics_log, tracking)
-    callbacks = [TelemetryCallback(metrics, heartbeat, metrics_log), *evaluate, checkpoint_callback(publisher),
+    telemetry = TelemetryCallback(metrics, heartbeat, metrics_log, health=cfg.training.health if rank == 0 else None)
+    callbacks = [telemetry, *evaluate, checkpoint_callback(publisher),
                  stop_on_signal_callback(STOP)]
     trainer = build_trainer(cfg, trainer_cls, inputs, callbacks, tracking)
     if resume is not None and rank == 0:
@@ -446,7 +448,9 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
         raise
     summary = None
     if trainer.is_world_process_zero() and publisher is not None:
-        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric, tracking)
+        health = telemetry.health.reports() if telemetry.health is not None else []
+        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric, health,
+                                    tracking)
     if metrics is not None:
         metrics.shutdown()
     finish_together()
