@@ -52,8 +52,9 @@ RUN_ID_ENV = "RLJOB_RUN_ID"
 #: to the agent's ``PContext.close`` instead, see ``rljob_trainer.launch.bounded_worker_shutdown``).
 SHUTDOWN_TIMEOUT_ENV = "RLJOB_SHUTDOWN_TIMEOUT"
 #: Restarts this node's elastic agent may make of its ranks when a peer worker is lost, so that the
-#: survivors re-rendezvous with the pod the operator creates in its place (elastic jobs with durable
-#: checkpoints, see ``rljob_operator.decisions.failure.respond``). Unset or 0: any rank failure ends the node.
+#: survivors re-rendezvous with the pod the operator creates in its place (jobs with durable checkpoints,
+#: fixed-size or elastic, see ``rljob_operator.decisions.failure.respond``). Unset or 0: any rank failure
+#: ends the node.
 IN_PLACE_RESTARTS_ENV = "RLJOB_IN_PLACE_RESTARTS"
 #: Where logs, TensorBoard events and the summary go (overrides the config's ``outputDir``).
 OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
@@ -83,8 +84,8 @@ OPERATOR_ENV = frozenset({
     OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
     CREDENTIALS_DIR_ENV,
 })
-#: Set besides those on an elastic job's workers (``minReplicas``/``maxReplicas``).
-ELASTIC_ENV = frozenset({IN_PLACE_RESTARTS_ENV})
+#: Set besides those on the workers of a job that may restart (``restartPolicy`` other than ``Never``).
+RESTARTABLE_ENV = frozenset({IN_PLACE_RESTARTS_ENV})
 
 # Set inside the pod by the launcher for its ranks (the operator never sets these).
 

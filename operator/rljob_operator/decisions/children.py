@@ -238,14 +238,15 @@ def runtime_egress(runtime: Resolved) -> list[dict[str, Any]]:
 def in_place_restarts(job: RLTrainingJob) -> int:
     """How often a worker of this job may restart its ranks to meet a replaced peer (0: never).
 
-    Elastic jobs (``minReplicas``/``maxReplicas``) replace a failed worker other than worker 0 in
-    place (``failure.respond.replaceable``) and the survivors' agents re-rendezvous with it; each
-    replacement counts against ``backoffLimit``, which therefore also bounds the agents' restarts. It
-    lives beside the environment that tells the pods (``RLJOB_IN_PLACE_RESTARTS``); the failure's
-    decision reads it too.
+    Every job, fixed-size or elastic, replaces a failed worker other than worker 0 in place when its
+    checkpoints outlive a pod (``failure.respond.replaceable``), and the survivors' agents re-rendezvous
+    with it; each replacement counts against ``backoffLimit``, which therefore also bounds the agents'
+    restarts. It lives beside the environment that tells the pods (``RLJOB_IN_PLACE_RESTARTS``); the
+    failure's decision reads it too. Given whatever the checkpoints' storage: an agent restarts its
+    ranks only after a peer was lost, and a gang restart deletes it before it could.
     """
     policy = job.spec.run_policy
-    if not job.spec.workers.elastic or policy.restart_policy == RestartPolicy.never:
+    if policy.restart_policy == RestartPolicy.never:
         return 0
     return policy.backoff_limit
 
