@@ -109,6 +109,10 @@ PARENT_PID_ENV = "RLJOB_PARENT_PID"
 
 #: Rendezvous timeout in seconds (default 900).
 RDZV_TIMEOUT_ENV = "RLJOB_RDZV_TIMEOUT"
+#: Whether this node's agent hosts the c10d rendezvous store: unset, node rank 0's does (and the gang's
+#: rendezvous dies with worker 0); "0", no worker's does: a process of its own serves it at
+#: ``RDZV_ENDPOINT_ENV`` (``RENDEZVOUS_COMMAND``), so the gang's rendezvous outlives any one worker.
+RDZV_HOST_ENV = "RLJOB_RDZV_HOST"
 #: "0" turns off the progress bars.
 PROGRESS_ENV = "RLJOB_PROGRESS"
 #: Where the termination message goes instead of ``/dev/termination-log``.
@@ -145,6 +149,11 @@ REWARD_PATH_ENV = "RLJOB_REWARD_PATH"
 #: The in-pod entrypoint (``rljob_trainer.launch.main``).
 TRAINER_MODULE = "rljob_trainer.launch"
 TRAINER_COMMAND = ("python", "-m", TRAINER_MODULE, "--config", CONFIG_PATH)
+#: The rendezvous store served outside the workers (``rljob_trainer.rendezvous``; ``RDZV_HOST_ENV``), on
+#: ``RENDEZVOUS_PORT``: the trainer image, no GPU, no config.
+RENDEZVOUS_MODULE = "rljob_trainer.rendezvous"
+RENDEZVOUS_PORT = 29500
+RENDEZVOUS_COMMAND = ("python", "-m", RENDEZVOUS_MODULE, "--port", str(RENDEZVOUS_PORT))
 
 
 class LocatedError(Exception):
