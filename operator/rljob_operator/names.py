@@ -23,6 +23,9 @@ LABEL_WORKER_INDEX = "rljob.dev/worker-index"
 LABEL_GANG_GENERATION = "rljob.dev/gang-generation"
 ANNOTATION_SPEC_HASH = "rljob.dev/spec-hash"
 ANNOTATION_JOB_GENERATION = "rljob.dev/job-generation"
+#: On a worker pod built with ``RLJOB_IN_PLACE_RESTARTS``: how often its agent may restart its ranks to meet a
+#: replaced peer. A pod without it (built by an operator before issue #48) ends when a peer is lost.
+ANNOTATION_IN_PLACE_RESTARTS = "rljob.dev/in-place-restarts"
 #: Written on every ConfigMap, Service and NetworkPolicy the operator creates: the uid of the job
 #: it was created for. A same-named object is adopted only with this marker (and LABEL_MANAGED_BY):
 #: labels can be copied from any job before it exists, its uid cannot.

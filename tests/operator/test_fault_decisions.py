@@ -11,7 +11,7 @@ from rljob_operator.decisions.children import desired_configmap
 from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.failure.respond import backoff_seconds
 from rljob_operator.decisions.lifecycle import plan_reconcile
-from rljob_operator.names import CONFIG_KEY
+from rljob_operator.names import ANNOTATION_IN_PLACE_RESTARTS, CONFIG_KEY
 from rljob_operator.times import rfc3339
 
 from tests.support.jobs import ENDPOINT, NOW, make_job, observe, pod_json
@@ -309,6 +309,14 @@ def test_what_still_restarts_the_whole_gang_and_the_status_and_warning_say_why(s
     why = gang_restart(*oom, spec={"training": {"batchSize": 8, "numGenerations": 2}})
     assert why is not None and "OOM recovery changes every worker's batch" in why
     assert gang_restart(*oom, spec={"runPolicy": {"oomRecovery": False}}) is None
+    # Survivors built by an operator before in-place restarts: their agents would end, not meet the replacement.
+    def older(j: Any, index: int) -> dict[str, Any]:
+        pod = pod_json(j, index)
+        del pod["metadata"]["annotations"][ANNOTATION_IN_PLACE_RESTARTS]
+        return pod
+
+    why = gang_restart(lambda j: older(j, 0), lambda j: older(j, 2), *worker_1)
+    assert why is not None and "built by an older operator" in why
     # A stall: which worker hangs is unknown.
     beat = {**RUNNING, "progress": {"step": 3, "lastHeartbeat": rfc3339(NOW + timedelta(seconds=10))}}
     why = gang_restart(lambda j: pod_json(j, 0), lambda j: pod_json(j, 1), lambda j: pod_json(j, 2),

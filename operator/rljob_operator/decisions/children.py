@@ -38,6 +38,7 @@ from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.runtimes import snapshot_data
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
+    ANNOTATION_IN_PLACE_RESTARTS,
     ANNOTATION_JOB_GENERATION,
     ANNOTATION_SPEC_HASH,
     CONFIG_DIR,
@@ -336,6 +337,8 @@ def _worker_metadata(job: RLTrainingJob, index: int, generation: int) -> dict[st
         ANNOTATION_SPEC_HASH: spec_hash(job),
         ANNOTATION_JOB_GENERATION: str((job.metadata.model_extra or {}).get("generation") or ""),
     }
+    if in_place_restarts(job):  # what the pod's environment tells its agent, where the decisions can see it
+        metadata["annotations"][ANNOTATION_IN_PLACE_RESTARTS] = str(in_place_restarts(job))
     return metadata
 
 

@@ -77,7 +77,9 @@ def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | str:
     For any job, fixed-size or elastic, whose agents may restart their ranks to meet a replaced peer
     (``children.in_place_restarts``, as often as the pods are told) and whose checkpoints outlive a pod
     (the replacement resumes from the same checkpoint as the survivors), for a worker failure or loss
-    that spares worker 0 (it hosts the rendezvous store; its loss ends every agent's rendezvous). Not for
+    that spares worker 0 (it hosts the rendezvous store; its loss ends every agent's rendezvous), when every
+    surviving pod was built to restart its ranks (``ObservedPod.meets_replacements``: not a pod of an older
+    operator, whose agent would end, each survivor then counted as one more failure). Not for
     a stall (which worker hangs is unknown) nor an out-of-memory failure that OOM recovery answers
     (every worker's batch changes). The reasons are said to the user as they are, after "restarting the
     gang": the status and the Warning tell a one-pod replacement from a gang restart, and why.
@@ -96,6 +98,8 @@ def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | str:
         return "no one worker failed"
     if 0 in seen.faulty:
         return "worker 0 hosts the rendezvous store: its loss ends every worker's rendezvous"
+    if any(not p.meets_replacements for p in ctx.current if p.active and p.index not in seen.faulty):
+        return "the other workers' pods were built by an older operator: their agents cannot meet a replacement"
     return seen.faulty
 
 
