@@ -15,8 +15,8 @@ from rljob_contract.job import API_VERSION, KIND, RLTrainingJob
 # re-exported here beside the names the operator chooses itself.
 from rljob_contract.pod import CONFIG_DIR as CONFIG_DIR
 from rljob_contract.pod import CONFIG_KEY as CONFIG_KEY
+from rljob_contract.pod import RENDEZVOUS_PORT, heartbeat_path
 from rljob_contract.pod import TRAINER_COMMAND as TRAINER_COMMAND
-from rljob_contract.pod import heartbeat_path
 
 LABEL_JOB = "rljob.dev/job"
 LABEL_WORKER_INDEX = "rljob.dev/worker-index"
@@ -38,7 +38,7 @@ LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 
 CONTAINER = "trainer"
-RDZV_PORT = 29500
+RDZV_PORT = RENDEZVOUS_PORT  # the contract's: the rendezvous store listens there, in worker 0 or a process of its own
 METRICS_PORT = 9400
 STATUS_CA_KEY = "status-ca.crt"
 OUTPUT_DIR = "/workspace/output"
