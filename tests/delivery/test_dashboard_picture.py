@@ -1,0 +1,81 @@
+"""dashboard.png (``rljob/dashboard.py``): the shipped dashboard's key panels drawn from a run's metrics log.
+
+Its panels are held to the dashboard (the title, the trainer series its queries read), and its log keys to
+what the trainer exports: a record observed by the trainer's own ``TrainerMetrics`` and scraped shows, for
+every panel series, the value the picture draws from the same record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from rljob.dashboard import KEY_PANELS, panels_from_log, write_dashboard
+
+from tests.delivery.test_alerts import DASHBOARD
+
+#: One step of a run's metrics log with every key the key panels draw (two reward functions, an evaluation).
+RECORD = {"step": 7, "reward": 0.5, "reward_std": 0.25, "rewards/repeat_char/mean": 0.75,
+          "rewards/length_penalty/mean": -0.125, "loss": 0.0625, "kl": 0.03125, "step_time": 0.375}
+EVAL = {"step": 7, "eval/exact_match": 0.625}
+
+
+def dashboard_panels() -> dict[str, list[str]]:
+    """Each panel title of the shipped dashboard → its queries."""
+    panels: dict[str, list[str]] = {}
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        panels.setdefault(panel.get("title", ""), []).extend(t["expr"] for t in panel.get("targets", []))
+    return panels
+
+
+def test_each_key_panel_is_a_dashboard_panel_reading_the_trainer_series_it_names() -> None:
+    shipped = dashboard_panels()
+    for panel in KEY_PANELS:
+        assert panel.title in shipped, f"{panel.title!r} is not a panel of {DASHBOARD.name}"
+        read = set(re.findall(r"\brljob_trainer_[a-z_]+", " ".join(shipped[panel.title])))
+        assert read == {metric for metric, _ in panel.metrics}, (panel.title, read)
+
+
+def scraped(record: dict[str, Any], evaluation: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """(series, label value) → value, as the trainer's Prometheus endpoint shows ``record`` once observed."""
+    from prometheus_client import generate_latest
+    from rljob_trainer.telemetry import TrainerMetrics
+
+    metrics = TrainerMetrics()
+    metrics.observe({k: v for k, v in record.items() if k != "step"}, record["step"], None)
+    metrics.observe_eval(evaluation["step"], {k: v for k, v in evaluation.items() if k != "step"})
+    samples = {}
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        match = re.fullmatch(r'(rljob_trainer_[a-z_]+)(?:\{\w+="([^"]*)"\})? (\S+)', line)
+        if match:
+            samples[(match.group(1), match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def test_the_picture_draws_each_series_from_the_log_key_the_trainer_exports_it_from() -> None:
+    exported = scraped(RECORD, EVAL)
+    drawn = dict(panels_from_log([{"step": 0, "eval/exact_match": 0.25}, RECORD, EVAL]))
+    for panel in KEY_PANELS:
+        for metric, pattern in panel.metrics:
+            legends = [legend for legend in drawn[panel.title] if "{" in pattern or legend == pattern]
+            assert legends, (panel.title, metric)
+            for legend in legends:
+                label = legend if "{" in pattern else ""
+                assert drawn[panel.title][legend][-1] == (7.0, exported[(metric, label)]), (panel.title, legend)
+    assert set(drawn["Reward per function"]) == {"repeat_char", "length_penalty"}
+    assert drawn["Held-out evaluation (latest)"] == {"exact_match": [(0.0, 0.25), (7.0, 0.625)]}
+
+
+def test_rljob_train_writes_the_picture_from_its_metrics_log_and_none_without_series(tmp_path: Path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps({**RECORD, "step": s, "reward": s / 10}) + "\n" for s in range(1, 6))
+                   + '{"step": 6, "rew')  # a line cut short by a crash is skipped
+    picture = write_dashboard(tmp_path, "metrics.jsonl")
+    assert picture == tmp_path / "dashboard.png"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    log.write_text(json.dumps({"step": 1, "epoch": 0.1}) + "\n")
+    (tmp_path / "dashboard.png").unlink()
+    assert write_dashboard(tmp_path, "metrics.jsonl") is None and not (tmp_path / "dashboard.png").exists()
+    assert write_dashboard(tmp_path / "missing", "metrics.jsonl") is None
