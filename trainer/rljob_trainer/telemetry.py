@@ -5,7 +5,9 @@ Series (all prefixed ``rljob_trainer_``): ``step``, ``reward`` (mean total rewar
 function, ``loss``, ``step_seconds``, ``tokens_per_second``, ``kl`` (when beta > 0),
 ``gpu_utilization_ratio`` and ``gpu_memory_bytes`` (when a GPU is present), ``last_checkpoint_step``,
 ``checkpoint_upload_failures_total`` and ``last_checkpoint_upload_timestamp_seconds`` (object storage),
-``eval{metric=...}`` and ``eval_step`` (spec.training.evaluation).
+``eval{metric=...}`` and ``eval_step`` (spec.training.evaluation); the health signals (spec.training.health,
+``rljob_trainer.health``): ``health_tripped{signal=...}`` and their inputs ``entropy``, ``entropy_start``,
+``reward_zero_std_ratio``, ``completions_clipped_ratio``, ``masked_ratio`` and ``grad_norm``.
 ``/healthz`` answers 200 while the process lives; ``/readyz`` once the first step is logged.
 """
 
@@ -70,6 +72,23 @@ class TrainerMetrics:
         self.eval = Gauge("rljob_trainer_eval", "Latest evaluation value per metric (spec.training.evaluation).",
                           ["metric"], registry=r)
         self.eval_step = Gauge("rljob_trainer_eval_step", "Step of the latest evaluation.", registry=r)
+        # RL health (rljob_trainer.health, spec.training.health): each signal's state and its inputs.
+        self.health_tripped = Gauge(
+            "rljob_trainer_health_tripped", "1 while a health signal holds (spec.training.health), else 0.",
+            ["signal"], registry=r)
+        self.entropy = Gauge("rljob_trainer_entropy", "Mean token entropy of the last logged step.", registry=r)
+        self.entropy_start = Gauge(
+            "rljob_trainer_entropy_start", "Mean entropy of the run's first logged steps (entropyCollapse's base).",
+            registry=r)
+        self.reward_zero_std_ratio = Gauge(
+            "rljob_trainer_reward_zero_std_ratio", "Fraction of groups whose rewards are all equal (no advantage).",
+            registry=r)
+        self.clipped_ratio = Gauge(
+            "rljob_trainer_completions_clipped_ratio", "Fraction of completions that hit maxCompletionLength.",
+            registry=r)
+        self.masked_ratio = Gauge(
+            "rljob_trainer_masked_ratio", "Fraction of the step's completions masked out of the loss.", registry=r)
+        self.grad_norm = Gauge("rljob_trainer_grad_norm", "Gradient norm of the last logged step.", registry=r)
         self.ready = threading.Event()
         self._scrape_lock = threading.Lock()
         """Held by a scrape and by ``observe_eval``: a scrape never shows one evaluation's step with another's values."""
