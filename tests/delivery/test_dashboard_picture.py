@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from rljob.dashboard import KEY_PANELS, panels_from_log, write_dashboard
-
 from tests.delivery.test_alerts import DASHBOARD
 
 #: One step of a run's metrics log with every key the key panels draw (two reward functions, an evaluation).
