@@ -160,6 +160,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"rljob: done: {s['steps']} steps, reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, "
             f"{s['wall_seconds']:.1f}s; summary in {summary_path}"
         )
+        for report in s.get("health") or []:  # the health signals that tripped (docs/guides/health.md)
+            print(f"rljob: health warning: {report['message']}")
     if code == 0:
         _write_dashboard(Path(output))
     return code

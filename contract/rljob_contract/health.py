@@ -46,27 +46,37 @@ ALERTS = {signal: "RLTrainingJob" + signal.value[0].upper() + signal.value[1:] f
 COLLAPSE_SIGNALS = frozenset({HealthSignal.entropy_collapse})
 
 
+_WINDOW = "Logged values of the signal's input whose median is compared to its threshold (1: each value alone)."
+_REWARD_GAIN = ("Not while the mean reward of the last window logged values is at least this much above its start "
+                "(the median of its first values, as many as the larger window of entropyCollapse and "
+                "noLearningSignal): a policy that learned its task may converge.")
+
+
 class SignalSpec(_Model):
     enabled: bool = Field(True, description="Compute this signal (false: never trips).")
-    window: int = Field(5, ge=1, le=1000, description="Logged steps in a row the condition must hold to trip.")
+    window: int = Field(5, ge=1, le=1000, description=_WINDOW)
 
 
 class EntropyCollapseSpec(SignalSpec):
-    """The mean token entropy stays far below its start: the policy became (nearly) deterministic."""
+    """The policy's entropy fell far below its start while the reward did not rise: it stopped exploring
+    before it learned (or its batches were masked out of the loss, which logs entropy 0)."""
 
     fraction_of_start: float = Field(
         0.1, gt=0, lt=1,
-        description="Trips when entropy stays below this fraction of its start (the mean of the first window "
-                    "logged steps) for window steps.")
+        description="Trips when the median entropy of the last window steps is below this fraction of its start "
+                    "(the median of the first window).")
+    reward_gain: float = Field(0.1, ge=0, description=_REWARD_GAIN)
 
 
 class NoLearningSignalSpec(SignalSpec):
-    """Nearly every group's rewards are equal (TRL's frac_reward_zero_std): no advantage, no gradient."""
+    """Nearly every group's rewards are equal (TRL's frac_reward_zero_std) while the reward did not rise:
+    no advantage, so no gradient."""
 
     fraction: float = Field(
-        0.95, gt=0, le=1,
-        description="Trips when at least this fraction of groups have rewards all equal for window steps.")
-    window: int = Field(10, ge=1, le=1000, description="Logged steps in a row the condition must hold to trip.")
+        0.9, gt=0, le=1,
+        description="Trips when the median fraction of groups whose rewards are all equal is at least this.")
+    window: int = Field(10, ge=1, le=1000, description=_WINDOW)
+    reward_gain: float = Field(0.1, ge=0, description=_REWARD_GAIN)
 
 
 class MaskedBatchSpec(SignalSpec):
@@ -74,17 +84,16 @@ class MaskedBatchSpec(SignalSpec):
 
     fraction: float = Field(
         0.5, gt=0, le=1,
-        description="Trips when at least this fraction of the step's completions is masked out of the loss "
-                    "for window steps.")
-    window: int = Field(3, ge=1, le=1000, description="Logged steps in a row the condition must hold to trip.")
+        description="Trips when the median fraction of a step's completions masked out of the loss is at least this.")
+    window: int = Field(3, ge=1, le=1000, description=_WINDOW)
 
 
 class KlBlowUpSpec(SignalSpec):
     """The KL divergence to the reference model (beta > 0) grows past a bound."""
 
     threshold: float = Field(
-        1.0, gt=0, description="Trips when the logged kl stays above this for window steps (only with beta > 0).")
-    window: int = Field(3, ge=1, le=1000, description="Logged steps in a row the condition must hold to trip.")
+        1.0, gt=0, description="Trips when the median logged kl is above this (only with beta > 0).")
+    window: int = Field(3, ge=1, le=1000, description=_WINDOW)
 
 
 class GradNormSpikeSpec(SignalSpec):
@@ -92,9 +101,9 @@ class GradNormSpikeSpec(SignalSpec):
 
     factor: float = Field(
         10.0, gt=1,
-        description="Trips when grad_norm exceeds this many times the median of the previous history steps.")
+        description="Trips when grad_norm exceeds this many times the median of the previous history non-zero norms.")
     history: int = Field(20, ge=3, le=1000, description="Logged steps whose median grad_norm a step is compared to.")
-    window: int = Field(1, ge=1, le=1000, description="Logged steps in a row the condition must hold to trip.")
+    window: int = Field(1, ge=1, le=1000, description=_WINDOW)
 
 
 class HealthSpec(_Model):
@@ -152,11 +161,15 @@ class HealthReport(BaseModel):
 
 #: What a tripped signal means, in words (``HealthReport.message``).
 DESCRIBE = {
-    HealthSignal.entropy_collapse: "policy entropy collapsed far below its start",
-    HealthSignal.no_learning_signal: "nearly every group's rewards are equal, so no advantage to learn from",
+    HealthSignal.entropy_collapse: "entropy collapsed far below its start while the reward did not rise",
+    HealthSignal.no_learning_signal: "nearly every group's rewards are equal while the reward did not rise: "
+                                     "no advantage to learn from",
     HealthSignal.masked_batch: "most completions are masked out of the loss",
     HealthSignal.kl_blow_up: "KL to the reference model blew up",
     HealthSignal.grad_norm_spike: "gradient norm spiked far above its recent median",
 }
+#: What the metrics log's health values start with (``contract.METRICS_LOG``): ``health/entropyCollapse`` is 1
+#: while the signal holds and 0 once it cleared; a signal that never tripped is not in the record.
+HEALTH_LOG_PREFIX = "health/"
 #: Most health reports one heartbeat (and status.progress.health) may carry: one per signal.
 MAX_HEALTH_REPORTS = len(HealthSignal)

@@ -32,7 +32,7 @@ from rljob_contract.pod import (
     exit_code_for_signal,
     validate_document,
 )
-from rljob_contract.spec import TRL_DEFAULTS, TrainerConfig
+from rljob_contract.spec import TRL_DEFAULTS, TrainerConfig, generation_window
 from rljob_contract.trl_rules import MANAGED_TRL_FIELDS
 
 from rljob_trainer.algorithms import builder
@@ -117,6 +117,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.waiting = False  # set while a stop waits for the generation window's end
 
     def install(self) -> None:
         import signal
@@ -136,7 +137,12 @@ STOP = StopRequest()
 def stop_on_signal_callback(request: StopRequest) -> Any:
     """At every step end the ranks agree (max over the group) whether any was signalled; if so, every
     rank saves the checkpoint of this step and training stops. Agreeing keeps the ranks in lockstep:
-    a rank that stopped alone would leave the others blocked in a collective."""
+    a rank that stopped alone would leave the others blocked in a collective.
+
+    With more than one optimizer step per generation (stepsPerGeneration, num_iterations) the stop
+    waits for the generation window's last step: a checkpoint inside a window would not resume exactly
+    (TRL generates afresh after a resume), and the window's remaining steps reuse the completions it
+    already generated, so they are the cheap ones (issue #48)."""
     import torch
     import torch.distributed as dist
     from transformers import TrainerCallback
@@ -149,10 +155,22 @@ def stop_on_signal_callback(request: StopRequest) -> Any:
                 flag = torch.tensor([signum], dtype=torch.int64, device=device)
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 signum = int(flag.item())
-            if signum:
+            if not signum:
+                return
+            window = generation_window(getattr(args, "steps_per_generation", None) or 1,
+                                       getattr(args, "num_iterations", None) or 1,
+                                       args.gradient_accumulation_steps)
+            step = state.global_step
+            if step % window and step < state.max_steps:
+                if not request.waiting:
+                    log.warning("signal %d at step %d: finishing the generation window (%d more steps), so the "
+                                "checkpoint resumes exactly", signum, step, window - step % window)
+                    request.waiting = True
                 request.signum = signum
-                control.should_save = True
-                control.should_training_stop = True
+                return
+            request.signum = signum
+            control.should_save = True
+            control.should_training_stop = True
 
     return StopOnSignal()
 
@@ -317,7 +335,7 @@ def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callback
 
 def write_run_summary(
     cfg: TrainerConfig, trainer: Any, publisher: Any, resume: Path | None, started: float, heartbeat: Any,
-    eval_metric: str | None = None,
+    eval_metric: str | None = None, health: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Rank 0's end of run: wait (bounded) for the last uploads, write summary.json, send the final heartbeat."""
     from rljob_trainer.checkpoints.manifest import atomic_write_text
@@ -332,6 +350,7 @@ def write_run_summary(
         checkpoints=checkpoint_fields.pop("checkpoints"),
         resumed_from=resume.name if resume is not None else None,
         wall_seconds=time.time() - started,
+        health=health,
     )
     summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
     if eval_metric is not None:
@@ -391,7 +410,8 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
                                                  base_model=base_identity(inputs.model_path) if inputs.peft_config else None)
     metrics_log = Path(cfg.output_dir) / METRICS_LOG if rank == 0 else None
     evaluate, eval_metric = evaluation_callbacks(cfg, inputs, metrics, heartbeat, metrics_log)
-    callbacks = [TelemetryCallback(metrics, heartbeat, metrics_log), *evaluate, checkpoint_callback(publisher),
+    telemetry = TelemetryCallback(metrics, heartbeat, metrics_log, health=cfg.training.health if rank == 0 else None)
+    callbacks = [telemetry, *evaluate, checkpoint_callback(publisher),
                  stop_on_signal_callback(STOP)]
     trainer = build_trainer(cfg, trainer_cls, inputs, callbacks)
     if resume is not None and rank == 0:
@@ -399,7 +419,8 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     summary = None
     if trainer.is_world_process_zero() and publisher is not None:
-        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric)
+        health = telemetry.health.reports() if telemetry.health is not None else []
+        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric, health)
     if metrics is not None:
         metrics.shutdown()
     finish_together()
