@@ -4,7 +4,8 @@ On a cluster the dashboard (``charts/rljob/files/dashboards/rljob.json``) draws 
 Prometheus; ``rljob train`` has no Prometheus, so the same panels are drawn beside ``reward_curve.png``
 from the run's metrics log (``metrics.jsonl``, what the trainer exports as ``rljob_trainer_*``), so a
 researcher sees at a glance what a dashboard would show: the reward and its spread, each reward function,
-the loss, the KL, the held-out evaluation and the step time. ``make e2e`` draws the same panels from a
+the loss, the KL, the held-out evaluation, the RL health signals and their inputs (entropy, truncated
+completions, groups without learning signal, gradient norm) and the step time. ``make e2e`` draws the same panels from a
 real Prometheus's range queries (``tests/e2e``). ``KEY_PANELS`` names each panel as the dashboard titles it
 and the trainer series its queries read; ``tests/delivery/test_dashboard_picture.py`` holds them to the
 dashboard, so a renamed panel or metric fails there.
@@ -25,10 +26,11 @@ Series = dict[str, list[tuple[float, float]]]
 @dataclass(frozen=True)
 class Panel:
     """A dashboard panel: its ``title`` in the dashboard and the trainer series (``metrics``) its queries read,
-    each with the key of the run's metrics log it is exported from (``{label}`` for a labelled series)."""
+    each with the key of the run's metrics log it is exported from (``{label}`` for a labelled series), or
+    None for a series the log does not hold (it is drawn from Prometheus only)."""
 
     title: str
-    metrics: tuple[tuple[str, str], ...]
+    metrics: tuple[tuple[str, str | None], ...]
 
 
 #: The dashboard's key panels, in its order: the trainer series each draws and the log key behind it.
@@ -38,6 +40,13 @@ KEY_PANELS = (
     Panel("Loss", (("rljob_trainer_loss", "loss"),)),
     Panel("KL to the reference model", (("rljob_trainer_kl", "kl"),)),
     Panel("Held-out evaluation (latest)", (("rljob_trainer_eval", "eval/{metric}"),)),
+    Panel("Health signals tripped", (("rljob_trainer_health_tripped", "health/{signal}"),)),
+    Panel("Entropy", (("rljob_trainer_entropy", "entropy"), ("rljob_trainer_entropy_start", None))),
+    Panel("Masked and truncated completions", (("rljob_trainer_masked_ratio", None),
+                                               ("rljob_trainer_completions_clipped_ratio",
+                                                "completions/clipped_ratio"))),
+    Panel("Groups without learning signal", (("rljob_trainer_reward_zero_std_ratio", "frac_reward_zero_std"),)),
+    Panel("Gradient norm", (("rljob_trainer_grad_norm", "grad_norm"),)),
     Panel("Step time", (("rljob_trainer_step_seconds", "step_time"),)),
 )
 
@@ -59,6 +68,8 @@ def panels_from_log(records: list[dict[str, Any]]) -> list[tuple[str, Series]]:
     for panel in KEY_PANELS:
         series: Series = {}
         for _, pattern in panel.metrics:
+            if pattern is None:
+                continue
             for record in records:
                 for key, value in record.items():
                     legend = _matches(pattern, key)

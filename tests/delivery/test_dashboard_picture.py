@@ -12,12 +12,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rljob.dashboard import KEY_PANELS, panels_from_log, write_dashboard
+from rljob.dashboard import KEY_PANELS, panels_from_log, read_metrics_log, write_dashboard
 from tests.delivery.test_alerts import DASHBOARD
 
-#: One step of a run's metrics log with every key the key panels draw (two reward functions, an evaluation).
-RECORD = {"step": 7, "reward": 0.5, "reward_std": 0.25, "rewards/repeat_char/mean": 0.75,
-          "rewards/length_penalty/mean": -0.125, "loss": 0.0625, "kl": 0.03125, "step_time": 0.375}
+#: A run's logged steps with every key the key panels draw (two reward functions, a reference model): DAPO
+#: with every completion truncated, so the masked-batch health signal trips after its window of 3 steps.
+STEPS = [{"reward": 0.5 + step / 100, "reward_std": 0.25, "rewards/repeat_char/mean": 0.75,
+          "rewards/length_penalty/mean": -0.125, "loss": 0.0625, "kl": 0.03125, "step_time": 0.375,
+          "entropy": 3.5 - step / 10, "completions/clipped_ratio": 1.0, "frac_reward_zero_std": 0.25,
+          "grad_norm": 0.5 + step / 10} for step in range(1, 8)]
+RECORD = {"step": 7, **STEPS[-1]}
 EVAL = {"step": 7, "eval/exact_match": 0.625}
 
 
@@ -37,14 +41,22 @@ def test_each_key_panel_is_a_dashboard_panel_reading_the_trainer_series_it_names
         assert read == {metric for metric, _ in panel.metrics}, (panel.title, read)
 
 
-def scraped(record: dict[str, Any], evaluation: dict[str, Any]) -> dict[tuple[str, str], float]:
-    """(series, label value) → value, as the trainer's Prometheus endpoint shows ``record`` once observed."""
+def trained(log: Path) -> dict[tuple[str, str], float]:
+    """Feed ``STEPS`` and ``EVAL`` through the trainer's own callback (metrics log, gauges, health signals of a
+    DAPO run with a reference model); (series, label value) → value, as its Prometheus endpoint shows them."""
+    from types import SimpleNamespace
+
     from prometheus_client import generate_latest
-    from rljob_trainer.telemetry import TrainerMetrics
+    from rljob_contract.health import HealthSpec
+    from rljob_trainer.telemetry import TelemetryCallback, TrainerMetrics, append_metrics
 
     metrics = TrainerMetrics()
-    metrics.observe({k: v for k, v in record.items() if k != "step"}, record["step"], None)
-    metrics.observe_eval(evaluation["step"], {k: v for k, v in evaluation.items() if k != "step"})
+    callback = TelemetryCallback(metrics, log_path=log, health=HealthSpec())
+    callback.on_train_begin(SimpleNamespace(mask_truncated_completions=True, beta=0.04), None, None)
+    for step, logs in enumerate(STEPS, start=1):
+        callback.on_log(None, SimpleNamespace(is_world_process_zero=True, global_step=step), None, logs=dict(logs))
+    metrics.observe_eval(EVAL["step"], {"eval/exact_match": EVAL["eval/exact_match"]})
+    append_metrics(log, EVAL["step"], {"eval/exact_match": EVAL["eval/exact_match"]})
     samples = {}
     for line in generate_latest(metrics.registry).decode().splitlines():
         match = re.fullmatch(r'(rljob_trainer_[a-z_]+)(?:\{\w+="([^"]*)"\})? (\S+)', line)
@@ -53,18 +65,25 @@ def scraped(record: dict[str, Any], evaluation: dict[str, Any]) -> dict[tuple[st
     return samples
 
 
-def test_the_picture_draws_each_series_from_the_log_key_the_trainer_exports_it_from() -> None:
-    exported = scraped(RECORD, EVAL)
-    drawn = dict(panels_from_log([{"step": 0, "eval/exact_match": 0.25}, RECORD, EVAL]))
+def test_the_picture_draws_each_series_from_the_log_key_the_trainer_exports_it_from(tmp_path: Path) -> None:
+    exported = trained(tmp_path / "metrics.jsonl")
+    drawn = dict(panels_from_log(read_metrics_log(tmp_path / "metrics.jsonl")))
     for panel in KEY_PANELS:
         for metric, pattern in panel.metrics:
+            if pattern is None:  # not in the run's log: the dashboard alone draws it
+                assert metric in {m for m, _ in exported}, metric
+                continue
             legends = [legend for legend in drawn[panel.title] if "{" in pattern or legend == pattern]
             assert legends, (panel.title, metric)
             for legend in legends:
                 label = legend if "{" in pattern else ""
                 assert drawn[panel.title][legend][-1] == (7.0, exported[(metric, label)]), (panel.title, legend)
     assert set(drawn["Reward per function"]) == {"repeat_char", "length_penalty"}
-    assert drawn["Held-out evaluation (latest)"] == {"exact_match": [(0.0, 0.25), (7.0, 0.625)]}
+    assert drawn["Held-out evaluation (latest)"] == {"exact_match": [(7.0, 0.625)]}
+    # The DAPO run's whole batch was masked: the health panel draws the signal from when it tripped.
+    assert drawn["Health signals tripped"] == {"maskedBatch": [(3.0, 1.0), (4.0, 1.0), (5.0, 1.0), (6.0, 1.0),
+                                                              (7.0, 1.0)]}
+    assert exported[("rljob_trainer_masked_ratio", "")] == 1.0
 
 
 def test_rljob_train_writes_the_picture_from_its_metrics_log_and_none_without_series(tmp_path: Path) -> None:
