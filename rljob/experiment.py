@@ -225,7 +225,11 @@ class LocalRunner:
         rt.status.curve = [CurvePoint(step=s, value=v) for s, v in thin(curve, MAX_CURVE_POINTS)]
         rt.status.steps = max((r["step"] for r in rt.records if isinstance(r.get("step"), int)), default=None)
         rt.status.objective = objective_value(curve, self.spec.objective)
-        rt.status.health = signals_from_logs(rt.records)
+        health = signals_from_logs(rt.records)
+        for tripped in [s for s in health if s not in rt.status.health]:
+            self.say(f"[{rt.trial.number + 1}/{self.spec.total_trials}] {rt.trial.name}: health signal {tripped} "
+                     f"tripped (docs/guides/health.md)")
+        rt.status.health = health
 
     def prune(self) -> None:
         """SIGTERM every running trial whose policy collapsed (``pruneCollapsed``) or the median rule stops (once)."""

@@ -51,7 +51,7 @@ def test_bad_thresholds_are_refused_naming_the_field(health: Any, expected: str)
     assert any(line.startswith(expected) for line in e.value.problems), e.value.problems
 
 
-def test_each_signal_has_one_alert_named_after_it() -> None:
+def test_each_signal_has_one_alert_and_one_event_reason_named_after_it() -> None:
     assert ALERTS[HealthSignal.masked_batch] == "RLTrainingJobMaskedBatch"
     assert len(set(ALERTS.values())) == len(HealthSignal)
     assert HEALTH_EVENT_REASONS["entropyCollapse"] == "EntropyCollapse"

@@ -71,11 +71,15 @@ def test_the_operator_reads_a_trials_health_from_its_jobs_status_and_keeps_it() 
     assert health["strategies-dapo-s0"] == ["entropyCollapse", "maskedBatch"]  # HealthSignal's order
     assert health["strategies-grpo-s0"] == []
     assert second.suspend == []  # pruneCollapsed is off: a collapsed trial runs on, marked
+    assert [(e.type, e.reason, e.message) for e in second.events if e.reason == "TrialCollapsed"] == [
+        ("Warning", "TrialCollapsed", "trial strategies-dapo-s0: its policy collapsed (entropyCollapse, maskedBatch; "
+                                      "docs/guides/health.md)")]
     # A later status without the warnings (a job's status rewritten) does not unmark the trial.
     later = plan_experiment({**doc, "status": {**second.status}}, parse_experiment(doc),
                             [_job(j, "Running", []) for j in first.create], NOW)
     assert next(t for t in later.status["trials"] if t["name"] == "strategies-dapo-s0")["health"] == [
         "entropyCollapse", "maskedBatch"]
+    assert not [e for e in later.events if e.reason == "TrialCollapsed"]  # told once
 
 
 def test_prune_collapsed_stops_a_collapsed_trial_and_only_that_one() -> None:
@@ -129,6 +133,11 @@ def test_the_local_runner_marks_and_prunes_a_trial_from_its_metrics_log(
     runner.prune()
     assert proc.wait(timeout=10) == -15  # SIGTERM
     assert status.pruned and status.pruned_at_step == 22 and "its policy collapsed" in (status.message or "")
+    runner.stream.close()
+    said = (tmp_path / "out.txt").read_text().splitlines()
+    assert [line for line in said if "health signal" in line] == [
+        f"rljob: [3/4] {dapo.name}: health signal maskedBatch tripped (docs/guides/health.md)",
+        f"rljob: [3/4] {dapo.name}: health signal entropyCollapse tripped (docs/guides/health.md)"]
 
     done = [trial("grpo", 0, 0.8), trial("grpo", 1, 0.9), trial("dapo", 1, 0.1, ["entropyCollapse"]),
             trial("dapo", 2, 0.0, ["entropyCollapse"])]

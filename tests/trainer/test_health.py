@@ -150,3 +150,21 @@ def test_each_newly_tripped_signal_is_one_line_naming_it_and_the_guide() -> None
     tripped_lines(monitor.observe(8, {"completions/clipped_ratio": 0.97}), lines.append)  # still active: silent
     assert lines == ["rljob: health: maskedBatch at step 7: most completions are masked out of the loss "
                      "(0.97 vs 0.5, step 7); see docs/guides/health.md"]
+
+
+def test_a_resumed_runs_curve_is_compared_without_its_health_values() -> None:
+    """The resume tests compare every logged value of a resumed run with an uninterrupted one; a resumed run starts
+    its health windows afresh, so its ``health/`` values are left out of that comparison (and only those)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from rljob_contract.health import HEALTH_LOG_PREFIX
+
+    from tests.support.trainer import HEALTH_PREFIX, logged_curve
+
+    assert HEALTH_PREFIX == HEALTH_LOG_PREFIX
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "metrics.jsonl"
+        log.write_text(json.dumps({"step": 3, "loss": 0.5, "step_time": 1.0, "health/gradNormSpike": 1.0}) + "\n")
+        assert logged_curve(log) == {3: {"step": 3, "loss": 0.5}}

@@ -43,7 +43,12 @@ from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.curve import series
 from rljob_operator.decisions.plan import Event, status_patch
 from rljob_operator.decisions.policy import PodProfile, job_violations
-from rljob_operator.experiments.health import collapse_prune_message, ordered, signals_from_progress
+from rljob_operator.experiments.health import (
+    collapse_prune_message,
+    collapsed,
+    ordered,
+    signals_from_progress,
+)
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import objective_value, thin
 from rljob_operator.experiments.pruning import should_prune
@@ -289,6 +294,9 @@ def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list
         new = observe_trial(old, by_name.get(old.name), parsed)
         if new.phase == TrialPhase.failed.value and old.phase != new.phase:
             plan.events.append(Event("Warning", "TrialFailed", f"trial {new.name} failed: {new.message}"))
+        if collapsed(new.health) and not collapsed(old.health):
+            plan.events.append(Event("Warning", "TrialCollapsed", f"trial {new.name}: its policy collapsed "
+                                     f"({', '.join(new.health)}; docs/guides/health.md)"))
         trials.append(new)
     trials = _prune(parsed, trials, plan)
     # Recorded before a crash (or a refused create) but never created: created now, as recorded.
