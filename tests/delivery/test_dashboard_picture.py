@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from rljob.dashboard import KEY_PANELS, panels_from_log, read_metrics_log, write_dashboard
 from tests.delivery.test_alerts import DASHBOARD
