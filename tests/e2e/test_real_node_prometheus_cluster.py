@@ -186,7 +186,7 @@ def test_prometheus_scrapes_the_jobs_as_the_chart_monitors_say_and_the_health_al
     wait_for(alert_fired, 300, interval=2, message=f"{MASKED} firing for the collapsing run")
     # The collapsing run's alert resolves once it is gone (its target ends: Prometheus marks its series stale).
     kube.request("DELETE", kube.job_path(jobs_ns, "collapsing"))
-    wait_for(lambda: not job_pods(kube, jobs_ns, "collapsing"), 180, message="the collapsing run's pods gone")
+    wait_for(lambda: not job_pods(kube, jobs_ns, "collapsing"), 300, message="the collapsing run's pods gone")
     wait_for(lambda: (MASKED, "collapsing") not in health_alerts(prometheus, jobs_ns), 120,
              message=f"{MASKED} resolved for the collapsing run")
     seen.update(health_alerts(prometheus, jobs_ns))
