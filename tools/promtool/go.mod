@@ -1,5 +1,6 @@
-// Builds promtool, which checks the Prometheus rules and alerts we ship. Its
-// own module: prometheus pins its own client-go and otel versions.
+// Builds promtool, which checks the Prometheus rules and alerts we ship, and the
+// Prometheus server `make e2e` scrapes the real node's pods with (same version).
+// Its own module: prometheus pins its own client-go and otel versions.
 module rljob.dev/tools/promtool
 
 go 1.26.7
