@@ -767,8 +767,8 @@ class LastFailure(StatusModel):
     disruption: bool = Field(False, description="Caused by the cluster (node lost, eviction, preemption).")
     replaced_pods: list[str] = Field(
         default_factory=list, max_length=1024,
-        description="UIDs of the worker pods replaced in place for this failure (an elastic job whose "
-                    "surviving workers kept running); empty when the whole gang was restarted.",
+        description="UIDs of the worker pods replaced in place for this failure (a job with durable "
+                    "checkpoints whose surviving workers kept running); empty when the whole gang was restarted.",
     )
 
 

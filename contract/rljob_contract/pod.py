@@ -53,8 +53,9 @@ RUN_ID_ENV = "RLJOB_RUN_ID"
 #: to the agent's ``PContext.close`` instead, see ``rljob_trainer.launch.bounded_worker_shutdown``).
 SHUTDOWN_TIMEOUT_ENV = "RLJOB_SHUTDOWN_TIMEOUT"
 #: Restarts this node's elastic agent may make of its ranks when a peer worker is lost, so that the
-#: survivors re-rendezvous with the pod the operator creates in its place (elastic jobs with durable
-#: checkpoints, see ``rljob_operator.decisions.failure.respond``). Unset or 0: any rank failure ends the node.
+#: survivors re-rendezvous with the pod the operator creates in its place (jobs with durable checkpoints,
+#: fixed-size or elastic, see ``rljob_operator.decisions.failure.respond``). Unset or 0: any rank failure
+#: ends the node.
 IN_PLACE_RESTARTS_ENV = "RLJOB_IN_PLACE_RESTARTS"
 #: Where logs, TensorBoard events and the summary go (overrides the config's ``outputDir``).
 OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
@@ -84,8 +85,8 @@ OPERATOR_ENV = frozenset({
     OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
     CREDENTIALS_DIR_ENV,
 })
-#: Set besides those on an elastic job's workers (``minReplicas``/``maxReplicas``).
-ELASTIC_ENV = frozenset({IN_PLACE_RESTARTS_ENV})
+#: Set besides those on the workers of a job that may restart (``restartPolicy`` other than ``Never``).
+RESTARTABLE_ENV = frozenset({IN_PLACE_RESTARTS_ENV})
 
 # Set inside the pod by the launcher for its ranks (the operator never sets these).
 
@@ -128,6 +129,10 @@ def warning_reason(message: str) -> str:
 
 #: Rendezvous timeout in seconds (default 900).
 RDZV_TIMEOUT_ENV = "RLJOB_RDZV_TIMEOUT"
+#: Whether this node's agent hosts the c10d rendezvous store: unset, node rank 0's does (and the gang's
+#: rendezvous dies with worker 0); "0", no worker's does: a process of its own serves it at
+#: ``RDZV_ENDPOINT_ENV`` (``RENDEZVOUS_COMMAND``), so the gang's rendezvous outlives any one worker.
+RDZV_HOST_ENV = "RLJOB_RDZV_HOST"
 #: "0" turns off the progress bars.
 PROGRESS_ENV = "RLJOB_PROGRESS"
 #: Where the termination message goes instead of ``/dev/termination-log``.
@@ -164,6 +169,11 @@ REWARD_PATH_ENV = "RLJOB_REWARD_PATH"
 #: The in-pod entrypoint (``rljob_trainer.launch.main``).
 TRAINER_MODULE = "rljob_trainer.launch"
 TRAINER_COMMAND = ("python", "-m", TRAINER_MODULE, "--config", CONFIG_PATH)
+#: The rendezvous store served outside the workers (``rljob_trainer.rendezvous``; ``RDZV_HOST_ENV``), on
+#: ``RENDEZVOUS_PORT``: the trainer image, no GPU, no config.
+RENDEZVOUS_MODULE = "rljob_trainer.rendezvous"
+RENDEZVOUS_PORT = 29500
+RENDEZVOUS_COMMAND = ("python", "-m", RENDEZVOUS_MODULE, "--port", str(RENDEZVOUS_PORT))
 
 
 class LocatedError(Exception):

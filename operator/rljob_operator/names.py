@@ -15,14 +15,17 @@ from rljob_contract.job import API_VERSION, KIND, RLTrainingJob
 # re-exported here beside the names the operator chooses itself.
 from rljob_contract.pod import CONFIG_DIR as CONFIG_DIR
 from rljob_contract.pod import CONFIG_KEY as CONFIG_KEY
+from rljob_contract.pod import RENDEZVOUS_PORT, heartbeat_path
 from rljob_contract.pod import TRAINER_COMMAND as TRAINER_COMMAND
-from rljob_contract.pod import heartbeat_path
 
 LABEL_JOB = "rljob.dev/job"
 LABEL_WORKER_INDEX = "rljob.dev/worker-index"
 LABEL_GANG_GENERATION = "rljob.dev/gang-generation"
 ANNOTATION_SPEC_HASH = "rljob.dev/spec-hash"
 ANNOTATION_JOB_GENERATION = "rljob.dev/job-generation"
+#: On a worker pod built with ``RLJOB_IN_PLACE_RESTARTS``: how often its agent may restart its ranks to meet a
+#: replaced peer. A pod without it (built by an operator before issue #48) ends when a peer is lost.
+ANNOTATION_IN_PLACE_RESTARTS = "rljob.dev/in-place-restarts"
 #: Written on every ConfigMap, Service and NetworkPolicy the operator creates: the uid of the job
 #: it was created for. A same-named object is adopted only with this marker (and LABEL_MANAGED_BY):
 #: labels can be copied from any job before it exists, its uid cannot.
@@ -35,7 +38,7 @@ LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 
 CONTAINER = "trainer"
-RDZV_PORT = 29500
+RDZV_PORT = RENDEZVOUS_PORT  # the contract's: the rendezvous store listens there, in worker 0 or a process of its own
 METRICS_PORT = 9400
 STATUS_CA_KEY = "status-ca.crt"
 OUTPUT_DIR = "/workspace/output"

@@ -254,9 +254,9 @@ def test_the_pod_environment_is_what_the_launcher_and_heartbeat_read(monkeypatch
 
     container = desired_worker_pod(_job(), 2, 4, ENDPOINT)["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
-    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV
+    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.RESTARTABLE_ENV
     assert container["command"] == list(contract.TRAINER_COMMAND)
-    for name in contract.OPERATOR_ENV:
+    for name in contract.OPERATOR_ENV | contract.RESTARTABLE_ENV:
         monkeypatch.setenv(name, env[name].get("value", "train-worker-2"))  # the downward API gives the pod name
     node = NodeSettings.from_env(default_nproc=8)
     assert (node.nnodes, node.node_rank, node.nproc_per_node) == (3, 2, 1)
@@ -264,32 +264,35 @@ def test_the_pod_environment_is_what_the_launcher_and_heartbeat_read(monkeypatch
     hb = Heartbeat.from_env()
     assert hb is not None and hb.pod == "train-worker-2" and hb.ca_file == "/etc/rljob/status-ca.crt"
     assert hb.url == ENDPOINT.base_url + contract.heartbeat_path("team-a", "train")
-    assert node.in_place_restarts == 0  # a fixed-size gang: any failure ends the node, the gang restarts
+    # The agent may restart its ranks to meet a replaced peer, as often as the job may restart.
+    assert node.in_place_restarts == 3
 
 
 def test_a_tracked_job_s_workers_know_their_image_for_the_tracked_run() -> None:
     tracked = _job(training={"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000"}}})
     env = {e["name"]: e for e in desired_worker_pod(tracked, 0, 1, ENDPOINT)["spec"]["containers"][0]["env"]}
-    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.TRACKING_ENV
+    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.RESTARTABLE_ENV | contract.TRACKING_ENV
     assert env[contract.IMAGE_ENV]["value"] == desired_worker_pod(tracked, 0, 1, ENDPOINT)["spec"]["containers"][0]["image"]
 
 
-def test_an_elastic_job_s_workers_may_restart_their_ranks_as_often_as_its_backoff_limit(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("workers", [{}, {"minReplicas": 2, "maxReplicas": 3}], ids=["fixed-size", "elastic"])
+def test_a_job_s_workers_may_restart_their_ranks_as_often_as_its_backoff_limit(
+        monkeypatch: pytest.MonkeyPatch, workers: dict[str, int]) -> None:
     from rljob_trainer.launch import NodeSettings, build_launch_config
     from torch.distributed.launcher.api import LaunchConfig
 
-    job = _job(workers={"minReplicas": 2, "maxReplicas": 3}, runPolicy={"backoffLimit": 4})
+    shape = {"workers": workers} if workers else {}
+    job = _job(**shape, runPolicy={"backoffLimit": 4})
     env = {e["name"]: e for e in desired_worker_pod(job, 1, 0, ENDPOINT)["spec"]["containers"][0]["env"]}
-    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.ELASTIC_ENV
+    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.RESTARTABLE_ENV
     monkeypatch.setenv(contract.IN_PLACE_RESTARTS_ENV, env[contract.IN_PLACE_RESTARTS_ENV]["value"])
     node = NodeSettings.from_env(default_nproc=1)
     assert node.in_place_restarts == 4
     config, _ = build_launch_config(LaunchConfig, node, 30)
     assert config.max_restarts == 4 and config.min_nodes == config.max_nodes  # the size changes by a resize only
-    never = _job(workers={"minReplicas": 2, "maxReplicas": 3}, runPolicy={"restartPolicy": "Never"})
+    never = _job(**shape, runPolicy={"restartPolicy": "Never"})
     env = {e["name"] for e in desired_worker_pod(never, 1, 0, ENDPOINT)["spec"]["containers"][0]["env"]}
-    assert contract.IN_PLACE_RESTARTS_ENV not in env
+    assert contract.IN_PLACE_RESTARTS_ENV not in env  # a job that never restarts: any failure ends the node
 
 
 def test_the_configmap_yaml_loads_back_into_the_same_trainer_config(tmp_path: Path) -> None:

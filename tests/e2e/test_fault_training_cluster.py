@@ -1,7 +1,9 @@
 """End to end: the real trainer, run as local processes from the pods the operator builds, survives
-a worker killed mid-training — the operator restarts the gang, which resumes from the newest
-checkpoint (losing at most one checkpoint interval) in the S3 test server, trains to maxSteps, and
-logs exactly the curve an uninterrupted run of the same manifest logs.
+a worker of a fixed-size job killed mid-training, and logs exactly the curve an uninterrupted run of
+the same manifest logs. Worker 0 (it hosts the rendezvous store): the operator restarts the gang, which
+resumes from the newest checkpoint (losing at most one checkpoint interval) in the S3 test server.
+Worker 1: the operator replaces that pod alone (issue #48, point 1), worker 0's agent restarts its
+ranks, and both resume from the newest checkpoint together.
 
 As in ``test_operator_contract``, each pod's command and environment (its Secret's keys included) run
 here as a process; the fake pod mirrors what the kubelet would report (exit 137 for the SIGKILLed
@@ -24,6 +26,8 @@ from tests.cluster.waiting import wait_for
 from tests.support.operator_process import (
     annotate_pod,
     create_job,
+    events_for,
+    free_port,
     get_job,
     job_manifest,
     job_pods,
@@ -31,7 +35,7 @@ from tests.support.operator_process import (
     wait_gang,
     wait_phase,
 )
-from tests.support.pod_harness import PodProcess, logs, start_gang, stop
+from tests.support.pod_harness import PodProcess, logs, start_gang, start_pod, stop
 from tests.support.s3_server import MotoServer, bucket_fixture, s3_server_fixture  # noqa: F401 - fixtures register by import
 from tests.support.trainer import assert_same_curve, deep_update, logged_curve, run_rljob, write_manifest
 
@@ -55,83 +59,176 @@ def _environments(procs: list[Any]) -> list[bytes]:
     return out
 
 
-def test_sigkilled_worker_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_the_uninterrupted_curve(
-        kube: Any, namespace: str, operator: Any, tmp_path: Path, s3_server: MotoServer, bucket: str) -> None:
-    operator()
+SPEC = {
+    "training": {"maxSteps": MAX_STEPS},
+    "checkpoint": {"everySteps": EVERY, "keepLast": 2},
+    "runPolicy": {"backoffBaseSeconds": 0},
+}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, float]]:
+    """What `rljob train` of the same manifest logs, uninterrupted (two processes, as replicas ×
+    procsPerWorker; checkpoints in a folder): every value of every step."""
+    out = tmp_path_factory.mktemp("reference")
+    local = write_manifest(out / "job.yaml", job_manifest("e2e", spec=SPEC))
+    reference = run_rljob("train", str(local), "--output", str(out / "run"))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    return logged_curve(out / "run" / "metrics.jsonl")
+
+
+def _start_job(kube: Any, namespace: str, s3_server: MotoServer, bucket: str) -> None:
     kube.request("POST", kube.core_path(namespace, "secrets"), {"metadata": {"name": "s3-keys"}, "data": {
         k: base64.b64encode(v.encode()).decode() for k, v in KEYS.items()}})
-    spec = {
-        "training": {"maxSteps": MAX_STEPS},
-        "checkpoint": {"everySteps": EVERY, "keepLast": 2},
-        "runPolicy": {"backoffBaseSeconds": 0},
-    }
-    create_job(kube, namespace, job_manifest("e2e", spec=deep_update(spec, on_namespaced_runtime(
+    create_job(kube, namespace, job_manifest("e2e", spec=deep_update(SPEC, on_namespaced_runtime(
         kube, namespace, "s3", {"checkpoint": {"storage": f"s3://{bucket}", "endpointUrl": s3_server.endpoint,
                                                "credentialsSecret": "s3-keys"}}))))
+
+
+def _checkpointed(kube: Any, namespace: str, gang: list[PodProcess]) -> int:
+    """Wait for a checkpoint and a step past it; the step the gang is at."""
+    def checkpointed() -> dict[str, Any] | None:
+        assert all(p.poll() is None for p, _, _ in gang), logs(gang)
+        progress = get_job(kube, namespace, "e2e")["status"].get("progress") or {}
+        return progress if progress.get("checkpoint") and (progress.get("step") or 0) > EVERY else None
+
+    step: int = wait_for(checkpointed, 300, interval=0.2, message="a checkpoint and a step past it")["step"]
+    assert step < MAX_STEPS, "training finished before the fault: raise MAX_STEPS"
+    return step
+
+
+def _sealed(s3_server: MotoServer, bucket: str, namespace: str) -> tuple[int, set[str]]:
+    """(the newest checkpoint sealed in the bucket, the files in it)."""
     own = f"{namespace}/e2e"  # the job's own path under the runtime's storage
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{own}/").get("Contents", [])
+    sealed = {int(o["Key"][len(own) + 1:].split("/")[0].split("-")[1]) for o in listed
+              if o["Key"].endswith("/rljob-manifest.json")}
+    assert sealed, "the first gang sealed no checkpoint in the bucket"
+    newest = {o["Key"].rsplit("/", 1)[1] for o in listed if o["Key"].startswith(f"{own}/checkpoint-{max(sealed)}/")}
+    return max(sealed), newest
+
+
+def _resumed(summary: dict[str, Any], killed_at: int) -> int:
+    resumed = int(summary["resumed_from"].rsplit("-", 1)[-1])
+    assert killed_at - EVERY <= resumed <= killed_at + EVERY, (killed_at, summary["resumed_from"])
+    assert summary["steps"] == MAX_STEPS
+    return resumed
+
+
+def _finish(kube: Any, namespace: str) -> dict[str, Any]:
+    wait_for(lambda: (get_job(kube, namespace, "e2e")["status"].get("progress") or {}).get("step") == MAX_STEPS,
+             30, message="final heartbeat")
+    for i in (1, 0):
+        annotate_pod(kube, namespace, f"e2e-worker-{i}", fake_pods.exit_annotations(0))
+    return wait_phase(kube, namespace, "e2e", "Succeeded")["status"]
+
+
+def test_sigkilled_worker_0_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_the_uninterrupted_curve(
+        kube: Any, namespace: str, operator: Any, tmp_path: Path, s3_server: MotoServer, bucket: str,
+        uninterrupted: dict[int, dict[str, float]]) -> None:
+    operator()
+    _start_job(kube, namespace, s3_server, bucket)
     wait_gang(kube, namespace, "e2e", 0)
     first = start_gang(kube, namespace, "e2e", 0, tmp_path)
     second: list[PodProcess] = []
     try:
-        def checkpointed() -> dict[str, Any] | None:
-            assert all(p.poll() is None for p, _, _ in first), logs(first)
-            progress = get_job(kube, namespace, "e2e")["status"].get("progress") or {}
-            return progress if progress.get("checkpoint") and (progress.get("step") or 0) > EVERY else None
-
-        progress = wait_for(checkpointed, 300, interval=0.2, message="a checkpoint and a step past it")
+        killed_at = _checkpointed(kube, namespace, first)
         # The keys reached the trainer as files (its checkpoints are in the bucket), and no process of the
         # gang has them in its environment: only the path of the credentials file the launcher wrote.
         environs = _environments([p for p, _, _ in first])
         assert not [env for env in environs if KEYS["AWS_SECRET_ACCESS_KEY"].encode() in env]
         assert any(b"AWS_SHARED_CREDENTIALS_FILE=" in env for env in environs)
-        killed_at = progress["step"]
-        assert killed_at < MAX_STEPS, "training finished before the fault: raise MAX_STEPS"
-        stop(first[1:])  # SIGKILL worker 1's node: torchrun and its workers
-        annotate_pod(kube, namespace, "e2e-worker-1", fake_pods.exit_annotations(137))  # what the kubelet reports
+        stop(first[:1])  # SIGKILL worker 0's node: torchrun (the rendezvous store's host) and its workers
+        annotate_pod(kube, namespace, "e2e-worker-0", fake_pods.exit_annotations(137))  # what the kubelet reports
         wait_for(lambda: not any(p["metadata"]["labels"]["rljob.dev/gang-generation"] == "0"
                                  for p in job_pods(kube, namespace, "e2e")), 60, message="old gang deleted")
-        stop(first[:1], signal.SIGTERM)  # the kubelet stops worker 0 when its pod is deleted
+        stop(first[1:], signal.SIGTERM)  # the kubelet stops worker 1 when its pod is deleted
         job = wait_gang(kube, namespace, "e2e", 1)
-        listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{own}/").get("Contents", [])
-        sealed = {int(o["Key"][len(own) + 1:].split("/")[0].split("-")[1]) for o in listed
-                  if o["Key"].endswith("/rljob-manifest.json")}
-        assert sealed, "the first gang sealed no checkpoint in the bucket"
+        newest, files = _sealed(s3_server, bucket, namespace)
         # Each rank's RNG states are in it, though each rank saved them in its own pod's folder.
-        newest = {o["Key"].rsplit("/", 1)[1] for o in listed if o["Key"].startswith(f"{own}/checkpoint-{max(sealed)}/")}
-        assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= newest, newest
-        assert job["status"]["restarts"] == 1 and job["status"]["lastFailure"]["worker"] == "e2e-worker-1"
+        assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= files, files
+        assert job["status"]["restarts"] == 1 and job["status"]["lastFailure"]["worker"] == "e2e-worker-0"
+        assert job["status"]["lastFailure"]["replacedPods"] == []
+        warnings = [e for e in events_for(kube, namespace, "e2e") if e["reason"] == "WorkerFailed"]
+        assert warnings and "worker 0 hosts the rendezvous store" in warnings[0]["message"], warnings
 
         second = start_gang(kube, namespace, "e2e", 1, tmp_path)
         codes = [p.wait(timeout=600) for p, _, _ in second]
         assert codes == [0, 0], logs(second)
-        summary = json.loads((second[0][2] / "output" / "summary.json").read_text())
-        resumed = int(summary["resumed_from"].rsplit("-", 1)[-1])
-        assert killed_at - EVERY <= resumed <= killed_at + EVERY, (killed_at, summary["resumed_from"])
-        assert summary["steps"] == MAX_STEPS
-        assert resumed == max(sealed), (resumed, sealed)  # the newest the bucket held
+        resumed = _resumed(json.loads((second[0][2] / "output" / "summary.json").read_text()), killed_at)
+        assert resumed == newest  # the newest the bucket held
         # Worker 1 keeps nothing of its own checkpoints (they went to worker 0's), only the resume's copy.
         staging = second[1][2] / "output" / "checkpoint-staging"
-        assert sorted(p.name for p in staging.glob("checkpoint-*")) == [summary["resumed_from"]]
-        wait_for(lambda: (get_job(kube, namespace, "e2e")["status"].get("progress") or {}).get("step") == MAX_STEPS,
-                 30, message="final heartbeat")
-        print(f"killed at step {killed_at}, resumed from {summary['resumed_from']}")
+        assert sorted(p.name for p in staging.glob("checkpoint-*")) == [f"checkpoint-{resumed}"]
+        print(f"killed at step {killed_at}, resumed from checkpoint-{resumed}")
     finally:
         stop(first)
         stop(second)
-    for i in (1, 0):
-        annotate_pod(kube, namespace, f"e2e-worker-{i}", fake_pods.exit_annotations(0))
-    assert wait_phase(kube, namespace, "e2e", "Succeeded")["status"]["restarts"] == 1
+    assert _finish(kube, namespace)["restarts"] == 1
 
-    # Exact resume through the operator (issue #31): `rljob train` of the same manifest, uninterrupted
-    # (two processes, as replicas × procsPerWorker; checkpoints in a folder), logs the same values, to
-    # the last bit, at every step: those the first gang trained before the resumed checkpoint, and
-    # every step the second gang trained.
-    local = write_manifest(tmp_path / "job.yaml", job_manifest("e2e", spec=spec))
-    reference = run_rljob("train", str(local), "--output", str(tmp_path / "reference"))
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    want = logged_curve(tmp_path / "reference" / "metrics.jsonl")
+    # Exact resume through the operator (issue #31): the same values, to the last bit, at every step: those
+    # the first gang trained before the resumed checkpoint, and every step the second gang trained.
     after = logged_curve(second[0][2] / "output" / "metrics.jsonl")
     assert sorted(after) == list(range(resumed + 1, MAX_STEPS + 1))
     before = {k: v for k, v in logged_curve(first[0][2] / "output" / "metrics.jsonl").items() if k <= resumed}
     assert sorted(before) == list(range(1, resumed + 1))
-    assert_same_curve(after, want) + assert_same_curve(before, want)
+    assert_same_curve(after, uninterrupted) + assert_same_curve(before, uninterrupted)
+
+
+def _uids(kube: Any, namespace: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "e2e")
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+def test_sigkilled_worker_1_of_a_fixed_size_job_is_replaced_alone_and_the_gang_logs_the_uninterrupted_curve(
+        kube: Any, namespace: str, operator: Any, tmp_path: Path, s3_server: MotoServer, bucket: str,
+        uninterrupted: dict[int, dict[str, float]]) -> None:
+    operator()
+    _start_job(kube, namespace, s3_server, bucket)
+    wait_gang(kube, namespace, "e2e", 0)
+    before = _uids(kube, namespace)
+    rdzv = f"127.0.0.1:{free_port()}"  # one rendezvous for the gang and the replacement: same generation
+    pods = sorted(job_pods(kube, namespace, "e2e"), key=lambda p: p["metadata"]["name"])
+    first = [start_pod(kube, namespace, p, tmp_path, rdzv) for p in pods]
+    replacement: list[PodProcess] = []
+    try:
+        killed_at = _checkpointed(kube, namespace, first)
+        stop(first[1:])  # SIGKILL worker 1's node: its torchrun agent and ranks
+        annotate_pod(kube, namespace, "e2e-worker-1", fake_pods.exit_annotations(137))
+
+        def replaced() -> dict[str, str] | None:
+            now = _uids(kube, namespace)
+            return now if len(now) == 2 and now["e2e-worker-1"] != before["e2e-worker-1"] else None
+
+        after = wait_for(replaced, 60, message="worker 1 created again")
+        assert after["e2e-worker-0"] == before["e2e-worker-0"] and first[0][0].poll() is None  # never touched
+        status = get_job(kube, namespace, "e2e")["status"]
+        assert status["restarts"] == 1 and status["gangGeneration"] == 0
+        assert status["lastFailure"]["replacedPods"] == [before["e2e-worker-1"]]
+        warnings = [e for e in events_for(kube, namespace, "e2e") if e["reason"] == "WorkerFailed"]
+        assert warnings and "replacing e2e-worker-1 in place" in warnings[0]["message"]
+        new = next(p for p in job_pods(kube, namespace, "e2e") if p["metadata"]["name"] == "e2e-worker-1")
+        replacement = [start_pod(kube, namespace, new, tmp_path, rdzv)]
+        gang = [first[0], replacement[0]]
+        assert [p.wait(timeout=600) for p, _, _ in gang] == [0, 0], logs(gang)
+        assert "lost a peer worker" in (first[0][2] / "log.txt").read_text(errors="replace"), logs(gang)
+        summaries = [json.loads(f.read_text()) for _, _, w in gang for f in [w / "output" / "summary.json"]
+                     if f.exists()]
+        assert len(summaries) == 1, "one rank 0 writes the summary"
+        resumed = _resumed(summaries[0], killed_at)
+        print(f"killed at step {killed_at}, resumed from checkpoint-{resumed}")
+    finally:
+        stop(first)
+        stop(replacement)
+    done = _finish(kube, namespace)
+    assert done["restarts"] == 1 and done["gangGeneration"] == 0
+
+    # Exact resume in place: every step logged before the resumed checkpoint, and every step after it
+    # (whichever pod's rank 0 logged it), the same values as the uninterrupted run, to the last bit.
+    curve: dict[int, dict[str, float]] = {}
+    for _, _, w in [*first, *replacement]:  # the survivor's file holds both runs: the resumed steps win
+        if (w / "output" / "metrics.jsonl").exists():
+            logged = logged_curve(w / "output" / "metrics.jsonl")
+            curve.update({s: v for s, v in logged.items() if s not in curve or s > resumed})
+    assert sorted(curve) == list(range(1, MAX_STEPS + 1))
+    assert assert_same_curve(curve, uninterrupted) > 0

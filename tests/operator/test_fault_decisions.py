@@ -5,16 +5,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import yaml
 from rljob_operator.decisions.children import desired_configmap
 from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.failure.respond import backoff_seconds
 from rljob_operator.decisions.lifecycle import plan_reconcile
-from rljob_operator.names import CONFIG_KEY
+from rljob_operator.names import ANNOTATION_IN_PLACE_RESTARTS, CONFIG_KEY
 from rljob_operator.times import rfc3339
 
 from tests.support.jobs import ENDPOINT, NOW, make_job, observe, pod_json
 from tests.support.operator_process import on_runtime
+from tests.support.trainer import deep_update
 
 RUNNING = {"phase": "Running", "startTime": rfc3339(NOW), "gangStartTime": rfc3339(NOW)}
 
@@ -38,7 +40,7 @@ def plan_after(job: Any, *pods: dict[str, Any], later: float = 0, storage: str |
 
 def test_retryable_crash_restarts_the_whole_gang_as_a_new_generation() -> None:
     job = make_job(spec={"runPolicy": {"backoffBaseSeconds": 5}}, status=RUNNING)
-    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 1))
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 1), storage=None)
     s = plan.status
     assert (s["phase"], s["reason"], s["gangGeneration"], s["restarts"]) == ("Restarting", "WorkerFailed", 1, 1)
     assert sorted(plan.delete_pods) == ["train-worker-0", "train-worker-1"] and plan.create_pods == []
@@ -52,22 +54,22 @@ def test_retryable_crash_restarts_the_whole_gang_as_a_new_generation() -> None:
 
 def test_a_restarting_gang_waits_for_its_backoff_then_starts_generation_plus_one() -> None:
     job = make_job(spec={"runPolicy": {"backoffBaseSeconds": 5}}, status=RUNNING)
-    first = plan_after(job, pod_json(job, 0), failed_worker(job, 1))
+    first = plan_after(job, pod_json(job, 0), failed_worker(job, 1), storage=None)
     restarting = make_job(spec={"runPolicy": {"backoffBaseSeconds": 5}}, status=first.status)
-    waiting = plan_after(restarting, later=2)
+    waiting = plan_after(restarting, later=2, storage=None)
     assert waiting.status["phase"] == "Restarting" and waiting.create_pods == []
     assert waiting.requeue_after == 3 and "boom" in waiting.status["message"]
-    again = plan_after(restarting, later=5)
+    again = plan_after(restarting, later=5, storage=None)
     assert [p["metadata"]["labels"]["rljob.dev/gang-generation"] for p in again.create_pods] == ["1", "1"]
     assert again.status["restarts"] == 1 and again.status["gangStartTime"] == rfc3339(NOW + timedelta(seconds=5))
 
 
 def test_the_failure_is_handled_once_when_seen_again() -> None:
     job = make_job(status=RUNNING)
-    first = plan_after(job, pod_json(job, 0), failed_worker(job, 1))
+    first = plan_after(job, pod_json(job, 0), failed_worker(job, 1), storage=None)
     # The operator crashed after writing status: the old pods are still there, now of an old generation.
     again = make_job(status=first.status)
-    plan = plan_after(again, pod_json(job, 0), failed_worker(job, 1), later=1)
+    plan = plan_after(again, pod_json(job, 0), failed_worker(job, 1), later=1, storage=None)
     assert plan.status["restarts"] == 1 and plan.status["gangGeneration"] == 1
     assert plan.delete_pods == ["train-worker-0", "train-worker-1"] and plan.events == []
 
@@ -194,9 +196,28 @@ def test_a_running_job_is_looked_at_again_when_its_heartbeat_deadline_falls_due(
     assert plan_after(job, pod_json(job, 0), pod_json(job, 1)).requeue_after == 61
 
 
-# ------------------------------------------------------------ in-place replacement (elastic jobs)
+# ------------------------------------------------------------ in-place replacement (fixed-size and elastic jobs)
 #: An elastic job of 3 workers whose checkpoints outlive its pods.
 ELASTIC = {"workers": {"minReplicas": 2, "maxReplicas": 3}, "runPolicy": {"backoffBaseSeconds": 5}}
+#: A fixed-size job of 3 workers (``make_job(3)``), checkpoints as well.
+FIXED = {"runPolicy": {"backoffBaseSeconds": 5}}
+
+
+@pytest.mark.parametrize("shape", [FIXED, ELASTIC], ids=["fixed-size", "elastic"])
+def test_a_job_with_durable_checkpoints_replaces_only_its_failed_worker_and_counts_a_restart(
+        shape: dict[str, Any]) -> None:
+    job = make_job(3, spec=shape, status=RUNNING)
+    plan = plan_after(job, pod_json(job, 0), failed_worker(job, 1), pod_json(job, 2))
+    s = plan.status
+    assert (s["phase"], s["reason"], s["gangGeneration"], s["restarts"]) == ("Restarting", "WorkerFailed", 0, 1)
+    assert plan.delete_pods == ["train-worker-1"] and plan.gang_restart is None
+    assert plan.replaced_workers == "WorkerFailed"
+    assert s["lastFailure"]["replacedPods"] == ["pod-1-0"] and s["nextRestartTime"] is None
+    assert "replacing train-worker-1 in place" in s["message"]
+    assert [(e.type, e.reason, e.message) for e in plan.events] == [("Warning", "WorkerFailed", s["message"])]
+    again = plan_after(make_job(3, spec=shape, status=s), pod_json(job, 0), pod_json(job, 2), later=1)
+    assert [p["metadata"]["name"] for p in again.create_pods] == ["train-worker-1"]
+    assert [p["metadata"]["labels"]["rljob.dev/gang-generation"] for p in again.create_pods] == ["0"]
 
 
 def test_an_elastic_job_replaces_only_its_failed_worker_and_counts_a_restart() -> None:
@@ -259,24 +280,48 @@ def test_a_lost_worker_of_an_elastic_job_is_replaced_in_place_as_a_disruption() 
     assert [p["metadata"]["name"] for p in again.create_pods] == ["train-worker-2"]
 
 
-def test_what_still_restarts_the_whole_gang_of_an_elastic_job() -> None:
-    def gang_restarted(spec: dict[str, Any], *pods_of: Any, storage: str | None = DURABLE) -> bool:
-        job = make_job(3, spec=spec, status=RUNNING)
-        plan = plan_after(job, *[p(job) for p in pods_of], storage=storage)
-        return plan.status["gangGeneration"] == 1 and plan.gang_restart is not None
+@pytest.mark.parametrize("shape", [FIXED, ELASTIC], ids=["fixed-size", "elastic"])
+def test_what_still_restarts_the_whole_gang_and_the_status_and_warning_say_why(shape: dict[str, Any]) -> None:
+    def gang_restart(*pods_of: Any, storage: str | None = DURABLE, spec: dict[str, Any] | None = None,
+                     status: dict[str, Any] = RUNNING, later: float = 0) -> str | None:
+        """The restart's message (the status's, the Warning's), or None: some workers were replaced alone."""
+        job = make_job(3, spec=deep_update(deep_update({}, shape), spec or {}), status=status)
+        plan = plan_after(job, *[p(job) for p in pods_of], storage=storage, later=later)
+        if plan.gang_restart is None:
+            assert plan.replaced_workers is not None and plan.status["gangGeneration"] == 0
+            return None
+        message: str = plan.status["message"]
+        assert plan.status["gangGeneration"] == 1 and "restarting the gang as generation 1" in message
+        assert ("Warning", plan.gang_restart, message) in [(e.type, e.reason, e.message) for e in plan.events]
+        return message
 
     healthy = [lambda j: pod_json(j, 0), lambda j: pod_json(j, 2)]
     worker_1 = [lambda j: failed_worker(j, 1, index=1)]
-    assert not gang_restarted(ELASTIC, *healthy, *worker_1)
+    assert gang_restart(*healthy, *worker_1) is None
     # Worker 0 hosts the rendezvous store: its failure ends every agent's rendezvous.
-    assert gang_restarted(ELASTIC, lambda j: failed_worker(j, 1, index=0), lambda j: pod_json(j, 1),
-                          lambda j: pod_json(j, 2))
+    why = gang_restart(lambda j: failed_worker(j, 1, index=0), lambda j: pod_json(j, 1), lambda j: pod_json(j, 2))
+    assert why is not None and "worker 0 hosts the rendezvous store" in why
     # Checkpoints that die with a pod: the replacement could not resume where the survivors do.
-    assert gang_restarted(ELASTIC, *healthy, *worker_1, storage=None)
-    # A fixed-size job keeps today's behaviour.
-    assert gang_restarted({}, *healthy, *worker_1)
-    # Out of memory with OOM recovery: every worker's batch changes.
-    assert gang_restarted(ELASTIC, *healthy, lambda j: failed_worker(j, 137, "OOMKilled", index=1))
+    why = gang_restart(*healthy, *worker_1, storage=None)
+    assert why is not None and "checkpoints are ephemeral" in why
+    # Out of memory with OOM recovery: every worker's batch changes (without it, one pod is replaced).
+    oom = [*healthy, lambda j: failed_worker(j, 137, "OOMKilled", index=1)]
+    why = gang_restart(*oom, spec={"training": {"batchSize": 8, "numGenerations": 2}})
+    assert why is not None and "OOM recovery changes every worker's batch" in why
+    assert gang_restart(*oom, spec={"runPolicy": {"oomRecovery": False}}) is None
+    # Survivors built by an operator before in-place restarts: their agents would end, not meet the replacement.
+    def older(j: Any, index: int) -> dict[str, Any]:
+        pod = pod_json(j, index)
+        del pod["metadata"]["annotations"][ANNOTATION_IN_PLACE_RESTARTS]
+        return pod
+
+    why = gang_restart(lambda j: older(j, 0), lambda j: older(j, 2), *worker_1)
+    assert why is not None and "built by an older operator" in why
+    # A stall: which worker hangs is unknown.
+    beat = {**RUNNING, "progress": {"step": 3, "lastHeartbeat": rfc3339(NOW + timedelta(seconds=10))}}
+    why = gang_restart(lambda j: pod_json(j, 0), lambda j: pod_json(j, 1), lambda j: pod_json(j, 2),
+                       spec={"runPolicy": {"stallTimeoutSeconds": 30}}, status=beat, later=40)
+    assert why is not None and "stalled" in why
 
 
 def test_a_survivor_that_only_lost_its_peer_is_not_the_failure() -> None:

@@ -24,7 +24,7 @@ MAPPED = {"RLJOB_RDZV_ENDPOINT", "RLJOB_OUTPUT_DIR", "RLJOB_METRICS_PORT", "RLJO
           "RLJOB_STATUS_CA_FILE", "RLJOB_POD_NAME", "RLJOB_CREDENTIALS_DIR"}
 AS_BUILT = {"RLJOB_NNODES", "RLJOB_NODE_RANK", "RLJOB_NPROC_PER_NODE", "RLJOB_RUN_ID", "RLJOB_STATUS_URL",
             "RLJOB_SHUTDOWN_TIMEOUT"}
-#: Set as built on some jobs only (elastic ones).
+#: Set as built on some jobs only (those that may restart: ``contract.RESTARTABLE_ENV``).
 OPTIONAL = {"RLJOB_IN_PLACE_RESTARTS"}
 
 #: A pod run here: its process (its node's torchrun agent and ranks), its open log file, its folder.

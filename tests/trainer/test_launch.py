@@ -151,3 +151,24 @@ def test_a_process_whose_starter_is_gone_exits_but_one_started_by_pid_1_does_not
     # In a container the launcher is pid 1; its fork server and ranks keep running (they all exited).
     inside = child(0, wrap=["unshare", "--pid", "--fork"])
     assert (inside.returncode, inside.stdout) == (0, "alive\n"), inside.stderr
+
+
+def test_the_rendezvous_store_is_hosted_by_node_rank_0_unless_the_pod_says_a_process_of_its_own_serves_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rljob_contract import pod as contract
+    from torch.distributed.launcher.api import LaunchConfig
+
+    def is_host(rank: int, value: str | None) -> bool:
+        monkeypatch.setenv(contract.NODE_RANK_ENV, str(rank))
+        if value is None:
+            monkeypatch.delenv(contract.RDZV_HOST_ENV, raising=False)
+        else:
+            monkeypatch.setenv(contract.RDZV_HOST_ENV, value)
+        config, _ = build_launch_config(LaunchConfig, NodeSettings.from_env(default_nproc=1), 30)
+        return bool(config.rdzv_configs["is_host"])
+
+    assert [is_host(0, None), is_host(1, None), is_host(0, "")] == [True, False, True]
+    assert [is_host(0, "0"), is_host(1, "0"), is_host(0, "false")] == [False, False, False]
+    assert is_host(1, "1")
+    with pytest.raises(PermanentError, match=f"{contract.RDZV_HOST_ENV}.*'yes'; use 1 or 0"):
+        is_host(0, "yes")

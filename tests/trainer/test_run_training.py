@@ -113,6 +113,8 @@ def test_quickstart_two_process_reward_rises_and_reports_agree(tmp_path: Path) -
     assert summary["resumed_from"] is None
     assert summary["checkpoints"] == ["checkpoint-80", "checkpoint-120"]  # everySteps 40, keepLast 2
     assert (out / "reward_curve.png").stat().st_size > 1000
+    # Beside it, the dashboard's key panels drawn from the run's own metrics (rljob/dashboard.py).
+    assert (out / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # No evaluation section, no evaluation (#33): nothing generated beyond training's own.
     assert "eval" not in summary and "eval/" not in (out / "metrics.jsonl").read_text()
     # A healthy run that solves its task trips no health signal (#47, docs/guides/health.md), though its entropy

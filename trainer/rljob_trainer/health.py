@@ -14,7 +14,7 @@ noisy step neither trips nor clears it:
   ``completions/clipped_ratio`` when ``mask_truncated_completions`` is on (DAPO), else nothing is masked.
 * ``klBlowUp``: ``kl`` above ``threshold``, only with a reference model (``beta`` > 0).
 * ``gradNormSpike``: ``grad_norm`` above ``factor`` × the median of the previous ``history`` non-zero
-  norms (at least 3 of them; a step that trained on nothing logs 0).
+  norms (at least 3 of them; a step that trained on nothing logs 0), and above ``minimum``.
 
 ``entropyCollapse`` and ``noLearningSignal`` hold only while the reward has not risen by ``rewardGain``
 over its start: a policy that solved its task converges (low entropy, every completion rewarded alike),
@@ -208,7 +208,7 @@ class HealthMonitor:
         median = recent.median()
         if base is None or median is None or not settings.enabled:
             return None
-        bound = settings.factor * base
+        bound = max(settings.factor * base, settings.minimum)
         return HealthSignal.grad_norm_spike, median > bound, median, bound
 
 

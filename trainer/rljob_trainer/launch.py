@@ -49,6 +49,13 @@ class NodeSettings:
     rdzv_timeout: int = 900
     in_place_restarts: int = 0
     """Restarts of this node's ranks to meet a replaced peer (``contract.IN_PLACE_RESTARTS_ENV``)."""
+    hosts_store: bool | None = None
+    """Whether this node's agent hosts the rendezvous store (``contract.RDZV_HOST_ENV``); None: node rank 0's does."""
+
+    @property
+    def is_host(self) -> bool:
+        """``is_host`` of torch's c10d rendezvous: this agent serves the store rather than dialling it."""
+        return self.node_rank == 0 if self.hosts_store is None else self.hosts_store
 
     @classmethod
     def from_env(cls, default_nproc: int) -> NodeSettings:
@@ -61,12 +68,24 @@ class NodeSettings:
             run_id=env.get(contract.RUN_ID_ENV, "rljob"),
             rdzv_timeout=int(env.get(contract.RDZV_TIMEOUT_ENV, "900")),
             in_place_restarts=max(int(env.get(contract.IN_PLACE_RESTARTS_ENV, "0") or 0), 0),
+            hosts_store=hosts_store(env.get(contract.RDZV_HOST_ENV, "")),
         )
 
     @classmethod
     def local(cls, nproc: int, run_id: str) -> NodeSettings:
         return cls(nnodes=1, nproc_per_node=nproc, node_rank=0, rdzv_endpoint=f"127.0.0.1:{free_port()}",
                    run_id=run_id)
+
+
+def hosts_store(value: str) -> bool | None:
+    """``RDZV_HOST_ENV``: "1"/"true" → True, "0"/"false" → False, unset or empty → None (node rank 0
+    hosts it); anything else is a PermanentError naming the variable."""
+    value = value.strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "0", "false"):
+        return value in ("1", "true")
+    raise PermanentError(contract.RDZV_HOST_ENV, f"unknown value {value!r}; use 1 or 0")
 
 
 def free_port() -> int:
@@ -173,7 +192,7 @@ def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_tim
         "run_id": node.run_id,
         "rdzv_backend": "c10d",
         "rdzv_endpoint": node.rdzv_endpoint,
-        "rdzv_configs": {"timeout": node.rdzv_timeout, "is_host": node.node_rank == 0},
+        "rdzv_configs": {"timeout": node.rdzv_timeout, "is_host": node.is_host},
         # The operator owns restarts: a failed node ends (its pod fails). With in-place restarts on, the
         # survivors of a lost peer restart their ranks to meet its replacement (``in_place_agent``).
         "max_restarts": node.in_place_restarts,
@@ -447,7 +466,11 @@ def main(argv: list[str] | None = None) -> int:
         except PermanentError as e:
             report_fatal(str(e))
             return EXIT_PERMANENT
-    node = NodeSettings.from_env(default_nproc=1)
+    try:
+        node = NodeSettings.from_env(default_nproc=1)
+    except PermanentError as e:
+        report_fatal(str(e))
+        return EXIT_PERMANENT
     return launch(cfg, node)
 
 

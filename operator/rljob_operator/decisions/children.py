@@ -38,6 +38,7 @@ from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.runtimes import snapshot_data
 from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
+    ANNOTATION_IN_PLACE_RESTARTS,
     ANNOTATION_JOB_GENERATION,
     ANNOTATION_SPEC_HASH,
     CONFIG_DIR,
@@ -238,14 +239,15 @@ def runtime_egress(runtime: Resolved) -> list[dict[str, Any]]:
 def in_place_restarts(job: RLTrainingJob) -> int:
     """How often a worker of this job may restart its ranks to meet a replaced peer (0: never).
 
-    Elastic jobs (``minReplicas``/``maxReplicas``) replace a failed worker other than worker 0 in
-    place (``failure.respond.replaceable``) and the survivors' agents re-rendezvous with it; each
-    replacement counts against ``backoffLimit``, which therefore also bounds the agents' restarts. It
-    lives beside the environment that tells the pods (``RLJOB_IN_PLACE_RESTARTS``); the failure's
-    decision reads it too.
+    Every job, fixed-size or elastic, replaces a failed worker other than worker 0 in place when its
+    checkpoints outlive a pod (``failure.respond.replaceable``), and the survivors' agents re-rendezvous
+    with it; each replacement counts against ``backoffLimit``, which therefore also bounds the agents'
+    restarts. It lives beside the environment that tells the pods (``RLJOB_IN_PLACE_RESTARTS``); the
+    failure's decision reads it too. Given whatever the checkpoints' storage: an agent restarts its
+    ranks only after a peer was lost, and a gang restart deletes it before it could.
     """
     policy = job.spec.run_policy
-    if not job.spec.workers.elastic or policy.restart_policy == RestartPolicy.never:
+    if policy.restart_policy == RestartPolicy.never:
         return 0
     return policy.backoff_limit
 
@@ -337,6 +339,8 @@ def _worker_metadata(job: RLTrainingJob, index: int, generation: int) -> dict[st
         ANNOTATION_SPEC_HASH: spec_hash(job),
         ANNOTATION_JOB_GENERATION: str((job.metadata.model_extra or {}).get("generation") or ""),
     }
+    if in_place_restarts(job):  # what the pod's environment tells its agent, where the decisions can see it
+        metadata["annotations"][ANNOTATION_IN_PLACE_RESTARTS] = str(in_place_restarts(job))
     return metadata
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rljob_operator.names import (
+    ANNOTATION_IN_PLACE_RESTARTS,
     ANNOTATION_JOB_GENERATION,
     ANNOTATION_SPEC_HASH,
     CONTAINER,
@@ -100,6 +101,8 @@ class ObservedPod:
     """Who its creator said it was (``creating_manager``): for the ForeignPod Event, never for a decision."""
     pod_ip: str | None = None
     """status.podIP: where worker 0 is reached for the rendezvous."""
+    meets_replacements: bool = False
+    """Built so that its agent restarts its ranks to meet a replaced peer (``ANNOTATION_IN_PLACE_RESTARTS``)."""
 
     @property
     def owned(self) -> bool:
@@ -179,6 +182,7 @@ class ObservedPod:
             worker_named=_worker_named(name, labels),
             creator=creating_manager(pod),
             pod_ip=status.get("podIP") or None,
+            meets_replacements=(_int_or_none(annotations.get(ANNOTATION_IN_PLACE_RESTARTS)) or 0) > 0,
         )
 
 

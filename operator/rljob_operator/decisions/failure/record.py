@@ -87,7 +87,8 @@ def _restarting(ctx: Situation, d: StatusDraft, seen: Observation, response: Res
     d.generation, d.gang_start_time = gen, None
     d.next_restart_time = rfc3339(ctx.now + timedelta(seconds=response.delay))
     d.phase, d.reason, d.reconciling = Phase.restarting.value, seen.reason, True
-    d.message = f"{seen.message}; restarting the gang as generation {gen} in {response.delay:g}s ({counted})"
+    why = f": {response.why}" if response.why else ""
+    d.message = f"{seen.message}; restarting the gang as generation {gen} in {response.delay:g}s{why} ({counted})"
     return _restart_plan(ctx, d, seen, events, [p.name for p in ctx.current if not p.deleting],
                          max(min(response.delay, WAIT_REQUEUE_SECONDS), 0.01), gang_restart=seen.reason)
 

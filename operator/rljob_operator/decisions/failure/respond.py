@@ -1,10 +1,11 @@
 """A failure, step 3 (pure): what to do about it.
 
 In this order: a permanent failure fails the job; so does a worker failure that would exceed
-``backoffLimit`` (disruptions are not counted); an elastic job whose checkpoints outlive a pod has its
-failed or lost workers replaced in place, when worker 0 is not among them; any other gang restarts as a
-new generation after the backoff (none after a disruption), with half the per-device batch after
-running out of memory (OOM recovery). Saying it in the status and Events is the next step's (``record``).
+``backoffLimit`` (disruptions are not counted); a job whose checkpoints outlive a pod, fixed-size or
+elastic, has its failed or lost workers replaced in place, when worker 0 is not among them; any other
+gang restarts as a new generation after the backoff (none after a disruption), with half the per-device
+batch after running out of memory (OOM recovery), and says why it could not replace one pod. Saying it
+in the status and Events is the next step's (``record``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class RestartGang:
     """OOM recovery answers this failure (an Event says how, or that the batch cannot shrink)."""
     batch: OomRecovery | None = None
     """The halved batch the next gang runs with; None: unchanged."""
+    why: str = ""
+    """Why the failed workers could not be replaced alone (``replaceable``), for the status and Event."""
 
 
 Response = Fail | ReplaceInPlace | RestartGang
@@ -61,28 +64,43 @@ def respond(ctx: Situation, seen: Observation, verdict: Verdict) -> Response:
         return Fail("BackoffLimitExceeded", f"the gang failed {restarts + 1} times, more than backoffLimit "
                                             f"({policy.backoff_limit}); last failure: {seen.message}")
     workers = replaceable(ctx, seen)
-    if workers is not None:
+    if isinstance(workers, tuple):
         return ReplaceInPlace(workers)
     oom = policy.oom_recovery and is_oom(seen.reason)
     delay = 0.0 if verdict.disruption else backoff_seconds(ctx.job, restarts + 1)
-    return RestartGang(delay, oom, halved_batch(ctx.job) if oom else None)
+    return RestartGang(delay, oom, halved_batch(ctx.job) if oom else None, why=workers)
 
 
-def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | None:
-    """The workers to replace in place (their indices), or None: the whole gang restarts.
+def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | str:
+    """The workers to replace in place (their indices), or why the whole gang restarts instead.
 
-    Only for an elastic job (``children.in_place_restarts``: its agents restart their ranks to meet a
-    replaced peer, as often as the pods are told) whose checkpoints outlive a pod (the replacement
-    resumes from the same checkpoint as the survivors), for a worker failure or loss that spares worker 0
-    (it hosts the rendezvous store; its loss ends every agent's rendezvous). Not for a stall (which worker
-    hangs is unknown) nor an out-of-memory failure that OOM recovery answers (every worker's batch changes).
+    For any job, fixed-size or elastic, whose agents may restart their ranks to meet a replaced peer
+    (``children.in_place_restarts``, as often as the pods are told) and whose checkpoints outlive a pod
+    (the replacement resumes from the same checkpoint as the survivors), for a worker failure or loss
+    that spares worker 0 (it hosts the rendezvous store; its loss ends every agent's rendezvous), when every
+    surviving pod was built to restart its ranks (``ObservedPod.meets_replacements``: not a pod of an older
+    operator, whose agent would end, each survivor then counted as one more failure). Not for
+    a stall (which worker hangs is unknown) nor an out-of-memory failure that OOM recovery answers
+    (every worker's batch changes). The reasons are said to the user as they are, after "restarting the
+    gang": the status and the Warning tell a one-pod replacement from a gang restart, and why.
     """
     job = ctx.job
-    if seen.stalled or not in_place_restarts(job) or not ctx.checkpoints.durable:
-        return None
+    if seen.stalled:
+        return "a stalled gang restarts whole: which worker hangs is unknown"
+    if not ctx.checkpoints.durable:
+        return ("checkpoints are ephemeral (CheckpointsDurable is False): a new pod could not resume "
+                "where the others do")
+    if not in_place_restarts(job):
+        return "backoffLimit is 0: no worker may restart its ranks to meet a replaced peer"
     if job.spec.run_policy.oom_recovery and is_oom(seen.reason) and halved_batch(job) is not None:
-        return None
-    return seen.faulty if seen.faulty and 0 not in seen.faulty else None
+        return "OOM recovery changes every worker's batch"
+    if not seen.faulty:
+        return "no one worker failed"
+    if 0 in seen.faulty:
+        return "worker 0 hosts the rendezvous store: its loss ends every worker's rendezvous"
+    if any(not p.meets_replacements for p in ctx.current if p.active and p.index not in seen.faulty):
+        return "the other workers' pods were built by an older operator: their agents cannot meet a replacement"
+    return seen.faulty
 
 
 def backoff_seconds(job: RLTrainingJob, restarts: int) -> float:
