@@ -1,10 +1,12 @@
 """Tracking's pure parts and run records on storage: what transformers' MLflow and W&B callbacks are told, the
-spec as parameters, a tracking server that does not answer, and records read back (a folder and real S3)."""
+spec as parameters, a tracking server that does not answer, records read back (a folder and real S3), and a
+concluded cluster experiment's verdict written on its parent run (a real MLflow server)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,13 +14,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from rljob_contract.experiment import BestTrial, LeaderboardEntry, RLExperimentStatus, Winner
 from rljob_contract.history import dump_record, record_name
 from rljob_contract.pod import TRACKING_WARNING_PREFIX, validate_document
 from rljob_contract.spec import TrainerConfig
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.history import read_records, run_record, write_record
-from rljob_trainer.tracking import RunTracking, flat_spec, probe, report_to, tracking_env
+from rljob_trainer.tracking import RunTracking, flat_spec, parent_run, probe, report_to, tracking_env
 
+from tests.support.mlflow_server import MlflowServer, mlflow_server_fixture  # noqa: F401 - registers the fixture
 from tests.support.s3_server import (  # noqa: F401 - fixtures register by import
     S3_ENV,
     MotoServer,
@@ -27,7 +31,7 @@ from tests.support.s3_server import (  # noqa: F401 - fixtures register by impor
     s3_env_fixture,
     s3_server_fixture,
 )
-from tests.support.trainer import REPO
+from tests.support.trainer import REPO, trainer_env
 
 
 def config(tracking: dict[str, Any] | None, **fields: Any) -> TrainerConfig:
@@ -169,3 +173,66 @@ def test_a_run_whose_training_raised_is_ended_failed_not_finished(tmp_path: Path
         assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
     finally:
         mlflow.set_tracking_uri("")
+
+
+def concluded_experiment(phase: str = "Succeeded") -> dict[str, Any]:
+    """An RLExperiment as ``kubectl get -o json`` shows it, its status as the operator writes it (camelCase)."""
+    status = RLExperimentStatus(
+        phase=phase, reason="TrialsFinished", trials_total=2, trials_done=2,
+        leaderboard=[LeaderboardEntry(rank=1, name="fast", objective=0.9), LeaderboardEntry(rank=2, name="slow",
+                                                                                             objective=0.4)],
+        best=BestTrial(trial="lr-ab-fast-s0", objective=0.9, checkpoint="s3://ckpt/team-a/lr-ab-fast-s0/checkpoint-8",
+                       arm="fast"),
+        best_name="fast", best_objective=0.9,
+        winner=Winner(arm="fast", runner_up="slow", message="arm fast is better than slow (p=0.01)"))
+    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment",
+            "metadata": {"name": "lr-ab", "namespace": "team-a"},
+            "status": status.model_dump(by_alias=True, mode="json", exclude_none=True)}
+
+
+def record(server: MlflowServer, document: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m rljob_trainer.tracking record`` with the status on stdin, as a pod or a user would run it."""
+    return subprocess.run([sys.executable, "-m", "rljob_trainer.tracking", "record", *args, "--status", "-"],
+                          input=json.dumps(document), capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=trainer_env(MLFLOW_TRACKING_URI=server.uri))
+
+
+def test_a_concluded_cluster_experiments_verdict_lands_on_the_parent_run_its_trials_share(
+        tmp_path: Path, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    client = mlflow_server.client()
+    parent = parent_run("lr-ab", "team-a/lr-ab")  # as the trials find it
+    for trial in ("lr-ab-fast-s0", "lr-ab-slow-s0"):
+        client.create_run(client.get_experiment_by_name("lr-ab").experiment_id,
+                          tags={"mlflow.parentRunId": parent, "rljob.job": trial})
+    for _ in range(2):  # each write is whole and a second changes nothing
+        done = record(mlflow_server, concluded_experiment(), "--name", "lr-ab", "--namespace", "team-a")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert parent in done.stdout
+    parents = [r for r in mlflow_server.runs("lr-ab") if r.data.tags.get("rljob.role") == "experiment"]
+    assert [r.info.run_id for r in parents] == [parent]  # the trials' run, never a second one
+    run = client.get_run(parent)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["rljob.winner"] == "fast" and "p=0.01" in run.data.tags["rljob.winner_message"]
+    assert run.data.tags["rljob.best_trial"] == "lr-ab-fast-s0"
+    assert run.data.tags["rljob.best_checkpoint"] == "s3://ckpt/team-a/lr-ab-fast-s0/checkpoint-8"
+    assert run.data.metrics["best_objective"] == 0.9
+    board = json.loads(Path(client.download_artifacts(parent, "leaderboard.json", str(tmp_path))).read_text())
+    assert [e["name"] for e in board["leaderboard"]] == ["fast", "slow"] and board["winner"]["arm"] == "fast"
+
+
+@pytest.mark.parametrize(("document", "args", "named"), [
+    (concluded_experiment("Running"), ("--name", "lr-cd"), "status.phase"),  # no winner before the last trial
+    ({"status": {**concluded_experiment()["status"], "bestObjective": "high"}}, ("--name", "lr-cd"),
+     "status.bestObjective"),
+    ({"status": {**concluded_experiment()["status"], "best_objective": 0.9, "winner": {"arm": 3}}},
+     ("--name", "lr-cd"), "status.winner.arm"),
+    (concluded_experiment(), ("--name", "lr-cd' or tags.x = 'y"), "--name"),  # no filter injection
+    (["not", "a", "status"], ("--name", "lr-cd"), "status: not an object"),
+])
+def test_a_hostile_or_unconcluded_status_is_refused_by_name_and_writes_nothing(
+        mlflow_server: MlflowServer, document: Any, args: tuple[str, ...], named: str) -> None:
+    refused = record(mlflow_server, document, *args)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert named in refused.stderr
+    assert mlflow_server.runs("lr-cd") == []  # no experiment, no run

@@ -22,12 +22,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rljob_contract.pod import IMAGE_ENV, TRACKING_PARENT_RUN_ENV, TRACKING_WARNING_PREFIX
+from pydantic import ValidationError
+from rljob_contract.experiment import DNS_LABEL, RLExperimentStatus
+from rljob_contract.pod import (
+    IMAGE_ENV,
+    TRACKING_PARENT_RUN_ENV,
+    TRACKING_WARNING_PREFIX,
+    format_validation_error,
+    validate_document,
+)
 from rljob_contract.spec import TrainerConfig
 
 log = logging.getLogger("rljob.tracking")
@@ -413,3 +422,93 @@ def record_experiment(run_id: str, status: dict[str, Any], files: list[Path]) ->
     except Exception as e:
         return f"{TRACKING_WARNING_PREFIX}mlflow: the leaderboard was not recorded: {type(e).__name__}: {str(e)[:300]}"
     return None
+
+
+# ------------------------------------------------------------------ experiments on a cluster (the operator's verdict)
+
+#: Largest status document ``record`` reads (an RLExperiment's status is bounded far below this).
+MAX_STATUS_BYTES = 4 * 1024 * 1024
+#: Phases in which an experiment has concluded: its leaderboard and winner are final.
+CONCLUDED_PHASES = ("Succeeded", "Failed")
+
+
+class VerdictError(ValueError):
+    """A status document ``record`` refuses: it names the argument or field and writes nothing."""
+
+
+def read_verdict(text: str) -> dict[str, Any]:
+    """An RLExperiment's concluded status (as the operator writes it, camelCase), read strictly by the contract's
+    model; the plain JSON form :func:`record_experiment` takes. A status still running is refused: its winner is
+    not known yet."""
+    if len(text.encode()) > MAX_STATUS_BYTES:
+        raise VerdictError(f"status: larger than {MAX_STATUS_BYTES} bytes")
+    try:
+        document = json.loads(text)
+    except ValueError as e:
+        raise VerdictError(f"status: not JSON ({e})") from e
+    document = document.get("status", document) if isinstance(document, dict) else document  # the whole object too
+    if not isinstance(document, dict):
+        raise VerdictError("status: not an object")
+    try:
+        status = validate_document(RLExperimentStatus, document)
+    except ValidationError as e:
+        raise VerdictError("; ".join(format_validation_error(e, "status"))) from e
+    if str(status.phase) not in CONCLUDED_PHASES:
+        raise VerdictError(f"status.phase: {status.phase} is not concluded (Succeeded or Failed): no winner yet")
+    return status.model_dump(mode="json", exclude_none=True)
+
+
+def record_concluded(name: str, namespace: str | None, mlflow_experiment: str | None, verdict: dict[str, Any]) -> str:
+    """Write concluded RLExperiment ``namespace/name``'s verdict on its parent run; the run id written.
+
+    The run is found (or created) by the experiment's own key, as its trials find it, never named by the
+    status document: a document built by hand can only fill in this experiment's run. Writing it again is
+    harmless (same tags, the leaderboard artifact replaced)."""
+    for what, value in (("--name", name), ("--namespace", namespace)):
+        if value is not None and not re.fullmatch(DNS_LABEL, value):
+            raise VerdictError(f"{what}: {value!r} is not a Kubernetes name (a DNS label)")
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        raise VerdictError("MLFLOW_TRACKING_URI: not set (the experiment's tracking server)")
+    for key, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    run_id = parent_run(mlflow_experiment or name, experiment_key(name, namespace))
+    warning = record_experiment(run_id, verdict, [])
+    if warning is not None:
+        raise RuntimeError(warning)
+    return run_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rljob_trainer.tracking record --name N --namespace NS --status FILE``: a concluded experiment's
+    leaderboard and winner (its status, ``-`` for stdin) on its MLflow parent run. Exit 0 written, 2 refused, 1 the
+    server failed."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m rljob_trainer.tracking", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    record = commands.add_parser("record", help="an RLExperiment's verdict on its parent run")
+    record.add_argument("--name", required=True, help="the RLExperiment")
+    record.add_argument("--namespace", help="its namespace (the trials' tag rljob.experiment is namespace/name)")
+    record.add_argument("--mlflow-experiment", help="the template's tracking.mlflow.experiment (default: --name)")
+    record.add_argument("--status", required=True, help="its status as JSON (kubectl get -o json), - for stdin")
+    args = parser.parse_args(argv)
+    try:
+        if args.status == "-":
+            text = sys.stdin.read(MAX_STATUS_BYTES + 1)
+        else:
+            with open(args.status, encoding="utf-8") as f:
+                text = f.read(MAX_STATUS_BYTES + 1)
+        run_id = record_concluded(args.name, args.namespace, args.mlflow_experiment, read_verdict(text))
+    except (VerdictError, OSError, UnicodeDecodeError) as e:
+        print(f"rljob: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        print(f"rljob: {type(e).__name__}: {str(e)[:500]}", file=sys.stderr)
+        return 1
+    print(f"recorded the verdict of {experiment_key(args.name, args.namespace)} on MLflow run {run_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
