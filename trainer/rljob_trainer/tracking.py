@@ -13,6 +13,11 @@ of the integration later does the same. After the summary is written, :meth:`Run
 the summary and reward curve as artifacts and the best checkpoint's location as a tag (never the
 weights), then ends the run.
 
+An experiment's trials are child runs of its parent run (:func:`parent_run`). ``rljob experiment`` writes the
+leaderboard and winner on it (:func:`record_experiment`); for an RLExperiment on a cluster, whose verdict the
+operator puts in its status without holding tracking credentials, ``python -m rljob_trainer.tracking record``
+(:func:`main`) writes that status on the same run.
+
 Credentials (``MLFLOW_TRACKING_TOKEN``, ``WANDB_API_KEY``) are never in the spec: they come from the
 environment, which a runtime fills from a Secret.
 """
