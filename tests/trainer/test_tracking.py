@@ -160,19 +160,18 @@ def test_rljob_history_lists_records_on_s3_after_the_jobs_are_gone(
     assert datetime.fromtimestamp(1_796_000_100.0, UTC).strftime("%Y-%m-%d %H:%M:%S") in table.stdout
 
 
-def test_a_run_whose_training_raised_is_ended_failed_not_finished(tmp_path: Path) -> None:
+def test_a_run_whose_training_raised_is_ended_failed_not_finished(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")  # MLflow's own SQLite store, in this process
-    try:
-        run = mlflow.start_run()
-        tracking = RunTracking(config({"mlflow": {}}))
-        tracking.active["mlflow"] = True
-        tracking.fail()
-        assert mlflow.active_run() is None
-        assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
-    finally:
-        mlflow.set_tracking_uri("")
+    # MLflow's own SQLite store, in this process; through the environment, so no global URI outlives the test
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = mlflow.start_run()
+    tracking = RunTracking(config({"mlflow": {}}))
+    tracking.active["mlflow"] = True
+    tracking.fail()
+    assert mlflow.active_run() is None
+    assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
 
 
 def concluded_experiment(phase: str = "Succeeded") -> dict[str, Any]:
