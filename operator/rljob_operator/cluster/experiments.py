@@ -25,9 +25,14 @@ from urllib.parse import quote
 
 from kubernetes.client.exceptions import ApiException
 from rljob_contract import experiment as exp_api
-from rljob_contract.job import GROUP, PLURAL, VERSION, ManifestError
+from rljob_contract.experiment import ExperimentPhase, RLExperiment
+from rljob_contract.job import GROUP, PLURAL, VERSION, ManifestError, RLTrainingJob
+from rljob_contract.runtime import Resolved, resolve
 
 from rljob_operator.cluster.kube import Kube
+from rljob_operator.cluster.namespaces import NamespaceStore
+from rljob_operator.cluster.runtimes import RuntimeStore
+from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.experiments import (
     ExperimentFailure,
     ExperimentPlan,
@@ -38,6 +43,14 @@ from rljob_operator.decisions.experiments import (
     selector,
 )
 from rljob_operator.decisions.policy import PodProfile
+from rljob_operator.decisions.recording import (
+    RECORDED,
+    RecordPlan,
+    plan_record,
+    record_name,
+    tracks_mlflow,
+)
+from rljob_operator.decisions.runtimes import not_allowed
 from rljob_operator.times import rfc3339
 
 log = logging.getLogger("rljob.experiments")
@@ -47,11 +60,15 @@ class ExperimentReconciler:
     """Reconciles experiments through a :class:`Kube` (the leader-guarded one when leading)."""
 
     def __init__(self, kube: Kube, profile: PodProfile | None = None, instance: str = "",
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), runtimes: RuntimeStore | None = None,
+                 namespaces: NamespaceStore | None = None) -> None:
         self.kube = kube
         self.profile = profile
         self.instance = instance
         self.clock = clock
+        self.runtimes = runtimes
+        """The trials' runtimes (the record pod is built from theirs); None: no runtime (tests)."""
+        self.namespaces = namespaces
 
     @staticmethod
     def path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
@@ -79,8 +96,78 @@ class ExperimentReconciler:
         listed = self.kube.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}",
                                    query={"labelSelector": selector(name)})
         plan = plan_experiment(raw, parsed, list(listed.get("items") or []), now, self.profile)
+        record = self._record(raw, parsed, plan, now)
         self._apply(raw, plan, now)
+        if record.create and not plan.create:  # after the trials' creates settle (a refusal rewrites the status)
+            self._create_record(raw, plan.status, record, now)
         return plan.requeue_after
+
+    def _record(self, raw: dict[str, Any], parsed: RLExperiment, plan: ExperimentPlan, now: str) -> RecordPlan:
+        """The record step (``decisions.recording``), its condition put in the plan's status (the status is
+        written first: a crash before the create finds no pod and creates it then)."""
+        if plan.status.get("phase") not in (ExperimentPhase.succeeded, ExperimentPhase.failed) or \
+                not tracks_mlflow(parsed):
+            return RecordPlan()
+        runtime = self._trials_runtime(raw, parsed)
+        if runtime is None:  # the runtimes' watches have not listed yet
+            plan.requeue_after = min(plan.requeue_after or 5.0, 5.0)
+            return RecordPlan()
+        namespace = raw["metadata"]["namespace"]
+        try:
+            pod: dict[str, Any] | None = self.kube.request(
+                "GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(record_name(raw))}")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            pod = None
+        record = plan_record(raw, parsed, plan.status, pod, runtime, self.profile, now)
+        if record.condition is not None:
+            kept = [c for c in plan.status.get("conditions") or [] if c.get("type") != RECORDED]
+            plan.status = {**plan.status, "conditions": [*kept, record.condition]}
+        if record.requeue_after is not None:
+            plan.requeue_after = min(plan.requeue_after or record.requeue_after, record.requeue_after)
+        return record
+
+    def _trials_runtime(self, raw: dict[str, Any], parsed: RLExperiment) -> Resolved | str | None:
+        """The template's runtime resolved as a trial job's is, or why there is none; None while not known yet."""
+        meta = raw["metadata"]
+        job = RLTrainingJob.model_validate({
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": parsed.spec.template.model_dump(by_alias=True, mode="json", exclude_unset=True)})
+        if self.runtimes is None:
+            return resolve(job, None)
+        if not self.runtimes.synced() or (self.namespaces is not None and not self.namespaces.synced()):
+            return None
+        labels = self.namespaces.labels(meta["namespace"]) if self.namespaces is not None else None
+        runtime, missing = self.runtimes.lookup(job, labels)
+        if runtime is None:
+            return missing or "the trials' runtime does not exist"
+        refused = not_allowed(runtime, meta["namespace"], labels) if labels is not None else None
+        return refused or resolve(job, runtime)
+
+    def _create_record(self, raw: dict[str, Any], status: dict[str, Any], record: RecordPlan, now: str) -> None:
+        """Create the ConfigMap, then the pod (409: made before, by this experiment or not: the next look says);
+        a create the API server refuses is the condition's final word."""
+        meta = raw["metadata"]
+        for obj in record.create:
+            plural = "configmaps" if obj["kind"] == "ConfigMap" else "pods"
+            try:
+                self.kube.request("POST", f"/api/v1/namespaces/{quote(meta['namespace'])}/{plural}", obj)
+            except ApiException as e:
+                if e.status == 409:
+                    continue
+                if e.status not in (400, 403, 422):
+                    raise
+                message = f"the API server refused the record {obj['kind']} (HTTP {e.status}): {_detail(e)}"
+                refused = condition(RECORDED, False, "RecordRefused", message[:1000], now=now,
+                                    previous=[record.condition or {}], generation=meta.get("generation"))
+                conditions = [c for c in status.get("conditions") or [] if c.get("type") != RECORDED]
+                self.kube.request("PATCH", self.path(meta["namespace"], meta["name"], "status"),
+                                  {"status": {"conditions": [*conditions, refused.model_dump(
+                                      by_alias=True, mode="json", exclude_none=True)]}},
+                                  content_type="application/merge-patch+json")
+                return
+        log.info("experiment %s/%s: created its record pod %s", meta["namespace"], meta["name"], record_name(raw))
 
     def _apply(self, raw: dict[str, Any], plan: ExperimentPlan, now: str) -> None:
         """Status, then creates and their UIDs, then suspensions, then Events (see ``decisions.experiments``)."""
@@ -130,11 +217,7 @@ class ExperimentReconciler:
 
     def _refused(self, raw: dict[str, Any], trial: str, error: ApiException, now: str) -> None:
         """The API server refused a trial job: the experiment fails, saying why (TrialRejected)."""
-        try:
-            detail = str(json.loads(error.body or "{}").get("message") or error.reason)
-        except ValueError:
-            detail = str(error.reason)
-        self._fail(raw, refused_trial(raw, trial, error.status, detail), now)
+        self._fail(raw, refused_trial(raw, trial, error.status, _detail(error)), now)
 
     def _invalid(self, raw: dict[str, Any], problems: list[str], now: str) -> None:
         """A spec the models refuse: Failed, InvalidSpec, nothing started (``decisions.experiments.invalid_experiment``)."""
@@ -149,3 +232,11 @@ class ExperimentReconciler:
                           content_type="application/merge-patch+json")
         event = failure.event
         self.kube.post_event(raw, event.type, event.reason, event.message, now, instance=self.instance)
+
+
+def _detail(error: ApiException) -> str:
+    """What the API server said when it refused a create."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.reason)

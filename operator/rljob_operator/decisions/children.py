@@ -432,7 +432,7 @@ def _status_token(endpoint: StatusEndpoint) -> tuple[dict[str, Any], dict[str, A
     return volume, {"name": "rljob-status-token", "mountPath": TOKEN_DIR, "readOnly": True}
 
 
-def _pod_security_context() -> dict[str, Any]:
+def pod_security_context() -> dict[str, Any]:
     """Pod Security "restricted": the trainer image's non-root user, the runtime's seccomp profile."""
     return {
         "runAsNonRoot": True,
@@ -465,7 +465,7 @@ def desired_worker_pod(
         "terminationGracePeriodSeconds": r.termination_grace_period_seconds,
         # Trainers need no Kubernetes API access: the heartbeat token is a separate projected volume.
         "automountServiceAccountToken": False,
-        "securityContext": _pod_security_context(),
+        "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,
         "tolerations": [{"key": r.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}],
