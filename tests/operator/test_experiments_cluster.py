@@ -424,6 +424,66 @@ def _exists(kube: Any, namespace: str, name: str) -> bool:
         raise
 
 
+def _record_pods(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    selector = f"rljob.dev/experiment={name},app.kubernetes.io/component=record"
+    return kube.request("GET", kube.core_path(namespace, "pods"),  # type: ignore[no-any-return]
+                        query={"labelSelector": selector}).get("items") or []
+
+
+def _recorded(status: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Recorded"), None)
+
+
+def test_a_concluded_tracked_experiment_records_its_verdict_through_one_owned_record_pod(
+        kube: Any, experiment_crd: Any, namespace: str, operator: Any) -> None:
+    """Two tracked experiments conclude: each gets one ConfigMap of its status and one record pod, owned by it,
+    built as specified; the pod's exit (kwok's) is the condition Recorded, and a failed record leaves the verdict."""
+    op = operator()
+    tracked = template()
+    tracked["training"]["tracking"] = {"mlflow": {"trackingUri": "http://mlflow.invalid:5000", "experiment": "lr"}}
+    for name in ("rec", "rec-fails"):
+        doc = experiment(name, arms=ARMS)
+        doc["spec"]["template"] = tracked
+        create(kube, namespace, doc)
+    for name in ("rec", "rec-fails"):
+        for job in wait_for(lambda n=name: trials_when(kube, namespace, n, 2), 60, message=f"{name}'s trials"):
+            finish(kube, namespace, job["metadata"]["name"])
+    for name, exit_code in (("rec", "0"), ("rec-fails", "1")):
+        done = wait_exp(kube, namespace, name, lambda s: (_recorded(s) or {}).get("reason") == "Recording",
+                        f"{name} Succeeded and recording", 120)
+        assert done["status"]["phase"] == "Succeeded"
+        (pod,) = _record_pods(kube, namespace, name)
+        configmap = kube.request("GET", kube.core_path(namespace, "configmaps", f"{name}-record-1"))
+        owner = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "name": name,
+                 "uid": done["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+        assert pod["metadata"]["ownerReferences"] == configmap["metadata"]["ownerReferences"] == [owner]
+        assert json.loads(configmap["data"]["status.json"])["phase"] == "Succeeded"
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        assert container["command"][:4] == ["python", "-m", "rljob_trainer.tracking", "record"]
+        assert "--mlflow-experiment" in container["command"] and "nvidia.com/gpu" not in json.dumps(container)
+        assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] == 300
+        assert [v["name"] for v in spec["volumes"]] == ["rljob-record", "rljob-tmp"]
+        assert container["resources"]["requests"] == {"cpu": "100m", "memory": "512Mi"}
+        annotate_pod(kube, namespace, pod["metadata"]["name"], {
+            "rljob.dev/fake-exit-code": exit_code, "rljob.dev/fake-message": "rljob: ConnectionError: refused"})
+    recorded = wait_exp(kube, namespace, "rec", lambda s: (_recorded(s) or {}).get("status") == "True",
+                        "Recorded True", 60)
+    assert (_recorded(recorded["status"]) or {})["reason"] == "Recorded"
+    failed = wait_exp(kube, namespace, "rec-fails", lambda s: (_recorded(s) or {}).get("reason") == "RecordFailed",
+                      "Recorded False, RecordFailed", 60)
+    message = (_recorded(failed["status"]) or {})["message"]
+    assert "exit code 1" in message and "ConnectionError" in message, message
+    assert failed["status"]["phase"] == "Succeeded"  # the verdict stands
+    # Once said, nothing is created again: a poke reconciles both, and each still has its one pod.
+    for name in ("rec", "rec-fails"):
+        seen = api_requests(op, "GET")
+        kube.request("PATCH", exp_path(namespace, name), {"metadata": {"labels": {"poke": "1"}}},
+                     content_type="application/merge-patch+json")
+        wait_for(lambda s=seen: api_requests(op, "GET") > s, 30, message="a reconcile after the poke")
+    assert [len(_record_pods(kube, namespace, n)) for n in ("rec", "rec-fails")] == [1, 1]
+
+
 SEARCH = {"maxTrials": 3, "parallelism": 2, "algorithm": "random", "seed": 11, "parameters": [
     {"name": "training.learningRate", "type": "float", "min": 1e-5, "max": 0.01, "log": True}]}
 

@@ -170,3 +170,15 @@ def test_a_pod_of_the_records_name_that_the_experiment_did_not_create_is_not_its
 def test_no_runtime_for_the_trials_means_no_record_pod() -> None:
     plan = decide(on="spec.runtimeRef: ClusterRLTrainingRuntime 'gone' does not exist")
     assert plan.create == [] and (plan.condition or {})["reason"] == "RuntimeNotFound"
+
+
+def test_a_record_pod_never_scheduled_is_given_up_on_not_waited_for_for_ever() -> None:
+    recording = {"type": "Recorded", "status": "False", "reason": "Recording", "message": "writing",
+                 "lastTransitionTime": "2026-12-05T06:40:00Z", "observedGeneration": 2}
+    doc = experiment() | {"status": {**CONCLUDED, "conditions": [recording]}}
+    plan = decide(doc, pod=record_pod("Pending"))
+    assert (plan.condition or {})["reason"] == "RecordFailed" and "did not finish" in (plan.condition or {})["message"]
+    assert plan.requeue_after is None
+    recent = {**recording, "lastTransitionTime": "2026-12-05T06:58:00Z"}
+    assert (decide(experiment() | {"status": {**CONCLUDED, "conditions": [recent]}}, pod=record_pod("Pending"))
+            .condition or {})["reason"] == "Recording"

@@ -39,6 +39,7 @@ from rljob_operator.decisions.podbounds import bound_violations
 from rljob_operator.decisions.policy import PodProfile, built_pod_violations, runtime_violations
 from rljob_operator.experiments.trials import LABEL_EXPERIMENT
 from rljob_operator.names import CONTAINER, LABEL_MANAGED_BY, MANAGED_BY
+from rljob_operator.times import parse_time
 
 #: The condition that says whether the verdict reached the MLflow parent run.
 RECORDED = "Recorded"
@@ -51,6 +52,8 @@ RECORD_DIR = "/etc/rljob-record"
 STATUS_KEY = "status.json"
 #: Seconds the record pod may run (it writes a few tags and one artifact; MLflow's client retries within this).
 RECORD_DEADLINE_SECONDS = 300
+#: Seconds after which a pod still not finished (never scheduled: its deadline counts from its start) has failed.
+RECORD_GIVE_UP_SECONDS = 2 * RECORD_DEADLINE_SECONDS
 #: Its resources: importing mlflow and one HTTP session.
 RECORD_RESOURCES = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
 #: Seconds between looks while the pod runs (pods wake no experiment).
@@ -128,6 +131,8 @@ def desired_record_pod(experiment: dict[str, Any], parsed: RLExperiment, runtime
         "terminationGracePeriodSeconds": 10, "enableServiceLinks": False,
         "automountServiceAccountToken": False, "securityContext": pod_security_context(),
         "containers": [container],
+        # The trials' nodes may all be GPU nodes, tainted: the record may run beside them (it asks for no GPU).
+        "tolerations": [{"key": runtime.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}],
         "volumes": [{"name": "rljob-record", "configMap": {"name": record_name(experiment)}},
                     {"name": "rljob-tmp", "emptyDir": {}}],
     }
@@ -217,6 +222,9 @@ def plan_record(experiment: dict[str, Any], parsed: RLExperiment, status: dict[s
         return RecordPlan(condition=dict(old))  # said once for this generation: nothing more to do
     if pod is not None and _is_ours(pod, experiment):
         outcome = pod_outcome(pod)
+        if outcome is None and _overdue(old, now):
+            outcome = ("RecordFailed", f"pod {record_name(experiment)} did not finish within {RECORD_GIVE_UP_SECONDS} "
+                                       "seconds (not scheduled?); the verdict stands")
         if outcome is None:
             return RecordPlan(said(False, "Recording", f"pod {record_name(experiment)} is writing the verdict"),
                               requeue_after=RECORD_RECHECK_SECONDS)
@@ -234,6 +242,14 @@ def plan_record(experiment: dict[str, Any], parsed: RLExperiment, status: dict[s
     return RecordPlan(said(False, "Recording", f"pod {record_name(experiment)} is writing the verdict"),
                       create=[desired_record_configmap(experiment, status), built],
                       requeue_after=RECORD_RECHECK_SECONDS)
+
+
+def _overdue(old: dict[str, Any], now: str) -> bool:
+    """Whether the pod has been recording longer than ``RECORD_GIVE_UP_SECONDS``: its deadline counts from its
+    start, so a pod never scheduled would otherwise be waited for for ever."""
+    since = parse_time(old.get("lastTransitionTime")) if old.get("reason") == "Recording" else None
+    current = parse_time(now)
+    return since is not None and current is not None and (current - since).total_seconds() > RECORD_GIVE_UP_SECONDS
 
 
 def _generation(experiment: dict[str, Any]) -> int:
