@@ -144,7 +144,8 @@ app.kubernetes.io/component: operator
   resources: ["rltrainingruntimes"]
   verbs: ["list", "watch"]
 # Worker pods: watched, created under deterministic names, deleted on gang restarts; the status
-# API reads a heartbeat's pod to check it belongs to the job.
+# API reads a heartbeat's pod to check it belongs to the job. A concluded experiment's one-shot
+# record pod (and its ConfigMap, below) is created and read the same way (no new rule).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
