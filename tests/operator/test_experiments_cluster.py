@@ -458,6 +458,11 @@ def test_a_concluded_tracked_experiment_records_its_verdict_through_one_owned_re
                  "uid": done["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
         assert pod["metadata"]["ownerReferences"] == configmap["metadata"]["ownerReferences"] == [owner]
         assert json.loads(configmap["data"]["status.json"])["phase"] == "Succeeded"
+        policy = kube.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/"
+                              f"{name}-record-1")
+        assert policy["metadata"]["ownerReferences"] == [owner] and "ingress" not in policy["spec"]  # none may reach it
+        assert "Egress" in policy["spec"]["policyTypes"] and "169.254.0.0/16" in json.dumps(policy["spec"]["egress"])
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         spec = pod["spec"]
         (container,) = spec["containers"]
         assert container["command"][:4] == ["python", "-m", "rljob_trainer.tracking", "record"]

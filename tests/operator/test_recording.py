@@ -182,3 +182,25 @@ def test_a_record_pod_never_scheduled_is_given_up_on_not_waited_for_for_ever() -
     recent = {**recording, "lastTransitionTime": "2026-12-05T06:58:00Z"}
     assert (decide(experiment() | {"status": {**CONCLUDED, "conditions": [recent]}}, pod=record_pod("Pending"))
             .condition or {})["reason"] == "Recording"
+
+
+def test_where_jobs_get_network_policies_the_record_pod_gets_the_trainers_egress_and_no_ingress_before_it_runs() -> None:
+    from rljob_operator.decisions.children import JobNetwork
+    from rljob_operator.decisions.egress import Egress
+
+    doc = experiment()
+    on = runtime({"egress": {"to": [{"cidr": "10.9.0.0/16", "ports": [5000]}]}})
+    plan = plan_record(doc, parse_experiment(doc, "exp"), CONCLUDED, None, on, PROFILE, NOW,
+                       JobNetwork(egress=Egress(status_namespace="rljob-system")))
+    assert [o["kind"] for o in plan.create] == ["ConfigMap", "NetworkPolicy", "Pod"]  # restricted before it runs
+    policy, pod = plan.create[1:]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= pod["metadata"]["labels"].items() and "rljob.dev/experiment" in selected
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in policy["spec"]
+    egress = json.dumps(policy["spec"]["egress"])
+    assert "169.254.0.0/16" in egress  # the clouds' metadata endpoints cut out, as for trainers
+    assert policy["spec"]["egress"][-1] == {"to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}],
+                                            "ports": [{"protocol": "TCP", "port": 5000}]}  # the runtime's (MLflow)
+    assert policy["metadata"]["ownerReferences"] == pod["metadata"]["ownerReferences"]
+    ingress_only = plan_record(doc, parse_experiment(doc, "exp"), CONCLUDED, None, on, PROFILE, NOW, JobNetwork())
+    assert ingress_only.create[1]["spec"] == {"podSelector": {"matchLabels": selected}, "policyTypes": ["Ingress"]}

@@ -32,6 +32,7 @@ from rljob_contract.runtime import Resolved, resolve
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.cluster.namespaces import NamespaceStore
 from rljob_operator.cluster.runtimes import RuntimeStore
+from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.experiments import (
     ExperimentFailure,
@@ -61,7 +62,7 @@ class ExperimentReconciler:
 
     def __init__(self, kube: Kube, profile: PodProfile | None = None, instance: str = "",
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC), runtimes: RuntimeStore | None = None,
-                 namespaces: NamespaceStore | None = None) -> None:
+                 namespaces: NamespaceStore | None = None, network: JobNetwork | None = None) -> None:
         self.kube = kube
         self.profile = profile
         self.instance = instance
@@ -69,6 +70,8 @@ class ExperimentReconciler:
         self.runtimes = runtimes
         """The trials' runtimes (the record pod is built from theirs); None: no runtime (tests)."""
         self.namespaces = namespaces
+        self.network = network
+        """The jobs' NetworkPolicy settings: the record pod gets one as theirs (None: the operator makes none)."""
 
     @staticmethod
     def path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
@@ -120,7 +123,7 @@ class ExperimentReconciler:
             if e.status != 404:
                 raise
             pod = None
-        record = plan_record(raw, parsed, plan.status, pod, runtime, self.profile, now)
+        record = plan_record(raw, parsed, plan.status, pod, runtime, self.profile, now, self.network)
         if record.condition is not None:
             kept = [c for c in plan.status.get("conditions") or [] if c.get("type") != RECORDED]
             plan.status = {**plan.status, "conditions": [*kept, record.condition]}
@@ -146,13 +149,12 @@ class ExperimentReconciler:
         return refused or resolve(job, runtime)
 
     def _create_record(self, raw: dict[str, Any], status: dict[str, Any], record: RecordPlan, now: str) -> None:
-        """Create the ConfigMap, then the pod (409: made before, by this experiment or not: the next look says);
+        """Create the ConfigMap, the NetworkPolicy, then the pod (409: made before, by this experiment or not: the next look says);
         a create the API server refuses is the condition's final word."""
         meta = raw["metadata"]
         for obj in record.create:
-            plural = "configmaps" if obj["kind"] == "ConfigMap" else "pods"
             try:
-                self.kube.request("POST", f"/api/v1/namespaces/{quote(meta['namespace'])}/{plural}", obj)
+                self.kube.request("POST", _collection(obj, meta["namespace"]), obj)
             except ApiException as e:
                 if e.status == 409:
                     continue
@@ -240,3 +242,10 @@ def _detail(error: ApiException) -> str:
         return str(json.loads(error.body or "{}").get("message") or error.reason)
     except ValueError:
         return str(error.reason)
+
+
+def _collection(obj: dict[str, Any], namespace: str) -> str:
+    """Where a record object of ``obj``'s kind is created."""
+    if obj["kind"] == "NetworkPolicy":
+        return f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies"
+    return f"/api/v1/namespaces/{quote(namespace)}/{'configmaps' if obj['kind'] == 'ConfigMap' else 'pods'}"

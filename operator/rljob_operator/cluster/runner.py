@@ -268,7 +268,8 @@ def _reconciling(s: OperatorSettings, api_client: Any, kube: Kube, endpoint: Sta
                             capacity_max_age=s.capacity_refresh_seconds,
                             pod_cache=pods.pods, node_gone=gone_nodes.gone if watch_nodes else None,
                             runtimes=runtimes, namespaces=namespaces)
-    experiments = ExperimentReconciler(kube, profile, instance=s.identity, runtimes=runtimes, namespaces=namespaces)
+    experiments = ExperimentReconciler(kube, profile, instance=s.identity, runtimes=runtimes, namespaces=namespaces,
+                                       network=network)
     work = Reconciling(reconciler, experiments, jobs, threads, elector, policies, s.workers)
     work.queue.start()
 

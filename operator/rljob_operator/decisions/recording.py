@@ -10,9 +10,10 @@ ServiceAccount, pull secrets, security context) and nothing else: no GPU, no vol
 small requests, ``restartPolicy: Never``, ``activeDeadlineSeconds``. It is judged as a worker pod is (the
 platform's profile, the runtime's bounds, ``decisions.policy``): an experiment never does more than its trials.
 
-It is not queued through Kueue (a few seconds of one CPU, bounded by its deadline; no queue label) and no
-NetworkPolicy selects it (it carries no job's label): it reaches the tracking server as anything in the
-namespace does.
+It is not queued through Kueue (a few seconds of one CPU, bounded by its deadline; no queue label). Where the
+operator gives jobs NetworkPolicies (``networkPolicy.enabled``), it gets one of its own, created before it: no
+ingress, and the trainers' egress (DNS, the status API, object storage's ports, the runtime's ``spec.egress.to``,
+never the clouds' metadata endpoints), so it reaches the tracking server exactly where the trials do.
 
 The condition ``Recorded`` says how it went: False ``Recording`` while the pod runs, True ``Recorded``, or False
 with a final reason (``RecordFailed`` with the pod's exit, ``PolicyViolation``, ``RuntimeNotFound``,
@@ -32,8 +33,14 @@ from typing import Any
 from rljob_contract.experiment import ExperimentPhase, RLExperiment, bounded_message
 from rljob_contract.runtime import Resolved
 
-from rljob_operator.decisions.children import merge_pod_template, pod_security_context
+from rljob_operator.decisions.children import (
+    JobNetwork,
+    merge_pod_template,
+    pod_security_context,
+    runtime_egress,
+)
 from rljob_operator.decisions.conditions import condition
+from rljob_operator.decisions.egress import egress_rules
 from rljob_operator.decisions.experiments import owner_reference
 from rljob_operator.decisions.podbounds import bound_violations
 from rljob_operator.decisions.policy import PodProfile, built_pod_violations, runtime_violations
@@ -95,6 +102,19 @@ def desired_record_configmap(experiment: dict[str, Any], status: dict[str, Any])
     """The ConfigMap the pod reads: the concluded ``status`` as JSON, owned by the experiment."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(experiment),
             "data": {STATUS_KEY: json.dumps(status, sort_keys=True)}}
+
+
+def desired_record_network_policy(experiment: dict[str, Any], network: JobNetwork, runtime: Resolved
+                                  ) -> dict[str, Any]:
+    """The record pod's NetworkPolicy: nothing may reach it; with the platform's egress settings, it reaches what
+    a trainer of the runtime may (``decisions.egress``), no more."""
+    own = {"matchLabels": {k: v for k, v in _metadata(experiment)["labels"].items() if k != LABEL_MANAGED_BY}}
+    spec: dict[str, Any] = {"podSelector": own, "policyTypes": ["Ingress"]}  # Ingress with no rule: none may reach it
+    if network.egress is not None:
+        spec["policyTypes"] = ["Ingress", "Egress"]
+        spec["egress"] = egress_rules(own, network.egress) + runtime_egress(runtime)
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _metadata(experiment),
+            "spec": spec}
 
 
 def _record_container(experiment: dict[str, Any], parsed: RLExperiment, runtime: Resolved) -> dict[str, Any]:
@@ -204,10 +224,11 @@ def _is_ours(pod: dict[str, Any], experiment: dict[str, Any]) -> bool:
 
 
 def plan_record(experiment: dict[str, Any], parsed: RLExperiment, status: dict[str, Any], pod: dict[str, Any] | None,
-                runtime: Resolved | str, profile: PodProfile | None, now: str) -> RecordPlan:
+                runtime: Resolved | str, profile: PodProfile | None, now: str,
+                network: JobNetwork | None = None) -> RecordPlan:
     """The record step, after the experiment's ``status`` (as this reconcile writes it) is decided; ``pod``: the
     record pod of this generation as observed (None: none); ``runtime``: the trials' runtime resolved, or why
-    there is none."""
+    there is none; ``network``: the jobs' NetworkPolicy settings (None: the operator makes none)."""
     if status.get("phase") not in (ExperimentPhase.succeeded, ExperimentPhase.failed) or not tracks_mlflow(parsed):
         return RecordPlan()
     previous = [c for c in (experiment.get("status") or {}).get("conditions") or [] if c.get("type") == RECORDED]
@@ -239,8 +260,9 @@ def plan_record(experiment: dict[str, Any], parsed: RLExperiment, status: dict[s
     if refused:
         return RecordPlan(said(False, "PolicyViolation",
                                bounded_message("the record pod: " + "; ".join(refused)) or ""))
+    policy = [desired_record_network_policy(experiment, network, runtime)] if network is not None else []
     return RecordPlan(said(False, "Recording", f"pod {record_name(experiment)} is writing the verdict"),
-                      create=[desired_record_configmap(experiment, status), built],
+                      create=[desired_record_configmap(experiment, status), *policy, built],
                       requeue_after=RECORD_RECHECK_SECONDS)
 
 
