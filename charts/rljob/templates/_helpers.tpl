@@ -145,7 +145,7 @@ app.kubernetes.io/component: operator
   verbs: ["list", "watch"]
 # Worker pods: watched, created under deterministic names, deleted on gang restarts; the status
 # API reads a heartbeat's pod to check it belongs to the job. A concluded experiment's one-shot
-# record pod (and its ConfigMap, below) is created and read the same way (no new rule).
+# record pod (its ConfigMap and NetworkPolicy: the rules below) is created and read the same way.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
