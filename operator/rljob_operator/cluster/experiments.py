@@ -12,6 +12,12 @@ a trial created a moment ago must be seen, or a restarted operator could think i
 ``decisions.experiments.plan_experiment`` decide which are its trials (by the UIDs its status
 recorded; the others are conflicts), and applies the plan: status, creates (409: the name is taken,
 and the job is no trial until its UID is recorded), the created jobs' UIDs, suspensions, Events.
+
+Once an experiment whose template tracks to MLflow has concluded, the record step (``decisions.recording``) reads
+its record pod (a GET by name) and the trials' runtime (the ``RuntimeStore``, as a trial job's reconcile does),
+puts the condition ``Recorded`` in the status written first, then creates the ConfigMap, NetworkPolicy and pod
+(not in a reconcile that also creates trials: a refused trial rewrites the status). A pod wakes no experiment,
+so it looks again every few seconds while the pod runs.
 """
 
 from __future__ import annotations
