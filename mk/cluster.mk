@@ -13,7 +13,7 @@ TOOLS_BIN = $(shell tools/build-binaries.sh --check 2>/dev/null)
 
 .PHONY: binaries real-node-binaries dev-cluster dev-cluster-down dev-cluster-status e2e
 
-binaries: ## Build or reuse etcd, Kubernetes v1.37.2, kwok, helm, promtool and Kueue
+binaries: ## Build or reuse etcd, Kubernetes v1.37.2, kwok, helm, promtool, Kueue, the registry and actionlint
 	@tools/build-binaries.sh
 
 # On demand only: not in `binaries`, so CI's cold build does not grow.
