@@ -255,39 +255,3 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_by_the_kernel_and_recovere
     assert status["lastFailure"]["exitCode"] == 137
     assert status["oomRecovery"]["batchSize"] == 8  # halved, as the contract says
     wait_for_events(kube, namespace, "oom", "OOMRecovery")
-
-
-def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to_success(
-        real_node: Any, kube: Any, tmp_path: Any) -> None:
-    """``helm install`` with the locally built operator image and the e2e values: the operator runs in a
-    real pod on the real node with its chart's security context and RBAC (in-cluster config through the
-    ``kubernetes`` Service); the install made the runtime "cpu", marked as the default, on which a job
-    naming no runtime runs; its trainer pods send heartbeats to its status API through its Service and DNS."""
-    from tests.delivery.test_install_cluster import chart_installed
-
-    suffix = tmp_path.name[-6:].lower().replace("_", "")
-    operator_ns, jobs = f"rljob-sys-{suffix}", f"rljob-team-{suffix}"
-    with chart_installed(real_node, kube, tmp_path / "helm", "rljob", operator_ns, jobs, "-f", str(E2E_VALUES),
-                         "--set", "image.repository=localhost/rljob-operator", "--set", "image.tag=dev",
-                         "--set", "image.pullPolicy=Never", "--set", "replicaCount=1",
-                         "--set-string", "nodeSelector.rljob\\.dev/real-node=true"):
-        selector = "app.kubernetes.io/instance=rljob,app.kubernetes.io/component=operator"
-
-        def operator_ready() -> dict[str, Any] | None:
-            pods = kube.list_pods(operator_ns, selector)
-            ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
-                                            for c in p["status"].get("conditions") or [])]
-            return ready[0] if ready else None
-
-        pod = wait_for(operator_ready, 300, message="the operator pod Ready (its readiness probe)")
-        assert pod["spec"]["nodeName"] == "rljob-real-node"
-        runtime = kube.request("GET", "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes/cpu")
-        assert runtime["metadata"]["annotations"]["rljob.dev/is-default-runtime"] == "true"
-        create_job(kube, jobs, real_job("helm-job", {"training": {"maxSteps": 20}}))
-        pods = wait_for(lambda: job_pods(kube, jobs, "helm-job") or None, 300, message="the helm job's pods")
-        assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
-        job = wait_phase(kube, jobs, "helm-job", "Succeeded", timeout=900)
-        assert job["status"]["progress"]["step"] == 20  # heartbeats reached the in-cluster status API
-        assert job["status"]["progress"]["lastHeartbeat"]
-        log = pod_log(kube, operator_ns, pod["metadata"]["name"])
-        assert "Forbidden" not in log
