@@ -47,6 +47,7 @@ from rljob_contract.spec import (
     check_elastic_generation,
     check_eval_metric,
     check_generation_batch,
+    generation_window,
 )
 
 GROUP = "rljob.dev"
@@ -558,6 +559,58 @@ GENERATION_RULES = [
          enforced_by=_CHECKED_BY),
 ]
 
+_NUM_ITERATIONS = ("(has(self.training.trl) && has(self.training.trl.num_iterations) && "
+                   "self.training.trl.num_iterations > 0 ? self.training.trl.num_iterations : 1)")
+
+
+def _num_iterations(s: RLTrainingJobSpec) -> int:
+    value = s.training.trl.get("num_iterations")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def _window_micro_steps(s: RLTrainingJobSpec) -> tuple[int, int]:
+    """(micro-batches between two generations, their divisor): stepsPerGeneration is a whole number of
+    micro-batches; generationBatchSize is ``generationBatchSize / (batchSize × world size)`` of them."""
+    training = s.training
+    if training.generation_batch_size is not None:
+        return training.generation_batch_size * _num_iterations(s), _global_batch(s)
+    return (training.steps_per_generation or training.gradient_accumulation_steps) * _num_iterations(s), 1
+
+
+def _checkpoints_on_windows(s: RLTrainingJobSpec) -> bool:
+    gbs = s.training.generation_batch_size
+    if gbs is not None and (_elastic(s) or gbs % _global_batch(s)):
+        return True  # refused by the generation-batch rules, which say more
+    micro, per = _window_micro_steps(s)
+    return s.checkpoint.every_steps * s.training.gradient_accumulation_steps * per % micro == 0
+
+
+def _window_refusal(s: RLTrainingJobSpec) -> str:
+    micro, per = _window_micro_steps(s)
+    window = generation_window(max(micro // per, 1), 1, s.training.gradient_accumulation_steps)
+    return (f"@checkpoint.everySteps: {s.checkpoint.every_steps} saves checkpoints inside a generation window "
+            f"of {window} optimizer steps (stepsPerGeneration × num_iterations ÷ gradientAccumulationSteps): "
+            f"a run resumed from one would generate afresh where the uninterrupted run reused its completions, "
+            f"so every later step would differ. Make everySteps a multiple of {window}")
+
+
+#: A checkpoint is only exact at a generation window's boundary (SIGTERM checkpoints wait for it, issue #48).
+WINDOW_RULES = [
+    Rule("spec.checkpoint.everySteps: whole generation windows", "spec",
+         f"has(self.training.generationBatchSize) ? ({_ELASTIC} || "
+         f"self.training.generationBatchSize % ({_GLOBAL_BATCH}) != 0 || self.checkpoint.everySteps * "
+         f"self.training.gradientAccumulationSteps * {_GLOBAL_BATCH} % "
+         f"(self.training.generationBatchSize * {_NUM_ITERATIONS}) == 0) : "
+         "self.checkpoint.everySteps * self.training.gradientAccumulationSteps % "
+         "((has(self.training.stepsPerGeneration) ? self.training.stepsPerGeneration : "
+         f"self.training.gradientAccumulationSteps) * {_NUM_ITERATIONS}) == 0",
+         "spec.checkpoint.everySteps must be a multiple of the generation window "
+         "(stepsPerGeneration × num_iterations ÷ gradientAccumulationSteps optimizer steps): a checkpoint "
+         "inside a window does not resume exactly", ".checkpoint.everySteps",
+         holds=_checkpoints_on_windows, refusal=_window_refusal),
+]
+
+
 #: RLTrainingJobSpec's rules across its sections (CEL on spec; the validator raises the refusals, after
 #: the checks that say more).
 SPEC_RULES = [
@@ -572,6 +625,7 @@ SPEC_RULES = [
                           or _global_batch(s) * s.training.gradient_accumulation_steps % s.training.num_generations == 0),
          enforced_by=_CHECKED_BY),
     *GENERATION_RULES,
+    *WINDOW_RULES,
     Rule("spec.checkpoint.bestMetric: eval/ needs evaluation", "spec",
          "!self.checkpoint.bestMetric.startsWith('eval/') || has(self.training.evaluation)",
          "spec.checkpoint.bestMetric: an evaluation metric (eval/...) needs spec.training.evaluation",

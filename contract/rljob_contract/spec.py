@@ -956,6 +956,18 @@ def check_generation_batch(training: TrainingSpec, world_size: int) -> None:
             f"numGenerations ({training.num_generations}) must divide the generation batch {how}"))
 
 
+def generation_window(steps_per_generation: int, num_iterations: int, accumulation: int) -> int:
+    """Optimizer steps from one fresh generation batch to the next, as TRL counts them.
+
+    TRL generates every ``stepsPerGeneration × num_iterations`` micro-batches and keeps the completions
+    in memory between; an optimizer step is ``gradientAccumulationSteps`` micro-batches. A run resumed
+    from a step inside that window generates afresh where the uninterrupted run reused its buffer, so
+    every later step differs: only steps that are multiples of this window resume exactly.
+    """
+    micro = max(steps_per_generation, 1) * max(num_iterations, 1)
+    return micro // math.gcd(micro, max(accumulation, 1))
+
+
 def check_elastic_generation(training: TrainingSpec) -> None:
     """Elastic workers change the world size, so the generation batch must hold whole groups at any size.
 

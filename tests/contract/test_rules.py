@@ -52,6 +52,11 @@ JOB_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "spec.training.stepsPerGeneration: whole groups when elastic": (
         {"workers": ELASTIC, "training": {"stepsPerGeneration": 1, "numGenerations": 8}},
         {"workers": ELASTIC, "training": {"stepsPerGeneration": 2, "numGenerations": 8}}),
+    # A generation window of 2 × 16 / 8 = 4 micro-batches (= optimizer steps here): the CEL's
+    # generationBatchSize and num_iterations branches (the stepsPerGeneration one: test_windows below).
+    "spec.checkpoint.everySteps: whole generation windows": (
+        {"training": {"generationBatchSize": 16, "trl": {"num_iterations": 2}}, "checkpoint": {"everySteps": 6}},
+        {"training": {"generationBatchSize": 16, "trl": {"num_iterations": 2}}, "checkpoint": {"everySteps": 8}}),
     "spec.checkpoint.bestMetric: eval/ needs evaluation": (
         {"checkpoint": {"bestMetric": "eval/exact_match"}},
         {"checkpoint": {"bestMetric": "eval/exact_match"},
@@ -349,3 +354,21 @@ def test_a_field_of_another_algorithm_is_refused_and_still_searched_for_credenti
     assert set(problems) == {(foreign,), (foreign, "password")}
     assert "GRPOConfig (algorithm grpo) has no such field" in problems[(foreign,)]
     assert "credentials never go in the manifest" in problems[(foreign, "password")]
+
+
+@pytest.mark.parametrize(("steps_per_generation", "num_iterations", "accumulation", "window"), [
+    (1, 1, 1, 1), (4, 1, 1, 4), (4, 1, 2, 2), (4, 1, 4, 1), (3, 1, 2, 3), (1, 3, 1, 3), (2, 2, 8, 1)])
+def test_the_generation_window_is_the_optimizer_steps_between_fresh_generations(
+        steps_per_generation: int, num_iterations: int, accumulation: int, window: int) -> None:
+    """TRL generates every stepsPerGeneration × num_iterations micro-batches; a step is accumulation of them."""
+    assert spec.generation_window(steps_per_generation, num_iterations, accumulation) == window
+
+
+@pytest.mark.parametrize(("training", "every", "window"), [
+    ({"stepsPerGeneration": 4}, 6, 4), ({"stepsPerGeneration": 3, "gradientAccumulationSteps": 2}, 4, 3),
+    ({"trl": {"num_iterations": 3}}, 50, 3)])
+def test_checkpoints_inside_a_generation_window_are_refused_naming_everysteps_and_the_window(
+        training: dict[str, Any], every: int, window: int) -> None:
+    problems = _refused(parse_job, job_doc({"training": training, "checkpoint": {"everySteps": every}}))
+    assert any("spec.checkpoint.everySteps" in p and f"multiple of {window}" in p for p in problems), problems
+    parse_job(job_doc({"training": training, "checkpoint": {"everySteps": every * window}}))

@@ -32,7 +32,7 @@ from rljob_contract.pod import (
     exit_code_for_signal,
     validate_document,
 )
-from rljob_contract.spec import TRL_DEFAULTS, TrainerConfig
+from rljob_contract.spec import TRL_DEFAULTS, TrainerConfig, generation_window
 from rljob_contract.trl_rules import MANAGED_TRL_FIELDS
 
 from rljob_trainer.algorithms import builder
@@ -117,6 +117,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.waiting = False  # set while a stop waits for the generation window's end
 
     def install(self) -> None:
         import signal
@@ -136,7 +137,12 @@ STOP = StopRequest()
 def stop_on_signal_callback(request: StopRequest) -> Any:
     """At every step end the ranks agree (max over the group) whether any was signalled; if so, every
     rank saves the checkpoint of this step and training stops. Agreeing keeps the ranks in lockstep:
-    a rank that stopped alone would leave the others blocked in a collective."""
+    a rank that stopped alone would leave the others blocked in a collective.
+
+    With more than one optimizer step per generation (stepsPerGeneration, num_iterations) the stop
+    waits for the generation window's last step: a checkpoint inside a window would not resume exactly
+    (TRL generates afresh after a resume), and the window's remaining steps reuse the completions it
+    already generated, so they are the cheap ones (issue #48)."""
     import torch
     import torch.distributed as dist
     from transformers import TrainerCallback
@@ -149,10 +155,22 @@ def stop_on_signal_callback(request: StopRequest) -> Any:
                 flag = torch.tensor([signum], dtype=torch.int64, device=device)
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 signum = int(flag.item())
-            if signum:
+            if not signum:
+                return
+            window = generation_window(getattr(args, "steps_per_generation", None) or 1,
+                                       getattr(args, "num_iterations", None) or 1,
+                                       args.gradient_accumulation_steps)
+            step = state.global_step
+            if step % window and step < state.max_steps:
+                if not request.waiting:
+                    log.warning("signal %d at step %d: finishing the generation window (%d more steps), so the "
+                                "checkpoint resumes exactly", signum, step, window - step % window)
+                    request.waiting = True
                 request.signum = signum
-                control.should_save = True
-                control.should_training_stop = True
+                return
+            request.signum = signum
+            control.should_save = True
+            control.should_training_stop = True
 
     return StopOnSignal()
 
