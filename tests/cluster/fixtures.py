@@ -53,16 +53,16 @@ def real_node_selected(config: pytest.Config) -> bool:
     return "realnode" in (config.getoption("markexpr", "") or "")
 
 
-#: Images the real node's containerd gets from the local podman storage (``make images``), for the tests
-#: that run the operator as a process beside the node. The operator's image reaches the node through the
-#: registry only (``tests/e2e/test_install_path_cluster.py``: ``make release``, then ``helm install oci://``).
-REAL_NODE_IMAGES = ("localhost/rljob-trainer:dev",)
+#: Images the real node's containerd gets from the local podman storage besides the base image: none. The
+#: trainer and the operator reach it through the session's registry (``tests/e2e/test_real_node_jobs_cluster.py``
+#: pushes the trainer of ``make images``; ``test_install_path_cluster.py`` runs ``make release``).
+REAL_NODE_IMAGES: tuple[str, ...] = ()
 
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest):
     """The session's control plane; stopped (nothing left behind) at session end. With ``-m realnode``
-    (``make e2e``) it has the real node too, with the trainer image loaded, and a registry it pulls from."""
+    (``make e2e``) it has the real node too, and a registry it pulls from."""
     real = real_node_selected(request.config)
     plane = ControlPlane(config=ClusterConfig(real_node=real, real_node_images=REAL_NODE_IMAGES if real else (),
                                               registry=real))

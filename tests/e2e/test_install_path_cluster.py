@@ -58,10 +58,9 @@ def install_path(page: Path = INSTALL) -> tuple[list[str], str]:
 
 
 def this_machines_values() -> dict[str, Any]:
-    """What the real node needs beside a user's values: the e2e values but the image (the chart's pinned one
-    stays), plus the operator on the real node, one replica."""
+    """What the real node needs beside a user's values: the e2e values (the chart's pinned images stay), plus
+    the operator on the real node, one replica."""
     values = yaml.safe_load(E2E_VALUES.read_text())
-    del values["runtimes"]["image"], values["podProfile"]
     return deep_update(values, {"replicaCount": 1, "nodeSelector": {realnode.REAL_NODE_LABEL: "true"}})
 
 

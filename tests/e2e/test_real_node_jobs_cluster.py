@@ -2,7 +2,8 @@
 
 The control plane has one real node (containerd, kubelet, kube-proxy, CoreDNS; ``tests/cluster/
 realnode.py``) beside its KWOK GPU nodes. The jobs run on the chart's runtime "cpu", marked as the
-default by the e2e values (``real-node-values.yaml``: the local trainer image, the real node), so
+default by the e2e values (``real-node-values.yaml``: the real node) with the trainer image of ``make images``
+pushed to the session's registry and named by digest (the node pulls it), so
 ``examples/quickstart.yaml`` is applied as it ships. The operator runs here as a process (as for a
 developer's ``rljob operator``); the pods reach its status API and the S3 test server on their bridge's
 gateway address, over TLS for the heartbeats. What is asserted is what a user sees: the job's phase, the
@@ -18,6 +19,7 @@ import base64
 import json
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster import registry
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import CHART, KUBE_VERSION, REPO, helm
 from tests.support.operator_process import create_job, get_job, job_pods, wait_for_events, wait_phase
@@ -40,6 +43,8 @@ QUICKSTART = REPO / "examples" / "quickstart.yaml"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 #: The release name the runtimes are rendered under (their label app.kubernetes.io/instance).
 RUNTIMES_RELEASE = "rljob-e2e"
+#: The trainer image ``make images`` built, which ``trainer_image`` pushes to the session's registry.
+TRAINER_DEV = "localhost/rljob-trainer:dev"
 
 
 @pytest.fixture
@@ -68,15 +73,37 @@ def chart_runtimes_yaml(namespace: str, *values: str) -> str:
                 "--show-only", "templates/trainer-serviceaccount.yaml").stdout
 
 
+@pytest.fixture(scope="session")
+def trainer_image(control_plane: Any) -> str:
+    """The trainer image of ``make images``, pushed to the session's registry: its reference by digest, which
+    the real node's containerd pulls (nothing is side-loaded; an unchanged layer is never pushed twice)."""
+    assert control_plane.registry_address, "run with -m realnode (make e2e): the control plane has no registry"
+    repository = f"{control_plane.registry_address}/{registry.NAMESPACE}/trainer"
+    with tempfile.TemporaryDirectory() as folder:
+        digest_file = Path(folder) / "digest"
+        subprocess.run(["podman", "push", "--quiet", "--tls-verify=false", "--compression-format", "zstd",
+                        "--digestfile", str(digest_file), TRAINER_DEV, f"{repository}:dev"],
+                       check=True, capture_output=True, timeout=1200)
+        return f"{repository}@{digest_file.read_text().strip()}"
+
+
+def image_values(trainer_image: str) -> list[str]:
+    """The chart's values naming ``trainer_image`` (by digest) and allowing its repository."""
+    repository, digest = trainer_image.split("@")
+    return ["--set", f"runtimes.image.repository={repository}", "--set", f"runtimes.image.digest={digest}",
+            "--set", f"podProfile.allowedImages={{{repository}@*}}"]
+
+
 @pytest.fixture
-def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str]) -> Iterator[str]:
+def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str], trainer_image: str) -> Iterator[str]:
     """The chart's runtimes as the e2e values make them ("cpu" the default), checkpoints in the test's bucket
     (each job's under ``<bucket>/rljob/<namespace>/<job>``, with the Secret ``s3-keys`` of its namespace);
     removed after the test, so the chart's own install (the last test) makes them anew. Yields the prefix
     of the namespace's checkpoints in the bucket."""
     server, bucket_name = bucket
     storage = {"storage": f"s3://{bucket_name}/rljob", "endpointUrl": server.endpoint, "credentialsSecret": "s3-keys"}
-    manifest = chart_runtimes_yaml(namespace, "--set-json", f"runtimes.checkpoint={json.dumps(storage)}")
+    manifest = chart_runtimes_yaml(namespace, "--set-json", f"runtimes.checkpoint={json.dumps(storage)}",
+                                   *image_values(trainer_image))
     kubectl = [str(real_node.bin / "kubectl"), "--kubeconfig", str(real_node.admin_kubeconfig)]
     subprocess.run([*kubectl, "apply", "-f", "-"], input=manifest, text=True, check=True, capture_output=True)
     try:
@@ -88,17 +115,18 @@ def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str
 
 
 @pytest.fixture
-def real_operator(real_node: Any, operator: Any, chart_runtimes: str) -> Any:
+def real_operator(real_node: Any, operator: Any, chart_runtimes: str, trainer_image: str) -> Any:
     """The operator, its status API on the gateway address (its certificate names it), its pod profile as
     the chart sets it with the e2e values: the trainer image allowed (a platform team allows its own
     registry's) and the trainers' ServiceAccount the chart's runtimes name."""
-    return operator(status_host=real_node.real_node.gateway, env=chart_profile_env())
+    return operator(status_host=real_node.real_node.gateway, env=chart_profile_env(trainer_image))
 
 
-def chart_profile_env() -> dict[str, str]:
+def chart_profile_env(trainer_image: str) -> dict[str, str]:
     """The pod profile's settings in the operator Deployment the chart renders with the e2e values."""
     rendered = helm("template", RUNTIMES_RELEASE, str(CHART), "--namespace", "rljob-system", "--kube-version",
-                    KUBE_VERSION, "-f", str(E2E_VALUES), "--show-only", "templates/deployment.yaml").stdout
+                    KUBE_VERSION, "-f", str(E2E_VALUES), *image_values(trainer_image),
+                    "--show-only", "templates/deployment.yaml").stdout
     container = yaml.safe_load(rendered)["spec"]["template"]["spec"]["containers"][0]
     wanted = ("RLJOB_OPERATOR_ALLOWED_IMAGES", "RLJOB_OPERATOR_ALLOWED_SERVICE_ACCOUNTS")
     env = {e["name"]: e["value"] for e in container["env"] if e["name"] in wanted}
@@ -159,7 +187,8 @@ def checkpoints_in(server: MotoServer, bucket_name: str, prefix: str) -> set[int
 
 
 def test_the_unchanged_quickstart_trains_on_the_default_cpu_runtime_and_succeeds_with_the_reward_learned(
-        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, chart_runtimes: str) -> None:
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, chart_runtimes: str,
+        trainer_image: str) -> None:
     """examples/quickstart.yaml as it ships (no runtimeRef, two processes on one worker), applied as a user
     does: the runtime marked as the default, "cpu", gives it its image, node, ServiceAccount and storage."""
     server, bucket_name = bucket
@@ -173,7 +202,7 @@ def test_the_unchanged_quickstart_trains_on_the_default_cpu_runtime_and_succeeds
     assert {p["spec"]["nodeName"] for p in pods} == {"rljob-real-node"}
     # The runtime "cpu" made them: its image, ServiceAccount and node, and no GPU asked for.
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"rljob-trainer"}
-    assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {trainer_image}
     assert not any("nvidia.com/gpu" in (p["spec"]["containers"][0].get("resources") or {}).get("limits", {})
                    for p in pods)
     job = wait_phase(kube, namespace, "quickstart", "Succeeded", timeout=900)
