@@ -160,7 +160,22 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"rljob: done: {s['steps']} steps, reward {s['reward_first']:.3f} -> {s['reward_last']:.3f}, "
             f"{s['wall_seconds']:.1f}s; summary in {summary_path}"
         )
+        for report in s.get("health") or []:  # the health signals that tripped (docs/guides/health.md)
+            print(f"rljob: health warning: {report['message']}")
+    if code == 0:
+        _write_dashboard(Path(output))
     return code
+
+
+def _write_dashboard(output: Path) -> None:
+    """dashboard.png beside reward_curve.png: the dashboard's key panels from the run's metrics log."""
+    from rljob_contract.pod import METRICS_LOG
+
+    from rljob.dashboard import write_dashboard
+
+    picture = write_dashboard(output, METRICS_LOG)
+    if picture is not None:
+        print(f"rljob: the dashboard's key panels in {picture}")
 
 
 def _trainer_config_on(job: Any, runtimes: list[TrainingRuntime] | None, source: str) -> Callable[[str], Any]:

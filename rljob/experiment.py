@@ -33,6 +33,7 @@ from rljob_contract.experiment import (
     TrialStatus,
 )
 from rljob_contract.pod import METRICS_LOG, PROGRESS_ENV
+from rljob_operator.experiments.health import collapse_prune_message, signals_from_logs
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import curve_from_logs, objective_value, thin
 from rljob_operator.experiments.pruning import should_prune
@@ -224,25 +225,31 @@ class LocalRunner:
         rt.status.curve = [CurvePoint(step=s, value=v) for s, v in thin(curve, MAX_CURVE_POINTS)]
         rt.status.steps = max((r["step"] for r in rt.records if isinstance(r.get("step"), int)), default=None)
         rt.status.objective = objective_value(curve, self.spec.objective)
+        health = signals_from_logs(rt.records)
+        for tripped in [s for s in health if s not in rt.status.health]:
+            self.say(f"[{rt.trial.number + 1}/{self.spec.total_trials}] {rt.trial.name}: health signal {tripped} "
+                     f"tripped (docs/guides/health.md)")
+        rt.status.health = health
 
     def prune(self) -> None:
-        """SIGTERM every running trial the median rule stops (once)."""
+        """SIGTERM every running trial whose policy collapsed (``pruneCollapsed``) or the median rule stops (once)."""
         stopping = self.spec.early_stopping
-        if stopping is None:
-            return
         curves = {t.name: [(p.step, p.value) for p in t.curve] for t in self.statuses}
         for rt in self.running.values():
             if rt.stop_sent is not None:
                 continue
-            decision = should_prune(rt.trial.name, curves, self.spec.objective, stopping,
-                                    rt.trial.spec.training.max_steps)
-            if decision is not None:
-                rt.status.pruned, rt.status.pruned_at_step = True, decision.step
-                rt.status.message = decision.message
-                self.say(f"[{rt.trial.number + 1}/{self.spec.total_trials}] pruning {rt.trial.name}: "
-                         f"{decision.message}")
-                rt.proc.send_signal(signal.SIGTERM)  # the launcher stops the ranks; they save and exit
-                rt.stop_sent = time.monotonic()
+            if self.spec.prune_collapsed and (why := collapse_prune_message(rt.status.health)) is not None:
+                self.stop(rt, rt.status.steps, why)
+            elif (decision := should_prune(rt.trial.name, curves, self.spec.objective, stopping,
+                                           rt.trial.spec.training.max_steps)) is not None:
+                self.stop(rt, decision.step, decision.message)
+
+    def stop(self, rt: RunningTrial, step: int | None, why: str) -> None:
+        """Prune ``rt`` at ``step``: SIGTERM, and the launcher stops the ranks, which save and exit."""
+        rt.status.pruned, rt.status.pruned_at_step, rt.status.message = True, step, why
+        self.say(f"[{rt.trial.number + 1}/{self.spec.total_trials}] pruning {rt.trial.name}: {why}")
+        rt.proc.send_signal(signal.SIGTERM)
+        rt.stop_sent = time.monotonic()
 
     def finish(self, rt: RunningTrial, code: int) -> None:
         """Record a trial's end: its phase, checkpoint and a progress line."""
@@ -328,19 +335,20 @@ def leaderboard_table(experiment: RLExperiment, status: RLExperimentStatus) -> s
     """The final table: arms with mean and 95 % interval, or trials with parameters and objective."""
     metric = experiment.spec.objective.metric
     if experiment.spec.arms is not None:
-        rows = [("rank", "arm", "n", f"mean {metric}", "95% interval")]
+        rows = [("rank", "arm", "n", f"mean {metric}", "95% interval", "collapsed")]
         for e in status.leaderboard:
             ci = "n/a" if e.ci95_low is None else f"[{e.ci95_low:.4f}, {e.ci95_high:.4f}]"
-            rows.append((str(e.rank), e.name, str(e.n), f"{e.objective:.4f}", ci))
+            rows.append((str(e.rank), e.name, str(e.n), f"{e.objective:.4f}", ci, f"{e.collapsed}/{e.n}"
+                         if e.collapsed else ""))
     else:
         by_name = {t.name: t for t in status.trials}
-        rows = [("rank", "trial", metric, "steps", "parameters")]
+        rows = [("rank", "trial", metric, "steps", "parameters", "health")]
         for e in status.leaderboard:
             t = by_name[e.name]
             params = " ".join(f"{k.split('.')[-1]}={v:.4g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
                               for k, v in (t.params or {}).items())
-            rows.append((str(e.rank), e.name, f"{e.objective:.4f}", str(t.steps), params))
-        rows += [("-", t.name, t.phase, str(t.steps), t.message or "") for t in status.trials
+            rows.append((str(e.rank), e.name, f"{e.objective:.4f}", str(t.steps), params, ",".join(t.health)))
+        rows += [("-", t.name, t.phase, str(t.steps), t.message or "", ",".join(t.health)) for t in status.trials
                  if t.phase != TrialPhase.succeeded.value]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

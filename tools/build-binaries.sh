@@ -13,7 +13,8 @@
 #                                      real node needs (tests/cluster/realnode.py): kubelet and
 #                                      kube-proxy (tools/k8s), CoreDNS (tools/coredns) and the
 #                                      sandbox's pause (Kubernetes' build/pause/linux/pause.c,
-#                                      compiled with gcc -static). On demand only, like --peers.
+#                                      compiled with gcc -static), and the Prometheus server that
+#                                      scrapes its pods (tools/promtool). On demand only, like --peers.
 #
 # Versions come from the go.mod files under tools/<tool>/: one module per tool,
 # so each builds with the dependency versions its own release uses (kwok, helm
@@ -116,10 +117,12 @@ PEER_TOOLS=(
 
 # Built only on demand (--real-node): the node agents of the one real node. kubelet and kube-proxy
 # land beside the control plane's binaries (same module, same version); coredns is tools/coredns's
-# own main package (only the plugins it uses).
+# own main package (only the plugins it uses). The Prometheus server comes from promtool's module (same
+# version): `make e2e` scrapes the real node's pods with it (tests/cluster/prometheus.py).
 REAL_NODE_TOOLS=(
   "kubernetes|k8s|$K8S_VERSION|kubelet=k8s.io/kubernetes/cmd/kubelet kube-proxy=k8s.io/kubernetes/cmd/kube-proxy"
   "coredns|coredns|$COREDNS_VERSION|coredns=rljob.dev/tools/coredns"
+  "prometheus|promtool|$PROMTOOL_VERSION|prometheus=github.com/prometheus/prometheus/cmd/prometheus"
 )
 
 # -X flags that make binaries report their real version (kubectl version and
@@ -141,7 +144,7 @@ ldflags_for() {
       echo "$flags" ;;
     helm)
       echo "-X helm.sh/helm/v3/internal/version.version=$version -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
-    promtool)
+    promtool|prometheus)
       # Prometheus 3.x tags its Go module v0.3XY.Z for release 3.XY.Z.
       local v="${version#v0.}"
       echo "-X github.com/prometheus/common/version.Version=${v:0:1}.$((10#${v:1:2}))${v:3}" ;;

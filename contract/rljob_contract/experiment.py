@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic.alias_generators import to_snake
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from rljob_contract.health import MAX_HEALTH_REPORTS, HealthSignal
 from rljob_contract.job import (
     API_VERSION,
     Condition,
@@ -457,6 +458,9 @@ class RLExperimentSpec(Model):
     early_stopping: EarlyStoppingSpec | None = Field(
         None, description="Stop trials that fall behind the median of the others (off when absent)."
     )
+    prune_collapsed: bool = Field(
+        False, description="Stop a running trial once its policy collapsed (the health signal entropyCollapse, "
+        "spec.template.training.health): it is Pruned, not ranked. Off: it runs on and is marked collapsed.")
 
     @field_validator("arms")
     @classmethod
@@ -654,6 +658,10 @@ class TrialStatus(StatusModel):
     pruned: bool = Field(False, description="Stopped by early stopping.")
     pruned_at_step: int | None = Field(None, description="The rung at which it was stopped.")
     message: str | None = Field(None, max_length=MAX_TRIAL_MESSAGE, description="Why it failed or was pruned.")
+    health: list[HealthSignal] = Field(
+        default_factory=list, max_length=MAX_HEALTH_REPORTS,
+        description="The health signals that tripped in the trial (docs/guides/health.md); entropyCollapse marks "
+                    "it collapsed on the leaderboard.")
     curve: list[CurvePoint] = Field(
         default_factory=list, max_length=MAX_CURVE_POINTS,
         description=f"The objective's metric by step (at most {MAX_CURVE_POINTS} points, fewer in an experiment of "
@@ -683,6 +691,7 @@ class ArmStatus(StatusModel):
     ci95_high: float | None = Field(None, description="Upper end of that interval.")
     note: str | None = Field(None, description="Why there is no interval (e.g. not enough seeds).")
     trials: list[str] = Field(default_factory=list, description="The arm's trials.")
+    collapsed: int = Field(0, description="Of those n trials, the ones whose policy collapsed (entropyCollapse).")
 
 
 class LeaderboardEntry(StatusModel):
@@ -694,6 +703,9 @@ class LeaderboardEntry(StatusModel):
     ci95_low: float | None = Field(None, description="arms: lower end of the 95 % interval.")
     ci95_high: float | None = Field(None, description="arms: upper end of the 95 % interval.")
     n: int = Field(1, description="Trials behind the number.")
+    collapsed: int = Field(
+        0, description="Of the trials behind the number, those whose policy collapsed (entropyCollapse): a rank "
+                       "that rests on them says little about the strategy.")
 
 
 class BestTrial(StatusModel):

@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_snake
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from rljob_contract import version, yamltext
+from rljob_contract.health import MAX_HEALTH_REPORTS, HealthSignal
 from rljob_contract.plugins.algorithms import ALGORITHMS
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
 from rljob_contract.quantities import is_quantity, parse_quantity
@@ -716,6 +717,19 @@ class EvaluationProgress(StatusModel):
     best_value: float | None = Field(None, description="Its value of the headline metric.")
 
 
+class HealthWarning(StatusModel):
+    """A health signal that tripped during the run (docs/guides/health.md), as the trainer reported it."""
+
+    signal: HealthSignal = Field(..., description="entropyCollapse, noLearningSignal, maskedBatch, klBlowUp or "
+                                                  "gradNormSpike.")
+    step: int = Field(..., description="The step at which it tripped.")
+    last_step: int = Field(..., description="The last step at which it held.")
+    active: bool = Field(..., description="It held at the latest logged step (false: it tripped and cleared).")
+    value: float = Field(..., description="The value that tripped it.")
+    threshold: float = Field(..., description="The bound it crossed (spec.training.health).")
+    message: str = Field("", max_length=400, description="What it means, in words.")
+
+
 class Progress(StatusModel):
     """Training progress reported by rank 0's heartbeats (the status API)."""
 
@@ -730,6 +744,10 @@ class Progress(StatusModel):
         None, description="When the status API last refused a heartbeat of one of the job's workers for the "
                           "job's heartbeat rate (RFC 3339): the worker was alive, so the stall clock counts it.")
     evaluation: EvaluationProgress | None = Field(None, description="Held-out evaluation: latest and best.")
+    health: list[HealthWarning] = Field(
+        default_factory=list, max_length=MAX_HEALTH_REPORTS,
+        description="The health signals that tripped during the run (at most one entry per signal; "
+                    "docs/guides/health.md): a warning that the run may have stopped learning.")
     curve: list[CurvePoint] = Field(
         default_factory=list, max_length=MAX_CURVE_POINTS,
         description=f"The logged steps so far, at most {MAX_CURVE_POINTS}: steps increase; when full, every second "

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from rljob_contract import yamltext
+from rljob_contract.health import MAX_HEALTH_REPORTS, HealthReport
 from rljob_contract.spec import TrainerConfig
 
 # ------------------------------------------------------------------------ environment
@@ -320,6 +321,18 @@ class HeartbeatBody(BaseModel):
         None, max_length=MAX_HEARTBEAT_METRICS,
         description="Other metrics of the logged step by their TRL names (kl, rewards/<name>/mean, ...).")
     evaluation: EvalReport | None = Field(None, description="The latest evaluation and the best so far.")
+    health: list[HealthReport] | None = Field(
+        None, max_length=MAX_HEALTH_REPORTS,
+        description="The health signals that tripped during the run, one per signal (None: a trainer that "
+                    "computes none; [] none tripped).")
+
+    @field_validator("health")
+    @classmethod
+    def _one_report_per_signal(cls, value: list[HealthReport] | None) -> list[HealthReport] | None:
+        signals = [r.signal for r in value or []]
+        if len(set(signals)) != len(signals):
+            raise ValueError("at most one report per signal")
+        return value
 
     @field_validator("metrics")
     @classmethod
@@ -333,7 +346,7 @@ class HeartbeatBody(BaseModel):
         would cost the whole heartbeat).
         """
         exclude = set() if self.warnings else {"warnings"}
-        body = self.model_dump(exclude=exclude | {"metrics", "evaluation"})
+        body = self.model_dump(exclude=exclude | {"metrics", "evaluation", "health"})
         for key in ("reward", "loss", "best_metric"):
             if body[key] is not None and not math.isfinite(body[key]):
                 body[key] = None
@@ -342,6 +355,8 @@ class HeartbeatBody(BaseModel):
             body["metrics"] = finite
         if self.evaluation is not None:
             body["evaluation"] = self.evaluation.wire()
+        if self.health is not None:
+            body["health"] = [r.model_dump(mode="json") for r in self.health]
         return body
 
 

@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from rljob_contract.health import HealthSpec
 from rljob_contract.plugins.algorithms import ALGORITHMS, CONFIG_CLASSES, STRATEGY_NAMES
 from rljob_contract.plugins.rewards import BUILTIN_REWARD_NAMES as BUILTIN_REWARDS
 from rljob_contract.plugins.rewards import BUILTIN_REWARD_OPTIONS
@@ -538,6 +539,14 @@ class TrainingSpec(Model):
         description=(
             "Evaluate on held-out prompts every everySteps and at the end (eval/<metric> in metrics.jsonl, "
             "TensorBoard, Prometheus, heartbeats and summary.json). Off when absent."
+        ),
+    )
+    health: HealthSpec = Field(
+        default_factory=HealthSpec,
+        description=(
+            "Thresholds of the RL health signals (entropy collapse, no learning signal, masked batch, KL blow-up, "
+            "gradient-norm spikes) the trainer computes from TRL's logs: each is a Prometheus metric, a line in "
+            "the run's output, a warning in status.progress.health and an alert (docs/guides/health.md)."
         ),
     )
     trl: dict[str, Any] = Field(

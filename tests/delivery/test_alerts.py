@@ -183,3 +183,15 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     out = run([str(bin_dir() / "promtool"), "check", "rules", "--lint=none", str(path)])
     assert f"SUCCESS: {len(rules)} rules found" in out.stdout
+
+
+def test_each_health_signal_has_its_alert_on_its_gauge() -> None:
+    """Issue #47: an alert per RL health signal, named by rljob_contract.health.ALERTS, on the trainer's
+    rljob_trainer_health_tripped series of that signal (the promtool cases show each firing and silent)."""
+    from rljob_contract.health import ALERTS
+
+    by_name = {a["alert"]: a for a in alerts()}
+    for signal, name in ALERTS.items():
+        assert name in by_name, name
+        assert f'rljob_trainer_health_tripped{{signal="{signal.value}"}}' in by_name[name]["expr"]
+        assert "docs/guides/health.md" in by_name[name]["annotations"]["description"]

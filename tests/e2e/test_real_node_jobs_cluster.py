@@ -19,7 +19,6 @@ import base64
 import json
 import re
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster import registry
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import CHART, KUBE_VERSION, REPO, helm
+from tests.e2e.conftest import image_values
 from tests.support.operator_process import create_job, get_job, job_pods, wait_for_events, wait_phase
 from tests.support.s3_server import MotoServer
 from tests.support.trainer import deep_update
@@ -43,8 +42,6 @@ QUICKSTART = REPO / "examples" / "quickstart.yaml"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 #: The release name the runtimes are rendered under (their label app.kubernetes.io/instance).
 RUNTIMES_RELEASE = "rljob-e2e"
-#: The trainer image ``make images`` built, which ``trainer_image`` pushes to the session's registry.
-TRAINER_DEV = "localhost/rljob-trainer:dev"
 
 
 @pytest.fixture
@@ -73,25 +70,10 @@ def chart_runtimes_yaml(namespace: str, *values: str) -> str:
                 "--show-only", "templates/trainer-serviceaccount.yaml").stdout
 
 
-@pytest.fixture(scope="session")
-def trainer_image(control_plane: Any) -> str:
-    """The trainer image of ``make images``, pushed to the session's registry: its reference by digest, which
-    the real node's containerd pulls (nothing is side-loaded; an unchanged layer is never pushed twice)."""
-    assert control_plane.registry_address, "run with -m realnode (make e2e): the control plane has no registry"
-    repository = f"{control_plane.registry_address}/{registry.NAMESPACE}/trainer"
-    with tempfile.TemporaryDirectory() as folder:
-        digest_file = Path(folder) / "digest"
-        subprocess.run(["podman", "push", "--quiet", "--tls-verify=false", "--compression-format", "zstd",
-                        "--digestfile", str(digest_file), TRAINER_DEV, f"{repository}:dev"],
-                       check=True, capture_output=True, timeout=1200)
-        return f"{repository}@{digest_file.read_text().strip()}"
-
-
-def image_values(trainer_image: str) -> list[str]:
-    """The chart's values naming ``trainer_image`` (by digest) and allowing its repository."""
-    repository, digest = trainer_image.split("@")
-    return ["--set", f"runtimes.image.repository={repository}", "--set", f"runtimes.image.digest={digest}",
-            "--set", f"podProfile.allowedImages={{{repository}@*}}"]
+@pytest.fixture
+def trainer_image(dev_images: dict[str, str]) -> str:
+    """The trainer of ``make images`` in the session's registry, by digest (``tests/e2e/conftest.py``)."""
+    return dev_images["trainer"]
 
 
 @pytest.fixture
@@ -125,7 +107,8 @@ def real_operator(real_node: Any, operator: Any, chart_runtimes: str, trainer_im
 def chart_profile_env(trainer_image: str) -> dict[str, str]:
     """The pod profile's settings in the operator Deployment the chart renders with the e2e values."""
     rendered = helm("template", RUNTIMES_RELEASE, str(CHART), "--namespace", "rljob-system", "--kube-version",
-                    KUBE_VERSION, "-f", str(E2E_VALUES), *image_values(trainer_image),
+                    KUBE_VERSION, "-f", str(E2E_VALUES),
+                    *image_values(trainer_image),
                     "--show-only", "templates/deployment.yaml").stdout
     container = yaml.safe_load(rendered)["spec"]["template"]["spec"]["containers"][0]
     wanted = ("RLJOB_OPERATOR_ALLOWED_IMAGES", "RLJOB_OPERATOR_ALLOWED_SERVICE_ACCOUNTS")

@@ -245,3 +245,41 @@ def test_a_heartbeats_evaluation_shows_in_status_with_its_best_and_a_printer_col
     bad = {**evaluation, "values": {"a b": 1.0}}
     response = _post(running, "st", token, {"step": 41, "evaluation": bad})
     assert response.status_code == 400 and "evaluation" in response.json()["error"]
+
+
+def test_health_signals_in_heartbeats_become_status_warnings_and_one_warning_event_each(
+        kube, namespace, running) -> None:
+    """The issue's DAPO run (#47): its masked batches and collapsed entropy show in the job's status, each told once
+    as a Warning Event; a hostile health report is refused whole."""
+    token = token_for(kube, namespace, "default", "rljob-status", pod=running["pods"]["st-worker-0"])
+    masked = {"signal": "maskedBatch", "step": 5, "last_step": 5, "active": True, "value": 0.97, "threshold": 0.5}
+    assert _post(running, "st", token, {"step": 5, "health": [masked]}).status_code == 202
+    collapsed = {"signal": "entropyCollapse", "step": 22, "last_step": 22, "active": True, "value": 0.0,
+                 "threshold": 0.39}
+    for step in (22, 23):  # 23: both still active, nothing new to tell
+        reports = [{**masked, "last_step": step}, {**collapsed, "last_step": step}]
+        assert _post(running, "st", token, {"step": step, "health": reports, "final": True}).status_code == 202
+
+    def warnings() -> list[dict[str, Any]] | None:
+        health = (get_job(kube, namespace, "st")["status"].get("progress") or {}).get("health") or []
+        return health if len(health) == 2 and health[0]["lastStep"] == 23 else None
+
+    health = wait_for(warnings, 20, message="status.progress.health")
+    assert [(w["signal"], w["step"], w["active"]) for w in health] == [("maskedBatch", 5, True),
+                                                                        ("entropyCollapse", 22, True)]
+    assert health[1]["message"].startswith("entropyCollapse at step 22: entropy collapsed far below its start")
+
+    def health_events() -> list[dict[str, Any]] | None:
+        events = kube.request("GET", kube.core_path(namespace, "events"))["items"]
+        mine = [e for e in events if e.get("reason") in ("MaskedBatch", "EntropyCollapse")
+                and e["involvedObject"]["name"] == "st"]
+        return mine if len(mine) == 2 else None
+
+    events = wait_for(health_events, 20, message="MaskedBatch and EntropyCollapse events")
+    assert all(e["type"] == "Warning" and (e.get("count") or 1) == 1 for e in events), events
+    # Hostile: an unknown signal, a NaN, a second report of one signal, text for a number → 400, status unchanged.
+    for bad in ([{**masked, "signal": "allGood"}], [{**masked, "value": "NaN"}], [masked, masked],
+                [{**masked, "threshold": "high"}]):
+        response = _post(running, "st", token, {"step": 24, "health": bad})
+        assert response.status_code == 400 and "health" in response.json()["error"], bad
+    assert get_job(kube, namespace, "st")["status"]["progress"]["step"] == 23

@@ -15,6 +15,7 @@ from rljob_contract.experiment import (
     PARAMS_BUDGET,
     parse_experiment,
 )
+from rljob_contract.health import HealthSignal
 from rljob_operator.decisions.curve import MAX_CURVE_POINTS as JOB_CURVE_POINTS
 from rljob_operator.decisions.experiments import plan_experiment
 from rljob_operator.experiments.trials import MAX_TRIAL_NAME_LENGTH
@@ -47,8 +48,16 @@ def _trial(number: int) -> tuple[dict[str, Any], dict[str, Any]]:
              for k in range(JOB_CURVE_POINTS)]
     job = {"metadata": {"name": name, "uid": uid},
            "status": {"phase": "Failed" if number % 2 else "Succeeded", "message": "e" * 100_000,
-                      "progress": {"curve": curve, "checkpoint": "s3://" + "c" * (MAX_TRIAL_CHECKPOINT - 5)}}}
+                      "progress": {"curve": curve, "checkpoint": "s3://" + "c" * (MAX_TRIAL_CHECKPOINT - 5),
+                                   "health": _every_health_signal()}}}
     return entry, job
+
+
+def _every_health_signal() -> list[dict[str, Any]]:
+    """Every health signal tripped, and what a hostile writer of the job's status adds (kept out of the trial)."""
+    tripped = [{"signal": s.value, "step": 1, "lastStep": 2, "active": True, "value": LONG_FLOAT,
+                "threshold": LONG_FLOAT} for s in HealthSignal]
+    return tripped + [{"signal": "x" * 10_000}] * 1000
 
 
 def largest_status(template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

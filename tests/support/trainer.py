@@ -98,16 +98,20 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.2, what: str 
 
 #: Per-step values of metrics.jsonl that measure the clock, not the training.
 CLOCK_KEYS = frozenset({"step_time"})
+#: What the health values of metrics.jsonl start with: a resumed run starts its health windows afresh
+#: (docs/guides/health.md), so they are the run's, not the training's (rljob_contract.health.HEALTH_LOG_PREFIX).
+HEALTH_PREFIX = "health/"
 
 
 def logged_curve(metrics: Path, from_line: int = 0) -> dict[int, dict[str, float]]:
     """Step → every value metrics.jsonl logged for it (from line ``from_line``; a step logged again, as
-    after a resume, keeps its last record), the clock's values left out."""
+    after a resume, keeps its last record), the clock's and the health windows' values left out."""
     curve: dict[int, dict[str, float]] = {}
     for line in metrics.read_text().splitlines()[from_line:]:
         record = json.loads(line)
         if "step" in record and "loss" in record:  # a training step's record
-            curve[int(record["step"])] = {k: v for k, v in record.items() if k not in CLOCK_KEYS}
+            curve[int(record["step"])] = {k: v for k, v in record.items()
+                                          if k not in CLOCK_KEYS and not k.startswith(HEALTH_PREFIX)}
     return curve
 
 

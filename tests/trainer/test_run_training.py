@@ -113,13 +113,26 @@ def test_quickstart_two_process_reward_rises_and_reports_agree(tmp_path: Path) -
     assert summary["resumed_from"] is None
     assert summary["checkpoints"] == ["checkpoint-80", "checkpoint-120"]  # everySteps 40, keepLast 2
     assert (out / "reward_curve.png").stat().st_size > 1000
+    # Beside it, the dashboard's key panels drawn from the run's own metrics (rljob/dashboard.py).
+    assert (out / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # No evaluation section, no evaluation (#33): nothing generated beyond training's own.
     assert "eval" not in summary and "eval/" not in (out / "metrics.jsonl").read_text()
+    # A healthy run that solves its task trips no health signal (#47, docs/guides/health.md), though its entropy
+    # falls near 0 and every group ends rewarded alike: not in summary.json, the output or the metrics log.
+    assert summary["health"] == []
+    assert "rljob: health" not in (tmp_path / "log.txt").read_text()
+    assert "health/" not in (out / "metrics.jsonl").read_text()
 
     # The metrics endpoint served the named series while training ran...
     assert len(samples) >= 3, "too few scrapes during the run"
     assert set(samples[-1]) >= NAMED_SERIES, NAMED_SERIES - set(samples[-1])
     assert (("reward", "repeat_char"),) in samples[-1]["rljob_trainer_reward_mean"]
+    # Each health signal's gauge is served, at 0, with the inputs it is judged on.
+    assert samples[-1]["rljob_trainer_health_tripped"] == {
+        (("signal", s),): 0.0 for s in ("entropyCollapse", "noLearningSignal", "maskedBatch", "klBlowUp",
+                                       "gradNormSpike")}
+    assert {"rljob_trainer_entropy", "rljob_trainer_entropy_start", "rljob_trainer_grad_norm",
+            "rljob_trainer_reward_zero_std_ratio", "rljob_trainer_masked_ratio"} <= set(samples[-1])
     # The chart's PodMonitor drops a scrape over podMonitor.sampleLimit (a reward function registering
     # metrics without bound): a trainer's own series stay far below it.
     limit = yaml.safe_load((REPO / "charts" / "rljob" / "values.yaml").read_text())["podMonitor"]["sampleLimit"]

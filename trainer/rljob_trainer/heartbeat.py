@@ -29,6 +29,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from pydantic import ValidationError
+from rljob_contract.health import HealthReport
 from rljob_contract.pod import (
     MAX_HEARTBEAT_WARNINGS,
     POD_NAME_ENV,
@@ -93,6 +94,7 @@ class Heartbeat:
         self.best_checkpoint: str | None = None  # best kept checkpoint by spec.checkpoint.bestMetric
         self.best_metric: float | None = None  # its value of that metric
         self.evaluation: dict[str, Any] | None = None  # the latest evaluation's EvalReport, sent with every heartbeat
+        self.health: list[HealthReport] | None = None  # the health signals tripped so far, sent with every heartbeat
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=64)
         self._rng = random.Random()
         self._delivering = threading.Event()  # set while a heartbeat is being sent or retried
@@ -118,7 +120,7 @@ class Heartbeat:
                 step=step, reward=reward, loss=loss, checkpoint=self.checkpoint,
                 best_checkpoint=self.best_checkpoint, best_metric=self.best_metric, pod=self.pod,
                 final=final, time=time.time(), warnings=self.warnings[:MAX_HEARTBEAT_WARNINGS],
-                metrics=metrics or None, evaluation=evaluation or self.evaluation,
+                metrics=metrics or None, evaluation=evaluation or self.evaluation, health=self.health,
             ).wire()
         except ValidationError as e:  # a heartbeat never stops training
             log.warning("heartbeat: not sent, invalid: %s", e)

@@ -5,7 +5,9 @@ Series (all prefixed ``rljob_trainer_``): ``step``, ``reward`` (mean total rewar
 function, ``loss``, ``step_seconds``, ``tokens_per_second``, ``kl`` (when beta > 0),
 ``gpu_utilization_ratio`` and ``gpu_memory_bytes`` (when a GPU is present), ``last_checkpoint_step``,
 ``checkpoint_upload_failures_total`` and ``last_checkpoint_upload_timestamp_seconds`` (object storage),
-``eval{metric=...}`` and ``eval_step`` (spec.training.evaluation).
+``eval{metric=...}`` and ``eval_step`` (spec.training.evaluation); the health signals (spec.training.health,
+``rljob_trainer.health``): ``health_tripped{signal=...}`` and their inputs ``entropy``, ``entropy_start``,
+``reward_zero_std_ratio``, ``completions_clipped_ratio``, ``masked_ratio`` and ``grad_norm``.
 ``/healthz`` answers 200 while the process lives; ``/readyz`` once the first step is logged.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,8 +23,11 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from rljob_contract.health import HEALTH_LOG_PREFIX, HealthReport, HealthSignal, HealthSpec
 from rljob_contract.pod import finite_metrics
 from transformers import TrainerCallback
+
+from rljob_trainer.health import HealthInputs, HealthMonitor, tripped_lines
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -70,6 +76,23 @@ class TrainerMetrics:
         self.eval = Gauge("rljob_trainer_eval", "Latest evaluation value per metric (spec.training.evaluation).",
                           ["metric"], registry=r)
         self.eval_step = Gauge("rljob_trainer_eval_step", "Step of the latest evaluation.", registry=r)
+        # RL health (rljob_trainer.health, spec.training.health): each signal's state and its inputs.
+        self.health_tripped = Gauge(
+            "rljob_trainer_health_tripped", "1 while a health signal holds (spec.training.health), else 0.",
+            ["signal"], registry=r)
+        self.entropy = Gauge("rljob_trainer_entropy", "Mean token entropy of the last logged step.", registry=r)
+        self.entropy_start = Gauge(
+            "rljob_trainer_entropy_start", "Median entropy of the run's first logged steps (entropyCollapse's base).",
+            registry=r)
+        self.reward_zero_std_ratio = Gauge(
+            "rljob_trainer_reward_zero_std_ratio", "Fraction of groups whose rewards are all equal (no advantage).",
+            registry=r)
+        self.clipped_ratio = Gauge(
+            "rljob_trainer_completions_clipped_ratio", "Fraction of completions that hit maxCompletionLength.",
+            registry=r)
+        self.masked_ratio = Gauge(
+            "rljob_trainer_masked_ratio", "Fraction of the step's completions masked out of the loss.", registry=r)
+        self.grad_norm = Gauge("rljob_trainer_grad_norm", "Gradient norm of the last logged step.", registry=r)
         self.ready = threading.Event()
         self._scrape_lock = threading.Lock()
         """Held by a scrape and by ``observe_eval``: a scrape never shows one evaluation's step with another's values."""
@@ -123,6 +146,18 @@ class TrainerMetrics:
         self._observe_gpus()
         self.ready.set()
 
+    def observe_health(self, inputs: HealthInputs, reports: list[HealthReport]) -> None:
+        """The health signals' inputs at the latest logged step, and 1 for each signal that holds now."""
+        for gauge, value in ((self.entropy, inputs.entropy), (self.entropy_start, inputs.entropy_start),
+                             (self.reward_zero_std_ratio, inputs.reward_zero_std_ratio),
+                             (self.clipped_ratio, inputs.clipped_ratio), (self.masked_ratio, inputs.masked_ratio),
+                             (self.grad_norm, inputs.grad_norm)):
+            if value is not None:
+                gauge.set(value)
+        active = {r.signal for r in reports if r.active}
+        for signal in HealthSignal:
+            self.health_tripped.labels(signal=signal.value).set(1 if signal in active else 0)
+
     def observe_eval(self, step: int, values: dict[str, float]) -> None:
         """An evaluation's values, labelled by metric name without the ``eval/`` prefix, and its step, together."""
         with self._scrape_lock:
@@ -144,11 +179,35 @@ class TrainerMetrics:
 class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
     """Feeds metrics and heartbeats from the Trainer's logs (world rank 0 only)."""
 
-    def __init__(self, metrics: TrainerMetrics | None, heartbeat: Any = None, log_path: Path | None = None) -> None:
+    def __init__(self, metrics: TrainerMetrics | None, heartbeat: Any = None, log_path: Path | None = None,
+                 health: HealthSpec | None = None) -> None:
         self.metrics = metrics
         self.heartbeat = heartbeat
         self.log_path = log_path  # contract.METRICS_LOG in the output folder
+        self.health_spec = health  # spec.training.health: the monitor is built once TRL's config is known
+        self.health: HealthMonitor | None = None
         self._last_tokens: tuple[float, float] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.health_spec is not None:
+            self.health = HealthMonitor.for_args(self.health_spec, args)
+
+    def _health_record(self) -> dict[str, float]:
+        """The metrics log's health values: ``health/<signal>`` 1 while it holds, 0 once cleared; a signal that
+        never tripped is left out (``rljob experiment`` reads which tripped)."""
+        reports = self.health.reports() if self.health is not None else []
+        return {f"{HEALTH_LOG_PREFIX}{r.signal}": 1.0 if r.active else 0.0 for r in reports}
+
+    def _observe_health(self, step: int, logs: dict[str, Any]) -> None:
+        """The health signals of this step: gauges, a line for each newly tripped one, the heartbeat's report."""
+        if self.health is None:
+            return
+        tripped_lines(self.health.observe(step, logs), lambda line: print(line, file=sys.stderr, flush=True))
+        reports = self.health.reports()
+        if self.metrics is not None:
+            self.metrics.observe_health(self.health.inputs, reports)
+        if self.heartbeat is not None:
+            self.heartbeat.health = reports
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         if not state.is_world_process_zero or not logs:
@@ -161,8 +220,9 @@ class TelemetryCallback(TrainerCallback):  # type: ignore[misc]
             self._last_tokens = (now, tokens)
         if self.metrics is not None:
             self.metrics.observe(logs, state.global_step, tps)
+        self._observe_health(state.global_step, logs)
         if self.log_path is not None:
-            append_metrics(self.log_path, state.global_step, logs)
+            append_metrics(self.log_path, state.global_step, {**logs, **self._health_record()})
         if self.heartbeat is not None and ("reward" in logs or "loss" in logs):
             # The other logged numbers (kl, each reward's mean, ...) too: an experiment's objective may be any of them.
             metrics = finite_metrics(logs, skip=frozenset({"reward", "loss", "step"}))
@@ -197,6 +257,7 @@ def write_summary(
     checkpoints: list[str],
     resumed_from: str | None,
     wall_seconds: float,
+    health: list[HealthReport] | None = None,
 ) -> dict[str, Any]:
     """``summary.json`` (the contract in DESIGN.md) and ``reward_curve.png``."""
     history = reward_history(log_history)
@@ -212,6 +273,8 @@ def write_summary(
         "num_tokens": tokens_seen(log_history),
         "reward_history": history,
         "loss_history": [(int(h["step"]), float(h["loss"])) for h in log_history if "loss" in h and "step" in h],
+        # The health signals that tripped (rljob_trainer.health), each with its line for people.
+        "health": [{**r.model_dump(mode="json"), "message": r.message()} for r in health or []],
     }
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -335,7 +335,7 @@ def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callback
 
 def write_run_summary(
     cfg: TrainerConfig, trainer: Any, publisher: Any, resume: Path | None, started: float, heartbeat: Any,
-    eval_metric: str | None = None,
+    eval_metric: str | None = None, health: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Rank 0's end of run: wait (bounded) for the last uploads, write summary.json, send the final heartbeat."""
     from rljob_trainer.checkpoints.manifest import atomic_write_text
@@ -350,6 +350,7 @@ def write_run_summary(
         checkpoints=checkpoint_fields.pop("checkpoints"),
         resumed_from=resume.name if resume is not None else None,
         wall_seconds=time.time() - started,
+        health=health,
     )
     summary.update(checkpoint_fields)  # latest/best checkpoint, upload failures
     if eval_metric is not None:
@@ -409,7 +410,8 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
                                                  base_model=base_identity(inputs.model_path) if inputs.peft_config else None)
     metrics_log = Path(cfg.output_dir) / METRICS_LOG if rank == 0 else None
     evaluate, eval_metric = evaluation_callbacks(cfg, inputs, metrics, heartbeat, metrics_log)
-    callbacks = [TelemetryCallback(metrics, heartbeat, metrics_log), *evaluate, checkpoint_callback(publisher),
+    telemetry = TelemetryCallback(metrics, heartbeat, metrics_log, health=cfg.training.health if rank == 0 else None)
+    callbacks = [telemetry, *evaluate, checkpoint_callback(publisher),
                  stop_on_signal_callback(STOP)]
     trainer = build_trainer(cfg, trainer_cls, inputs, callbacks)
     if resume is not None and rank == 0:
@@ -417,7 +419,8 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     summary = None
     if trainer.is_world_process_zero() and publisher is not None:
-        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric)
+        health = telemetry.health.reports() if telemetry.health is not None else []
+        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric, health)
     if metrics is not None:
         metrics.shutdown()
     finish_together()

@@ -43,6 +43,12 @@ from rljob_operator.decisions.conditions import condition
 from rljob_operator.decisions.curve import series
 from rljob_operator.decisions.plan import Event, status_patch
 from rljob_operator.decisions.policy import PodProfile, job_violations
+from rljob_operator.experiments.health import (
+    collapse_prune_message,
+    collapsed,
+    ordered,
+    signals_from_progress,
+)
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import objective_value, thin
 from rljob_operator.experiments.pruning import should_prune
@@ -160,6 +166,7 @@ def observe_trial(previous: TrialStatus, job: dict[str, Any] | None, parsed: RLE
     checkpoint = bounded_checkpoint(progress.get("bestCheckpoint") or progress.get("checkpoint"))
     update: dict[str, Any] = {
         "uid": job["metadata"].get("uid") or previous.uid, "phase": phase, "curve": curve,
+        "health": ordered([*previous.health, *signals_from_progress(progress)]),
         "objective": objective_value(pairs, parsed.spec.objective),
         "steps": pairs[-1][0] if pairs else previous.steps,
         "checkpoint": checkpoint or previous.checkpoint,
@@ -236,24 +243,30 @@ def _next_trials(parsed: RLExperiment, trials: list[TrialStatus]) -> list[Trial]
 
 
 def _prune(parsed: RLExperiment, trials: list[TrialStatus], plan: ExperimentPlan) -> list[TrialStatus]:
-    """Stop running trials that fall below the median of the others at a rung (median rule)."""
+    """Stop running trials whose policy collapsed (``pruneCollapsed``) or that fall below the median of the
+    others at a rung (median rule)."""
     spec = parsed.spec
-    if spec.early_stopping is None:
+    if spec.early_stopping is None and not spec.prune_collapsed:
         return trials
     curves = {t.name: [(p.step, p.value) for p in t.curve] for t in trials if t.curve}
     max_steps = spec.template.training.max_steps
     out = []
     for t in trials:
-        decision = None
         if t.phase == TrialPhase.running.value:
-            decision = should_prune(t.name, curves, spec.objective, spec.early_stopping, max_steps)
-        if decision is not None:
-            t = t.model_copy(update={"phase": TrialPhase.pruned.value, "pruned": True,
-                                     "pruned_at_step": decision.step, "message": decision.message})
-            plan.suspend.append(t.name)
-            plan.events.append(Event("Normal", "TrialPruned", f"trial {t.name} pruned: {decision.message}"))
+            if spec.prune_collapsed and (why := collapse_prune_message(t.health)) is not None:
+                t = _pruned(t, t.steps, why, plan)
+            elif (decision := should_prune(t.name, curves, spec.objective, spec.early_stopping, max_steps)):
+                t = _pruned(t, decision.step, decision.message, plan)
         out.append(t)
     return out
+
+
+def _pruned(trial: TrialStatus, step: int | None, why: str, plan: ExperimentPlan) -> TrialStatus:
+    """``trial`` stopped at ``step`` for ``why``: suspended, and an Event says so."""
+    plan.suspend.append(trial.name)
+    plan.events.append(Event("Normal", "TrialPruned", f"trial {trial.name} pruned: {why}"))
+    return trial.model_copy(update={"phase": TrialPhase.pruned.value, "pruned": True, "pruned_at_step": step,
+                                    "message": bounded_message(why)})
 
 
 def _refused(parsed: RLExperiment, trial: Trial, profile: PodProfile | None) -> list[str]:
@@ -281,6 +294,9 @@ def plan_experiment(experiment: dict[str, Any], parsed: RLExperiment, jobs: list
         new = observe_trial(old, by_name.get(old.name), parsed)
         if new.phase == TrialPhase.failed.value and old.phase != new.phase:
             plan.events.append(Event("Warning", "TrialFailed", f"trial {new.name} failed: {new.message}"))
+        if collapsed(new.health) and not collapsed(old.health):
+            plan.events.append(Event("Warning", "TrialCollapsed", f"trial {new.name}: its policy collapsed "
+                                     f"({', '.join(new.health)}; docs/guides/health.md)"))
         trials.append(new)
     trials = _prune(parsed, trials, plan)
     # Recorded before a crash (or a refused create) but never created: created now, as recorded.

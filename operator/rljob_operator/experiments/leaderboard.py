@@ -1,5 +1,7 @@
 """Ranks, per-arm intervals, the best trial and the winning arm, from the trials' status (pure).
 
+A trial whose policy collapsed (``experiments.health``) is ranked but counted in its row's ``collapsed``,
+and the winner's message says when the winner or the runner-up rests on such trials.
 Only trials that finished normally (Succeeded, with an objective) are ranked: a pruned trial's
 objective covers fewer steps, and a failed one has none. A search's leaderboard lists them by
 objective; an A/B test's lists arms by mean objective over their seeds, with the interval.
@@ -21,6 +23,7 @@ from rljob_contract.experiment import (
     Winner,
 )
 
+from rljob_operator.experiments.health import collapse_note, count_collapsed
 from rljob_operator.experiments.objective import sort_key
 from rljob_operator.experiments.stats import compare, mean_ci95
 
@@ -36,10 +39,11 @@ def arm_statuses(spec: RLExperimentSpec, trials: Sequence[TrialStatus]) -> list[
     out = []
     for arm in spec.arms or []:
         mine = [t for t in trials if t.arm == arm.name]
-        values = [t.objective for t in ranked_trials(spec, mine) if t.objective is not None]
-        interval = mean_ci95(values)
+        ranked = ranked_trials(spec, mine)
+        interval = mean_ci95([t.objective for t in ranked if t.objective is not None])
         out.append(ArmStatus(name=arm.name, n=interval.n, mean=interval.mean, ci95_low=interval.low,
-                             ci95_high=interval.high, note=interval.note, trials=[t.name for t in mine]))
+                             ci95_high=interval.high, note=interval.note, trials=[t.name for t in mine],
+                             collapsed=count_collapsed(ranked)))
     return out
 
 
@@ -51,8 +55,8 @@ def leaderboard(spec: RLExperimentSpec, trials: Sequence[TrialStatus],
         arms = arm_statuses(spec, trials) if arms is None else arms
         order = sorted((a for a in arms if a.mean is not None), key=lambda a: sort_key(a.mean, direction))
         return [LeaderboardEntry(rank=i + 1, name=a.name, objective=a.mean, ci95_low=a.ci95_low,
-                                 ci95_high=a.ci95_high, n=a.n) for i, a in enumerate(order)]
-    return [LeaderboardEntry(rank=i + 1, name=t.name, objective=t.objective, n=1)
+                                 ci95_high=a.ci95_high, n=a.n, collapsed=a.collapsed) for i, a in enumerate(order)]
+    return [LeaderboardEntry(rank=i + 1, name=t.name, objective=t.objective, n=1, collapsed=count_collapsed([t]))
             for i, t in enumerate(ranked_trials(spec, trials))]
 
 
@@ -78,15 +82,17 @@ def winner(spec: RLExperimentSpec, trials: Sequence[TrialStatus],
     if not board:
         return None
     if len(board) == 1:
+        note = collapse_note(board[0].name, board[0].collapsed, board[0].n, None, 0, 0)
         return Winner(arm=board[0].name, test="none: only one arm has results",
-                      message=f"{board[0].name} is the only arm with finished trials")
+                      message=f"{board[0].name} is the only arm with finished trials{note}")
     ranked = {t.arm: [] for t in trials}  # type: dict[str | None, list[float]]
     for t in ranked_trials(spec, trials):
         ranked[t.arm].append(t.objective or 0.0)
-    first, second = board[0].name, board[1].name
-    c = compare(ranked[first], ranked[second], first, second)
-    return Winner(arm=first, runner_up=second, significant=c.significant, test=c.test, p_value=c.p_value,
-                  message=c.message)
+    first, second = board[0], board[1]
+    c = compare(ranked[first.name], ranked[second.name], first.name, second.name)
+    note = collapse_note(first.name, first.collapsed, first.n, second.name, second.collapsed, second.n)
+    return Winner(arm=first.name, runner_up=second.name, significant=c.significant, test=c.test, p_value=c.p_value,
+                  message=c.message + note)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@
     (``decisions.createdpods``). Its labels and ownerReferences prove nothing: anyone who may create pods
     in ``ns`` can copy them, the job's uid included. Accepted heartbeats become the job's ``status.progress``
     (step, reward, loss, checkpoint, bestCheckpoint, bestMetric, lastHeartbeat), written at most every
-    ``flush_seconds`` per job (a ``final`` heartbeat at once); the reward, loss and ``metrics`` of
+    ``flush_seconds`` per job (a ``final`` heartbeat at once), and its ``health`` reports become
+    ``status.progress.health`` (docs/guides/health.md); the reward, loss and ``metrics`` of
     each heartbeat become a point of ``status.progress.curve`` (bounded, finite, steps increasing;
     ``decisions.curve``), from which experiments compute their objectives.
 ``GET /api/v1/namespaces/{ns}/rltrainingjobs/{name}/status``
@@ -40,6 +41,7 @@ throttle one, nor write its ``lastThrottled``). Every job gets the same share wh
 pods share. Beyond it: 429 with Retry-After (which the trainer honours), and
 ``status.progress.lastThrottled`` records that a worker of the job was alive, so the stall clock
 (``decisions.failure.observe``) does not take a throttled job for a hung one. A heartbeat's ``warnings``
+and the health signals that trip (``health``, one Warning Event each, reason EntropyCollapse, MaskedBatch, ...)
 become Events through ``cluster.events.EventRecorder``: repeats counted on one Event, at most
 ``EventLimits().bound(t)`` writes per job in t seconds (25 + t/300 s), the rest dropped and counted.
 
@@ -67,7 +69,17 @@ from aiohttp import web
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
-from rljob_contract.job import API_VERSION, GROUP, KIND, PLURAL, VERSION, EvaluationProgress, Progress
+from rljob_contract.health import HealthReport, HealthSignal
+from rljob_contract.job import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    EvaluationProgress,
+    HealthWarning,
+    Progress,
+)
 from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path
 
 from rljob_operator import metrics
@@ -177,10 +189,28 @@ def evaluation_progress(report: EvalReport) -> dict[str, Any]:
 
 #: The heartbeat's values that ``status.progress`` has a field of the same name for (reward, loss,
 #: checkpoint, best_checkpoint, best_metric), derived from the two models: a field added to both is
-#: carried, under the status field's alias, with no table to update. ``step`` and ``evaluation`` are
-#: set on their own.
+#: carried, under the status field's alias, with no table to update. ``step``, ``evaluation`` and ``health``
+#: are set on their own.
 REPORTED_FIELDS = tuple(name for name in HeartbeatBody.model_fields
-                        if name in Progress.model_fields and name not in ("step", "evaluation"))
+                        if name in Progress.model_fields and name not in ("step", "evaluation", "health"))
+
+
+#: The reason of the Warning Event of each tripped health signal: its name in CamelCase (EntropyCollapse, ...).
+HEALTH_EVENT_REASONS = {signal.value: signal.value[0].upper() + signal.value[1:] for signal in HealthSignal}
+
+
+def health_progress(reports: list[HealthReport]) -> list[dict[str, Any]]:
+    """``status.progress.health`` from a heartbeat's health reports (validated and bounded by ``HeartbeatBody``:
+    one per known signal, finite numbers), each with its message written here, never taken from the pod."""
+    return [HealthWarning(signal=r.signal, step=r.step, last_step=r.last_step, active=r.active, value=r.value,
+                          threshold=r.threshold, message=r.message()).model_dump(by_alias=True, mode="json")
+            for r in reports]
+
+
+def newly_tripped(body: HeartbeatBody) -> list[HealthReport]:
+    """The health signals that tripped at this heartbeat's step: each becomes one Warning Event (a signal that
+    stays active is not told again; a heartbeat the trainer coalesced away costs its Event, never the status)."""
+    return [r for r in body.health or [] if r.active and r.step == body.step]
 
 
 def _progress_key(name: str) -> str:
@@ -199,6 +229,8 @@ def heartbeat_progress(body: HeartbeatBody, now: datetime) -> dict[str, Any]:
             progress[_progress_key(name)] = value
     if body.evaluation is not None:
         progress[_progress_key("evaluation")] = evaluation_progress(body.evaluation)
+    if body.health is not None:
+        progress[_progress_key("health")] = health_progress(body.health)
     return progress
 
 
@@ -541,8 +573,10 @@ class StatusAPI:
             if e.status == 404:
                 return _error(404, f"{KIND} {namespace}/{name} not found")
             raise
-        if body.warnings:
-            await self._run(self._warning_events, namespace, name, body.warnings)
+        events = [("CheckpointFallback", w) for w in body.warnings]
+        events += [(HEALTH_EVENT_REASONS[r.signal], r.message()) for r in newly_tripped(body)]
+        if events:
+            await self._run(self._warning_events, namespace, name, events)
         metrics.HEARTBEATS.labels(result="accepted").inc()
         return web.json_response({"accepted": True}, status=202)
 
@@ -562,8 +596,9 @@ class StatusAPI:
         return _error(429, f"heartbeat rate limit of job {namespace}/{name}: {self.limits.rate_per_job:g} per "
                            f"second (burst {self.limits.burst_per_job}); retry later", wait)
 
-    def _warning_events(self, namespace: str, name: str, warnings: list[str]) -> None:
-        """A trainer's resume fell back (corrupt checkpoint, unreachable primary): tell people.
+    def _warning_events(self, namespace: str, name: str, warnings: list[tuple[str, str]]) -> None:
+        """A trainer's resume fell back (corrupt checkpoint, unreachable primary), or a health signal tripped:
+        tell people (``warnings``: reason and message of each).
 
         Through the ``EventRecorder``: repeats are counted on one Event, and a job's pods cannot cause
         more Events than its rate (``cluster.events``), whatever they send. The job (for its uid) is
@@ -576,11 +611,11 @@ class StatusAPI:
         if job is None:
             return
         now, clock = rfc3339(datetime.now(UTC)), time.monotonic()
-        for message in warnings:
+        for reason, message in warnings:
             try:
-                self.events.record(job, "Warning", "CheckpointFallback", message, now, clock)
+                self.events.record(job, "Warning", reason, message, now, clock)
             except ApiException as e:  # an Event is worth a log line, not a refused heartbeat
-                log.warning("cannot post CheckpointFallback event for %s/%s: %s", namespace, name, e)
+                log.warning("cannot post %s event for %s/%s: %s", reason, namespace, name, e)
 
     async def get_status(self, request: web.Request, namespace: str, name: str) -> web.Response:
         """Job ``namespace/name``'s status for a caller who may get it (names already checked)."""
