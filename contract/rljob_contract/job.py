@@ -26,7 +26,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_snake
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from rljob_contract import yamltext
+from rljob_contract import version, yamltext
 from rljob_contract.health import MAX_HEALTH_REPORTS, HealthSignal
 from rljob_contract.plugins.algorithms import ALGORITHMS
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
@@ -66,7 +66,8 @@ EXPERIMENT_LABEL = "rljob.dev/experiment"
 #: ``rljob_operator.decisions.curve`` thins the curve to it.
 MAX_CURVE_POINTS = 100
 CATEGORIES = ["all", "rljob"]
-DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
+#: The trainer image of this release (its tag is rljob's version, ``rljob_contract.version``).
+DEFAULT_IMAGE = f"ghcr.io/rljob/trainer:{version.VERSION}"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: A worker's grace period when neither the job nor its runtime says.
 DEFAULT_GRACE_SECONDS = 120

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.waiting import wait_for
+from tests.e2e.conftest import image_values
 from tests.e2e.test_real_node_jobs_cluster import (
     RUNTIMES_RELEASE,
     S3_KEYS,
@@ -46,7 +47,7 @@ def tracking_server(real_node: Any, tmp_path: Path) -> Iterator[MlflowServer]:
 
 @pytest.fixture
 def tracked_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str],
-                     tracking_server: MlflowServer) -> Iterator[str]:
+                     tracking_server: MlflowServer, trainer_image: str) -> Iterator[str]:
     """The chart's runtimes with the e2e values, checkpoints in the test's bucket, and the runtime "cpu" pointing
     its trainers at the tracking server: MLFLOW_TRACKING_URI, and MLFLOW_TRACKING_TOKEN from the Secret
     ``mlflow-token`` of the job's namespace. Yields the namespace's checkpoint prefix in the bucket."""
@@ -56,7 +57,7 @@ def tracked_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, s
            {"name": "MLFLOW_TRACKING_TOKEN", "valueFrom": {"secretKeyRef": {"name": "mlflow-token", "key": "token"}}}]
     manifest = chart_runtimes_yaml(namespace, "--set-json", f"runtimes.checkpoint={json.dumps(storage)}",
                                    "--set-json", "runtimes.cpu.spec.podTemplate.spec.containers="
-                                   + json.dumps([{"name": "trainer", "env": env}]))
+                                   + json.dumps([{"name": "trainer", "env": env}]), *image_values(trainer_image))
     kubectl = [str(real_node.bin / "kubectl"), "--kubeconfig", str(real_node.admin_kubeconfig)]
     subprocess.run([*kubectl, "apply", "-f", "-"], input=manifest, text=True, check=True, capture_output=True)
     try:
@@ -69,9 +70,9 @@ def tracked_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, s
 
 def test_a_job_on_the_real_node_is_tracked_through_its_runtime_and_rljob_history_lists_it_once_deleted(
         real_node: Any, kube: Any, namespace: str, operator: Any, bucket: tuple[MotoServer, str],
-        tracking_server: MlflowServer, tracked_runtimes: str) -> None:
+        tracking_server: MlflowServer, tracked_runtimes: str, trainer_image: str) -> None:
     server, bucket_name = bucket
-    operator(status_host=real_node.real_node.gateway, env=chart_profile_env())
+    operator(status_host=real_node.real_node.gateway, env=chart_profile_env(trainer_image))
     s3_secret(kube, namespace)
     kube.request("POST", kube.core_path(namespace, "secrets"), {
         "metadata": {"name": "mlflow-token"}, "data": {"token": base64.b64encode(b"not-checked-here").decode()}})
@@ -88,7 +89,7 @@ def test_a_job_on_the_real_node_is_tracked_through_its_runtime_and_rljob_history
     assert run.info.status == "FINISHED"
     assert run.data.params["spec.training.maxSteps"] == str(STEPS)
     assert run.data.tags["rljob.namespace"] == namespace and run.data.tags["rljob.job"] == "tracked"
-    assert run.data.tags["rljob.image"] == "localhost/rljob-trainer:dev"
+    assert run.data.tags["rljob.image"] == trainer_image  # by digest, from the session's registry
     assert run.data.tags["rljob.best_checkpoint"].startswith(f"s3://{bucket_name}/{tracked_runtimes}/tracked/")
     steps = [m.step for m in tracking_server.client().get_metric_history(run.info.run_id, "reward")]
     assert steps == list(range(1, STEPS + 1))
