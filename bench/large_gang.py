@@ -61,6 +61,7 @@ class GangRecorder:
         self.lock = threading.Lock()
         self.pods: dict[str, dict[str, Any]] = {}
         self.phases: list[tuple[float, str]] = []
+        self.pod_events: list[float] = []  # when each pod watch event arrived (what the operator's watch sees too)
 
     def on_pod(self, t: float, kind: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -68,6 +69,7 @@ class GangRecorder:
         if scale.LABEL_WORKER_INDEX not in labels:
             return
         with self.lock:
+            self.pod_events.append(t)
             rec = self.pods.setdefault(meta["uid"], {"index": int(labels[scale.LABEL_WORKER_INDEX]),
                                                      "name": meta["name"], "created": t})
             if scale.pod_ready(pod):
@@ -98,6 +100,10 @@ class GangRecorder:
             if self.phases and self.phases[-1][1] == "Running" and self.phases[-1][0] > after:
                 return self.phases[-1][0]
             return None
+
+    def pod_events_between(self, start: float, end: float) -> int:
+        with self.lock:
+            return sum(1 for t in self.pod_events if start <= t < end)
 
     def left_running_after(self, after: float) -> bool:
         with self.lock:
@@ -137,6 +143,7 @@ def fail_workers(kube: Any, namespace: str, recorder: GangRecorder, indexes: lis
     snap_idle = meter.snapshot()
     time.sleep(IDLE_S)
     snap_start = meter.snapshot()
+    reconciles_before = operator.reconciles()
     t_inject = time.time()
     victims = {i: before[i] for i in indexes}
     scale.inject_on_schedule(lambda i: scale.fail_pod(kube, namespace, victims[i]["name"], "1"), indexes, 0.0)
@@ -151,6 +158,8 @@ def fail_workers(kube: Any, namespace: str, recorder: GangRecorder, indexes: lis
     time.sleep(max(0.0, (t_back or time.time()) + SETTLE_S - time.time()))
     snap_end = meter.snapshot()
     t_end = time.time()
+    reconciles = {k: round(v - reconciles_before.get(k, 0.0), 3) for k, v in operator.reconciles().items()
+                  if k in ("ok", "error", "seconds")}
     after = recorder.live()
     with recorder.lock:
         failed = {i: recorder.pods[victims[i]["uid"]].get("failed") for i in indexes}
@@ -176,6 +185,7 @@ def fail_workers(kube: Any, namespace: str, recorder: GangRecorder, indexes: lis
         "requests_per_failure": round(requests["total"] / count, 2),
         "idle_requests_per_s": round(idle["total"] / max(t_inject - t_idle, 1e-9), 2),
         "cpu_s": cpu, "idle_cpu_s": idle_cpu,
+        "operator_reconciles": reconciles, "pod_watch_events": recorder.pod_events_between(t_inject, t_end),
         "operator_cpu_ms_per_failure": round(1000 * cpu.get("operator", float("nan")) / count, 1),
         "idle_operator_cpu_ms_per_s": round(1000 * idle_cpu.get("operator", float("nan"))
                                             / max(t_inject - t_idle, 1e-9), 1),
@@ -272,6 +282,9 @@ FIGURES = [
     ("10 at once → replacements Ready max, s", "burst_failures.replacement_ready_s.max"),
     ("10 at once → job Running again, s", "burst_failures.job_running_again_s"),
     ("10 at once: other pods replaced", "burst_failures.other_pods_changed"),
+    ("one failure: the operator's reconciles", "one_failure.operator_reconciles.ok"),
+    ("one failure: seconds in reconciles", "one_failure.operator_reconciles.seconds"),
+    ("one failure: pod watch events", "one_failure.pod_watch_events"),
     ("10 at once: operator API requests per failure", "burst_failures.requests_per_failure"),
     ("10 at once: operator CPU per failure, ms", "burst_failures.operator_cpu_ms_per_failure"),
     ("idle (before the failures): operator API requests/s", "burst_failures.idle_requests_per_s"),
