@@ -20,10 +20,13 @@ object storage (``s3://``: durable, so a failed worker other than worker 0 is re
 The summary puts both sizes side by side with the ratio N=1,000 ÷ N=100: requests and CPU per
 failure should not grow with the gang (ratio ≈ 1); what the status holds per worker does.
 
-Kubeflow's training operator's 1,000-worker PyTorchJob is not run here (``bench/peer_scale.py``
-has the peer; its binary is built by ``tools/build-binaries.sh --peers``).
+With ``--peer``, Kubeflow's training operator (``bench/peer_scale.py``'s process, RBAC and webhook set-up)
+runs a PyTorchJob of the same shape at each size too (Master × 1 + Worker × (N - 1), 8 GPUs each,
+``restartPolicy: ExitCode``, failures exit 137), alternating which side goes first; each run in its own
+namespace, deleted before the next. The peer replaces the failed pod under its name; its job is back when
+the replacement is Ready (its Running condition need not drop for one pod).
 
-    python -m bench.large_gang [--sizes 100 1000] [--burst-failures 10] [--node-grace 120]
+    python -m bench.large_gang [--sizes 100 1000] [--burst-failures 10] [--node-grace 120] [--peer]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 import psutil
 
 from bench import operator_scale as scale
+from bench import peer_scale
 from bench.common import write_result
 from tests.cluster.controlplane import ClusterConfig
 from tests.cluster.nodes import GPU_RESOURCE, GpuNodeShape
@@ -57,7 +61,8 @@ JOB = "large"
 class GangRecorder:
     """Each worker pod (by UID) and when it was created, Ready, failed, deleted; the job's phases in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, side: Any) -> None:
+        self.side = side
         self.lock = threading.Lock()
         self.pods: dict[str, dict[str, Any]] = {}
         self.phases: list[tuple[float, str]] = []
@@ -65,12 +70,12 @@ class GangRecorder:
 
     def on_pod(self, t: float, kind: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
-        labels = meta.get("labels") or {}
-        if scale.LABEL_WORKER_INDEX not in labels:
+        index = self.side.index(meta.get("labels") or {})
+        if index is None:
             return
         with self.lock:
             self.pod_events.append(t)
-            rec = self.pods.setdefault(meta["uid"], {"index": int(labels[scale.LABEL_WORKER_INDEX]),
+            rec = self.pods.setdefault(meta["uid"], {"index": index,
                                                      "name": meta["name"], "created": t})
             if scale.pod_ready(pod):
                 rec.setdefault("ready", t)
@@ -80,7 +85,7 @@ class GangRecorder:
                 rec.setdefault("deleted", t)
 
     def on_job(self, t: float, kind: str, job: dict[str, Any]) -> None:
-        phase = (job.get("status") or {}).get("phase") or ""
+        phase = self.side.phase(job)
         with self.lock:
             if not self.phases or self.phases[-1][1] != phase:
                 self.phases.append((t, phase))
@@ -118,12 +123,74 @@ def large_job(n: int) -> dict[str, Any]:
     return doc
 
 
-def job_shape(kube: Any, namespace: str) -> dict[str, Any]:
+class RLJobGang:
+    """rljob's operator and one RLTrainingJob (``large_job``); the job is back once its phase turns Running."""
+
+    name, kind, user, exit_code = "rljob", "RLTrainingJob", scale.OPERATOR_USER, "1"
+    back_when_running = True
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+
+    def jobs_path(self, namespace: str) -> str:
+        return scale.Kube.job_path(namespace)
+
+    def manifest(self, n: int) -> dict[str, Any]:
+        return large_job(n)
+
+    def index(self, labels: dict[str, str]) -> int | None:
+        return int(labels[scale.LABEL_WORKER_INDEX]) if scale.LABEL_WORKER_INDEX in labels else None
+
+    def phase(self, job: dict[str, Any]) -> str:
+        return str((job.get("status") or {}).get("phase") or "")
+
+    def controller(self, namespace: str, log: Path) -> Any:
+        return scale.OperatorProcess(self.kubeconfig, namespace, log)
+
+
+class KubeflowGang:
+    """Kubeflow's training operator (``bench/peer_scale.py``) and one PyTorchJob of the same shape: Master × 1 +
+    Worker × (N - 1), 8 GPUs each, ``restartPolicy: ExitCode``; index 0 is the master. A failure exits 137
+    (retryable for it). Its job's Running condition may never drop for one pod, so a replacement is back once
+    Ready."""
+
+    name, kind, user, exit_code = "kubeflow", "PyTorchJob", peer_scale.PEER_USER, peer_scale.FAILURE_EXIT_CODE
+    back_when_running = False
+
+    def __init__(self, kube: Any, binary: Path, kubeconfig: Path, threads: int) -> None:
+        self.kube, self.binary, self.kubeconfig, self.threads = kube, binary, kubeconfig, threads
+
+    def jobs_path(self, namespace: str) -> str:
+        return f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs"
+
+    def manifest(self, n: int) -> dict[str, Any]:
+        doc = peer_scale.pytorchjob_manifest(JOB)
+        specs = doc["spec"]["pytorchReplicaSpecs"]
+        specs["Worker"]["replicas"] = n - 1
+        for spec in specs.values():
+            spec["template"]["spec"]["containers"][0]["resources"]["limits"][GPU_RESOURCE] = GPUS_PER_WORKER
+        return doc
+
+    def index(self, labels: dict[str, str]) -> int | None:
+        if peer_scale.LABEL_JOB_NAME not in labels or peer_scale.LABEL_REPLICA_INDEX not in labels:
+            return None
+        master = labels.get(peer_scale.LABEL_REPLICA_TYPE, "").lower() == "master"
+        return int(labels[peer_scale.LABEL_REPLICA_INDEX]) + (0 if master else 1)
+
+    def phase(self, job: dict[str, Any]) -> str:
+        return peer_scale.PeerRecorder().job_state(job)[0]
+
+    def controller(self, namespace: str, log: Path) -> Any:
+        return peer_scale.TrainingOperatorProcess(self.kube, self.binary, self.kubeconfig, namespace, log,
+                                                  self.threads)
+
+
+def job_shape(kube: Any, namespace: str, side: Any) -> dict[str, Any]:
     """The job object's size and what its status holds; the Events about the job."""
-    job = kube.request("GET", f"{kube.job_path(namespace)}/{JOB}")
+    job = kube.request("GET", f"{side.jobs_path(namespace)}/{JOB}")
     status = job.get("status") or {}
     events = kube.request("GET", kube.core_path(namespace, "events"), query={
-        "fieldSelector": f"involvedObject.kind=RLTrainingJob,involvedObject.name={JOB}"})["items"]
+        "fieldSelector": f"involvedObject.kind={side.kind},involvedObject.name={JOB}"})["items"]
     return {"object_bytes": len(json.dumps(job, separators=(",", ":"))),
             "status_bytes": len(json.dumps(status, separators=(",", ":"))),
             "status_keys": sorted(status),
@@ -146,15 +213,23 @@ def fail_workers(kube: Any, namespace: str, recorder: GangRecorder, indexes: lis
     reconciles_before = operator.reconciles()
     t_inject = time.time()
     victims = {i: before[i] for i in indexes}
-    scale.inject_on_schedule(lambda i: scale.fail_pod(kube, namespace, victims[i]["name"], "1"), indexes, 0.0)
+    side = recorder.side
+    scale.inject_on_schedule(lambda i: scale.fail_pod(kube, namespace, victims[i]["name"], side.exit_code),
+                             indexes, 0.0)
+
+    def ready_again() -> float | None:
+        """When the last replacement turned Ready; None while one is not."""
+        live = recorder.live()
+        if not all(i in live and live[i]["uid"] != victims[i]["uid"] and "ready" in live[i] for i in indexes):
+            return None
+        return max(live[i]["ready"] for i in indexes)
 
     def replaced() -> bool:
-        live = recorder.live()
-        return (all(i in live and live[i]["uid"] != victims[i]["uid"] and "ready" in live[i] for i in indexes)
-                and recorder.running_since(t_inject) is not None)
+        return ready_again() is not None and (not side.back_when_running
+                                              or recorder.running_since(t_inject) is not None)
 
     done = scale.wait_until(replaced, timeout, [operator.check_alive], f"{len(indexes)} replacements Ready")
-    t_back = recorder.running_since(t_inject) if done else time.time()
+    t_back = (recorder.running_since(t_inject) if side.back_when_running else ready_again()) if done else time.time()
     time.sleep(max(0.0, (t_back or time.time()) + SETTLE_S - time.time()))
     snap_end = meter.snapshot()
     t_end = time.time()
@@ -192,16 +267,16 @@ def fail_workers(kube: Any, namespace: str, recorder: GangRecorder, indexes: lis
     }
 
 
-def run_size(plane: scale.BenchControlPlane, kube: Any, kubeconfig: Path, audit: scale.AuditLog,
+def run_size(plane: scale.BenchControlPlane, kube: Any, side: Any, audit: scale.AuditLog,
              meter: scale.Meter, n: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     """One job of ``n`` workers with a fresh operator in a fresh namespace: start, one failure, a burst of failures."""
-    namespace = f"large-gang-{n}"
+    namespace = f"large-gang-{side.name}-{n}"
     scale.create_namespace(kube, namespace)
-    recorder = GangRecorder()
+    recorder = GangRecorder(side)
     watches = [scale.Watch(plane, f"/api/v1/namespaces/{namespace}/pods", recorder.on_pod),
-               scale.Watch(plane, kube.job_path(namespace), recorder.on_job)]
-    operator = scale.OperatorProcess(kubeconfig, namespace, logs / f"operator-{n}.log")
-    result: dict[str, Any] = {"workers": n, "gpus_per_worker": GPUS_PER_WORKER, "namespace": namespace}
+               scale.Watch(plane, side.jobs_path(namespace), recorder.on_job)]
+    operator = side.controller(namespace, logs / f"{side.name}-{n}.log")
+    result: dict[str, Any] = {"side": side.name, "workers": n, "gpus_per_worker": GPUS_PER_WORKER, "namespace": namespace}
     try:
         for w in watches:
             w.start()
@@ -211,13 +286,13 @@ def run_size(plane: scale.BenchControlPlane, kube: Any, kubeconfig: Path, audit:
         operator.wait_leader(timeout=90)
         time.sleep(2)
         snap = meter.snapshot()
-        print(f"N={n}: applying one job of {n} workers × {GPUS_PER_WORKER} GPUs", flush=True)
+        print(f"N={n} ({side.name}): applying one job of {n} workers × {GPUS_PER_WORKER} GPUs", flush=True)
         t_apply = time.time()
-        kube.request("POST", kube.job_path(namespace), large_job(n))
+        kube.request("POST", side.jobs_path(namespace), side.manifest(n))
 
         def started() -> bool:
             live = recorder.live()
-            return len(live) == n and all("ready" in p for p in live.values()) and recorder.running_since(t_apply)
+            return len(live) == n and all("ready" in p for p in live.values()) and recorder.running_since(t_apply) is not None
 
         up = scale.wait_until(started, args.timeout, [operator.check_alive], f"{n} workers Ready, job Running")
         live = recorder.live()
@@ -231,19 +306,19 @@ def run_size(plane: scale.BenchControlPlane, kube: Any, kubeconfig: Path, audit:
             "api_requests": requests, "cpu_s": cpu, "operator_rss_kib": scale._proc_status(operator.pid)}
         print(f"  created in {result['start']['all_pods_created_s']}s, Running in {result['start']['job_running_s']}s",
               flush=True)
-        result["shape_started"] = job_shape(kube, namespace)
+        result["shape_started"] = job_shape(kube, namespace, side)
         if not up:
             return result
         rng = random.Random(args.seed)
         single = [n // 2]
         result["one_failure"] = fail_workers(kube, namespace, recorder, single, audit, meter, operator, args.timeout)
-        result["shape_after_one"] = job_shape(kube, namespace)
+        result["shape_after_one"] = job_shape(kube, namespace, side)
         print(f"  one failure: replacement Ready in {result['one_failure']['replacement_ready_s']['max']}s, "
               f"{result['one_failure']['requests_per_failure']} requests", flush=True)
         burst = rng.sample([i for i in range(1, n) if i not in single], min(args.burst_failures, n - 2))
         result["burst_failures"] = fail_workers(kube, namespace, recorder, sorted(burst), audit, meter, operator,
                                                 args.timeout)
-        result["shape_after_burst"] = job_shape(kube, namespace)
+        result["shape_after_burst"] = job_shape(kube, namespace, side)
         print(f"  {len(burst)} failures: replacements Ready p99 "
               f"{result['burst_failures']['replacement_ready_s']['p99']}s, "
               f"{result['burst_failures']['requests_per_failure']} requests per failure", flush=True)
@@ -299,16 +374,34 @@ FIGURES = [
 ]
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{b / a:.2f}×" if a and b is not None else "—"
+
+
 def summary_rows(runs: list[dict[str, Any]], load: float) -> list[dict[str, Any]]:
-    """Per figure: each size's value and the ratio largest ÷ smallest (≈ 1: does not grow with the gang)."""
-    small, large = runs[0], runs[-1]
+    """Per side and figure: each size's value and the ratio largest ÷ smallest (≈ 1: does not grow with the
+    gang); with the peer, per size and figure: rljob's, the peer's, and the ratio peer ÷ rljob (> 1: rljob better)."""
+    where = f"one job × {GPUS_PER_WORKER} GPUs/worker (load {load:.1f} on {os.cpu_count()} cores)"
     rows = []
-    for label, path in FIGURES:
-        a, b = _pick(small, path), _pick(large, path)
-        ratio = f"{b / a:.2f}×" if a and b is not None else "—"
-        rows.append({"metric": f"one job × {GPUS_PER_WORKER} GPUs/worker (load {load:.1f} on {os.cpu_count()} cores): "
-                               f"{label} — N={small['workers']} / N={large['workers']} (ratio)",
-                     "value": f"{a} / {b} ({ratio})", "unit": ""})
+    sides = list(dict.fromkeys(r["side"] for r in runs))
+    for side in sides:
+        mine = [r for r in runs if r["side"] == side]
+        small, large = mine[0], mine[-1]
+        tag = "" if side == "rljob" else f" [{side}]"
+        for label, path in FIGURES:
+            a, b = _pick(small, path), _pick(large, path)
+            rows.append({"metric": f"{where}{tag}: {label} — N={small['workers']} / N={large['workers']} (ratio)",
+                         "value": f"{a} / {b} ({_ratio(a, b)})", "unit": ""})
+    if "kubeflow" in sides and "rljob" in sides:
+        for n in dict.fromkeys(r["workers"] for r in runs):
+            ours = next(r for r in runs if r["side"] == "rljob" and r["workers"] == n)
+            peer = next(r for r in runs if r["side"] == "kubeflow" and r["workers"] == n)
+            for label, path in FIGURES:
+                a, b = _pick(ours, path), _pick(peer, path)
+                if a is None and b is None:
+                    continue
+                rows.append({"metric": f"{where}, N={n}: {label} — rljob / Kubeflow (ratio Kubeflow ÷ rljob)",
+                             "value": f"{a} / {b} ({_ratio(a, b)})", "unit": ""})
     return rows
 
 
@@ -323,6 +416,10 @@ def main() -> None:
     p.add_argument("--kwok-parallelism", type=int, default=4, help="pod stages KWOK plays at once")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result", default="large_gang", help="write bench/results/RESULT.json")
+    p.add_argument("--peer", action="store_true",
+                   help="also Kubeflow's training operator's PyTorchJob of each size (alternating which goes first; "
+                        "its binary: tools/build-binaries.sh --peers, ~6 min once)")
+    p.add_argument("--peer-threads", type=int, default=1, help="the training operator's --controller-threads")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     sizes = sorted(a.sizes)
@@ -330,7 +427,9 @@ def main() -> None:
     config = ClusterConfig(gpu_nodes=nodes, node_shape=GpuNodeShape(gpus=GPUS_PER_WORKER),
                            node_monitor_grace_s=a.node_grace, start_timeout_s=900,
                            kwok_pod_parallelism=a.kwok_parallelism)
-    plane = scale.BenchControlPlane(config, a.scheduler_qps)
+    peer = (peer_scale.peer_binary(), peer_scale.peer_module_dir()) if a.peer else None
+    plane = scale.BenchControlPlane(config, a.scheduler_qps,
+                                    audit_users=[scale.OPERATOR_USER] + ([peer_scale.PEER_USER] if peer else []))
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     started = time.time()
@@ -342,11 +441,14 @@ def main() -> None:
             api_client = plane.api_client()
             kube = scale.Kube(api_client)
             scale.install_crd(kube)
-            kubeconfig = scale.operator_kubeconfig(plane, kube)
-            audit, meter = scale.AuditLog(plane.audit_log), scale.Meter(plane)
+            sides: list[Any] = [RLJobGang(scale.operator_kubeconfig(plane, kube))]
+            if peer is not None:
+                sides.append(KubeflowGang(kube, peer[0], peer_scale.install_peer(plane, kube, peer[1]), a.peer_threads))
+            audits = {s.name: scale.AuditLog(plane.audit_log, s.user) for s in sides}
+            meter = scale.Meter(plane)
             for i, n in enumerate(sizes):
-                runs.append(run_size(plane, kube, kubeconfig, audit, meter, n, a, Path(tmp)))
-                if i < len(sizes) - 1:
+                for side in sides if i % 2 == 0 else sides[::-1]:
+                    runs.append(run_size(plane, kube, side, audits[side.name], meter, n, a, Path(tmp)))
                     scale.delete_namespace(kube, runs[-1]["namespace"], timeout=max(120, n))
             api_client.close()
         finally:
@@ -360,7 +462,9 @@ def main() -> None:
                    "kwok_pod_parallelism": a.kwok_parallelism, "idle_window_s": IDLE_S, "settle_s": SETTLE_S,
                    "operator": f"defaults ({scale.OperatorSettings.workers} reconcile workers, leader election); "
                                "a service account bound to cluster-admin",
-                   "peer": "not run (Kubeflow's training operator: bench/peer_scale.py; its binary was not built)",
+                   "peer": (f"training-operator {peer[1].name.split('@')[1]}, --controller-threads={a.peer_threads}, "
+                            "client 20 req/s burst 30, no leader election, webhook disabled (bench/peer_scale.py)")
+                           if peer else "not run (--peer)",
                    "source": scale.source_state(),
                    "load_average_before": [round(x, 2) for x in load_before],
                    "load_average_after": [round(x, 2) for x in os.getloadavg()],
