@@ -35,8 +35,10 @@ test-fast: venv ## Unit tests only (no torchrun, no cluster)
 # hash differs is checked again, so clones with other code share it safely.
 MYPY_CACHE_DIR ?= $(or $(RLJOB_CACHE),$(HOME)/.cache/rljob)/mypy
 
-lint: venv ## ruff and mypy
+# actionlint is one of the pinned Go tools (tools/actionlint, built by `make binaries`).
+lint: venv binaries ## ruff, mypy and actionlint (.github/workflows)
 	.venv/bin/ruff check rljob contract operator trainer tests bench charts/rljob/hack tools
+	$$(tools/build-binaries.sh --check)/actionlint
 	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) .venv/bin/mypy rljob contract/rljob_contract operator/rljob_operator trainer/rljob_trainer/checkpoints trainer/rljob_trainer/algorithms \
 		trainer/rljob_trainer/rewards.py trainer/rljob_trainer/errors.py trainer/rljob_trainer/builtin/rewards.py \
 		trainer/rljob_trainer/evaluation.py

@@ -13,7 +13,7 @@ TOOLS_BIN = $(shell tools/build-binaries.sh --check 2>/dev/null)
 
 .PHONY: binaries real-node-binaries dev-cluster dev-cluster-down dev-cluster-status e2e
 
-binaries: ## Build or reuse etcd, Kubernetes v1.37.2, kwok, helm, promtool and Kueue
+binaries: ## Build or reuse etcd, Kubernetes v1.37.2, kwok, helm, promtool, Kueue, the registry and actionlint
 	@tools/build-binaries.sh
 
 # On demand only: not in `binaries`, so CI's cold build does not grow.
@@ -21,8 +21,10 @@ real-node-binaries: ## Install the real node's Debian packages (root) and build 
 	@tools/real-node-deps.sh
 	@tools/build-binaries.sh --real-node >/dev/null
 
-dev-cluster: binaries $(if $(filter 1,$(REAL_NODE)),real-node-binaries) $(PY) ## Start a local control plane with fake 8-GPU nodes (GPU_NODES=4; KUEUE=1 adds Kueue; REAL_NODE=1 a real node, as root); KUBECONFIG=.dev-cluster/kubeconfig
-	$(PY) -m tests.cluster up --gpu-nodes $(GPU_NODES) $(if $(filter 1,$(KUEUE)),--kueue) $(if $(filter 1,$(REAL_NODE)),--real-node)
+# REGISTRY=1: an OCI registry too (tests/cluster/registry.py), which `make release` pushes to and the real node
+# pulls from. (`make release REGISTRY=<host>/<path>` names a registry instead: only "1" means "start one".)
+dev-cluster: binaries $(if $(filter 1,$(REAL_NODE)),real-node-binaries) $(PY) ## Start a local control plane with fake 8-GPU nodes (GPU_NODES=4; KUEUE=1 adds Kueue; REAL_NODE=1 a real node, as root; REGISTRY=1 an OCI registry); KUBECONFIG=.dev-cluster/kubeconfig
+	$(PY) -m tests.cluster up --gpu-nodes $(GPU_NODES) $(if $(filter 1,$(KUEUE)),--kueue) $(if $(filter 1,$(REAL_NODE)),--real-node) $(if $(filter 1,$(REGISTRY)),--registry)
 
 dev-cluster-down: $(PY) ## Stop the dev cluster and remove .dev-cluster/
 	$(PY) -m tests.cluster down

@@ -1,8 +1,14 @@
 # Schema: TRL's config fields, generated at build time so `rljob validate` and the operator check
 # spec.training.trl without importing torch or TRL (contract/rljob_contract/trl_fields.py, committed).
-.PHONY: generate trl-fields check-trl-fields docs-reference check-docs-reference
+.PHONY: generate version check-version trl-fields check-trl-fields docs-reference check-docs-reference
 
-generate: trl-fields crd chart-crds admission-policies docs-reference ## Regenerate every generated file (TRL fields, the CRD and its copies, the admission policies' reference checks, docs/reference/)
+generate: version trl-fields crd chart-crds admission-policies docs-reference ## Regenerate every generated file (the version everywhere, TRL fields, the CRD and its copies, the admission policies' reference checks, docs/reference/)
+
+version: $(PY) ## Carry pyproject.toml's version to the chart, the CRDs' label, the manifests and rljob_contract.version
+	$(PY) tools/gen_version.py
+
+check-version: $(PY) ## Fail when a file states another version than pyproject.toml's
+	$(PY) tools/gen_version.py --check
 
 trl-fields: $(PY) ## Regenerate contract/rljob_contract/trl_fields.py from the installed TRL
 	$(PY) trainer/hack/gen_trl_fields.py

@@ -28,6 +28,8 @@ from rljob_contract.job import ManifestError, load_job, parse_job, read_document
 from rljob_contract.pod import EXIT_PERMANENT, METRICS_PORT_ENV
 from rljob_contract.spec import DEFAULT_BEST_METRIC
 
+from rljob.history import add_history_parser
+
 if TYPE_CHECKING:
     from rljob_contract.runtime import TrainingRuntime
     from rljob_operator.settings import OperatorSettings
@@ -517,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_operator_parser(sub)
     add_checkpoints_parser(sub)
     add_evaluate_parser(sub)
+    add_history_parser(sub, _storage_errors)
 
     p = sub.add_parser("experiment", help="run an RLExperiment's trials (A/B test or search) on this machine")
     p.add_argument("manifest")

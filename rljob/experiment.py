@@ -32,7 +32,7 @@ from rljob_contract.experiment import (
     TrialPhase,
     TrialStatus,
 )
-from rljob_contract.pod import METRICS_LOG, PROGRESS_ENV
+from rljob_contract.pod import METRICS_LOG, PROGRESS_ENV, TRACKING_PARENT_RUN_ENV
 from rljob_operator.experiments.health import collapse_prune_message, signals_from_logs
 from rljob_operator.experiments.leaderboard import standings
 from rljob_operator.experiments.objective import curve_from_logs, objective_value, thin
@@ -133,6 +133,7 @@ class LocalRunner:
         self.interrupted = False
         self.slots = gpu_slots(visible_gpus(), trial_world(experiment), parallel)
         self.threads = cpu_threads(os.cpu_count() or 1, trial_world(experiment), parallel)
+        self.parent_run: str | None = None  # the experiment's MLflow run (spec.training.tracking.mlflow)
 
     # ------------------------------------------------------------------------ the loop
 
@@ -140,6 +141,7 @@ class LocalRunner:
         """Run every trial (pruning on the way); the experiment's final status."""
         self.say(f"experiment {self.experiment.metadata.name}: {self.spec.total_trials} trial(s), "
                  f"{self.parallel} at once; output in {self.out}")
+        self.start_tracking()
         try:
             while True:
                 while len(self.running) < self.parallel and (trial := self.next_trial()) is not None:
@@ -154,6 +156,19 @@ class LocalRunner:
         finally:
             self.stop_all()
         return self.status()
+
+    def start_tracking(self) -> None:
+        """The experiment's parent run when the template tracks to MLflow: each trial becomes a child of it."""
+        if self.spec.template.training.tracking is None:
+            return
+        from rljob_trainer.tracking import start_experiment_run
+
+        self.parent_run, warning = start_experiment_run(self.spec.template.training.tracking,
+                                                        self.experiment.metadata.name, self.experiment.metadata.namespace)
+        if warning:
+            self.say(warning)
+        elif self.parent_run:
+            self.say(f"MLflow: the trials are child runs of run {self.parent_run}")
 
     def failed_too_often(self) -> bool:
         search = self.spec.search
@@ -180,6 +195,8 @@ class LocalRunner:
         # from its newest checkpoint, and the metrics log already holds the curve up to there.
         slot = min(set(range(self.parallel)) - {rt.slot for rt in self.running.values()})
         env = trial_env(dict(os.environ), self.slots[slot], self.threads)
+        if self.parent_run:
+            env[TRACKING_PARENT_RUN_ENV] = self.parent_run
         with log.open("wb") as f:
             proc = subprocess.Popen([sys.executable, "-m", "rljob", "train", str(manifest), "--output", str(folder)],
                                     stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -412,6 +429,13 @@ def run_experiment(experiment: RLExperiment, out: Path, parallel: int | None, st
     runner = LocalRunner(experiment, out, parallel or default_parallel(experiment, visible_gpus()), stream)
     status = runner.run()
     write_outputs(experiment, status, out)
+    if runner.parent_run:
+        from rljob_trainer.tracking import record_experiment
+
+        warning = record_experiment(runner.parent_run, status.model_dump(mode="json", exclude_none=True),
+                                    [out / "summary.json", out / "reward_curves.png"])
+        if warning:
+            print(f"rljob: {warning}", file=stream)
     print(leaderboard_table(experiment, status), file=stream)
     print(f"rljob: experiment {status.phase}: summary in {out / 'summary.json'}, curves in "
           f"{out / 'reward_curves.png'}", file=stream, flush=True)

@@ -95,6 +95,8 @@ PROMTOOL_VERSION="$(module_version promtool github.com/prometheus/prometheus)"
 KUEUE_VERSION="$(module_version kueue sigs.k8s.io/kueue)"
 TRAINING_OPERATOR_VERSION="$(module_version training-operator github.com/kubeflow/training-operator)"
 COREDNS_VERSION="$(module_version coredns github.com/coredns/coredns)"
+REGISTRY_VERSION="$(module_version registry github.com/distribution/distribution/v3)"
+ACTIONLINT_VERSION="$(module_version actionlint github.com/rhysd/actionlint)"
 
 # name|dir|version|binaries (space-separated "out=package" pairs)
 TOOLS=(
@@ -104,6 +106,8 @@ TOOLS=(
   "helm|helm|$HELM_VERSION|helm=helm.sh/helm/v3/cmd/helm"
   "promtool|promtool|$PROMTOOL_VERSION|promtool=github.com/prometheus/prometheus/cmd/promtool"
   "kueue|kueue|$KUEUE_VERSION|kueue=sigs.k8s.io/kueue/cmd/kueue"
+  "registry|registry|$REGISTRY_VERSION|registry=github.com/distribution/distribution/v3/cmd/registry"
+  "actionlint|actionlint|$ACTIONLINT_VERSION|actionlint=github.com/rhysd/actionlint/cmd/actionlint"
 )
 
 # Built only on demand (--peers): the operators the benchmarks compare rljob with.
@@ -146,6 +150,10 @@ ldflags_for() {
       echo "-X github.com/prometheus/common/version.Version=${v:0:1}.$((10#${v:1:2}))${v:3}" ;;
     kueue)
       echo "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" ;;
+    registry)
+      echo "-X github.com/distribution/distribution/v3/version.version=$version" ;;
+    actionlint)
+      echo "-X github.com/rhysd/actionlint.version=$version" ;;
     *) echo "" ;;
   esac
 }

@@ -26,7 +26,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_snake
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from rljob_contract import yamltext
+from rljob_contract import version, yamltext
 from rljob_contract.health import MAX_HEALTH_REPORTS, HealthSignal
 from rljob_contract.plugins.algorithms import ALGORITHMS
 from rljob_contract.pod import MAX_HEARTBEAT_METRICS, format_validation_error, validate_document
@@ -37,6 +37,7 @@ from rljob_contract.spec import (
     BUILTIN_MODELS,
     EVAL_PREFIX,
     K8S_NAME_PATTERN,
+    LABEL_VALUE_PATTERN,
     CheckpointCadence,
     CheckpointSpec,
     GenerationBatchError,
@@ -59,11 +60,14 @@ PLURAL = "rltrainingjobs"
 SINGULAR = "rltrainingjob"
 SHORT_NAMES = ["rltj"]
 
+#: The label an RLExperiment's trials carry: the experiment's name.
+EXPERIMENT_LABEL = "rljob.dev/experiment"
 #: Most points a job's status keeps (each ≤ ~40 + 32 metrics × ~40 bytes; far inside an object's size limit);
 #: ``rljob_operator.decisions.curve`` thins the curve to it.
 MAX_CURVE_POINTS = 100
 CATEGORIES = ["all", "rljob"]
-DEFAULT_IMAGE = "ghcr.io/rljob/trainer:0.1.0"
+#: The trainer image of this release (its tag is rljob's version, ``rljob_contract.version``).
+DEFAULT_IMAGE = f"ghcr.io/rljob/trainer:{version.VERSION}"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: A worker's grace period when neither the job nor its runtime says.
 DEFAULT_GRACE_SECONDS = 120
@@ -923,7 +927,13 @@ class RLTrainingJob(Model):
             world_size=self.world_size,
             output_dir=output_dir,
             sources=sources,
+            experiment=self.experiment(),
         )
+
+    def experiment(self) -> str | None:
+        """The RLExperiment this job is a trial of (its label), None when the label is absent or no label value."""
+        value = self.metadata.labels.get(EXPERIMENT_LABEL, "")
+        return value if len(value) <= 63 and re.match(LABEL_VALUE_PATTERN, value) else None
 
     def cadence(self) -> CheckpointSpec:
         """The trainer's checkpoint settings from the job alone: its cadence and retention, no storage."""

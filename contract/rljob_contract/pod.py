@@ -106,6 +106,25 @@ ERROR_FILE_ENV = "RLJOB_ERROR_FILE"
 #: cannot mean "my parent died" there.
 PARENT_PID_ENV = "RLJOB_PARENT_PID"
 
+# Experiment tracking (spec.training.tracking; rljob_trainer.tracking).
+
+#: The MLflow run an experiment's trials are child runs of (set by ``rljob experiment`` for its trials).
+TRACKING_PARENT_RUN_ENV = "RLJOB_MLFLOW_PARENT_RUN_ID"
+#: The trainer's image as the pod names it (a digest when the runtime pins one): a tag on the tracked run. Set
+#: on the workers of a job with spec.training.tracking only (:data:`TRACKING_ENV`).
+IMAGE_ENV = "RLJOB_IMAGE"
+#: Set besides OPERATOR_ENV on the workers of a job with spec.training.tracking.
+TRACKING_ENV = frozenset({IMAGE_ENV})
+#: What a heartbeat warning about a tracking server starts with: the operator's Event reason is then
+#: ``TrackingUnavailable`` (:func:`warning_reason`), not ``CheckpointFallback``.
+TRACKING_WARNING_PREFIX = "tracking: "
+
+
+def warning_reason(message: str) -> str:
+    """The Event reason of a heartbeat's warning: a tracking server left out, else a resume that fell back."""
+    return "TrackingUnavailable" if message.startswith(TRACKING_WARNING_PREFIX) else "CheckpointFallback"
+
+
 # Optional knobs (tests, laptops, special clusters).
 
 #: Rendezvous timeout in seconds (default 900).
@@ -326,7 +345,8 @@ class HeartbeatBody(BaseModel):
     final: bool = Field(False, description="The run ended: write status now, not at the next flush.")
     time: float | None = Field(None, description="Sender's clock, seconds since the epoch (informational).")
     warnings: list[str] = Field(default_factory=list, max_length=MAX_HEARTBEAT_WARNINGS,
-                                description="Resume fallbacks to report as Warning events.")
+                                description="Resume fallbacks and tracking servers left out, to report as Warning "
+                                            "events (warning_reason).")
     metrics: dict[str, float | None] | None = Field(
         None, max_length=MAX_HEARTBEAT_METRICS,
         description="Other metrics of the logged step by their TRL names (kl, rewards/<name>/mean, ...).")

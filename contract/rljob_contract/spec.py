@@ -106,6 +106,8 @@ def dataset_rules(at: str) -> list[Rule]:
 
 #: A Kubernetes object name (DNS-1123 subdomain), as a pattern the CRD carries too.
 K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: A Kubernetes label value (non-empty).
+LABEL_VALUE_PATTERN = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
 #: Largest reward module fetched from a ``uri`` source (a module, not a model: one mebibyte).
 MAX_REWARD_MODULE_BYTES = 1 << 20
 
@@ -459,6 +461,93 @@ def check_eval_metric(name: str, training: TrainingSpec) -> None:
         raise ValueError(f"{name!r} is not logged by spec.training.evaluation; it logs {', '.join(logged)}")
 
 
+#: An MLflow experiment's name: printable, no control characters (it travels in environment variables).
+TRACKING_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._/:@+-]*$"
+#: A W&B project or entity: W&B's own alphabet.
+WANDB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+#: Where an MLflow server is: http(s)://host[/path] with no user:password@ in it, or a file:// store.
+TRACKING_URI_PATTERN = r"^(https?://[^/@?#\s]+(/[^\s]*)?|file://[^\s]+)$"
+
+
+def _refuse_tracking_credentials(data: Any) -> Any:
+    """A credential-like key (``token``, ``apiKey``, ``password``) is refused with where the token goes."""
+    if isinstance(data, dict):
+        for key in data:
+            if isinstance(key, str) and CREDENTIAL_NAME_RE.search(key.replace("-", "_")):
+                raise ValueError(
+                    f"@{key}: credentials never go in the manifest (the trainer config is a ConfigMap); put the "
+                    "token (MLFLOW_TRACKING_TOKEN, WANDB_API_KEY) in a Secret that the runtime passes as an "
+                    "environment variable (its spec.podTemplate's trainer container env[].valueFrom.secretKeyRef)")
+    return data
+
+
+class MlflowTracking(Model):
+    """An MLflow tracking server, through transformers' own ``MLflowCallback`` (``report_to: mlflow``)."""
+
+    _no_credentials = model_validator(mode="before")(_refuse_tracking_credentials)
+
+    tracking_uri: str | None = Field(
+        None, min_length=1, max_length=2048, pattern=TRACKING_URI_PATTERN,
+        description=(
+            "http(s)://host[:port][/path] of the tracking server (or file:///path, a local store). Unset: "
+            "MLFLOW_TRACKING_URI from the trainer's environment (a runtime's podTemplate env points every job "
+            "at the platform's server), else MLflow's default (./mlruns). Never user:password@ in it: the "
+            "token comes from a Secret (MLFLOW_TRACKING_TOKEN in the runtime's podTemplate env)."
+        ),
+    )
+    experiment: str | None = Field(
+        None, min_length=1, max_length=256, pattern=TRACKING_NAME_PATTERN,
+        description="The MLflow experiment the run goes in (created if missing). Default: the job's name "
+                    "(an RLExperiment's trials: the experiment's name, each trial a child run of its run).",
+    )
+
+    @field_validator("tracking_uri", mode="before")
+    @classmethod
+    def _uri_form(cls, v: Any) -> Any:
+        if isinstance(v, str) and not re.match(TRACKING_URI_PATTERN, v):
+            if re.match(r"^https?://[^/?#]*@", v):
+                raise ValueError("credentials never go in the tracking URI; MLFLOW_TRACKING_TOKEN (or "
+                                 "MLFLOW_TRACKING_USERNAME/PASSWORD) comes from a Secret the runtime passes as env")
+            raise ValueError(f"{v[:200]!r} is not an http(s)://host[/path] or file:///path URI")
+        return v
+
+
+class WandbMode(StrEnum):
+    online = "online"
+    offline = "offline"
+
+
+class WandbTracking(Model):
+    """Weights & Biases, through transformers' own ``WandbCallback`` (``report_to: wandb``)."""
+
+    _no_credentials = model_validator(mode="before")(_refuse_tracking_credentials)
+
+    project: str = Field(..., min_length=1, max_length=128, pattern=WANDB_NAME_PATTERN,
+                         description="The W&B project (WANDB_PROJECT).")
+    entity: str | None = Field(None, min_length=1, max_length=128, pattern=WANDB_NAME_PATTERN,
+                               description="The W&B team or user (WANDB_ENTITY). Default: the API key's own.")
+    mode: WandbMode = Field(
+        WandbMode.online,
+        description="online (needs WANDB_API_KEY from a Secret: the runtime's podTemplate env) or offline (run "
+                    "files under <output>/wandb, synced later with `wandb sync`; no network).",
+    )
+
+
+class TrackingSpec(Model):
+    """Experiment tracking besides TensorBoard and the status API: MLflow, W&B, or both.
+
+    Credentials are never fields: the tracking server's token (MLFLOW_TRACKING_TOKEN, WANDB_API_KEY) comes
+    from a Secret the runtime passes as an environment variable, as every credential of the trainer does.
+    """
+
+    mlflow: MlflowTracking | None = Field(None, description="Log the run to an MLflow tracking server.")
+    wandb: WandbTracking | None = Field(None, description="Log the run to Weights & Biases.")
+
+    def integrations(self) -> list[str]:
+        """transformers' ``report_to`` names of what is set (TensorBoard is always on besides)."""
+        return [name for name in ("mlflow", "wandb") if getattr(self, name) is not None]
+
+
 class TrainingSpec(Model):
     """What to train and how: the policy-optimisation run itself."""
 
@@ -539,6 +628,14 @@ class TrainingSpec(Model):
         description=(
             "Evaluate on held-out prompts every everySteps and at the end (eval/<metric> in metrics.jsonl, "
             "TensorBoard, Prometheus, heartbeats and summary.json). Off when absent."
+        ),
+    )
+    tracking: TrackingSpec | None = Field(
+        None,
+        description=(
+            "Also log the run to MLflow and/or Weights & Biases (TRL's report_to integrations): the spec as "
+            "parameters, versions, every metric (eval/* too), the summary and reward curve as artifacts, the "
+            "best checkpoint's location as a tag. A tracking server that is down never fails training."
         ),
     )
     health: HealthSpec = Field(
@@ -1021,6 +1118,10 @@ class TrainerConfig(Model):
     sources: list[str] | None = Field(
         None, description="The runtime's spec.sources.allowed: prefixes a reward module's uri must start with "
                           "(None: no runtime, as `rljob train` without one).")
+    experiment: str | None = Field(
+        None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN,
+        description="The RLExperiment this job is a trial of (its label rljob.dev/experiment): the tracked run is a "
+                    "child of the experiment's run.")
 
     def checkpoint_location(self) -> str:
         return self.checkpoint.storage or os.path.join(self.output_dir, "checkpoints")

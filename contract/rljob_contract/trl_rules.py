@@ -46,7 +46,7 @@ MANAGED_TRL_FIELDS: dict[str, str] = {
     "save_strategy": "spec.checkpoint.everySteps",
     "save_total_limit": "spec.checkpoint.keepLast",
     "logging_steps": "spec.training.loggingSteps",
-    "report_to": "it reports to TensorBoard and the operator's status API",
+    "report_to": "spec.training.tracking (MLflow, W&B; TensorBoard is always on)",
     "reward_weights": "spec.training.rewards[].weight",
     "resume_from_checkpoint": "it resumes from the newest complete checkpoint",
     "gradient_checkpointing": "spec.training.gradientCheckpointing",

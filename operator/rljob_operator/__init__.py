@@ -17,4 +17,6 @@ Modules, by responsibility (pure ones take no cluster and no clock):
 * ``metrics``: Prometheus series and health; ``settings``: configuration; ``runner``: ``rljob operator``.
 """
 
-__version__ = "0.1.0"
+from rljob_contract.version import VERSION
+
+__version__ = VERSION

@@ -36,7 +36,7 @@ from pydantic.alias_generators import to_snake
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 from rljob_contract import runtime as rt
-from rljob_contract import yamltext
+from rljob_contract import version, yamltext
 from rljob_contract.experiment import (
     EXPERIMENT_ROOT_RULES,
     EXPERIMENT_RULES,
@@ -407,6 +407,12 @@ def _pod_field_type(parts: list[str]) -> str:
     return POD_FIELD_TYPES[parts[-1]]
 
 
+def crd_labels() -> dict[str, str]:
+    """Every CRD's labels: which product, and which release of it (pyproject's version, through
+    ``rljob_contract.version``), so ``kubectl get crd -l app.kubernetes.io/name=rljob`` shows what is installed."""
+    return {"app.kubernetes.io/name": "rljob", "app.kubernetes.io/version": version.VERSION}
+
+
 def crd_manifest() -> dict[str, Any]:
     """The CustomResourceDefinition object."""
     return {
@@ -414,6 +420,7 @@ def crd_manifest() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": CRD_NAME,
+            "labels": crd_labels(),
             "annotations": {"rljob.dev/generated-by": "rljob crd (rljob_operator.crd)"},
         },
         "spec": {
@@ -525,6 +532,7 @@ def experiment_crd_manifest() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{exp.PLURAL}.{GROUP}",
+            "labels": crd_labels(),
             "annotations": {"rljob.dev/generated-by": "rljob crd (rljob_operator.crd)"},
         },
         "spec": {
@@ -618,6 +626,7 @@ def runtime_crd_manifest(kind: str) -> dict[str, Any]:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {"name": f"{plural}.{GROUP}",
+                     "labels": crd_labels(),
                      "annotations": {"rljob.dev/generated-by": "rljob crd (rljob_operator.crd)"}},
         "spec": {
             "group": GROUP,

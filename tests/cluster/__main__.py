@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.cluster import realnode
+from tests.cluster import realnode, registry
 from tests.cluster.binaries import REPO_ROOT
 from tests.cluster.controlplane import ClusterConfig, ControlPlane
 from tests.cluster.nodes import GpuNodeShape
@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-node", action="store_true",
                         help="add one real node (containerd, kubelet, kube-proxy, CoreDNS; needs root), with the "
                              f"local images {', '.join(realnode.DEV_IMAGES)} loaded when podman has them")
+    parser.add_argument("--registry", action="store_true",
+                        help="start an OCI registry (plain HTTP on 127.0.0.1; the real node pulls from it): "
+                             "`make release REGISTRY=<printed address>/rljob PLAIN_HTTP=1` pushes to it")
     args = parser.parse_args(argv)
 
     if args.command == "down":
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, running in state["processes"].items():
             print(f"{name:25} {'running' if running else 'STOPPED'}")
         print(f"server: {state['server']}\nkubeconfig: {args.workdir / 'kubeconfig'}")
+        if state.get("registry"):
+            print(f"registry: {state['registry']} (plain HTTP)")
         return 0 if all(state["processes"].values()) else 1
 
     if state is not None and state["processes"] and all(state["processes"].values()):
@@ -56,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     images = realnode.existing_images(realnode.DEV_IMAGES) if args.real_node else ()
     config = ClusterConfig(gpu_nodes=args.gpu_nodes, node_shape=GpuNodeShape(gpus=args.gpus_per_node),
-                           kueue=args.kueue, real_node=args.real_node, real_node_images=images)
+                           kueue=args.kueue, real_node=args.real_node, real_node_images=images,
+                           registry=args.registry)
     started = time.monotonic()
     plane = ControlPlane(args.workdir, config, detached=True).start()
     print(
@@ -64,10 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.gpu_nodes} fake GPU nodes"
         f"{f', Kueue (ready to admit in {plane.kueue_start_seconds:.1f}s)' if plane.kueue_start_seconds else ''}"
         f"{_real_node_line(plane, images)}\n"
+        f"{_registry_line(plane)}"
         f"export KUBECONFIG={plane.admin_kubeconfig}\n"
         f"logs: {plane.logs_dir}"
     )
     return 0
+
+
+def _registry_line(plane: ControlPlane) -> str:
+    if plane.registry_address is None:
+        return ""
+    return (f"registry: {plane.registry_address} (plain HTTP; the real node pulls from it): "
+            f"make release REGISTRY={plane.registry_address}/{registry.NAMESPACE} PLAIN_HTTP=1\n")
 
 
 def _real_node_line(plane: ControlPlane, images: tuple[str, ...]) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster import components, kueue, nodes, pki, realnode
+from tests.cluster import components, kueue, nodes, pki, realnode, registry
 from tests.cluster.binaries import bin_dir
 from tests.cluster.components import Layout
 from tests.cluster.processes import (
@@ -81,7 +81,11 @@ class ClusterConfig:
     ``tools/real-node-deps.sh`` and ``tools/build-binaries.sh --real-node``; one per machine."""
     real_node_images: tuple[str, ...] = ()
     """Images loaded from the local podman storage into the real node's containerd, besides the
-    base image of ``tools/images/base.sh`` (there is no registry to pull from)."""
+    base image of ``tools/images/base.sh``. Images pushed to the registry need none of this: the node
+    pulls them."""
+    registry: bool = False
+    """Start an OCI registry too (``registry.py``: plain HTTP on 127.0.0.1, storage in the machine's cache),
+    which the real node's containerd pulls from: ``ControlPlane.registry_address``."""
 
 
 class ControlPlaneError(RuntimeError):
@@ -120,6 +124,8 @@ class ControlPlane:
         """The real node's network and folder (None: none started)."""
         self.real_node_start_seconds: dict[str, float] = {}
         """How long each step of the real node's start took (containerd, images, node Ready, ...)."""
+        self.registry_address: str | None = None
+        """``127.0.0.1:<port>`` of the registry (``ClusterConfig.registry``; None: none started)."""
         self.real_node_images: dict[str, list[str]] = {"imported": [], "kept": []}
         """The images ``load_images`` imported into the real node's containerd, and those it kept (the
         same image ID was there from an earlier node: ``nodeimages``)."""
@@ -220,6 +226,8 @@ class ControlPlane:
             if self.config.gpu_nodes:
                 self.add_gpu_nodes(self.config.gpu_nodes)
             self._wait_default_service_account()
+            if self.config.registry:
+                self._start_registry()
             if node_binaries is not None:
                 self._start_real_node(node_binaries)
             if self.config.kueue:
@@ -227,9 +235,9 @@ class ControlPlane:
         except BaseException:
             self.stop()
             raise
-        (workdir / STATE_FILE).write_text(
-            json.dumps({"record": self._record.path, "ports": ports, "server": self.server})
-        )
+        (workdir / STATE_FILE).write_text(json.dumps(
+            {"record": self._record.path, "ports": ports, "server": self.server, "registry": self.registry_address}
+        ))
         return self
 
     def stop(self) -> None:
@@ -341,6 +349,19 @@ class ControlPlane:
             message="the default service account (kube-controller-manager running)",
         )
 
+    # -------------------------------------------------------------- registry
+    def _start_registry(self) -> None:
+        """distribution on a free loopback port, its storage in the machine's cache; returns once ``/v2/``
+        answers."""
+        layout = self.layout
+        layout.ports["registry"] = free_port()
+        address = f"127.0.0.1:{layout.ports['registry']}"
+        config_file = layout.path("registry.yml")
+        config_file.write_text(registry.config(address, registry.storage_root()))
+        self._launch("registry", registry.argv(layout.bin / "registry", config_file))
+        self._wait_healthy("registry", lambda: registry.answers(address), "the registry's /v2/")
+        self.registry_address = address
+
     # ------------------------------------------------------------- real node
     def _start_real_node(self, binaries: realnode.NodeBinaries) -> None:
         """containerd, CoreDNS, kubelet and kube-proxy on this host; returns once the node is Ready,
@@ -361,6 +382,7 @@ class ControlPlane:
         realnode.forward_api(state, layout.ports["apiserver"])
         for name in ("kubelet", "kubelet-healthz", "coredns-ready", "kube-proxy-healthz", "kube-proxy-metrics"):
             layout.ports[name] = free_port()
+        state.registry = self.registry_address or ""
         realnode.write_node_files(state, binaries, layout.path("pki"), self.server, layout.ports)
         self._launch("containerd", [binaries["containerd"], f"--config={state.path('containerd.toml')}"])
         self._wait_healthy("containerd", lambda: realnode.containerd_ready(binaries, state), "containerd's API")

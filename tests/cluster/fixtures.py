@@ -53,16 +53,19 @@ def real_node_selected(config: pytest.Config) -> bool:
     return "realnode" in (config.getoption("markexpr", "") or "")
 
 
-#: Images the real node's containerd gets from the local podman storage (``make images``).
-REAL_NODE_IMAGES = ("localhost/rljob-trainer:dev", "localhost/rljob-operator:dev")
+#: Images the real node's containerd gets from the local podman storage besides the base image: none. The
+#: trainer and the operator reach it through the session's registry (``tests/e2e/test_real_node_jobs_cluster.py``
+#: pushes the trainer of ``make images``; ``test_install_path_cluster.py`` runs ``make release``).
+REAL_NODE_IMAGES: tuple[str, ...] = ()
 
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest):
     """The session's control plane; stopped (nothing left behind) at session end. With ``-m realnode``
-    (``make e2e``) it has the real node too, with the trainer image loaded."""
+    (``make e2e``) it has the real node too, and a registry it pulls from."""
     real = real_node_selected(request.config)
-    plane = ControlPlane(config=ClusterConfig(real_node=real, real_node_images=REAL_NODE_IMAGES if real else ()))
+    plane = ControlPlane(config=ClusterConfig(real_node=real, real_node_images=REAL_NODE_IMAGES if real else (),
+                                              registry=real))
     try:
         # Never build here: a cold build takes far longer than a test timeout.
         plane.start(build_binaries=False)

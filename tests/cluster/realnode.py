@@ -1,7 +1,8 @@
 """One real node beside the kwok ones: containerd, kubelet, kube-proxy and CoreDNS as host processes.
 
 Opt-in (``ClusterConfig.real_node``): pods scheduled there run for real, in runc containers from
-images loaded out of the local podman storage (no registry), with a pod network on a bridge of
+images pulled from the dev cluster's registry (``registry.py``; ``ClusterConfig.registry``) or loaded out
+of the local podman storage (``nodeimages.py``), with a pod network on a bridge of
 their own, Service routing (kube-proxy, iptables mode), cluster DNS (CoreDNS) so a pod resolves
 ``<hostname>.<subdomain>.<namespace>.svc``, and kube-apiserver at ``kubernetes.default.svc``.
 Everything lives under ``<workdir>/node`` and is undone by :func:`teardown`: processes,
@@ -39,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from tests.cluster import nodeimages, pki
+from tests.cluster import nodeimages, pki, registry
 from tests.cluster.binaries import REPO_ROOT
 from tests.cluster.processes import ProcessRecord, is_running, run_dir, stop_component
 
@@ -101,6 +102,9 @@ class RealNodeState:
     """kube-apiserver's port on 127.0.0.1, which pods reach as ``kubernetes.default`` (:func:`forward_api`)."""
     image_root: str = ""
     """containerd's root, kept between nodes for its images (``nodeimages``); empty: one in the node's folder."""
+    registry: str = ""
+    """``host:port`` of the dev cluster's registry, which containerd pulls from over plain HTTP (its
+    ``hosts.toml`` under :attr:`registry_config_path`); empty: none."""
 
     @property
     def gateway(self) -> str:
@@ -115,6 +119,11 @@ class RealNodeState:
     def socket(self) -> Path:
         """containerd's CRI and API socket."""
         return self.path("containerd.sock")
+
+    @property
+    def registry_config_path(self) -> Path:
+        """containerd's ``config_path``: one ``<host:port>/hosts.toml`` per registry it may pull from."""
+        return self.path("certs.d")
 
     @property
     def runc_root(self) -> Path:
@@ -294,6 +303,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         BinaryName = "{binaries['runc']}"
         Root = "{state.runc_root}"
         SystemdCgroup = false
+
+  # Registries: a hosts.toml per host (the dev cluster's, plain HTTP); any other host as containerd's defaults.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{state.registry_config_path}"
 
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
@@ -548,6 +561,9 @@ def write_node_files(state: RealNodeState, binaries: NodeBinaries, pki_dir: Path
         pki.write_kubeconfig(state.path(f"{user}.kubeconfig"), server, authority.ca.cert, user=user,
                              client=pairs[user])
     state.path("containerd.toml").write_text(containerd_config(state, binaries))
+    state.registry_config_path.mkdir(parents=True, exist_ok=True)
+    if state.registry:
+        registry.write_hosts(state.registry_config_path, state.registry)
     for folder in (("cni", "net.d"), ("cni", "ipam"), ("pod-logs",), ("volume-plugins",)):
         state.path(*folder).mkdir(parents=True, exist_ok=True)
     state.path("cni", "net.d", "10-rljob.conflist").write_text(json.dumps(cni_config(state), indent=1))

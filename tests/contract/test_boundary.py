@@ -268,6 +268,13 @@ def test_the_pod_environment_is_what_the_launcher_and_heartbeat_read(monkeypatch
     assert node.in_place_restarts == 3
 
 
+def test_a_tracked_job_s_workers_know_their_image_for_the_tracked_run() -> None:
+    tracked = _job(training={"tracking": {"mlflow": {"trackingUri": "http://mlflow:5000"}}})
+    env = {e["name"]: e for e in desired_worker_pod(tracked, 0, 1, ENDPOINT)["spec"]["containers"][0]["env"]}
+    assert {n for n in env if n.startswith("RLJOB_")} == contract.OPERATOR_ENV | contract.RESTARTABLE_ENV | contract.TRACKING_ENV
+    assert env[contract.IMAGE_ENV]["value"] == desired_worker_pod(tracked, 0, 1, ENDPOINT)["spec"]["containers"][0]["image"]
+
+
 @pytest.mark.parametrize("workers", [{}, {"minReplicas": 2, "maxReplicas": 3}], ids=["fixed-size", "elastic"])
 def test_a_job_s_workers_may_restart_their_ranks_as_often_as_its_backoff_limit(
         monkeypatch: pytest.MonkeyPatch, workers: dict[str, int]) -> None:

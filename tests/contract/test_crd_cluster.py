@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from rljob_contract.job import RLTrainingJobSpec, parse_job
+from rljob_contract.job import ManifestError, RLTrainingJobSpec, parse_job
 
 from tests.support.operator_process import (
     INVALID_MANIFESTS,
@@ -188,3 +188,34 @@ def test_the_api_server_refuses_bad_evaluation_specs_naming_the_field(kube, crd_
     create_job(kube, namespace, good)
     stored = get_job(kube, namespace, "eval-good")["spec"]["training"]["evaluation"]
     assert stored["maxPrompts"] == 256 and stored["referenceField"] == "answer"  # the models' defaults
+
+
+def test_the_api_server_takes_tracking_and_refuses_what_the_models_refuse_naming_the_field(
+        kube, crd_installed, namespace) -> None:
+    """spec.training.tracking (#49): its patterns and enums are the CRD's, so `kubectl apply` refuses a credential in
+    the URI, another W&B mode or a snake_case spelling as `rljob validate` does."""
+    from tests.support.trainer import deep_update
+
+    cases = [
+        ({"mlflow": {"trackingUri": "http://user:pw@mlflow:5000"}}, "spec.training.tracking.mlflow.trackingUri"),
+        ({"mlflow": {"experiment": "bad\nname"}}, "spec.training.tracking.mlflow.experiment"),
+        ({"mlflow": {"tracking_uri": "http://mlflow:5000"}}, "tracking_uri"),
+        ({"wandb": {"project": "p", "mode": "dryrun"}}, "spec.training.tracking.wandb.mode"),
+        ({"wandb": {"mode": "offline"}}, "spec.training.tracking.wandb.project"),
+        ({"wandb": {"project": "p", "apiKey": "k"}}, "apiKey"),
+    ]
+    problems = []
+    for i, (tracking, expected) in enumerate(cases):
+        doc = deep_update(quickstart_doc(), {"metadata": {"name": f"track-{i}"},
+                                             "spec": {"training": {"tracking": tracking}}})
+        with pytest.raises(ManifestError):  # the models refuse it too
+            parse_job(doc)
+        problems.append(refusal_problem(kube, namespace, str(tracking), doc, expected))
+    assert not [p for p in problems if p], "\n".join(p for p in problems if p)
+    good = deep_update(quickstart_doc(), {"metadata": {"name": "track-good"}, "spec": {"training": {"tracking": {
+        "mlflow": {"trackingUri": "https://mlflow.example.com/team", "experiment": "grpo tiny"},
+        "wandb": {"project": "rl-runs", "entity": "ml-team", "mode": "offline"}}}}})
+    parse_job(good)
+    create_job(kube, namespace, good)
+    stored = get_job(kube, namespace, "track-good")["spec"]["training"]["tracking"]
+    assert stored == good["spec"]["training"]["tracking"]

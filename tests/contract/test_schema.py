@@ -55,8 +55,8 @@ def _problems(training: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("training,expected", [
     ({"trl": {"max_steps": 5}}, ["spec.training.trl.max_steps: set by rljob; use spec.training.maxSteps"]),
-    ({"trl": {"report_to": "wandb"}}, ["spec.training.trl.report_to: set by rljob (it reports to TensorBoard and "
-                                       "the operator's status API); remove it from trl"]),
+    ({"trl": {"report_to": "wandb"}}, ["spec.training.trl.report_to: set by rljob; use spec.training.tracking "
+                                       "(MLflow, W&B; TensorBoard is always on)"]),
     ({"trl": {"not_a_field": 1, "temperature": "hot"}},
      ["spec.training.trl.not_a_field: not a field of TRL's GRPOConfig (trl ",
       "spec.training.trl.temperature: Input should be a valid number"]),

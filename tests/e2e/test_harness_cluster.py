@@ -410,3 +410,30 @@ def test_killed_owner_leaves_nothing_after_the_next_start():
 
     assert started["workdir"] in reap_stale()  # ...until the next start reaps it
     assert not Path(started["workdir"]).exists()
+
+
+def test_the_registry_starts_with_the_control_plane_takes_a_chart_and_stops_with_it(tmp_path):
+    """``ClusterConfig.registry`` (``make dev-cluster REGISTRY=1``): distribution on loopback, plain HTTP, which
+    ``helm push`` reaches as ``make release`` does; one of the plane's processes, so stopped with it."""
+    from tests.cluster import registry
+
+    plane = ControlPlane(config=ClusterConfig(gpu_nodes=0, registry=True)).start(build_binaries=False)
+    try:
+        address = plane.registry_address
+        assert address and address.startswith("127.0.0.1:") and registry.answers(address)
+        env = {**os.environ, **{f"HELM_{kind}_HOME": str(tmp_path / kind) for kind in ("CACHE", "CONFIG", "DATA")}}
+        helm = [str(plane.bin / "helm")]
+        subprocess.run([*helm, "package", str(REPO_ROOT / "charts" / "rljob"), "--version", "0.0.1-harness",
+                        "--destination", str(tmp_path)], check=True, capture_output=True, env=env)
+        pushed = subprocess.run([*helm, "push", str(tmp_path / "rljob-0.0.1-harness.tgz"),
+                                 f"oci://{address}/harness/charts", "--plain-http"],
+                                check=True, capture_output=True, text=True, env=env)
+        assert "Digest: sha256:" in pushed.stdout + pushed.stderr
+        shown = subprocess.run([*helm, "show", "chart", f"oci://{address}/harness/charts/rljob",
+                                "--version", "0.0.1-harness", "--plain-http"],
+                               check=True, capture_output=True, text=True, env=env).stdout
+        assert yaml.safe_load(shown)["version"] == "0.0.1-harness"
+        (process,) = [p for p in plane.processes if p.name == "registry"]
+    finally:
+        plane.stop()
+    assert not is_running(process.pid, process.exe) and not registry.answers(address)

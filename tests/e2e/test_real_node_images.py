@@ -152,3 +152,24 @@ def test_containerd_keeps_its_root_in_the_cache_and_its_state_in_the_node_folder
     fresh = realnode.RealNodeState(directory=str(tmp_path / "node"), bridge="rljob-test0", subnet="10.0.0.0/24")
     realnode.claim_image_root(fresh)
     assert fresh.containerd_root == tmp_path / "cache" / "containerd" and fresh.containerd_root.is_dir()
+
+
+def test_containerd_pulls_from_the_dev_registry_over_plain_http_named_in_its_hosts_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tomllib
+
+    from tests.cluster import registry
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "pause.tag").write_text("3.10.2\n")
+    monkeypatch.setattr(realnode.NodeBinaries, "__getitem__", lambda self, name: f"/usr/bin/{name}")
+    state = _state(tmp_path)
+    state.registry = "127.0.0.1:5000"
+    config = tomllib.loads(realnode.containerd_config(state, realnode.NodeBinaries(tmp_path / "bin")))
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["registry"] == {"config_path": str(tmp_path / "node" / "certs.d")}
+    hosts = tomllib.loads(registry.write_hosts(state.registry_config_path, state.registry).read_text())
+    # Plain HTTP to that host and port only: containerd reads <config_path>/<host:port>/hosts.toml.
+    assert (tmp_path / "node" / "certs.d" / "127.0.0.1:5000" / "hosts.toml").is_file()
+    assert hosts == {"server": "http://127.0.0.1:5000",
+                     "host": {"http://127.0.0.1:5000": {"capabilities": ["pull", "resolve"]}}}

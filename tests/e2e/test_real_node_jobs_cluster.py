@@ -2,7 +2,8 @@
 
 The control plane has one real node (containerd, kubelet, kube-proxy, CoreDNS; ``tests/cluster/
 realnode.py``) beside its KWOK GPU nodes. The jobs run on the chart's runtime "cpu", marked as the
-default by the e2e values (``real-node-values.yaml``: the local trainer image, the real node), so
+default by the e2e values (``real-node-values.yaml``: the real node) with the trainer image of ``make images``
+pushed to the session's registry and named by digest (the node pulls it), so
 ``examples/quickstart.yaml`` is applied as it ships. The operator runs here as a process (as for a
 developer's ``rljob operator``); the pods reach its status API and the S3 test server on their bridge's
 gateway address, over TLS for the heartbeats. What is asserted is what a user sees: the job's phase, the
@@ -28,6 +29,7 @@ import yaml
 
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_chart import CHART, KUBE_VERSION, REPO, helm
+from tests.e2e.conftest import image_values
 from tests.support.operator_process import create_job, get_job, job_pods, wait_for_events, wait_phase
 from tests.support.s3_server import MotoServer
 from tests.support.trainer import deep_update
@@ -42,23 +44,6 @@ S3_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 RUNTIMES_RELEASE = "rljob-e2e"
 
 
-@pytest.fixture
-def real_node(control_plane: Any) -> Any:
-    """The session's control plane, which ``-m realnode`` starts with the real node (tests/cluster/fixtures.py)."""
-    assert control_plane.real_node is not None, "run with -m realnode (make e2e): the control plane has no real node"
-    return control_plane
-
-
-@pytest.fixture
-def bucket(real_node: Any, tmp_path: Any) -> Iterator[tuple[MotoServer, str]]:
-    """The S3 test server on the pods' gateway address, and a fresh bucket on it."""
-    server = MotoServer(host=real_node.real_node.gateway, log=tmp_path / "s3.log").start()
-    try:
-        yield server, server.create_bucket()
-    finally:
-        server.stop()
-
-
 def chart_runtimes_yaml(namespace: str, *values: str) -> str:
     """The chart's runtimes with the e2e values (and ``values``), and the trainers' ServiceAccount they name,
     made in ``namespace``: what ``helm install -f tests/e2e/real-node-values.yaml`` creates of them."""
@@ -69,14 +54,15 @@ def chart_runtimes_yaml(namespace: str, *values: str) -> str:
 
 
 @pytest.fixture
-def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str]) -> Iterator[str]:
+def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str], trainer_image: str) -> Iterator[str]:
     """The chart's runtimes as the e2e values make them ("cpu" the default), checkpoints in the test's bucket
     (each job's under ``<bucket>/rljob/<namespace>/<job>``, with the Secret ``s3-keys`` of its namespace);
     removed after the test, so the chart's own install (the last test) makes them anew. Yields the prefix
     of the namespace's checkpoints in the bucket."""
     server, bucket_name = bucket
     storage = {"storage": f"s3://{bucket_name}/rljob", "endpointUrl": server.endpoint, "credentialsSecret": "s3-keys"}
-    manifest = chart_runtimes_yaml(namespace, "--set-json", f"runtimes.checkpoint={json.dumps(storage)}")
+    manifest = chart_runtimes_yaml(namespace, "--set-json", f"runtimes.checkpoint={json.dumps(storage)}",
+                                   *image_values(trainer_image))
     kubectl = [str(real_node.bin / "kubectl"), "--kubeconfig", str(real_node.admin_kubeconfig)]
     subprocess.run([*kubectl, "apply", "-f", "-"], input=manifest, text=True, check=True, capture_output=True)
     try:
@@ -88,17 +74,19 @@ def chart_runtimes(real_node: Any, namespace: str, bucket: tuple[MotoServer, str
 
 
 @pytest.fixture
-def real_operator(real_node: Any, operator: Any, chart_runtimes: str) -> Any:
+def real_operator(real_node: Any, operator: Any, chart_runtimes: str, trainer_image: str) -> Any:
     """The operator, its status API on the gateway address (its certificate names it), its pod profile as
     the chart sets it with the e2e values: the trainer image allowed (a platform team allows its own
     registry's) and the trainers' ServiceAccount the chart's runtimes name."""
-    return operator(status_host=real_node.real_node.gateway, env=chart_profile_env())
+    return operator(status_host=real_node.real_node.gateway, env=chart_profile_env(trainer_image))
 
 
-def chart_profile_env() -> dict[str, str]:
+def chart_profile_env(trainer_image: str) -> dict[str, str]:
     """The pod profile's settings in the operator Deployment the chart renders with the e2e values."""
     rendered = helm("template", RUNTIMES_RELEASE, str(CHART), "--namespace", "rljob-system", "--kube-version",
-                    KUBE_VERSION, "-f", str(E2E_VALUES), "--show-only", "templates/deployment.yaml").stdout
+                    KUBE_VERSION, "-f", str(E2E_VALUES),
+                    *image_values(trainer_image),
+                    "--show-only", "templates/deployment.yaml").stdout
     container = yaml.safe_load(rendered)["spec"]["template"]["spec"]["containers"][0]
     wanted = ("RLJOB_OPERATOR_ALLOWED_IMAGES", "RLJOB_OPERATOR_ALLOWED_SERVICE_ACCOUNTS")
     env = {e["name"]: e["value"] for e in container["env"] if e["name"] in wanted}
@@ -159,7 +147,8 @@ def checkpoints_in(server: MotoServer, bucket_name: str, prefix: str) -> set[int
 
 
 def test_the_unchanged_quickstart_trains_on_the_default_cpu_runtime_and_succeeds_with_the_reward_learned(
-        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, chart_runtimes: str) -> None:
+        real_node: Any, kube: Any, namespace: str, real_operator: Any, bucket: Any, chart_runtimes: str,
+        trainer_image: str) -> None:
     """examples/quickstart.yaml as it ships (no runtimeRef, two processes on one worker), applied as a user
     does: the runtime marked as the default, "cpu", gives it its image, node, ServiceAccount and storage."""
     server, bucket_name = bucket
@@ -173,7 +162,7 @@ def test_the_unchanged_quickstart_trains_on_the_default_cpu_runtime_and_succeeds
     assert {p["spec"]["nodeName"] for p in pods} == {"rljob-real-node"}
     # The runtime "cpu" made them: its image, ServiceAccount and node, and no GPU asked for.
     assert {p["spec"]["serviceAccountName"] for p in pods} == {"rljob-trainer"}
-    assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {trainer_image}
     assert not any("nvidia.com/gpu" in (p["spec"]["containers"][0].get("resources") or {}).get("limits", {})
                    for p in pods)
     job = wait_phase(kube, namespace, "quickstart", "Succeeded", timeout=900)
@@ -255,39 +244,3 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_by_the_kernel_and_recovere
     assert status["lastFailure"]["exitCode"] == 137
     assert status["oomRecovery"]["batchSize"] == 8  # halved, as the contract says
     wait_for_events(kube, namespace, "oom", "OOMRecovery")
-
-
-def test_the_chart_installs_the_operator_image_in_a_real_pod_which_runs_a_job_to_success(
-        real_node: Any, kube: Any, tmp_path: Any) -> None:
-    """``helm install`` with the locally built operator image and the e2e values: the operator runs in a
-    real pod on the real node with its chart's security context and RBAC (in-cluster config through the
-    ``kubernetes`` Service); the install made the runtime "cpu", marked as the default, on which a job
-    naming no runtime runs; its trainer pods send heartbeats to its status API through its Service and DNS."""
-    from tests.delivery.test_install_cluster import chart_installed
-
-    suffix = tmp_path.name[-6:].lower().replace("_", "")
-    operator_ns, jobs = f"rljob-sys-{suffix}", f"rljob-team-{suffix}"
-    with chart_installed(real_node, kube, tmp_path / "helm", "rljob", operator_ns, jobs, "-f", str(E2E_VALUES),
-                         "--set", "image.repository=localhost/rljob-operator", "--set", "image.tag=dev",
-                         "--set", "image.pullPolicy=Never", "--set", "replicaCount=1",
-                         "--set-string", "nodeSelector.rljob\\.dev/real-node=true"):
-        selector = "app.kubernetes.io/instance=rljob,app.kubernetes.io/component=operator"
-
-        def operator_ready() -> dict[str, Any] | None:
-            pods = kube.list_pods(operator_ns, selector)
-            ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
-                                            for c in p["status"].get("conditions") or [])]
-            return ready[0] if ready else None
-
-        pod = wait_for(operator_ready, 300, message="the operator pod Ready (its readiness probe)")
-        assert pod["spec"]["nodeName"] == "rljob-real-node"
-        runtime = kube.request("GET", "/apis/rljob.dev/v1alpha1/clusterrltrainingruntimes/cpu")
-        assert runtime["metadata"]["annotations"]["rljob.dev/is-default-runtime"] == "true"
-        create_job(kube, jobs, real_job("helm-job", {"training": {"maxSteps": 20}}))
-        pods = wait_for(lambda: job_pods(kube, jobs, "helm-job") or None, 300, message="the helm job's pods")
-        assert {p["spec"]["containers"][0]["image"] for p in pods} == {"localhost/rljob-trainer:dev"}
-        job = wait_phase(kube, jobs, "helm-job", "Succeeded", timeout=900)
-        assert job["status"]["progress"]["step"] == 20  # heartbeats reached the in-cluster status API
-        assert job["status"]["progress"]["lastHeartbeat"]
-        log = pod_log(kube, operator_ns, pod["metadata"]["name"])
-        assert "Forbidden" not in log

@@ -33,6 +33,7 @@ from tests.cluster.realnode import real_node_bin_dir
 from tests.cluster.waiting import wait_for
 from tests.delivery.test_alerts import ALERTS, DASHBOARD
 from tests.delivery.test_chart import CHART, KUBE_VERSION, helm
+from tests.e2e.conftest import image_values
 from tests.e2e.test_real_node_jobs_cluster import E2E_VALUES, real_job, s3_secret
 from tests.support.operator_process import create_job, job_pods
 from tests.support.s3_server import MotoServer
@@ -83,33 +84,19 @@ def monitors(operator_ns: str, jobs_ns: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def real_node(control_plane: Any) -> Any:
-    assert control_plane.real_node is not None, "run with -m realnode (make e2e): the control plane has no real node"
-    return control_plane
-
-
-@pytest.fixture
-def s3(real_node: Any, tmp_path: Path) -> Iterator[tuple[MotoServer, str]]:
-    server = MotoServer(host=real_node.real_node.gateway, log=tmp_path / "s3.log").start()
-    try:
-        yield server, server.create_bucket()
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def installed(real_node: Any, kube: Any, tmp_path: Path, s3: tuple[MotoServer, str]) -> Iterator[tuple[str, str]]:
+def installed(real_node: Any, kube: Any, tmp_path: Path, bucket: tuple[MotoServer, str],
+              dev_images: dict[str, str]) -> Iterator[tuple[str, str]]:
     """The chart installed with the operator image in a pod on the real node, its runtime "cpu" checkpointing to
-    the S3 test server; yields (the operator's namespace, the jobs' namespace) once the operator is Ready."""
+    the S3 test server, both images pulled by digest from the session's registry; yields (the operator's
+    namespace, the jobs' namespace) once the operator is Ready."""
     from tests.delivery.test_install_cluster import chart_installed
 
-    server, bucket = s3
-    storage = {"storage": f"s3://{bucket}/rljob", "endpointUrl": server.endpoint, "credentialsSecret": "s3-keys"}
+    server, bucket_name = bucket
+    storage = {"storage": f"s3://{bucket_name}/rljob", "endpointUrl": server.endpoint, "credentialsSecret": "s3-keys"}
     suffix = tmp_path.name[-6:].lower().replace("_", "")
     operator_ns, jobs_ns = f"rljob-mon-{suffix}", f"rljob-watched-{suffix}"
     with chart_installed(real_node, kube, tmp_path / "helm", RELEASE, operator_ns, jobs_ns, "-f", str(E2E_VALUES),
-                         "--set", "image.repository=localhost/rljob-operator", "--set", "image.tag=dev",
-                         "--set", "image.pullPolicy=Never", "--set", "replicaCount=1",
+                         *image_values(dev_images["trainer"], dev_images["operator"]), "--set", "replicaCount=1",
                          "--set-string", "nodeSelector.rljob\\.dev/real-node=true",
                          "--set-json", f"runtimes.checkpoint={json.dumps(storage)}"):
         selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"

@@ -179,6 +179,21 @@ def test_resume_fallback_warnings_in_a_heartbeat_become_warning_events(kube, nam
     assert len(fallback_events()) == 1
 
 
+def test_a_tracking_server_left_out_by_the_trainer_becomes_a_tracking_unavailable_event(kube, namespace, running) -> None:
+    """The trainer's MLflow server did not answer; the run goes on, and people see why it is not tracked."""
+    token = token_for(kube, namespace, "default", "rljob-status", pod=running["pods"]["st-worker-0"])
+    message = ("tracking: mlflow: MLflow at http://mlflow:5000 did not answer 3 tries (ConnectionError); "
+               "training goes on without it")
+    assert _post(running, "st", token, {"step": 43, "warnings": [message]}).status_code == 202
+
+    def tracking_events() -> list[dict[str, Any]]:
+        events = kube.request("GET", kube.core_path(namespace, "events"))["items"]
+        return [e for e in events if e.get("reason") == "TrackingUnavailable" and e["involvedObject"]["name"] == "st"]
+
+    (event,) = wait_for(tracking_events, 20, message="TrackingUnavailable event")
+    assert event["type"] == "Warning" and event["message"] == message
+
+
 def test_heartbeats_build_a_bounded_finite_progress_curve(kube, namespace, running) -> None:
     """Each heartbeat's reward, loss and metrics become a curve point; bad metrics are refused whole."""
     token = token_for(kube, namespace, "default", "rljob-status", pod=running["pods"]["st-worker-0"])

@@ -195,3 +195,10 @@ def test_endpoint_killed_mid_upload_never_exposes_a_partial_checkpoint_and_resum
     assert summary["checkpoint_upload_failures"] >= 2
     assert [c.name for c in mirror.listing().complete] == ["checkpoint-35", "checkpoint-40"]
     assert primary.listing().latest == "checkpoint-30"  # untouched while down
+    # Each run left its record in every location it could reach: the second's only on the mirror.
+    from rljob_trainer.history import read_records
+
+    on_mirror, bad = read_records(mirror)
+    assert bad == [] and [(r.steps, r.phase) for _, r in on_mirror] == [(30, "Succeeded"), (40, "Succeeded")]
+    assert on_mirror[-1][1].latest_checkpoint.location == summary["latest_checkpoint"]["location"]
+    assert [r.steps for _, r in read_records(primary)[0]] == [30]

@@ -7,7 +7,8 @@
 # BASE_IMAGE: the Dockerfiles' FROM. Unset, it is the base tools/images/base.sh assembles from
 # Debian's packages (no registry is needed); a user with a registry sets nothing and the
 # Dockerfiles' default (python:3.11-slim-bookworm) applies. TAG (default dev) names the images
-# localhost/rljob-trainer:$TAG and localhost/rljob-operator:$TAG.
+# localhost/rljob-trainer:$TAG and localhost/rljob-operator:$TAG. SOURCE: the repository's address for the
+# images' org.opencontainers.image.source label.
 #
 # Layers are cached (--layers): an unchanged lock reuses the dependency layer, so a code change
 # rebuilds in seconds. pip's downloads are cached across builds by the Dockerfiles' cache mount.
@@ -25,6 +26,14 @@ ARGS=(--isolation chroot --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 
 for f in /etc/ssl/certs/ca-certificates.crt /etc/pip.conf; do
   [[ -f "$f" ]] && ARGS+=(--volume "$f:$f:ro")
 done
+
+# The OCI labels (org.opencontainers.image.version/revision/source) and the SBOM's version: rljob's version
+# (pyproject.toml), the commit (with -dirty when the work tree has changes), the repository's address.
+VERSION="$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')"
+REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+[[ "$REVISION" == unknown ]] || git diff --quiet HEAD 2>/dev/null || REVISION="$REVISION-dirty"
+SOURCE="${SOURCE:-https://github.com/rljob/rljob}"
+ARGS+=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "SOURCE=$SOURCE")
 
 for image in "${IMAGES[@]}"; do
   start=$SECONDS

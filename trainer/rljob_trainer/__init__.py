@@ -4,4 +4,6 @@ Importing this package must stay cheap and torch-free: the contract (``rljob_con
 its algorithm registry and built-in rewards. Heavy modules (worker, launch) import torch themselves.
 """
 
-__version__ = "0.1.0"
+from rljob_contract.version import VERSION
+
+__version__ = VERSION

@@ -270,9 +270,10 @@ class EvalReporter:
     Trainer's log history (which checkpoints keep, so a resumed run's summary has the earlier ones)."""
 
     def __init__(self, metrics: Any, heartbeat: Any, log_path: Any, tensorboard_dir: str | None,
-                 headline: str) -> None:
+                 headline: str, tracked: Callable[[int, dict[str, float]], None] | None = None) -> None:
         self.metrics, self.heartbeat, self.log_path = metrics, heartbeat, log_path
         self.headline = headline
+        self.tracked = tracked  # spec.training.tracking's runs (RunTracking.log_eval)
         self.tensorboard_dir = tensorboard_dir
         self._writer: Any = None
 
@@ -291,6 +292,8 @@ class EvalReporter:
             self.heartbeat.evaluation = eval_report(log_history or [{"step": step, **values}], self.headline)
             self.heartbeat.send(step=step, reward=None, loss=None, metrics=finite_metrics(values))
         self._tensorboard(step, values)
+        if self.tracked is not None:
+            self.tracked(step, values)
 
     def _tensorboard(self, step: int, values: dict[str, float]) -> None:
         if self.tensorboard_dir is None:

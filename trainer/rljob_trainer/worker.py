@@ -38,6 +38,7 @@ from rljob_contract.trl_rules import MANAGED_TRL_FIELDS
 from rljob_trainer.algorithms import builder
 from rljob_trainer.errors import PermanentError, is_cuda_oom, is_peer_loss, report_fatal
 from rljob_trainer.known_warnings import silence_known_warnings
+from rljob_trainer.tracking import RunTracking, report_to, tracking_env
 
 log = logging.getLogger("rljob.worker")
 
@@ -77,7 +78,7 @@ def trl_arguments(cfg: TrainerConfig, checkpoint_dir: str, use_cpu: bool) -> dic
         "save_steps": cfg.checkpoint.every_steps,
         "save_total_limit": None,  # rljob's retention, which knows complete from partial
         "logging_steps": t.logging_steps,
-        "report_to": ["tensorboard"],
+        "report_to": report_to(cfg),  # spec.training.tracking's integrations besides TensorBoard
         "reward_weights": [r.weight for r in t.rewards],
         "log_level": "warning",
         "disable_tqdm": os.environ.get(PROGRESS_ENV, "1") == "0",
@@ -197,6 +198,8 @@ def prepare_inputs(cfg: TrainerConfig, config_cls: Any, checkpoint_dir: str, use
 
     # transformers 5 reads the TensorBoard folder from the environment only.
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
+    # transformers' MLflow and W&B callbacks read their settings from the environment too.
+    os.environ.update(tracking_env(cfg, os.environ))
     args = build_trl_config(cfg, config_cls, checkpoint_dir, use_cpu)
     reward_funcs, _ = resolve_rewards(cfg.training.rewards)
     prompts, eval_dataset = training_and_eval_prompts(cfg.training, os.path.join(cfg.output_dir, ".cache"))
@@ -265,7 +268,7 @@ def latest_eval(log_history: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def evaluation_callbacks(cfg: TrainerConfig, inputs: Inputs, metrics: Any, heartbeat: Any,
-                         metrics_log: Path | None) -> tuple[list[Any], str | None]:
+                         metrics_log: Path | None, tracking: RunTracking | None = None) -> tuple[list[Any], str | None]:
     """([the evaluation callback], its headline metric), or ([], None) without spec.training.evaluation."""
     evaluation = cfg.training.evaluation
     if evaluation is None or inputs.eval_dataset is None:
@@ -276,7 +279,7 @@ def evaluation_callbacks(cfg: TrainerConfig, inputs: Inputs, metrics: Any, heart
     reporter = None
     if metrics_log is not None:  # rank 0
         reporter = EvalReporter(metrics, heartbeat, metrics_log, os.environ.get("TENSORBOARD_LOGGING_DIR"),
-                                scorer.headline)
+                                scorer.headline, tracking.log_eval if tracking is not None else None)
     callback = evaluation_callback(evaluation, EvalSet.from_dataset(inputs.eval_dataset), scorer, inputs.tokenizer,
                                    cfg.training.max_completion_length, cfg.training.seed, reporter)
     return [callback], scorer.headline
@@ -306,11 +309,14 @@ def gather_rank_files(ckpt_dir: Path, rank: int, dist: Any) -> None:
         ckpt_dir.rmdir()
 
 
-def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callbacks: list[Any]) -> Any:
-    """The TRL trainer, with rljob's callbacks and a compact progress bar instead of per-step dicts."""
+def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callbacks: list[Any],
+                  tracking: RunTracking | None = None) -> Any:
+    """The TRL trainer, with rljob's callbacks, the guarded tracking callbacks and a compact progress bar
+    instead of per-step dicts."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from rljob_trainer.telemetry import compact_progress_callback
+    from rljob_trainer.tracking import install
 
     try:
         trainer = builder(cfg.training.algorithm).build(
@@ -330,14 +336,17 @@ def build_trainer(cfg: TrainerConfig, trainer_cls: Any, inputs: Inputs, callback
     if not inputs.args.disable_tqdm:
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(compact_progress_callback())
+    if tracking is not None:
+        install(trainer, tracking)
     return trainer
 
 
 def write_run_summary(
     cfg: TrainerConfig, trainer: Any, publisher: Any, resume: Path | None, started: float, heartbeat: Any,
-    eval_metric: str | None = None, health: list[Any] | None = None,
+    eval_metric: str | None = None, health: list[Any] | None = None, tracking: RunTracking | None = None,
 ) -> dict[str, Any]:
-    """Rank 0's end of run: wait (bounded) for the last uploads, write summary.json, send the final heartbeat."""
+    """Rank 0's end of run: wait (bounded) for the last uploads, write summary.json, end the tracked runs,
+    leave the run record beside the checkpoints, send the final heartbeat."""
     from rljob_trainer.checkpoints.manifest import atomic_write_text
     from rljob_trainer.telemetry import write_summary
 
@@ -360,10 +369,24 @@ def write_run_summary(
     summary["peak_memory_bytes"] = peak_memory_bytes()
     summary["algorithm"] = builder(cfg.training.algorithm).descriptor.effective(cfg.training.strategy, trainer.args)
     atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
+    if tracking is not None and cfg.training.tracking is not None:
+        summary["tracking"] = tracking.finish(summary, stopped=bool(STOP.signum))
+        atomic_write_text(Path(cfg.output_dir) / "summary.json", json.dumps(summary, indent=2))
+    record_run(cfg, summary, publisher, started)
     if heartbeat is not None:
         heartbeat.send(step=trainer.state.global_step, reward=summary["reward_last"], loss=None,
                        final=not STOP.signum)
     return summary
+
+
+def record_run(cfg: TrainerConfig, summary: dict[str, Any], publisher: Any, started: float) -> None:
+    """The run's record (``rljob history``) beside its checkpoints: the local primary and every location copied to."""
+    from rljob_trainer.history import run_record, write_record
+
+    locations = ([publisher.folder] if publisher.folder_is_primary else []) + list(publisher.locations)
+    written = write_record(run_record(cfg, summary, started, stopped=bool(STOP.signum)), locations)
+    if written:
+        log.info("run record: %s", ", ".join(written))
 
 
 def peak_memory_bytes() -> int:
@@ -400,6 +423,7 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
     inputs = prepare_inputs(cfg, config_cls, str(storage.local_root), use_cpu)
     resume = resume_checkpoint(storage.local_root)  # fetched and verified by the pre-flight
     metrics, heartbeat = start_reporting(cfg, rank)
+    tracking = RunTracking(cfg, heartbeat) if cfg.training.tracking is not None else None
     publisher = None
     if rank == 0:
         # No resume protection in retention: every node fetched and loaded its resume checkpoint
@@ -409,18 +433,24 @@ def run(cfg: TrainerConfig) -> dict[str, Any] | None:
                                                  metrics=metrics, heartbeat=heartbeat,
                                                  base_model=base_identity(inputs.model_path) if inputs.peft_config else None)
     metrics_log = Path(cfg.output_dir) / METRICS_LOG if rank == 0 else None
-    evaluate, eval_metric = evaluation_callbacks(cfg, inputs, metrics, heartbeat, metrics_log)
+    evaluate, eval_metric = evaluation_callbacks(cfg, inputs, metrics, heartbeat, metrics_log, tracking)
     telemetry = TelemetryCallback(metrics, heartbeat, metrics_log, health=cfg.training.health if rank == 0 else None)
     callbacks = [telemetry, *evaluate, checkpoint_callback(publisher),
                  stop_on_signal_callback(STOP)]
-    trainer = build_trainer(cfg, trainer_cls, inputs, callbacks)
+    trainer = build_trainer(cfg, trainer_cls, inputs, callbacks, tracking)
     if resume is not None and rank == 0:
         log.warning("resuming from %s", resume)
-    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    except BaseException:
+        if tracking is not None:
+            tracking.fail()
+        raise
     summary = None
     if trainer.is_world_process_zero() and publisher is not None:
         health = telemetry.health.reports() if telemetry.health is not None else []
-        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric, health)
+        summary = write_run_summary(cfg, trainer, publisher, resume, started, heartbeat, eval_metric, health,
+                                    tracking)
     if metrics is not None:
         metrics.shutdown()
     finish_together()

@@ -275,6 +275,8 @@ def worker_env(
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
         {"name": contract.CREDENTIALS_DIR_ENV, "value": contract.CREDENTIALS_DIR},
     ]
+    if job.spec.training.tracking is not None:  # the image the tracked run names (only then: no other pod changes)
+        env.append({"name": contract.IMAGE_ENV, "value": resolved(job, runtime).image})
     restarts = in_place_restarts(job)
     if restarts:
         env.append({"name": contract.IN_PLACE_RESTARTS_ENV, "value": str(restarts)})

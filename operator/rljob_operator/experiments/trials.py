@@ -20,10 +20,10 @@ from rljob_contract.experiment import (
     set_path,
     template_document,
 )
-from rljob_contract.job import API_VERSION, KIND, MAX_NAME_LENGTH, RLTrainingJobSpec
+from rljob_contract.job import API_VERSION, EXPERIMENT_LABEL, KIND, MAX_NAME_LENGTH, RLTrainingJobSpec
 from rljob_contract.pod import validate_document
 
-LABEL_EXPERIMENT = "rljob.dev/experiment"
+LABEL_EXPERIMENT = EXPERIMENT_LABEL
 LABEL_ARM = "rljob.dev/arm"
 LABEL_TRIAL = "rljob.dev/trial"
 #: Trial names are job names, so they obey the job name bound.
@@ -116,4 +116,16 @@ def trial_manifest(experiment: RLExperiment, trial: Trial) -> dict[str, Any]:
     if experiment.metadata.namespace:
         metadata["namespace"] = experiment.metadata.namespace
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
-            "spec": trial.spec.model_dump(by_alias=True, mode="json", exclude_none=True)}
+            "spec": tracked_in_experiment(trial.spec, experiment.metadata.name).model_dump(
+                by_alias=True, mode="json", exclude_none=True)}
+
+
+def tracked_in_experiment(spec: RLTrainingJobSpec, experiment: str) -> RLTrainingJobSpec:
+    """A trial's spec whose MLflow tracking names no MLflow experiment: the RLExperiment's name, so every trial
+    lands beside the experiment's parent run (a job alone defaults to its own name)."""
+    tracking = spec.training.tracking
+    if tracking is None or tracking.mlflow is None or tracking.mlflow.experiment is not None:
+        return spec
+    mlflow = tracking.mlflow.model_copy(update={"experiment": experiment})
+    training = spec.training.model_copy(update={"tracking": tracking.model_copy(update={"mlflow": mlflow})})
+    return spec.model_copy(update={"training": training})

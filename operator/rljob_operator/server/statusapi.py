@@ -80,7 +80,7 @@ from rljob_contract.job import (
     HealthWarning,
     Progress,
 )
-from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path
+from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path, warning_reason
 
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
@@ -573,7 +573,7 @@ class StatusAPI:
             if e.status == 404:
                 return _error(404, f"{KIND} {namespace}/{name} not found")
             raise
-        events = [("CheckpointFallback", w) for w in body.warnings]
+        events = [(warning_reason(w), w) for w in body.warnings]  # CheckpointFallback or TrackingUnavailable
         events += [(HEALTH_EVENT_REASONS[r.signal], r.message()) for r in newly_tripped(body)]
         if events:
             await self._run(self._warning_events, namespace, name, events)
@@ -597,8 +597,8 @@ class StatusAPI:
                            f"second (burst {self.limits.burst_per_job}); retry later", wait)
 
     def _warning_events(self, namespace: str, name: str, warnings: list[tuple[str, str]]) -> None:
-        """A trainer's resume fell back (corrupt checkpoint, unreachable primary), or a health signal tripped:
-        tell people (``warnings``: reason and message of each).
+        """A trainer's resume fell back (corrupt checkpoint, unreachable primary), it left out a tracking server
+        that did not answer, or a health signal tripped: tell people (``warnings``: reason and message of each).
 
         Through the ``EventRecorder``: repeats are counted on one Event, and a job's pods cannot cause
         more Events than its rate (``cluster.events``), whatever they send. The job (for its uid) is

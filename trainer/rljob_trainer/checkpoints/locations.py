@@ -175,6 +175,15 @@ class Location:
         """Problems of a stored checkpoint against its manifest, as cheaply as the location allows."""
         return listing_problems(info, listing.objects.get(info.name, {}))
 
+    def put_small(self, rel: str, body: bytes) -> str:
+        """Write a small file (a run record) at ``rel`` under this location in one atomic write; its URI."""
+        raise NotImplementedError(f"{type(self).__name__}.put_small")
+
+    def small_files(self, matches: Callable[[str], bool], limit: int, most: int) -> Iterator[tuple[str, bytes | None]]:
+        """(URI, bytes) of every file under this location, at any depth, whose relative path ``matches``: at most
+        ``most`` of them (the last by path), each read only up to ``limit`` + 1 bytes (None when it vanished)."""
+        raise NotImplementedError(f"{type(self).__name__}.small_files")
+
     def child_uri(self, name: str) -> str:
         """The URI (or path) of checkpoint ``name`` at this location."""
         return f"{self.uri.rstrip('/')}/{name}"
@@ -326,6 +335,28 @@ class LocalLocation(Location):
 
     def verify(self, info: CheckpointInfo, listing: Listing) -> list[str]:
         return [p.replace(str(self.root / info.name) + "/", "") for p in verify_checkpoint(self.root / info.name)]
+
+    def put_small(self, rel: str, body: bytes) -> str:
+        target = self.root / rel
+        with storage_errors(self.uri):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_bytes(body)
+            os.replace(tmp, target)
+        return str(target)
+
+    def small_files(self, matches: Callable[[str], bool], limit: int, most: int) -> Iterator[tuple[str, bytes | None]]:
+        if not self.root.is_dir():
+            return
+        with storage_errors(self.uri):
+            found = sorted(p for p in self.root.rglob("*.json")
+                           if not p.is_symlink() and matches(p.relative_to(self.root).as_posix()))
+        for path in found[-most:]:
+            try:
+                with path.open("rb") as f:
+                    yield str(path), f.read(limit + 1)
+            except FileNotFoundError:
+                yield str(path), None
 
     def upload(self, local_dir: Path, manifest: dict[str, Any]) -> None:
         """Copy and MD5-verify the files, then write the manifest. When ``local_dir`` already is the

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,6 +265,22 @@ class S3Location(Location):
         files = {rel: ({k: v for k, v in meta.items() if k != "etag"} if rel in opaque else meta)
                  for rel, meta in manifest["files"].items()}
         return {**manifest, "files": files}
+
+    def put_small(self, rel: str, body: bytes) -> str:
+        with storage_errors(self.uri):
+            self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=body, ContentType="application/json")
+        return f"{self.uri}/{rel}"
+
+    def small_files(self, matches: Callable[[str], bool], limit: int, most: int) -> Iterator[tuple[str, bytes | None]]:
+        root = self._root()
+        with storage_errors(self.uri):
+            keys = sorted(o["Key"] for o in self._keys(root) if matches(o["Key"][len(root):]))
+        for key in keys[-most:]:
+            with storage_errors(self.uri):
+                try:
+                    yield f"s3://{self.bucket}/{key}", self._get(key, limit)
+                except InvalidManifest:  # larger than limit: the caller names it
+                    yield f"s3://{self.bucket}/{key}", b" " * (limit + 1)
 
     def set_latest(self, name: str) -> None:
         with storage_errors(self.uri):
