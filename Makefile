@@ -57,4 +57,5 @@ bench: venv ## Run the benchmarks, write bench/results/*.json and the table in b
 	@if [ -f bench/checkpoint_upload.py ]; then $(PY) -m bench.checkpoint_upload; fi
 	@if [ -f bench/operator_scale.py ]; then $(PY) -m bench.operator_scale; fi
 	@if [ -f bench/kueue_admission.py ]; then $(PY) -m bench.kueue_admission; fi
+	$(PY) -m bench.large_gang
 	$(PY) -m bench.report

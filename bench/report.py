@@ -15,7 +15,10 @@ def table() -> str:
     lines = ["| benchmark | metric | value | target | met | measured |", "| --- | --- | --- | --- | --- | --- |"]
     for path in sorted(RESULTS.glob("*.json")):
         data = json.loads(path.read_text())
-        for row in data.get("summary", []):
+        rows = data.get("summary", [])
+        if not isinstance(rows, list):  # a benchmark's own summary shape (watch_cost.py's): not table rows
+            continue
+        for row in rows:
             met = row.get("met")
             lines.append(
                 f"| {data['benchmark']} | {row['metric']} | {row['value']} {row.get('unit', '')} "
