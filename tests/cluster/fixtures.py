@@ -55,7 +55,7 @@ def real_node_selected(config: pytest.Config) -> bool:
 
 #: Images the real node's containerd gets from the local podman storage besides the base image: none. The
 #: trainer and the operator reach it through the session's registry (``tests/e2e/test_real_node_jobs_cluster.py``
-#: pushes the trainer of ``make images``; ``test_install_path_cluster.py`` runs ``make release``).
+#: pushes the trainer of ``make images``; ``test_real_node_install_path_cluster.py`` runs ``make release``).
 REAL_NODE_IMAGES: tuple[str, ...] = ()
 
 

@@ -130,3 +130,19 @@ def test_every_fixture_a_test_asks_for_is_found_where_the_test_is() -> None:
     missing = sorted({line.strip() for line in plan.stdout.splitlines() if "fixture '" in line and "not found" in line})
     assert not missing, missing
     assert plan.returncode == 0, plan.stdout[-3000:]
+
+
+def test_the_real_node_s_own_plane_runs_before_any_file_of_the_session_s_plane() -> None:
+    """``test_real_node_cluster.py`` starts a control plane and real node of its own; only one real node runs
+    at a time, and pytest runs files in name order, so every realnode file that uses the session's plane
+    (it asks for a control-plane fixture) must sort after it. A file named ``test_install…`` once did not,
+    and every test of the real node's own module then failed to start it."""
+    own = TESTS / "e2e" / "test_real_node_cluster.py"
+    session = []
+    for path in sorted((TESTS / "e2e").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        if path != own and "realnode" in path.read_text() and any(
+                _params(fn) & CLUSTER_FIXTURES for fn in _functions(tree) if fn.name.startswith("test_")):
+            session.append(path.name)
+    assert session, "no realnode file of the session's plane found: the check lost its subject"
+    assert all(name > own.name for name in session), (own.name, session)

@@ -2,7 +2,7 @@
 labels, the refusals of a bad release, and the workflows that run it.
 
 The release itself, pushed to a real registry and installed from it on the real node, is
-``tests/e2e/test_install_path_cluster.py`` (``make e2e``); here the parts, without a registry. The tests
+``tests/e2e/test_real_node_install_path_cluster.py`` (``make e2e``); here the parts, without a registry. The tests
 marked ``images`` read the images ``make images`` built (their labels, the SBOM inside them)."""
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Runs only when selected (``pytest -m realnode``, ``make e2e``): it needs root, the Debian packages
 of ``tools/real-node-deps.sh`` and ``tools/build-binaries.sh --real-node``, and it changes the
 host's network while it runs. One control plane for the module; the last test stops it and checks
-that nothing is left on the host.
+that nothing is left on the host. It must run before any test of the session's control plane (one real
+node at a time): pytest runs the files in name order, and every other file of the session's real node
+sorts after this one (``test_real_node_<c…>`` first; ``tests/delivery/test_layout.py`` checks it).
 """
 
 from __future__ import annotations
