@@ -119,6 +119,10 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum = 0
         self.waiting = False  # set while a stop waits for the generation window's end
+        # The signal this rank itself received, if any. A stop agreed while it is 0 came from another
+        # worker's ranks (a pod deleted alone): with in-place restarts this rank then exits "lost a peer",
+        # so its agent restarts it to meet the replacement, instead of the pod ending as a second failure.
+        self.own = 0
 
     def install(self) -> None:
         import signal
@@ -130,9 +134,15 @@ class StopRequest:
         if not self.signum:
             log.warning("signal %d: saving a checkpoint at the end of this step, then stopping", signum)
         self.signum = signum
+        self.own = signum
 
 
 STOP = StopRequest()
+
+
+def in_place_restarts_on() -> bool:
+    """Whether this worker's agent restarts its ranks to meet a replaced peer (``RLJOB_IN_PLACE_RESTARTS``)."""
+    return os.environ.get(IN_PLACE_RESTARTS_ENV, "0") not in ("", "0")
 
 
 def stop_on_signal_callback(request: StopRequest) -> Any:
@@ -542,6 +552,9 @@ def _main(argv: list[str]) -> int:
         cfg = validate_document(TrainerConfig, json.loads(Path(argv[0]).read_text(encoding="utf-8")))
         STOP.install()
         run(cfg)
+        if STOP.signum and not STOP.own and in_place_restarts_on():
+            report_fatal(f"a peer worker was stopped by signal {STOP.signum}; saved a checkpoint with it")
+            return EXIT_PEER_LOST  # the agent restarts this rank to meet the peer's replacement
         if STOP.signum:  # stopped early with a checkpoint: not done, so not 0
             report_fatal(f"stopped by signal {STOP.signum} after saving a checkpoint")
             return exit_code_for_signal(STOP.signum)
@@ -554,7 +567,7 @@ def _main(argv: list[str]) -> int:
         if is_cuda_oom(e):
             report_fatal(f"CUDA out of memory: {e}")
             return EXIT_CUDA_OOM
-        if os.environ.get(IN_PLACE_RESTARTS_ENV, "0") not in ("", "0") and is_peer_loss(e):
+        if in_place_restarts_on() and is_peer_loss(e):
             report_fatal(f"lost a peer worker: {e}")  # the agent restarts this rank to meet its replacement
             return EXIT_PEER_LOST
         report_fatal(f"{type(e).__name__}: {e}")
