@@ -583,7 +583,7 @@ def _window_micro_steps(s: RLTrainingJobSpec) -> tuple[int, int]:
 
 def _checkpoints_on_windows(s: RLTrainingJobSpec) -> bool:
     gbs = s.training.generation_batch_size
-    if gbs is not None and (_elastic(s) or gbs % _global_batch(s)):
+    if gbs is not None and (_elastic(s) or gbs % _global_batch(s) or gbs % s.training.num_generations):
         return True  # refused by the generation-batch rules, which say more
     micro, per = _window_micro_steps(s)
     return s.checkpoint.every_steps * s.training.gradient_accumulation_steps * per % micro == 0
@@ -602,7 +602,8 @@ def _window_refusal(s: RLTrainingJobSpec) -> str:
 WINDOW_RULES = [
     Rule("spec.checkpoint.everySteps: whole generation windows", "spec",
          f"has(self.training.generationBatchSize) ? ({_ELASTIC} || "
-         f"self.training.generationBatchSize % ({_GLOBAL_BATCH}) != 0 || self.checkpoint.everySteps * "
+         f"self.training.generationBatchSize % ({_GLOBAL_BATCH}) != 0 || "
+         "self.training.generationBatchSize % self.training.numGenerations != 0 || self.checkpoint.everySteps * "
          f"self.training.gradientAccumulationSteps * {_GLOBAL_BATCH} % "
          f"(self.training.generationBatchSize * {_NUM_ITERATIONS}) == 0) : "
          "self.checkpoint.everySteps * self.training.gradientAccumulationSteps % "

@@ -452,7 +452,8 @@ def test_a_concluded_tracked_experiment_records_its_verdict_through_one_owned_re
         done = wait_exp(kube, namespace, name, lambda s: (_recorded(s) or {}).get("reason") == "Recording",
                         f"{name} Succeeded and recording", 120)
         assert done["status"]["phase"] == "Succeeded"
-        (pod,) = _record_pods(kube, namespace, name)
+        # The condition may be written in the same pass that creates the pod: wait for it to be listed.
+        (pod,) = wait_for(lambda n=name: _record_pods(kube, namespace, n) or None, 30, message=f"{name}'s record pod")
         configmap = kube.request("GET", kube.core_path(namespace, "configmaps", f"{name}-record-1"))
         owner = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLExperiment", "name": name,
                  "uid": done["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
