@@ -128,3 +128,16 @@ def assert_same_curve(got: dict[int, dict[str, float]], want: dict[int, dict[str
                 differ.append((step, key, value, want[step][key]))
     assert not differ, f"{len(differ)} of {compared} values differ from the uninterrupted run, first: {differ[:5]}"
     return compared
+
+
+def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """The trainer's Prometheus metrics on ``port``: name → labels → value."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out

@@ -12,8 +12,16 @@ import requests
 import yaml
 from rljob_trainer.launch import free_port
 
-from tests.support.trainer import REPO, deep_update, quickstart_doc, run_rljob, start_rljob, write_manifest
-from tests.trainer.test_run_training import scrape, tensorboard_scalars
+from tests.support.trainer import (
+    REPO,
+    deep_update,
+    quickstart_doc,
+    run_rljob,
+    scrape,
+    start_rljob,
+    write_manifest,
+)
+from tests.trainer.test_run_training import tensorboard_scalars
 
 pytestmark = pytest.mark.trainer
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 from rljob_trainer.launch import free_port
 
 from tests.support.trainer import (
@@ -24,6 +23,7 @@ from tests.support.trainer import (
     logged_curve,
     quickstart_doc,
     run_rljob,
+    scrape,
     start_rljob,
     wait_until,
     write_manifest,
@@ -37,13 +37,9 @@ MAX_STEPS = 24
 
 def trained_step(port: int) -> int | None:
     try:
-        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-    except requests.RequestException:
+        return int(scrape(port)["rljob_trainer_step"][()])
+    except (requests.RequestException, KeyError):
         return None
-    for family in text_string_to_metric_families(text):
-        if family.name == "rljob_trainer_step":
-            return int(family.samples[0].value)
-    return None
 
 
 def test_sigterm_inside_a_generation_window_saves_at_its_end_and_the_resume_replays_the_run_exactly(

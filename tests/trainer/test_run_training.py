@@ -12,7 +12,6 @@ import psutil
 import pytest
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from rljob_trainer.launch import free_port
 from rljob_trainer.worker import NOT_PRELOADED
 
@@ -26,6 +25,7 @@ from tests.support.trainer import (
     logged_curve,
     quickstart_doc,
     run_rljob,
+    scrape,
     start_rljob,
     wait_until,
     write_manifest,
@@ -59,15 +59,6 @@ def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return running
-
-
-def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
 
 
 def tensorboard_scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
