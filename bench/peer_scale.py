@@ -307,9 +307,9 @@ class ReplacementRecorder(scale.Recorder):
 
 class RLJobElasticSide(RLJobPeerSide):
     """rljob's elastic jobs (``minReplicas: 2``, ``maxReplicas: 4``, checkpoints on object storage): a failed
-    worker other than worker 0 is replaced alone, as the peer replaces its pods (issue #31). Its failures
-    hit workers 1-3 only, and so do the peer's in this comparison (``victim_indexes``): worker 0 hosts
-    the rendezvous store, and its loss still restarts the gang."""
+    worker is replaced alone, as the peer replaces its pods (issue #31; worker 0 too since issue #48). Its
+    failures hit workers 1-3 only, and so do the peer's in this comparison (``victim_indexes``), as the
+    results recorded before worker 0 could be replaced alone did (the peer's master is not failed either)."""
 
     replacement_pods = 1
     victim_indexes = range(1, scale.WORKERS)

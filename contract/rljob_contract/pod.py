@@ -44,7 +44,8 @@ NNODES_ENV = "RLJOB_NNODES"
 NODE_RANK_ENV = "RLJOB_NODE_RANK"
 #: Processes in this pod (torchrun ``--nproc-per-node``).
 NPROC_PER_NODE_ENV = "RLJOB_NPROC_PER_NODE"
-#: ``host:port`` of worker 0, which hosts the c10d rendezvous.
+#: ``host:port`` of worker 0, whose agent hosts the c10d rendezvous store (a replaced worker 0 hosts a new one
+#: there, and the other nodes dial it again: ``rljob_trainer.launch.run_redialling``).
 RDZV_ENDPOINT_ENV = "RLJOB_RDZV_ENDPOINT"
 #: Rendezvous id, unique per job object and gang generation.
 RUN_ID_ENV = "RLJOB_RUN_ID"
@@ -63,6 +64,9 @@ OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
 METRICS_PORT_ENV = "RLJOB_METRICS_PORT"
 #: The pod's own name (downward API); sent in heartbeats.
 POD_NAME_ENV = "RLJOB_POD_NAME"
+#: The pod's IP (downward API): the address its agent announces in the rendezvous, where the ranks' own
+#: store is dialled when group rank 0 is on this pod (its name resolves only inside the pod).
+POD_IP_ENV = "RLJOB_POD_IP"
 #: Full heartbeat URL (base URL + ``heartbeat_path``); unset means "send no heartbeats".
 STATUS_URL_ENV = "RLJOB_STATUS_URL"
 #: File holding the projected, audience-bound service-account token heartbeats carry.
@@ -82,7 +86,7 @@ MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
 #: Every variable the operator sets on a worker with a status endpoint.
 OPERATOR_ENV = frozenset({
     NNODES_ENV, NODE_RANK_ENV, NPROC_PER_NODE_ENV, RDZV_ENDPOINT_ENV, RUN_ID_ENV, SHUTDOWN_TIMEOUT_ENV,
-    OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
+    OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, POD_IP_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
     CREDENTIALS_DIR_ENV,
 })
 #: Set besides those on the workers of a job that may restart (``restartPolicy`` other than ``Never``).
@@ -129,10 +133,6 @@ def warning_reason(message: str) -> str:
 
 #: Rendezvous timeout in seconds (default 900).
 RDZV_TIMEOUT_ENV = "RLJOB_RDZV_TIMEOUT"
-#: Whether this node's agent hosts the c10d rendezvous store: unset, node rank 0's does (and the gang's
-#: rendezvous dies with worker 0); "0", no worker's does: a process of its own serves it at
-#: ``RDZV_ENDPOINT_ENV`` (``RENDEZVOUS_COMMAND``), so the gang's rendezvous outlives any one worker.
-RDZV_HOST_ENV = "RLJOB_RDZV_HOST"
 #: "0" turns off the progress bars.
 PROGRESS_ENV = "RLJOB_PROGRESS"
 #: Where the termination message goes instead of ``/dev/termination-log``.
@@ -169,11 +169,8 @@ REWARD_PATH_ENV = "RLJOB_REWARD_PATH"
 #: The in-pod entrypoint (``rljob_trainer.launch.main``).
 TRAINER_MODULE = "rljob_trainer.launch"
 TRAINER_COMMAND = ("python", "-m", TRAINER_MODULE, "--config", CONFIG_PATH)
-#: The rendezvous store served outside the workers (``rljob_trainer.rendezvous``; ``RDZV_HOST_ENV``), on
-#: ``RENDEZVOUS_PORT``: the trainer image, no GPU, no config.
-RENDEZVOUS_MODULE = "rljob_trainer.rendezvous"
+#: The port worker 0's agent serves the c10d rendezvous store on.
 RENDEZVOUS_PORT = 29500
-RENDEZVOUS_COMMAND = ("python", "-m", RENDEZVOUS_MODULE, "--port", str(RENDEZVOUS_PORT))
 
 
 class LocatedError(Exception):

@@ -26,6 +26,10 @@ ANNOTATION_JOB_GENERATION = "rljob.dev/job-generation"
 #: On a worker pod built with ``RLJOB_IN_PLACE_RESTARTS``: how often its agent may restart its ranks to meet a
 #: replaced peer. A pod without it (built by an operator before issue #48) ends when a peer is lost.
 ANNOTATION_IN_PLACE_RESTARTS = "rljob.dev/in-place-restarts"
+#: On a worker pod built with it ("true"): its launcher dials the rendezvous again when worker 0's store is
+#: lost (``rljob_trainer.launch.run_redialling``), so worker 0 may be replaced alone. A pod without it (an
+#: operator before issue #48's worker 0) ends with worker 0's store.
+ANNOTATION_REDIALS = "rljob.dev/redials-rendezvous"
 #: Written on every ConfigMap, Service and NetworkPolicy the operator creates: the uid of the job
 #: it was created for. A same-named object is adopted only with this marker (and LABEL_MANAGED_BY):
 #: labels can be copied from any job before it exists, its uid cannot.

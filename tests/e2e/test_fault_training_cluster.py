@@ -1,9 +1,9 @@
 """End to end: the real trainer, run as local processes from the pods the operator builds, survives
 a worker of a fixed-size job killed mid-training, and logs exactly the curve an uninterrupted run of
-the same manifest logs. Worker 0 (it hosts the rendezvous store): the operator restarts the gang, which
-resumes from the newest checkpoint (losing at most one checkpoint interval) in the S3 test server.
-Worker 1: the operator replaces that pod alone (issue #48, point 1), worker 0's agent restarts its
-ranks, and both resume from the newest checkpoint together.
+the same manifest logs (issue #48, point 1). Either worker, worker 0 too: the operator replaces that pod
+alone, the survivor's agent restarts its ranks (worker 0's loss takes the rendezvous store its agent
+hosts: the survivor's launcher dials it again, where the replacement hosts a new one), and both resume
+from the newest checkpoint in the S3 test server (losing at most one checkpoint interval).
 
 As in ``test_operator_contract``, each pod's command and environment (its Secret's keys included) run
 here as a process; the fake pod mirrors what the kubelet would report (exit 137 for the SIGKILLed
@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from tests.support.operator_process import (
     wait_gang,
     wait_phase,
 )
-from tests.support.pod_harness import PodProcess, logs, start_gang, start_pod, stop
+from tests.support.pod_harness import PodProcess, logs, start_pod, stop
 from tests.support.s3_server import MotoServer, bucket_fixture, s3_server_fixture  # noqa: F401 - fixtures register by import
 from tests.support.trainer import assert_same_curve, deep_update, logged_curve, run_rljob, write_manifest
 
@@ -123,14 +122,24 @@ def _finish(kube: Any, namespace: str) -> dict[str, Any]:
     return wait_phase(kube, namespace, "e2e", "Succeeded")["status"]
 
 
-def test_sigkilled_worker_0_gang_restarts_resumes_from_its_s3_checkpoint_and_logs_the_uninterrupted_curve(
+def _uids(kube: Any, namespace: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "e2e")
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+@pytest.mark.parametrize("lost", [0, 1], ids=["worker-0", "worker-1"])
+def test_a_sigkilled_worker_of_a_fixed_size_job_is_replaced_alone_and_the_gang_logs_the_uninterrupted_curve(
         kube: Any, namespace: str, operator: Any, tmp_path: Path, s3_server: MotoServer, bucket: str,
-        uninterrupted: dict[int, dict[str, float]]) -> None:
+        uninterrupted: dict[int, dict[str, float]], lost: int) -> None:
+    survivor, name = 1 - lost, f"e2e-worker-{lost}"
     operator()
     _start_job(kube, namespace, s3_server, bucket)
     wait_gang(kube, namespace, "e2e", 0)
-    first = start_gang(kube, namespace, "e2e", 0, tmp_path)
-    second: list[PodProcess] = []
+    before = _uids(kube, namespace)
+    rdzv = f"127.0.0.1:{free_port()}"  # one rendezvous endpoint for the gang and the replacement: same generation
+    pods = sorted(job_pods(kube, namespace, "e2e"), key=lambda p: p["metadata"]["name"])
+    first = [start_pod(kube, namespace, p, tmp_path, rdzv) for p in pods]
+    replacement: list[PodProcess] = []
     try:
         killed_at = _checkpointed(kube, namespace, first)
         # The keys reached the trainer as files (its checkpoints are in the bucket), and no process of the
@@ -138,85 +147,39 @@ def test_sigkilled_worker_0_gang_restarts_resumes_from_its_s3_checkpoint_and_log
         environs = _environments([p for p, _, _ in first])
         assert not [env for env in environs if KEYS["AWS_SECRET_ACCESS_KEY"].encode() in env]
         assert any(b"AWS_SHARED_CREDENTIALS_FILE=" in env for env in environs)
-        stop(first[:1])  # SIGKILL worker 0's node: torchrun (the rendezvous store's host) and its workers
-        annotate_pod(kube, namespace, "e2e-worker-0", fake_pods.exit_annotations(137))  # what the kubelet reports
-        wait_for(lambda: not any(p["metadata"]["labels"]["rljob.dev/gang-generation"] == "0"
-                                 for p in job_pods(kube, namespace, "e2e")), 60, message="old gang deleted")
-        stop(first[1:], signal.SIGTERM)  # the kubelet stops worker 1 when its pod is deleted
-        job = wait_gang(kube, namespace, "e2e", 1)
-        newest, files = _sealed(s3_server, bucket, namespace)
-        # Each rank's RNG states are in it, though each rank saved them in its own pod's folder.
-        assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= files, files
-        assert job["status"]["restarts"] == 1 and job["status"]["lastFailure"]["worker"] == "e2e-worker-0"
-        assert job["status"]["lastFailure"]["replacedPods"] == []
-        warnings = [e for e in events_for(kube, namespace, "e2e") if e["reason"] == "WorkerFailed"]
-        assert warnings and "worker 0 hosts the rendezvous store" in warnings[0]["message"], warnings
-
-        second = start_gang(kube, namespace, "e2e", 1, tmp_path)
-        codes = [p.wait(timeout=600) for p, _, _ in second]
-        assert codes == [0, 0], logs(second)
-        resumed = _resumed(json.loads((second[0][2] / "output" / "summary.json").read_text()), killed_at)
-        assert resumed == newest  # the newest the bucket held
-        # Worker 1 keeps nothing of its own checkpoints (they went to worker 0's), only the resume's copy.
-        staging = second[1][2] / "output" / "checkpoint-staging"
-        assert sorted(p.name for p in staging.glob("checkpoint-*")) == [f"checkpoint-{resumed}"]
-        print(f"killed at step {killed_at}, resumed from checkpoint-{resumed}")
-    finally:
-        stop(first)
-        stop(second)
-    assert _finish(kube, namespace)["restarts"] == 1
-
-    # Exact resume through the operator (issue #31): the same values, to the last bit, at every step: those
-    # the first gang trained before the resumed checkpoint, and every step the second gang trained.
-    after = logged_curve(second[0][2] / "output" / "metrics.jsonl")
-    assert sorted(after) == list(range(resumed + 1, MAX_STEPS + 1))
-    before = {k: v for k, v in logged_curve(first[0][2] / "output" / "metrics.jsonl").items() if k <= resumed}
-    assert sorted(before) == list(range(1, resumed + 1))
-    assert_same_curve(after, uninterrupted) + assert_same_curve(before, uninterrupted)
-
-
-def _uids(kube: Any, namespace: str) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "e2e")
-            if not p["metadata"].get("deletionTimestamp")}
-
-
-def test_sigkilled_worker_1_of_a_fixed_size_job_is_replaced_alone_and_the_gang_logs_the_uninterrupted_curve(
-        kube: Any, namespace: str, operator: Any, tmp_path: Path, s3_server: MotoServer, bucket: str,
-        uninterrupted: dict[int, dict[str, float]]) -> None:
-    operator()
-    _start_job(kube, namespace, s3_server, bucket)
-    wait_gang(kube, namespace, "e2e", 0)
-    before = _uids(kube, namespace)
-    rdzv = f"127.0.0.1:{free_port()}"  # one rendezvous for the gang and the replacement: same generation
-    pods = sorted(job_pods(kube, namespace, "e2e"), key=lambda p: p["metadata"]["name"])
-    first = [start_pod(kube, namespace, p, tmp_path, rdzv) for p in pods]
-    replacement: list[PodProcess] = []
-    try:
-        killed_at = _checkpointed(kube, namespace, first)
-        stop(first[1:])  # SIGKILL worker 1's node: its torchrun agent and ranks
-        annotate_pod(kube, namespace, "e2e-worker-1", fake_pods.exit_annotations(137))
+        # SIGKILL the node: its torchrun agent (worker 0's hosts the rendezvous store) and its ranks.
+        stop(first[lost:lost + 1])
+        annotate_pod(kube, namespace, name, fake_pods.exit_annotations(137))  # what the kubelet reports
 
         def replaced() -> dict[str, str] | None:
             now = _uids(kube, namespace)
-            return now if len(now) == 2 and now["e2e-worker-1"] != before["e2e-worker-1"] else None
+            return now if len(now) == 2 and now[name] != before[name] else None
 
-        after = wait_for(replaced, 60, message="worker 1 created again")
-        assert after["e2e-worker-0"] == before["e2e-worker-0"] and first[0][0].poll() is None  # never touched
+        after = wait_for(replaced, 60, message=f"{name} created again")
+        other = f"e2e-worker-{survivor}"
+        assert after[other] == before[other] and first[survivor][0].poll() is None  # never touched
         status = get_job(kube, namespace, "e2e")["status"]
         assert status["restarts"] == 1 and status["gangGeneration"] == 0
-        assert status["lastFailure"]["replacedPods"] == [before["e2e-worker-1"]]
+        assert status["lastFailure"]["replacedPods"] == [before[name]] and status["lastFailure"]["worker"] == name
         warnings = [e for e in events_for(kube, namespace, "e2e") if e["reason"] == "WorkerFailed"]
-        assert warnings and "replacing e2e-worker-1 in place" in warnings[0]["message"]
-        new = next(p for p in job_pods(kube, namespace, "e2e") if p["metadata"]["name"] == "e2e-worker-1")
+        assert warnings and f"replacing {name} in place" in warnings[0]["message"]
+        newest, files = _sealed(s3_server, bucket, namespace)
+        # Each rank's RNG states are in it, though each rank saved them in its own pod's folder.
+        assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= files, files
+        new = next(p for p in job_pods(kube, namespace, "e2e") if p["metadata"]["name"] == name)
         replacement = [start_pod(kube, namespace, new, tmp_path, rdzv)]
-        gang = [first[0], replacement[0]]
+        gang = [first[survivor], replacement[0]]
         assert [p.wait(timeout=600) for p, _, _ in gang] == [0, 0], logs(gang)
-        assert "lost a peer worker" in (first[0][2] / "log.txt").read_text(errors="replace"), logs(gang)
+        kept = (first[survivor][2] / "log.txt").read_text(errors="replace")
+        assert "lost a peer worker" in kept, logs(gang)
+        if lost == 0:  # the survivor's launcher dialled the store again, where the new worker 0 hosts one
+            assert "lost the rendezvous store" in kept, logs(gang)
         summaries = [json.loads(f.read_text()) for _, _, w in gang for f in [w / "output" / "summary.json"]
                      if f.exists()]
         assert len(summaries) == 1, "one rank 0 writes the summary"
         resumed = _resumed(summaries[0], killed_at)
-        print(f"killed at step {killed_at}, resumed from checkpoint-{resumed}")
+        assert resumed == newest  # the newest the bucket held
+        print(f"killed {name} at step {killed_at}, resumed from checkpoint-{resumed}")
     finally:
         stop(first)
         stop(replacement)

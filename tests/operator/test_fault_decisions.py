@@ -11,7 +11,7 @@ from rljob_operator.decisions.children import desired_configmap
 from rljob_operator.decisions.failure.observe import first_failure
 from rljob_operator.decisions.failure.respond import backoff_seconds
 from rljob_operator.decisions.lifecycle import plan_reconcile
-from rljob_operator.names import ANNOTATION_IN_PLACE_RESTARTS, CONFIG_KEY
+from rljob_operator.names import ANNOTATION_IN_PLACE_RESTARTS, ANNOTATION_REDIALS, CONFIG_KEY
 from rljob_operator.times import rfc3339
 
 from tests.support.jobs import ENDPOINT, NOW, make_job, observe, pod_json
@@ -263,9 +263,20 @@ def test_replaced_pods_name_only_the_pods_still_to_be_told_apart() -> None:
     assert second.status["lastFailure"]["replacedPods"] == ["pod-1-0", "pod-2-0"]
     gone = plan_after(replacing, pod_json(job, 0), failed_worker(job, 1, index=2), later=1).status
     assert gone["lastFailure"]["replacedPods"] == ["pod-2-0"]
-    # Worker 0 fails (it hosts the rendezvous store): the whole gang restarts.
-    restart = plan_after(make_job(3, spec=ELASTIC, status=second.status), failed_worker(job, 1, index=0),
-                         pod_json(job, 2), later=2)
+    # Worker 0 fails (its agent hosts the rendezvous store): replaced alone too, the survivors dial its new store.
+    # (worker 2's pod is the one replaced before, still seen: deleted again, not counted.)
+    third = plan_after(make_job(3, spec=ELASTIC, status=second.status), failed_worker(job, 1, index=0),
+                       pod_json(job, 2), later=2)
+    assert third.gang_restart is None and sorted(third.delete_pods) == ["train-worker-0", "train-worker-2"]
+    assert third.status["lastFailure"]["worker"] == "train-worker-0" and third.status["gangGeneration"] == 0
+    assert sorted(third.status["lastFailure"]["replacedPods"]) == ["pod-0-0", "pod-2-0"]
+    # A survivor an older operator built ends with worker 0's store: the gang restarts, and its record names
+    # no pod replaced in place (none left over from the earlier failure).
+    older = pod_json(job, 1)
+    del older["metadata"]["annotations"][ANNOTATION_REDIALS]
+    older["metadata"]["uid"] = "pod-1-replacement"  # the pod created in place of worker 1's
+    restart = plan_after(make_job(3, spec=ELASTIC, status=second.status), failed_worker(job, 1, index=0), older,
+                         later=2)
     assert restart.gang_restart is not None and restart.status["lastFailure"]["worker"] == "train-worker-0"
     assert restart.status["lastFailure"]["replacedPods"] == []
 
@@ -298,9 +309,20 @@ def test_what_still_restarts_the_whole_gang_and_the_status_and_warning_say_why(s
     healthy = [lambda j: pod_json(j, 0), lambda j: pod_json(j, 2)]
     worker_1 = [lambda j: failed_worker(j, 1, index=1)]
     assert gang_restart(*healthy, *worker_1) is None
-    # Worker 0 hosts the rendezvous store: its failure ends every agent's rendezvous.
-    why = gang_restart(lambda j: failed_worker(j, 1, index=0), lambda j: pod_json(j, 1), lambda j: pod_json(j, 2))
-    assert why is not None and "worker 0 hosts the rendezvous store" in why
+    # Worker 0 hosts the rendezvous store: replaced alone, its survivors' launchers dial the replacement's store;
+    # survivors an operator built before they did so would end with it.
+    worker_0 = [lambda j: failed_worker(j, 1, index=0)]
+    assert gang_restart(*worker_0, lambda j: pod_json(j, 1), lambda j: pod_json(j, 2)) is None
+
+    def no_redial(j: Any, index: int) -> dict[str, Any]:
+        pod = pod_json(j, index)
+        del pod["metadata"]["annotations"][ANNOTATION_REDIALS]
+        return pod
+
+    why = gang_restart(*worker_0, lambda j: no_redial(j, 1), lambda j: pod_json(j, 2))
+    assert why is not None and "worker 0 hosts the rendezvous store" in why and "older operator" in why
+    assert gang_restart(*healthy, *worker_1) is None and gang_restart(
+        lambda j: no_redial(j, 0), lambda j: no_redial(j, 2), *worker_1) is None  # only worker 0's loss needs it
     # Checkpoints that die with a pod: the replacement could not resume where the survivors do.
     why = gang_restart(*healthy, *worker_1, storage=None)
     assert why is not None and "checkpoints are ephemeral" in why

@@ -7,10 +7,18 @@ from __future__ import annotations
 import dataclasses
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rljob_trainer.errors import PermanentError
-from rljob_trainer.launch import NodeSettings, bounded_worker_shutdown, build_launch_config, rank_start_method
+from rljob_trainer.launch import (
+    NodeSettings,
+    Rounds,
+    bounded_worker_shutdown,
+    build_launch_config,
+    rank_start_method,
+    run_redialling,
+)
 
 NODE = NodeSettings(nnodes=2, nproc_per_node=4, node_rank=1, rdzv_endpoint="w0:29500", run_id="job-g3")
 
@@ -27,6 +35,7 @@ class LaunchConfigWithoutShutdown:  # torch <= 2.11: LaunchConfig has no shutdow
     max_restarts: int = 3
     monitor_interval: float = 0.1
     start_method: str = "spawn"
+    local_addr: str | None = None
 
 
 @dataclasses.dataclass
@@ -153,22 +162,70 @@ def test_a_process_whose_starter_is_gone_exits_but_one_started_by_pid_1_does_not
     assert (inside.returncode, inside.stdout) == (0, "alive\n"), inside.stderr
 
 
-def test_the_rendezvous_store_is_hosted_by_node_rank_0_unless_the_pod_says_a_process_of_its_own_serves_it(
+def test_node_rank_0_hosts_the_rendezvous_store_and_every_node_announces_its_pod_ip(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from rljob_contract import pod as contract
     from torch.distributed.launcher.api import LaunchConfig
 
-    def is_host(rank: int, value: str | None) -> bool:
+    def config(rank: int, ip: str | None) -> Any:
         monkeypatch.setenv(contract.NODE_RANK_ENV, str(rank))
-        if value is None:
-            monkeypatch.delenv(contract.RDZV_HOST_ENV, raising=False)
+        if ip is None:
+            monkeypatch.delenv(contract.POD_IP_ENV, raising=False)
         else:
-            monkeypatch.setenv(contract.RDZV_HOST_ENV, value)
-        config, _ = build_launch_config(LaunchConfig, NodeSettings.from_env(default_nproc=1), 30)
-        return bool(config.rdzv_configs["is_host"])
+            monkeypatch.setenv(contract.POD_IP_ENV, ip)
+        return build_launch_config(LaunchConfig, NodeSettings.from_env(default_nproc=1), 30)[0]
 
-    assert [is_host(0, None), is_host(1, None), is_host(0, "")] == [True, False, True]
-    assert [is_host(0, "0"), is_host(1, "0"), is_host(0, "false")] == [False, False, False]
-    assert is_host(1, "1")
-    with pytest.raises(PermanentError, match=f"{contract.RDZV_HOST_ENV}.*'yes'; use 1 or 0"):
-        is_host(0, "yes")
+    assert [config(r, None).rdzv_configs["is_host"] for r in (0, 1, 2)] == [True, False, False]
+    assert config(1, "10.4.0.7").local_addr == "10.4.0.7"
+    assert config(0, None).local_addr is None and config(0, " ").local_addr is None  # torch's default: the FQDN
+
+
+class _Agent:
+    """``run_redialling``'s ``run``: each call plays one agent run from ``script``: "lost" (ranks started, then
+    the store went away), "unreachable" (no store answered), "done" (the gang finished)."""
+
+    def __init__(self, rounds: Rounds, script: list[str]) -> None:
+        self.rounds, self.script, self.calls = rounds, list(script), 0
+
+    def __call__(self) -> None:
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+        self.calls += 1
+        what = self.script.pop(0)
+        if what == "done":
+            return
+        if what == "lost":
+            self.rounds.started()
+        raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+
+def _redial(script: list[str], node: NodeSettings, clock_step: float = 1.0) -> tuple[_Agent, list[str], BaseException | None]:
+    rounds, refreshed, now = Rounds(), [], [0.0]
+    agent = _Agent(rounds, script)
+
+    def clock() -> float:
+        now[0] += clock_step
+        return now[0]
+
+    try:
+        run_redialling(agent, node, rounds, lambda: refreshed.append("fetched"), clock=clock, sleep=lambda _: None)
+        return agent, refreshed, None
+    except Exception as e:  # noqa: BLE001 - the test looks at what went up
+        return agent, refreshed, e
+
+
+def test_a_node_that_lost_worker_0s_store_dials_it_again_after_fetching_the_newest_checkpoint() -> None:
+    node = dataclasses.replace(NODE, in_place_restarts=2, rdzv_timeout=30)
+    # Worker 0 lost, nobody there for three tries, then its replacement's store: the gang finishes.
+    agent, refreshed, error = _redial(["lost", "unreachable", "unreachable", "unreachable", "done"], node)
+    assert (error, agent.calls, refreshed) == (None, 5, ["fetched"])
+    # Each loss of a store the ranks met counts against in_place_restarts: a third loss goes up.
+    agent, refreshed, error = _redial(["lost", "lost", "lost", "done"], node)
+    assert type(error).__name__ == "RendezvousConnectionError" and agent.calls == 3 and len(refreshed) == 2
+    # No store answers for longer than the rendezvous timeout: up (the node ends with EXIT_PEER_LOST).
+    agent, _, error = _redial(["lost", *["unreachable"] * 40, "done"], node)
+    assert error is not None and 30 <= agent.calls - 1 <= 32
+    # Worker 0 itself, or a node that may not restart its ranks, never dials again.
+    for other in (dataclasses.replace(node, node_rank=0), dataclasses.replace(node, in_place_restarts=0)):
+        agent, _, error = _redial(["lost", "done"], other)
+        assert error is not None and agent.calls == 1

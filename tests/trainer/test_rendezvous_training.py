@@ -1,11 +1,11 @@
-"""Real torchrun agents around the rendezvous store served outside the workers (issue #48, point 1).
+"""Real torchrun agents losing the node that hosts the rendezvous store (issue #48, point 1).
 
 Two nodes, each the launcher's own agent (``build_launch_config`` from the pod's environment,
-``in_place_agent``: ranks that lost a peer are restarted, any other failure ends the node), ranks on
-gloo. Worker 0's node is SIGKILLed mid-run, agent and ranks, as a lost pod's are. With the store served
-by ``python -m rljob_trainer.rendezvous`` (``RLJOB_RDZV_HOST=0``), worker 1's agent restarts its ranks
-and meets a new worker 0 in the store's next round, and both finish. With the store in worker 0's agent
-(today's default), worker 1's rendezvous dies with it and worker 1's node fails.
+``in_place_agent``: ranks that lost a peer are restarted, any other failure ends the node, and
+``run_redialling``), ranks on gloo. Worker 0's node, whose agent hosts the c10d store, is SIGKILLed
+mid-run, agent and ranks, as a lost pod's are. Worker 1's agent ends with the store; its launcher runs it
+again, dialling the same endpoint until a new worker 0 hosts a store there, and the two finish as a gang:
+worker 0's loss costs one node, not the gang.
 """
 
 from __future__ import annotations
@@ -51,27 +51,27 @@ dist.destroy_process_group()
 #: One node: the launcher's LaunchConfig from the pod's environment, its in-place agent.
 NODE = """
 import os, sys, tempfile
-from rljob_trainer.launch import NodeSettings, build_launch_config, in_place_agent
+from rljob_trainer.launch import NodeSettings, Rounds, build_launch_config, in_place_agent, run_redialling
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as launch() sets it with in-place restarts
 os.environ["RLJOB_ERROR_DIR"] = errors = tempfile.mkdtemp()  # where the ranks leave their exit codes
 node = NodeSettings.from_env(default_nproc=1)
 config, _ = build_launch_config(LaunchConfig, node, 10)
-with in_place_agent(errors, lambda: None):
-    elastic_launch(config, sys.executable)(sys.argv[1])
-print("node done", flush=True)
+rounds = Rounds()
+with in_place_agent(errors, lambda: None, on_round=rounds.started):
+    run_redialling(lambda: elastic_launch(config, sys.executable)(sys.argv[1]), node, rounds, lambda: None)
+print(f"node done after {rounds.count} rounds", flush=True)
 """
 
 
-def _start_node(tmp_path: Path, name: str, rank: int, rdzv: str, external: bool) -> subprocess.Popen[bytes]:
+def _start_node(tmp_path: Path, name: str, rank: int, rdzv: str) -> subprocess.Popen[bytes]:
     (tmp_path / "rank.py").write_text(RANK)
     (tmp_path / "node.py").write_text(NODE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLJOB_")}
     env.update({contract.NNODES_ENV: "2", contract.NODE_RANK_ENV: str(rank), contract.RDZV_ENDPOINT_ENV: rdzv,
                 contract.RUN_ID_ENV: "rdzv-g0", contract.IN_PLACE_RESTARTS_ENV: "3", contract.RDZV_TIMEOUT_ENV: "120",
+                contract.POD_IP_ENV: "127.0.0.1",
                 "STEPS": "150", "PEER_LOST": str(contract.EXIT_PEER_LOST), "CUDA_VISIBLE_DEVICES": ""})
-    if external:
-        env[contract.RDZV_HOST_ENV] = "0"
     log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it; closed with the test's folder
     return subprocess.Popen([sys.executable, str(tmp_path / "node.py"), str(tmp_path / "rank.py")], env=env,
                             stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
@@ -89,37 +89,31 @@ def _log(tmp_path: Path, name: str) -> str:
     return (tmp_path / f"{name}.log").read_text(errors="replace")
 
 
-@pytest.mark.parametrize("external", [True, False], ids=["store-outside-the-workers", "store-in-worker-0"])
-def test_losing_worker_0_costs_one_node_only_when_the_store_is_served_outside_the_workers(
-        tmp_path: Path, external: bool) -> None:
-    port = free_port()
-    rdzv = f"127.0.0.1:{port}"
-    store = subprocess.Popen([sys.executable, "-m", contract.RENDEZVOUS_MODULE, "--port", str(port)]) \
-        if external else None
-    nodes = {"worker-0": _start_node(tmp_path, "worker-0", 0, rdzv, external)}
-    time.sleep(0 if external else 2)  # worker 0 hosts the store: let it listen first
-    nodes["worker-1"] = _start_node(tmp_path, "worker-1", 1, rdzv, external)
+def test_losing_worker_0_and_the_store_its_agent_hosts_costs_one_node_the_survivor_dials_the_replacement(
+        tmp_path: Path) -> None:
+    rdzv = f"127.0.0.1:{free_port()}"
+    nodes = {"worker-0": _start_node(tmp_path, "worker-0", 0, rdzv)}
+    time.sleep(2)  # worker 0 hosts the store: let it listen first
+    nodes["worker-1"] = _start_node(tmp_path, "worker-1", 1, rdzv)
     try:
         wait_for(lambda: "round: rank" in _log(tmp_path, "worker-0") and "round: rank" in _log(tmp_path, "worker-1"),
                  120, message="both nodes' ranks running")
         time.sleep(1)
         _kill_tree(nodes["worker-0"])
-        if not external:
-            assert nodes["worker-1"].wait(timeout=180) != 0, _log(tmp_path, "worker-1")
-            return
-        nodes["worker-0-new"] = _start_node(tmp_path, "worker-0-new", 0, rdzv, external)
+        # The survivor's agent lost the store and its ranks their peer; its node keeps dialling.
+        wait_for(lambda: "lost the rendezvous store" in _log(tmp_path, "worker-1"), 120, message="the store's loss")
+        time.sleep(3)
+        assert nodes["worker-1"].poll() is None, _log(tmp_path, "worker-1")[-3000:]
+        nodes["worker-0-new"] = _start_node(tmp_path, "worker-0-new", 0, rdzv)
         codes = {name: nodes[name].wait(timeout=300) for name in ("worker-1", "worker-0-new")}
         survivor, replacement = _log(tmp_path, "worker-1"), _log(tmp_path, "worker-0-new")
         assert codes == {"worker-1": 0, "worker-0-new": 0}, survivor[-3000:] + replacement[-3000:]
-        # The survivor's node ran two rounds (its ranks restarted, the agent never ended) and finished
+        # The survivor's node ran two rounds (its agent ran again, the process never ended) and finished
         # with the replacement, as a gang of two.
-        assert survivor.count("round: rank") == 2 and "node done" in survivor, survivor[-3000:]
+        assert survivor.count("round: rank") == 2 and "node done after 2 rounds" in survivor, survivor[-3000:]
         assert "done: rank" in survivor and "of 2" in survivor.rsplit("round: rank", 1)[1]
-        assert "done: rank" in replacement and "node done" in replacement
+        assert "done: rank" in replacement and "node done after 1 rounds" in replacement
     finally:
         for proc in nodes.values():
             if proc.poll() is None:
                 _kill_tree(proc)
-        if store is not None:
-            store.send_signal(signal.SIGTERM)
-            assert store.wait(timeout=20) == 0

@@ -20,7 +20,8 @@ import os
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,13 +50,13 @@ class NodeSettings:
     rdzv_timeout: int = 900
     in_place_restarts: int = 0
     """Restarts of this node's ranks to meet a replaced peer (``contract.IN_PLACE_RESTARTS_ENV``)."""
-    hosts_store: bool | None = None
-    """Whether this node's agent hosts the rendezvous store (``contract.RDZV_HOST_ENV``); None: node rank 0's does."""
+    local_addr: str | None = None
+    """The address this node announces to its peers (``contract.POD_IP_ENV``); None: its FQDN, torch's default."""
 
     @property
     def is_host(self) -> bool:
-        """``is_host`` of torch's c10d rendezvous: this agent serves the store rather than dialling it."""
-        return self.node_rank == 0 if self.hosts_store is None else self.hosts_store
+        """``is_host`` of torch's c10d rendezvous: node rank 0's agent serves the store, the others dial it."""
+        return self.node_rank == 0
 
     @classmethod
     def from_env(cls, default_nproc: int) -> NodeSettings:
@@ -68,24 +69,13 @@ class NodeSettings:
             run_id=env.get(contract.RUN_ID_ENV, "rljob"),
             rdzv_timeout=int(env.get(contract.RDZV_TIMEOUT_ENV, "900")),
             in_place_restarts=max(int(env.get(contract.IN_PLACE_RESTARTS_ENV, "0") or 0), 0),
-            hosts_store=hosts_store(env.get(contract.RDZV_HOST_ENV, "")),
+            local_addr=env.get(contract.POD_IP_ENV, "").strip() or None,
         )
 
     @classmethod
     def local(cls, nproc: int, run_id: str) -> NodeSettings:
         return cls(nnodes=1, nproc_per_node=nproc, node_rank=0, rdzv_endpoint=f"127.0.0.1:{free_port()}",
                    run_id=run_id)
-
-
-def hosts_store(value: str) -> bool | None:
-    """``RDZV_HOST_ENV``: "1"/"true" → True, "0"/"false" → False, unset or empty → None (node rank 0
-    hosts it); anything else is a PermanentError naming the variable."""
-    value = value.strip().lower()
-    if not value:
-        return None
-    if value in ("1", "true", "0", "false"):
-        return value in ("1", "true")
-    raise PermanentError(contract.RDZV_HOST_ENV, f"unknown value {value!r}; use 1 or 0")
 
 
 def free_port() -> int:
@@ -198,6 +188,9 @@ def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_tim
         "max_restarts": node.in_place_restarts,
         "monitor_interval": 0.2,
         "start_method": start_method,
+        # Group rank 0 hosts the ranks' own store and is dialled at this address: a pod's IP, since
+        # after a replacement rank 0 may be on a pod whose name only its own /etc/hosts resolves.
+        "local_addr": node.local_addr,
     }
     has_field = "shutdown_timeout" in {f.name for f in dataclasses.fields(launch_config_cls)}
     if has_field:
@@ -242,7 +235,8 @@ def peers_lost(failures: dict[int, Any], recorded: dict[int, int]) -> bool:
 
 
 @contextlib.contextmanager
-def in_place_agent(error_dir: str, refresh: Any, launcher_api: Any = None) -> Iterator[None]:
+def in_place_agent(error_dir: str, refresh: Any, launcher_api: Any = None,
+                   on_round: Callable[[], None] | None = None) -> Iterator[None]:
     """While active, torchrun's agent restarts its ranks only when they lost a peer.
 
     A node whose ranks all exited with ``EXIT_PEER_LOST`` (another worker died under a collective)
@@ -252,6 +246,7 @@ def in_place_agent(error_dir: str, refresh: Any, launcher_api: Any = None) -> It
     permanent error) disables the restarts, as torch's own agent does for a wedged worker: the node
     ends, its pod fails, and the operator replaces that pod. ``launcher_api`` (tests): the module
     whose ``LocalElasticAgent`` ``elastic_launch`` builds; patched only in this process, restored on exit.
+    ``on_round``: called each time a rendezvous round started this node's ranks (:func:`run_redialling`).
     """
     if launcher_api is None:
         import torch.distributed.launcher.api as launcher_api
@@ -270,11 +265,69 @@ def in_place_agent(error_dir: str, refresh: Any, launcher_api: Any = None) -> It
             refresh()
             super()._restart_workers(worker_group)
 
+        def _start_workers(self, worker_group: Any) -> Any:
+            if on_round is not None:
+                on_round()
+            return super()._start_workers(worker_group)
+
     launcher_api.LocalElasticAgent = InPlaceAgent
     try:
         yield
     finally:
         launcher_api.LocalElasticAgent = base
+
+
+#: Seconds between a node's attempts to reach the rendezvous store again (:func:`run_redialling`).
+REDIAL_PAUSE = 1.0
+
+
+@dataclass
+class Rounds:
+    """How many rendezvous rounds have started this node's ranks (``in_place_agent``'s ``on_round``)."""
+
+    count: int = 0
+
+    def started(self) -> None:
+        self.count += 1
+
+
+def run_redialling(run: Callable[[], None], node: NodeSettings, rounds: Rounds, refresh: Callable[[], None],
+                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Run torchrun's agent (``run``); while the rendezvous store cannot be reached, run it again.
+
+    Worker 0's agent hosts the store (c10d ``is_host``). When worker 0 is lost, every other agent's
+    rendezvous fails with ``RendezvousConnectionError`` (its ranks lost their peer too) and the agent
+    ends. Ending the node would cost its pod as well, so a node that may restart its ranks to meet a
+    replaced peer (``in_place_restarts``) runs its agent again instead: it fetches the newest checkpoint
+    (``refresh``) and dials the same endpoint, where the operator's replacement for worker 0 hosts a
+    new store (the ``<job>-rendezvous`` EndpointSlice follows worker 0's address) for the same run id.
+    Each loss of a store the ranks had met counts as one of ``in_place_restarts``; attempts that reach
+    no store are repeated for up to ``rdzv_timeout`` seconds after the loss (or the start: a node that
+    starts before worker 0 listens waits for it as long). Past either bound, and on worker 0 itself,
+    the error goes up (``_launch`` ends the node with ``EXIT_PEER_LOST``).
+    """
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    redials, since = 0, clock()
+    while True:
+        before = rounds.count
+        try:
+            run()
+            return
+        except RendezvousConnectionError:
+            if node.is_host or not node.in_place_restarts:
+                raise
+            if rounds.count > before:  # the store went away under running ranks: worker 0 was lost
+                redials += 1
+                if redials > node.in_place_restarts:
+                    raise
+                since = clock()
+                print(f"rljob: node {node.node_rank} lost the rendezvous store at {node.rdzv_endpoint} "
+                      f"(worker 0): meeting its replacement there", file=sys.stderr, flush=True)
+                refresh()
+            elif clock() - since > node.rdzv_timeout:
+                raise
+        sleep(REDIAL_PAUSE)
 
 
 #: Device files whose presence means "this node has a GPU" (NVIDIA, AMD ROCm).
@@ -367,6 +420,7 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
 def _launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str], start_method: str) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     out = Path(cfg.output_dir)
@@ -400,16 +454,28 @@ def _launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str], s
         # rendezvous: torch's shared store kept the dead round's keys, and a restarted gang hung in
         # init_process_group (measured: until killed) instead of meeting the replacement.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    def run_agent() -> None:
+        if start_method == "forkserver":
+            from rljob_trainer.worker import forked_main
+
+            elastic_launch(launch_config, forked_main)(str(config_path), env)
+        else:
+            elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
+
+    rounds = Rounds()
     try:
         with bounded_worker_shutdown(shutdown_timeout) if bound_by_patch else contextlib.nullcontext(), \
-                in_place_agent(error_dir, refresh) if node.in_place_restarts else contextlib.nullcontext():
-            if start_method == "forkserver":
-                from rljob_trainer.worker import forked_main
-
-                elastic_launch(launch_config, forked_main)(str(config_path), env)
-            else:
-                elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
+                in_place_agent(error_dir, refresh, on_round=rounds.started) if node.in_place_restarts \
+                else contextlib.nullcontext():
+            run_redialling(run_agent, node, rounds, refresh)
         return 0
+    except RendezvousConnectionError:
+        code = contract.EXIT_PEER_LOST
+        message = (f"lost the rendezvous store at {node.rdzv_endpoint} (worker 0's agent hosts it) and none "
+                   f"answered there again within {node.rdzv_timeout} s")
+        print(f"rljob: node {node.node_rank} {message} (exit {code})", file=sys.stderr, flush=True)
+        write_termination_message(message)
+        return code
     except SignalException as e:
         code = contract.exit_code_for_signal(e.sigval)
         message = f"stopped by {e.sigval.name}: the ranks saved a checkpoint where they could and exited"

@@ -40,6 +40,7 @@ from rljob_operator.names import (
     ANNOTATION_CREATED_FOR,
     ANNOTATION_IN_PLACE_RESTARTS,
     ANNOTATION_JOB_GENERATION,
+    ANNOTATION_REDIALS,
     ANNOTATION_SPEC_HASH,
     CONFIG_DIR,
     CONFIG_KEY,
@@ -271,6 +272,9 @@ def worker_env(
         {"name": contract.OUTPUT_DIR_ENV, "value": OUTPUT_DIR},
         {"name": contract.METRICS_PORT_ENV, "value": str(METRICS_PORT)},
         {"name": contract.POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # What its agent announces in the rendezvous: group rank 0, on any pod after a replacement, is
+        # dialled there by the others (a worker's name resolves only inside its own pod).
+        {"name": contract.POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
         {"name": contract.CREDENTIALS_DIR_ENV, "value": contract.CREDENTIALS_DIR},
@@ -341,6 +345,7 @@ def _worker_metadata(job: RLTrainingJob, index: int, generation: int) -> dict[st
     }
     if in_place_restarts(job):  # what the pod's environment tells its agent, where the decisions can see it
         metadata["annotations"][ANNOTATION_IN_PLACE_RESTARTS] = str(in_place_restarts(job))
+        metadata["annotations"][ANNOTATION_REDIALS] = "true"
     return metadata
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from rljob_operator.names import (
     ANNOTATION_IN_PLACE_RESTARTS,
     ANNOTATION_JOB_GENERATION,
+    ANNOTATION_REDIALS,
     ANNOTATION_SPEC_HASH,
     CONTAINER,
     LABEL_GANG_GENERATION,
@@ -103,6 +104,8 @@ class ObservedPod:
     """status.podIP: where worker 0 is reached for the rendezvous."""
     meets_replacements: bool = False
     """Built so that its agent restarts its ranks to meet a replaced peer (``ANNOTATION_IN_PLACE_RESTARTS``)."""
+    redials: bool = False
+    """Built so that its launcher dials the rendezvous again when worker 0's store is lost (``ANNOTATION_REDIALS``)."""
 
     @property
     def owned(self) -> bool:
@@ -183,6 +186,7 @@ class ObservedPod:
             creator=creating_manager(pod),
             pod_ip=status.get("podIP") or None,
             meets_replacements=(_int_or_none(annotations.get(ANNOTATION_IN_PLACE_RESTARTS)) or 0) > 0,
+            redials=annotations.get(ANNOTATION_REDIALS) == "true",
         )
 
 

@@ -2,7 +2,7 @@
 
 In this order: a permanent failure fails the job; so does a worker failure that would exceed
 ``backoffLimit`` (disruptions are not counted); a job whose checkpoints outlive a pod, fixed-size or
-elastic, has its failed or lost workers replaced in place, when worker 0 is not among them; any other
+elastic, has its failed or lost workers replaced in place, worker 0 included; any other
 gang restarts as a new generation after the backoff (none after a disruption), with half the per-device
 batch after running out of memory (OOM recovery), and says why it could not replace one pod. Saying it
 in the status and Events is the next step's (``record``).
@@ -76,10 +76,11 @@ def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | str:
 
     For any job, fixed-size or elastic, whose agents may restart their ranks to meet a replaced peer
     (``children.in_place_restarts``, as often as the pods are told) and whose checkpoints outlive a pod
-    (the replacement resumes from the same checkpoint as the survivors), for a worker failure or loss
-    that spares worker 0 (it hosts the rendezvous store; its loss ends every agent's rendezvous), when every
-    surviving pod was built to restart its ranks (``ObservedPod.meets_replacements``: not a pod of an older
-    operator, whose agent would end, each survivor then counted as one more failure). Not for
+    (the replacement resumes from the same checkpoint as the survivors), for a worker failure or loss,
+    when every surviving pod was built to restart its ranks (``ObservedPod.meets_replacements``: not a pod
+    of an older operator, whose agent would end, each survivor then counted as one more failure) and, when
+    worker 0 is among them (its agent hosts the rendezvous store), to dial the store again where worker 0's
+    replacement hosts a new one (``ObservedPod.redials``). Not for
     a stall (which worker hangs is unknown) nor an out-of-memory failure that OOM recovery answers
     (every worker's batch changes). The reasons are said to the user as they are, after "restarting the
     gang": the status and the Warning tell a one-pod replacement from a gang restart, and why.
@@ -96,10 +97,12 @@ def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | str:
         return "OOM recovery changes every worker's batch"
     if not seen.faulty:
         return "no one worker failed"
-    if 0 in seen.faulty:
-        return "worker 0 hosts the rendezvous store: its loss ends every worker's rendezvous"
-    if any(not p.meets_replacements for p in ctx.current if p.active and p.index not in seen.faulty):
+    survivors = [p for p in ctx.current if p.active and p.index not in seen.faulty]
+    if any(not p.meets_replacements for p in survivors):
         return "the other workers' pods were built by an older operator: their agents cannot meet a replacement"
+    if 0 in seen.faulty and any(not p.redials for p in survivors):
+        return ("worker 0 hosts the rendezvous store and the other workers' pods were built by an older operator: "
+                "their launchers end with it")
     return seen.faulty
 
 
