@@ -24,7 +24,7 @@ $(PY): requirements.lock pyproject.toml
 demo: venv ## Train the embedded quickstart on this machine (output in runs/quickstart/)
 	$(PY) -m rljob.cli train examples/quickstart.yaml
 
-test: venv binaries lint check-wheel images ## Run every test (unit, trainer, S3, control plane, images) and the wheel check
+test: venv binaries lint check-wheel ## Run the tests (unit, trainer, S3, control plane) and the wheel check; the heavy end-to-end ones are make e2e's
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS)
 
 test-fast: venv ## Unit tests only (no torchrun, no cluster)

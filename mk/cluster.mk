@@ -33,5 +33,6 @@ dev-cluster-status: $(PY) ## Show which dev-cluster components run
 	$(PY) -m tests.cluster status
 
 # Not in `make test`: root, host packages, on-demand binaries, and the host's network changes while it runs.
-e2e: venv binaries real-node-binaries images ## Real pods on a real kubelet node beside the kwok ones (root; the images of `make images`): pytest -m realnode
+e2e: venv binaries real-node-binaries images ## Real pods on a real kubelet node (root; the images of `make images`), then the images and the trainer run from the operator's pods
 	$(PY) -m pytest -m realnode $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "e2e or images" $(PYTEST_ARGS)

@@ -57,6 +57,16 @@ def lane_of(item: pytest.Item) -> str | None:
     return TRAINING_CLUSTER_LANE if item.path.name.endswith("_training_cluster.py") else CLUSTER_LANE
 
 
+#: Marks whose tests run only when the mark expression names them (``make e2e``).
+HEAVY_MARKS = ("e2e", "images")
+
+
+def heavy_marks(config: pytest.Config) -> list[str]:
+    """The heavy marks the run's ``-m`` does not name: their tests are deselected."""
+    expression = config.getoption("markexpr", "") or ""
+    return [mark for mark in HEAVY_MARKS if mark not in expression]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     lanes.configure(config)
 
@@ -77,6 +87,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if real_node:
             config.hook.pytest_deselected(items=real_node)
             items[:] = [item for item in items if item.get_closest_marker("realnode") is None]
+    # The heavy end-to-end tests (the images built and run, the real trainer run from the operator's pods)
+    # are `make e2e`'s too, so `make test` keeps to CI's budget: deselected unless the mark expression
+    # names them (`make e2e` runs `-m "e2e or images"` after the real node's tests).
+    for mark in heavy_marks(config):
+        heavy = [item for item in items if item.get_closest_marker(mark) is not None]
+        if heavy:
+            config.hook.pytest_deselected(items=heavy)
+            items[:] = [item for item in items if item.get_closest_marker(mark) is None]
     lanes.assign(config, items, lane_of)
 
 

@@ -37,7 +37,7 @@ from tests.support.pod_harness import PodProcess, logs, start_pod, stop
 from tests.support.s3_server import MotoServer, bucket_fixture, s3_server_fixture  # noqa: F401 - fixtures register by import
 from tests.support.trainer import deep_update, logged_curve
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
+pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.e2e]
 
 MAX_STEPS = 50
 EVERY = 10

@@ -38,7 +38,7 @@ from tests.support.pod_harness import PodProcess, logs, start_pod, stop
 from tests.support.s3_server import MotoServer, bucket_fixture, s3_server_fixture  # noqa: F401 - fixtures register by import
 from tests.support.trainer import assert_same_curve, deep_update, logged_curve, run_rljob, write_manifest
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
+pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.e2e]
 
 MAX_STEPS = 10
 EVERY = 3

@@ -37,7 +37,7 @@ from tests.support.operator_process import (
 from tests.support.pod_harness import logs, start_gang, stop
 from tests.support.trainer import REPO
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
+pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.e2e]
 
 METRIC = "eval/exact_match"
 

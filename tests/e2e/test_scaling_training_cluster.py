@@ -21,7 +21,7 @@ from tests.cluster.waiting import wait_for
 from tests.support.operator_process import create_job, get_job, job_manifest, job_pods, on_namespaced_runtime
 from tests.support.pod_harness import PodProcess, logs, start_gang, stop
 
-pytestmark = [pytest.mark.cluster, pytest.mark.trainer]
+pytestmark = [pytest.mark.cluster, pytest.mark.trainer, pytest.mark.e2e]
 
 MAX_STEPS = 30
 

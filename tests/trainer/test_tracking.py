@@ -20,7 +20,15 @@ from rljob_contract.pod import TRACKING_WARNING_PREFIX, validate_document
 from rljob_contract.spec import TrainerConfig
 from rljob_trainer import checkpoints as ck
 from rljob_trainer.history import read_records, run_record, write_record
-from rljob_trainer.tracking import RunTracking, flat_spec, parent_run, probe, report_to, tracking_env
+from rljob_trainer.tracking import (
+    RunTracking,
+    flat_spec,
+    parent_run,
+    probe,
+    report_to,
+    tracking_env,
+    untracked_env,
+)
 
 from tests.support.mlflow_server import MlflowServer, mlflow_server_fixture  # noqa: F401 - registers the fixture
 from tests.support.s3_server import (  # noqa: F401 - fixtures register by import
@@ -55,6 +63,20 @@ def test_mlflow_and_wandb_are_told_the_spec_through_their_own_environment() -> N
 def test_no_tracking_reports_to_tensorboard_only_and_sets_nothing() -> None:
     cfg = config(None)
     assert report_to(cfg) == ["tensorboard"] and tracking_env(cfg, {}) == {}
+
+
+def test_a_run_without_mlflow_keeps_trls_import_from_importing_it() -> None:
+    skip = {"DISABLE_MLFLOW_INTEGRATION": "TRUE"}
+    assert untracked_env(config(None), {}) == skip and untracked_env(config({"wandb": {"project": "rl"}}), {}) == skip
+    assert untracked_env(config({"mlflow": {"experiment": "sweeps"}}), {}) == {}
+    assert untracked_env(config(None), {"DISABLE_MLFLOW_INTEGRATION": "false"}) == {}  # the environment's own wins
+    # What it buys: TRL's import leaves MLflow out, though it is installed (the tracked runs use it).
+    import importlib.util
+
+    probe_import = "import sys; from trl import GRPOTrainer; print('mlflow' in sys.modules)"
+    seen = subprocess.run([sys.executable, "-c", probe_import], env={**os.environ, **skip}, capture_output=True,
+                          text=True, timeout=300)
+    assert importlib.util.find_spec("mlflow") is not None and seen.stdout.strip() == "False", seen.stderr[-2000:]
 
 
 def test_a_trial_names_its_experiment_and_an_unset_uri_leaves_the_runtimes_environment() -> None:

@@ -413,6 +413,9 @@ def launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str] | N
         return EXIT_PERMANENT
     # The fork server and spawned ranks check that this process is still their parent.
     os.environ[contract.PARENT_PID_ENV] = str(os.getpid())
+    from rljob_trainer.tracking import untracked_env
+
+    os.environ.update(untracked_env(cfg, os.environ))  # before the fork server imports TRL
     with fork_server() if start_method == "forkserver" else contextlib.nullcontext():
         return _launch(cfg, node, extra_env or {}, start_method)
 
