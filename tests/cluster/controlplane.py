@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -173,6 +174,15 @@ class ControlPlane:
         """The API server's JSON audit log of the users in ``ClusterConfig.audit_groups``."""
         return self.layout.path(components.AUDIT_LOG)
 
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit log's events so far (a line the writer has not finished is skipped)."""
+        events = []
+        for line in self.audit_log.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events
     @property
     def processes(self) -> list[ProcessRecord]:
         """The component processes currently recorded."""

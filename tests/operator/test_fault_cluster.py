@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from tests.cluster import fake_pods
 from tests.cluster.waiting import wait_for
 from tests.support.operator_process import (
     QUICK_EXIT,
+    OperatorProcess,
     annotate_pod,
     create_job,
     events_for,
@@ -241,3 +243,44 @@ def test_node_not_ready_evicted_pods_force_deleted_and_gang_replaced(
     assert (ready["status"], ready["reason"]) == ("Unknown", "NodeStatusUnknown")
     assert {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"} in [
         {k: t[k] for k in ("key", "effect")} for t in node["spec"].get("taints", [])]
+
+
+def test_a_worker_replaced_in_place_is_looked_up_by_name_and_the_gang_is_never_listed_again(
+        kube: Any, namespace: str, control_plane: Any, crd_installed: Any, tmp_path: Path) -> None:
+    """Issue #48, point 3: before it replaces a worker in place the operator checks that the watch shows the
+    API server's truth, with a GET of that worker, not a LIST of the whole gang (which grew with the gang:
+    1,000 pods decoded per failure), so a failure costs the same requests and CPU whatever the gang's size."""
+    user = f"rljob-operator-{uuid.uuid4().hex[:6]}"
+    kubeconfig = control_plane.client_kubeconfig(user, groups=("system:masters", "rljob:audited"))
+    op = OperatorProcess(kubeconfig, namespace, tmp_path / "operator.log").start()
+    try:
+        op.wait_leader()
+        durable = on_namespaced_runtime(kube, namespace, "durable", {"checkpoint": {"storage": "s3://ckpt"}})
+        create_job(kube, namespace, job_manifest("lookup", 4, spec={**_policy(backoffBaseSeconds=0), **durable}))
+        wait_for(lambda: ((get_job(kube, namespace, "lookup").get("status") or {}).get("workers") or {}).get("ready") == 4,
+                 60, message="4 workers ready")
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "lookup")}
+        failed_at = datetime.now(UTC)
+        _crash(kube, namespace, "lookup-worker-2", 1, message="boom")
+
+        def replaced() -> dict[str, str] | None:
+            now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "lookup")
+                   if not p["metadata"].get("deletionTimestamp")}
+            return now if len(now) == 4 and now["lookup-worker-2"] != before["lookup-worker-2"] else None
+
+        after = wait_for(replaced, 60, message="worker 2 created again")
+        assert all(after[n] == before[n] for n in before if n != "lookup-worker-2")  # the others kept
+        assert get_job(kube, namespace, "lookup")["status"]["gangGeneration"] == 0
+        time.sleep(1)  # the audit log's writer flushes in batches
+    finally:
+        op.stop()
+    pod_reads = [e for e in control_plane.audit_events()
+                 if (e.get("user") or {}).get("username") == user and e.get("verb") in ("get", "list")
+                 and (e.get("objectRef") or {}).get("resource") == "pods"
+                 and _time(e["requestReceivedTimestamp"]) >= failed_at]
+    lists = [e["requestURI"] for e in pod_reads if e["verb"] == "list"]
+    gets = [e["objectRef"].get("name") for e in pod_reads if e["verb"] == "get"]
+    assert lists == [], lists
+    assert "lookup-worker-2" in gets, gets
+    assert set(gets) <= {"lookup-worker-2"}, gets  # only the worker replaced
+

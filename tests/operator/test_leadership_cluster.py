@@ -4,7 +4,6 @@ watches only its own pods (the rules without a cluster: ``tests/operator/test_le
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Iterator
@@ -47,15 +46,6 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 #: The operator's reconcile threads (the default; FAST_ENV keeps it): each may hold one request in flight.
 WORKERS = OperatorSettings.workers
 
-
-def _audit_events(path: Path) -> list[dict[str, Any]]:
-    events = []
-    for line in path.read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return events
 
 
 def _at(timestamp: str) -> float:
@@ -131,7 +121,7 @@ def test_a_frozen_leader_thawed_after_its_lease_ended_writes_nothing(
     for name in names:  # the new leader goes on reconciling
         assert _converged(kube, namespace, name, 3, 0), name
 
-    events = _audit_events(control_plane.audit_log)
+    events = control_plane.audit_events()
     old_writes = _writes_of(events, "rljob-operator-a")
     renewals = [e for e in old_writes if (e.get("objectRef") or {}).get("resource") == "leases"
                 and 200 <= (e.get("responseStatus") or {}).get("code", 0) < 300]
@@ -209,7 +199,7 @@ def test_operator_across_an_apiserver_restart_converges_without_duplicate_pods(
     assert len(history.pods) == workers * 5
     # Nothing is lost from the audit log: each pod of the window was created exactly once (the
     # restarted gang's pods reuse their names, their first generation was created before).
-    created = _pod_creates(_audit_events(control_plane.audit_log), "rljob-operator-r", namespace, window_start)
+    created = _pod_creates(control_plane.audit_events(), "rljob-operator-r", namespace, window_start)
     expected = {f"{n}-worker-{i}" for n in fresh + ["steady-0"] for i in range(workers)}
     assert set(created) == expected, sorted(set(created) ^ expected)
     twice = {name: count for name, count in created.items() if count != 1}
@@ -288,7 +278,7 @@ def test_the_operator_watches_only_its_own_pods_the_api_server_filters_them(
     operator.wait_leader()
     create_job(kube, namespace, job_manifest("own", replicas=2, spec=SPEC))
     wait_for(lambda: _converged(kube, namespace, "own", 2, 0), 60, message="own running")
-    reads = [e for e in _audit_events(control_plane.audit_log)
+    reads = [e for e in control_plane.audit_events()
              if e.get("user", {}).get("username") == "rljob-operator-w" and e.get("verb") in ("list", "watch")
              and e.get("objectRef", {}).get("resource") == "pods" and _at(e["requestReceivedTimestamp"]) >= started]
     assert any(e["verb"] == "watch" for e in reads), "the operator never watched pods"

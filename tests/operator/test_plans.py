@@ -778,3 +778,31 @@ def test_orphaned_pods_of_a_namesake_are_cleared_away() -> None:
     assert plan.delete_pods == ["train-worker-0"]
     assert [p["metadata"]["name"] for p in plan.create_pods] == ["train-worker-1"]
     assert plan.status["reason"] == "CreatingWorkers"
+
+
+def test_a_replacement_trusts_the_watch_only_when_a_get_of_each_replaced_worker_agrees_with_it() -> None:
+    job = make_job(3)
+    cached = [pod_json(job, 0), pod_json(job, 1, "Failed", False, exit_code=1)]  # worker 2: gone, as the watch says
+    live = {p["metadata"]["name"]: json.loads(json.dumps(p)) for p in cached}
+    kube = RecordingKube(_raw())
+    gets: list[str] = []
+
+    def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
+        gets.append(name)
+        return live.get(name)
+
+    kube.get_pod = get_pod  # type: ignore[attr-defined]
+    reconciler = _reconciler(kube)
+    try:
+        seen = reconciler._replacement_seen
+        assert seen("team-a", cached, ("train-worker-1", "train-worker-2")) and gets == ["train-worker-1", "train-worker-2"]
+        live["train-worker-1"]["status"]["phase"] = "Running"  # the watch lags behind this pod's change
+        assert not seen("team-a", cached, ("train-worker-1",))
+        live["train-worker-2"] = pod_json(job, 2)  # created meanwhile: the watch has not shown it yet
+        assert not seen("team-a", cached, ("train-worker-2",))
+        del live["train-worker-1"]  # gone, though the watch still shows it
+        assert not seen("team-a", cached, ("train-worker-1",))
+        assert not seen("team-a", cached, ())  # nothing named: nothing to trust the watch with
+        assert kube.lists == 0
+    finally:
+        reconciler.close()

@@ -285,6 +285,14 @@ class Kube:
                 raise
 
     # ------------------------------------------------------------------- pods
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", self.core_path(namespace, "pods", name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         out = self.request("GET", self.core_path(namespace, "pods"), query={"labelSelector": label_selector})
         return list(out.get("items") or [])

@@ -55,7 +55,7 @@ from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
 from rljob_operator.decisions.createdpods import CREATED_PODS
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
-from rljob_operator.decisions.observed import ObservedPod, controller_uid
+from rljob_operator.decisions.observed import ObservedPod, controller_uid, slim_pod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.decisions.refusals import Refusal, namespace_terminating, plan_for_refusal
@@ -251,12 +251,15 @@ class Reconciler:
         decided = self._decide(raw, job, pods, now, found, capacity)
         plan = decided.plan
         if cached is not None and raw.get("status") and (
-                plan.gang_restart or plan.replaced_workers or self._gates_recheck(plan)
-                or self._unseen_creates(namespace, name, cached, plan)):
+                plan.gang_restart or self._gates_recheck(plan)
+                or self._unseen_creates(namespace, name, cached, plan)
+                or (plan.replaced_workers and not self._replacement_seen(namespace, cached, plan.replaced))):
             # The watch may lag behind the API server by a moment: what is absent from it (a pod just
             # created, one gone) is looked up before a gang is restarted or a gate is told no pod is
             # left (Kueue: a Workload's quota given back), and before a pod this operator created is
-            # created again.
+            # created again. Before workers are replaced in place, only those workers are looked up
+            # (a GET each, ``_replacement_seen``): the whole gang is listed only if one of them is not
+            # as the watch shows it, so a failure costs the same whatever the gang's size.
             # Not for a job without status: no reconcile has got as far as its pods (the status is
             # written first), so it has none. Nor for other creates: a pod the cache does not show
             # was confirmed gone by the watch, or never created (its name is deterministic, so a
@@ -333,6 +336,19 @@ class Reconciler:
             while len(self._snapshots) > SNAPSHOTS_KEPT:
                 self._snapshots.pop(next(iter(self._snapshots)))
         return read
+
+    def _replacement_seen(self, namespace: str, cached: list[dict[str, Any]], names: tuple[str, ...]) -> bool:
+        """Does the API server show each worker being replaced (``names``) as the watch's cache does: absent
+        where the cache has none, else the same pod as the decisions read it (``slim_pod``)? A GET each."""
+        if not names:
+            return False
+        by_name = {p["metadata"]["name"]: p for p in cached}
+        for pod_name in names:
+            live = self.kube.get_pod(namespace, pod_name)
+            seen = by_name.get(pod_name)
+            if (live is None) != (seen is None) or (live is not None and slim_pod(live) != slim_pod(seen or {})):
+                return False
+        return True
 
     def _unseen_creates(self, namespace: str, name: str, cached: list[dict[str, Any]], plan: Plan) -> bool:
         """Would ``plan`` create a pod this reconciler created before and the watch has not shown yet?

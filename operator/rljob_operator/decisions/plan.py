@@ -140,6 +140,9 @@ class Plan:
     """Why this reconcile starts a new gang generation (Resumed, SpecChanged, a failure reason)."""
     replaced_workers: str | None = None
     """Why this reconcile replaces failed workers in place, keeping the gang (a failure reason)."""
+    replaced: tuple[str, ...] = ()
+    """The names of the workers it replaces in place (failed or lost): what the reconciler looks up
+    before it trusts the watch with the replacement (``Reconciler._replacement_seen``)."""
     gate_writes: dict[str, object] = field(default_factory=dict)
     """Each admission gate's writes (``integrations/gate.py``) by gate name, applied right after the
     status by that gate's client; only gates that govern the job have an entry."""

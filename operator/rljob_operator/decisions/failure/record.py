@@ -75,7 +75,8 @@ def _replacing(ctx: Situation, d: StatusDraft, seen: Observation, response: Repl
     d.message = (f"{seen.message}; replacing {workers} in place: the other workers keep their pods and "
                  f"resume with the replacement from the newest checkpoint ({counted})")
     return _restart_plan(ctx, d, seen, events, [p.name for p in pods if not p.deleting], 0.01,
-                         replaced_workers=seen.reason)
+                         replaced_workers=seen.reason,
+                         replaced=tuple(worker_name(ctx.job.metadata.name, i) for i in response.workers))
 
 
 def _restarting(ctx: Situation, d: StatusDraft, seen: Observation, response: RestartGang, counted: str,
@@ -107,7 +108,7 @@ def _oom_recovery(ctx: Situation, d: StatusDraft, worker: str, batch: OomRecover
 
 def _restart_plan(ctx: Situation, d: StatusDraft, seen: Observation, events: list[Event], delete: list[str],
                   requeue_after: float, *, gang_restart: str | None = None,
-                  replaced_workers: str | None = None) -> Plan:
+                  replaced_workers: str | None = None, replaced: tuple[str, ...] = ()) -> Plan:
     """The Plan of a restart, of the gang or in place: status first, then the deletions, then the Events.
 
     Not the usual phase-change Event (``Situation.plan``): the restart's own message says what happens
@@ -122,4 +123,5 @@ def _restart_plan(ctx: Situation, d: StatusDraft, seen: Observation, events: lis
         requeue_after=requeue_after,
         gang_restart=gang_restart,
         replaced_workers=replaced_workers,
+        replaced=replaced,
     )
