@@ -189,12 +189,21 @@ class BenchControlPlane(ControlPlane):
 
 
 def bench_plane(args: argparse.Namespace) -> BenchControlPlane:
-    """The benchmarks' control plane: NODES KWOK nodes × GPUS_PER_NODE GPUs, with the arguments'
-    ``node_grace``, ``kwok_parallelism`` and ``scheduler_qps``."""
-    config = ClusterConfig(gpu_nodes=NODES, node_shape=GpuNodeShape(gpus=GPUS_PER_NODE),
+    """The benchmarks' control plane: NODES KWOK nodes × GPUS_PER_NODE GPUs (or the arguments' ``nodes``,
+    ``gpus_per_node`` and ``pods_per_node``, where given), with the arguments' ``node_grace``,
+    ``kwok_parallelism`` and ``scheduler_qps``."""
+    nodes, gpus, pods = plane_shape(args)
+    config = ClusterConfig(gpu_nodes=nodes, node_shape=GpuNodeShape(gpus=gpus, pods=pods, cpu=str(max(96, pods * 2)),
+                                                                     memory=f"{max(1, pods // 100)}Ti"),
                            node_monitor_grace_s=args.node_grace, start_timeout_s=300,
                            kwok_pod_parallelism=args.kwok_parallelism)
     return BenchControlPlane(config, args.scheduler_qps)
+
+
+def plane_shape(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(KWOK nodes, GPUs per node, pods per node): the arguments' where given, else NODES × GPUS_PER_NODE × 110."""
+    return (getattr(args, "nodes", None) or NODES, getattr(args, "gpus_per_node", None) or GPUS_PER_NODE,
+            getattr(args, "pods_per_node", None) or 110)
 
 
 #: The ClusterRLTrainingRuntime the benchmark's jobs run on: the fake trainer image (KWOK never pulls it);
@@ -986,6 +995,9 @@ def main() -> None:
     p.add_argument("--node-grace", type=int, default=40, help="node monitor grace period; heartbeats every 1/5")
     p.add_argument("--kwok-parallelism", type=int, default=4,
                    help="pod stages kwok plays at once (4: kwok's default; it plays the kubelet of every node)")
+    p.add_argument("--nodes", type=int, default=NODES, help="KWOK nodes (10,000 jobs × 4 workers: 200)")
+    p.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE, help="nvidia.com/gpu per KWOK node")
+    p.add_argument("--pods-per-node", type=int, default=110, help="pods per KWOK node (the kubelet's default: 110)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result", default="operator_scale",
                    help="results/NAME.json to write (another name keeps the figures the READMEs cite)")
@@ -1004,7 +1016,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rljob-bench-scale-") as tmp:
         started = time.time()
         try:
-            print(f"starting the control plane with {NODES} KWOK nodes × {GPUS_PER_NODE} GPUs", flush=True)
+            print(f"starting the control plane with {a.nodes} KWOK nodes × {a.gpus_per_node} GPUs", flush=True)
             plane.start(build_binaries=False)
             print(f"  up in {time.time() - started:.0f}s", flush=True)
             api_client = plane.api_client()
@@ -1032,8 +1044,8 @@ def main() -> None:
             plane.stop()
     rows = against_rows(runs) if a.against else summary_rows(runs, a.idle_seconds)
     path = write_result(a.result, {
-        "config": {"nodes": NODES, "gpus_per_node": GPUS_PER_NODE, "workers_per_job": WORKERS,
-                   "gpus_per_worker": 1, "bursts": sizes[-1:] if a.against else sizes, "failures": a.failures,
+        "config": {"nodes": a.nodes, "gpus_per_node": a.gpus_per_node, "pods_per_node": a.pods_per_node,
+                   "workers_per_job": WORKERS, "gpus_per_worker": 1, "bursts": sizes[-1:] if a.against else sizes, "failures": a.failures,
                    "against": a.against, "repeat": a.repeat if a.against else None,
                    "failure_interval_s": a.failure_interval, "idle_seconds": a.idle_seconds,
                    "scheduler_qps": a.scheduler_qps or "default (50)", "node_monitor_grace_s": a.node_grace,

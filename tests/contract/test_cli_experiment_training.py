@@ -88,6 +88,7 @@ def test_ab_two_learning_rates_the_faster_arm_wins_with_its_interval(tmp_path: P
     assert (out / "reward_curves.png").stat().st_size > 5000
 
 
+@pytest.mark.e2e  # minutes of training; make e2e (CI's budget: docs/development.md)
 def test_tpe_search_over_the_learning_rate_finds_one_that_learns(tmp_path: Path) -> None:
     search = {"algorithm": "tpe", "maxTrials": 4, "parallelism": 2, "seed": 0, "parameters": [
         {"name": "training.learningRate", "type": "float", "min": 0.001, "max": 0.03, "log": True}]}
@@ -108,6 +109,7 @@ def test_tpe_search_over_the_learning_rate_finds_one_that_learns(tmp_path: Path)
     assert "lr-search-t" in output and "learningRate=" in output
 
 
+@pytest.mark.e2e  # minutes of training; make e2e (CI's budget: docs/development.md)
 def test_early_stopping_stops_a_hopeless_trial_before_max_steps(tmp_path: Path) -> None:
     # One after another: the learning trial runs to the end first (nothing to compare it with),
     # then the hopeless one is judged at each rung against it (minTrials 1).

@@ -138,6 +138,7 @@ def test_sampled_evaluation_logs_pass_at_k_and_rljob_evaluate_refuses_a_tampered
     assert "Traceback" not in tampered.stderr  # one line naming the file
 
 
+@pytest.mark.e2e  # minutes of training; make e2e (CI's budget: docs/development.md)
 def test_rljob_evaluate_of_a_lora_checkpoint_gives_the_logged_value(tmp_path: Path) -> None:
     """A LoRA run's checkpoints hold the adapter only: `rljob evaluate` applies it to the base model its
     manifest records, and gets the value the training logged (not a trivial 0 or 1)."""
@@ -165,6 +166,7 @@ def eval_records_by(metrics: Path, name: str) -> dict[int, float]:
     return {r["step"]: r[name] for r in records if name in r}
 
 
+@pytest.mark.e2e  # minutes of training; make e2e (CI's budget: docs/development.md)
 def test_evaluating_never_changes_the_training(tmp_path: Path) -> None:
     """Evaluation samples under a forked RNG and its own seed: a run that evaluates (sampled, every 10 steps)
     trains bit for bit as the same run without evaluation, so adding it costs no exact resume and no
