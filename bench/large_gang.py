@@ -116,9 +116,11 @@ class GangRecorder:
 
 
 def large_job(n: int) -> dict[str, Any]:
-    """N workers × 8 processes × 8 GPUs, checkpoints on object storage, no backoff before a restart."""
+    """N workers × 8 processes × 8 GPUs, checkpoints on object storage, no backoff before a restart, and a
+    ``backoffLimit`` that outlasts the benchmark's failures: each replacement decision counts one restart, and
+    the 10 failures at once may be met by more than one (each reconcile replaces the failures its watch shows)."""
     doc = scale.helpers.job_manifest(JOB, n, {"runtimeRef": {"name": scale.BENCH_S3_RUNTIME},
-                                              "runPolicy": {"backoffBaseSeconds": 0}})
+                                              "runPolicy": {"backoffBaseSeconds": 0, "backoffLimit": 100}})
     doc["spec"]["workers"].update({"procsPerWorker": GPUS_PER_WORKER, "gpusPerWorker": GPUS_PER_WORKER})
     return doc
 
@@ -214,7 +216,8 @@ def fail_workers(kube: Any, namespace: str, recorder: GangRecorder, indexes: lis
     t_inject = time.time()
     victims = {i: before[i] for i in indexes}
     side = recorder.side
-    scale.inject_on_schedule(lambda i: scale.fail_pod(kube, namespace, victims[i]["name"], side.exit_code),
+    scale.inject_on_schedule(lambda i: scale.fail_pod(kube, namespace, victims[i]["name"], side.exit_code,
+                                                      uid=victims[i]["uid"]),
                              indexes, 0.0)
 
     def ready_again() -> float | None:

@@ -652,10 +652,13 @@ def achieved_rate(window: list[float], failures: int) -> float | None:
     return (failures - 1) / span if failures > 1 and span > 0 else None
 
 
-def fail_pod(kube: Kube, namespace: str, pod: str, exit_code: str = "1") -> None:
-    """Make ``pod``'s containers exit with ``exit_code`` (KWOK's fake exit-code annotation)."""
-    kube.request("PATCH", kube.core_path(namespace, "pods", pod),
-                 {"metadata": {"annotations": {fake_pods.EXIT_CODE: exit_code}}},
+def fail_pod(kube: Kube, namespace: str, pod: str, exit_code: str = "1", uid: str | None = None) -> None:
+    """Make ``pod``'s containers exit with ``exit_code`` (KWOK's fake exit-code annotation). With ``uid``, only
+    that pod: a replacement already made under the name (a late patch) is left alone (409)."""
+    metadata: dict[str, Any] = {"annotations": {fake_pods.EXIT_CODE: exit_code}}
+    if uid is not None:
+        metadata["uid"] = uid  # a precondition: the API server refuses a patch of another pod under the name
+    kube.request("PATCH", kube.core_path(namespace, "pods", pod), {"metadata": metadata},
                  content_type="application/merge-patch+json")
 
 
