@@ -64,9 +64,6 @@ OUTPUT_DIR_ENV = "RLJOB_OUTPUT_DIR"
 METRICS_PORT_ENV = "RLJOB_METRICS_PORT"
 #: The pod's own name (downward API); sent in heartbeats.
 POD_NAME_ENV = "RLJOB_POD_NAME"
-#: The pod's IP (downward API): the address its agent announces in the rendezvous, where the ranks' own
-#: store is dialled when group rank 0 is on this pod (its name resolves only inside the pod).
-POD_IP_ENV = "RLJOB_POD_IP"
 #: Full heartbeat URL (base URL + ``heartbeat_path``); unset means "send no heartbeats".
 STATUS_URL_ENV = "RLJOB_STATUS_URL"
 #: File holding the projected, audience-bound service-account token heartbeats carry.
@@ -86,7 +83,7 @@ MIRROR_ENV_PREFIX = "RLJOB_MIRROR{index}_"
 #: Every variable the operator sets on a worker with a status endpoint.
 OPERATOR_ENV = frozenset({
     NNODES_ENV, NODE_RANK_ENV, NPROC_PER_NODE_ENV, RDZV_ENDPOINT_ENV, RUN_ID_ENV, SHUTDOWN_TIMEOUT_ENV,
-    OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, POD_IP_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
+    OUTPUT_DIR_ENV, METRICS_PORT_ENV, POD_NAME_ENV, STATUS_URL_ENV, TOKEN_FILE_ENV, STATUS_CA_FILE_ENV,
     CREDENTIALS_DIR_ENV,
 })
 #: Set besides those on the workers of a job that may restart (``restartPolicy`` other than ``Never``).

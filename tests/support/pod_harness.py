@@ -21,7 +21,7 @@ from tests.support.operator_process import free_port, job_pods, token_for
 
 #: Every RLJOB_* variable the operator sets, and how a local process gets it.
 MAPPED = {"RLJOB_RDZV_ENDPOINT", "RLJOB_OUTPUT_DIR", "RLJOB_METRICS_PORT", "RLJOB_TOKEN_FILE",
-          "RLJOB_STATUS_CA_FILE", "RLJOB_POD_NAME", "RLJOB_POD_IP", "RLJOB_CREDENTIALS_DIR"}
+          "RLJOB_STATUS_CA_FILE", "RLJOB_POD_NAME", "RLJOB_CREDENTIALS_DIR"}
 AS_BUILT = {"RLJOB_NNODES", "RLJOB_NODE_RANK", "RLJOB_NPROC_PER_NODE", "RLJOB_RUN_ID", "RLJOB_STATUS_URL",
             "RLJOB_SHUTDOWN_TIMEOUT"}
 #: Set as built on some jobs only (those that may restart: ``contract.RESTARTABLE_ENV``).
@@ -68,7 +68,6 @@ def local_process(kube: Any, namespace: str, pod: dict[str, Any], work: Path, rd
         "RLJOB_TOKEN_FILE": str(token),
         "RLJOB_STATUS_CA_FILE": str(config_dir / "status-ca.crt"),
         "RLJOB_POD_NAME": name,
-        "RLJOB_POD_IP": "127.0.0.1",
         "RLJOB_CREDENTIALS_DIR": str(_secret_volumes(kube, namespace, pod, work / "credentials")),
     }
     # Storage credentials reach the pod only through its Secret volumes, never this process's environment.

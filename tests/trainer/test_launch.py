@@ -35,7 +35,6 @@ class LaunchConfigWithoutShutdown:  # torch <= 2.11: LaunchConfig has no shutdow
     max_restarts: int = 3
     monitor_interval: float = 0.1
     start_method: str = "spawn"
-    local_addr: str | None = None
 
 
 @dataclasses.dataclass
@@ -162,22 +161,19 @@ def test_a_process_whose_starter_is_gone_exits_but_one_started_by_pid_1_does_not
     assert (inside.returncode, inside.stdout) == (0, "alive\n"), inside.stderr
 
 
-def test_node_rank_0_hosts_the_rendezvous_store_and_every_node_announces_its_pod_ip(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_node_rank_0_hosts_the_rendezvous_store_and_the_others_dial_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node announces its FQDN (torch's default): group ranks follow the sorted descriptors, so worker 0
+    (``<job>-worker-0.<job>…`` sorts first) is rank 0 again after any replacement, and its name is the one the
+    job's Service resolves for the others (the ranks' own store is rank 0's)."""
     from rljob_contract import pod as contract
     from torch.distributed.launcher.api import LaunchConfig
 
-    def config(rank: int, ip: str | None) -> Any:
+    def config(rank: int) -> Any:
         monkeypatch.setenv(contract.NODE_RANK_ENV, str(rank))
-        if ip is None:
-            monkeypatch.delenv(contract.POD_IP_ENV, raising=False)
-        else:
-            monkeypatch.setenv(contract.POD_IP_ENV, ip)
         return build_launch_config(LaunchConfig, NodeSettings.from_env(default_nproc=1), 30)[0]
 
-    assert [config(r, None).rdzv_configs["is_host"] for r in (0, 1, 2)] == [True, False, False]
-    assert config(1, "10.4.0.7").local_addr == "10.4.0.7"
-    assert config(0, None).local_addr is None and config(0, " ").local_addr is None  # torch's default: the FQDN
+    assert [config(r).rdzv_configs["is_host"] for r in (0, 1, 2)] == [True, False, False]
+    assert config(1).local_addr is None
 
 
 class _Agent:

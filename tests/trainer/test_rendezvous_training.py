@@ -70,7 +70,6 @@ def _start_node(tmp_path: Path, name: str, rank: int, rdzv: str) -> subprocess.P
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLJOB_")}
     env.update({contract.NNODES_ENV: "2", contract.NODE_RANK_ENV: str(rank), contract.RDZV_ENDPOINT_ENV: rdzv,
                 contract.RUN_ID_ENV: "rdzv-g0", contract.IN_PLACE_RESTARTS_ENV: "3", contract.RDZV_TIMEOUT_ENV: "120",
-                contract.POD_IP_ENV: "127.0.0.1",
                 "STEPS": "150", "PEER_LOST": str(contract.EXIT_PEER_LOST), "CUDA_VISIBLE_DEVICES": ""})
     log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it; closed with the test's folder
     return subprocess.Popen([sys.executable, str(tmp_path / "node.py"), str(tmp_path / "rank.py")], env=env,

@@ -50,8 +50,6 @@ class NodeSettings:
     rdzv_timeout: int = 900
     in_place_restarts: int = 0
     """Restarts of this node's ranks to meet a replaced peer (``contract.IN_PLACE_RESTARTS_ENV``)."""
-    local_addr: str | None = None
-    """The address this node announces to its peers (``contract.POD_IP_ENV``); None: its FQDN, torch's default."""
 
     @property
     def is_host(self) -> bool:
@@ -69,7 +67,6 @@ class NodeSettings:
             run_id=env.get(contract.RUN_ID_ENV, "rljob"),
             rdzv_timeout=int(env.get(contract.RDZV_TIMEOUT_ENV, "900")),
             in_place_restarts=max(int(env.get(contract.IN_PLACE_RESTARTS_ENV, "0") or 0), 0),
-            local_addr=env.get(contract.POD_IP_ENV, "").strip() or None,
         )
 
     @classmethod
@@ -188,9 +185,6 @@ def build_launch_config(launch_config_cls: Any, node: NodeSettings, shutdown_tim
         "max_restarts": node.in_place_restarts,
         "monitor_interval": 0.2,
         "start_method": start_method,
-        # Group rank 0 hosts the ranks' own store and is dialled at this address: a pod's IP, since
-        # after a replacement rank 0 may be on a pod whose name only its own /etc/hosts resolves.
-        "local_addr": node.local_addr,
     }
     has_field = "shutdown_timeout" in {f.name for f in dataclasses.fields(launch_config_cls)}
     if has_field:

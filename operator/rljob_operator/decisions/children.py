@@ -272,9 +272,6 @@ def worker_env(
         {"name": contract.OUTPUT_DIR_ENV, "value": OUTPUT_DIR},
         {"name": contract.METRICS_PORT_ENV, "value": str(METRICS_PORT)},
         {"name": contract.POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        # What its agent announces in the rendezvous: group rank 0, on any pod after a replacement, is
-        # dialled there by the others (a worker's name resolves only inside its own pod).
-        {"name": contract.POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
         {"name": contract.CREDENTIALS_DIR_ENV, "value": contract.CREDENTIALS_DIR},
