@@ -82,15 +82,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # a plain `make test` reports only what it ran).
     from tests.cluster.fixtures import real_node_selected  # a plugin: imported once registered
 
-    if not real_node_selected(config):
-        real_node = [item for item in items if item.get_closest_marker("realnode") is not None]
-        if real_node:
-            config.hook.pytest_deselected(items=real_node)
-            items[:] = [item for item in items if item.get_closest_marker("realnode") is None]
     # The heavy end-to-end tests (the images built and run, the real trainer run from the operator's pods)
     # are `make e2e`'s too, so `make test` keeps to CI's budget: deselected unless the mark expression
     # names them (`make e2e` runs `-m "e2e or images"` after the real node's tests).
-    for mark in heavy_marks(config):
+    for mark in heavy_marks(config) + ([] if real_node_selected(config) else ["realnode"]):
         heavy = [item for item in items if item.get_closest_marker(mark) is not None]
         if heavy:
             config.hook.pytest_deselected(items=heavy)

@@ -277,9 +277,11 @@ REDIAL_PAUSE = 1.0
 
 @dataclass
 class Rounds:
-    """How many rendezvous rounds have started this node's ranks (``in_place_agent``'s ``on_round``)."""
+    """How many rendezvous rounds have started this node's ranks (``in_place_agent``'s ``on_round``), and at
+    which count the newest checkpoint was last fetched (``_launch``'s ``refresh`` sets it)."""
 
     count: int = 0
+    refreshed: int = -1
 
     def started(self) -> None:
         self.count += 1
@@ -318,7 +320,8 @@ def run_redialling(run: Callable[[], None], node: NodeSettings, rounds: Rounds, 
                 since = clock()
                 print(f"rljob: node {node.node_rank} lost the rendezvous store at {node.rdzv_endpoint} "
                       f"(worker 0): meeting its replacement there", file=sys.stderr, flush=True)
-                refresh()
+                if rounds.refreshed != rounds.count:  # the agent's own restart may have fetched it already
+                    refresh()
             elif clock() - since > node.rdzv_timeout:
                 raise
         sleep(REDIAL_PAUSE)
@@ -439,12 +442,15 @@ def _launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str], s
     shutdown_timeout = int(os.environ.get(contract.SHUTDOWN_TIMEOUT_ENV, "110"))
     launch_config, bound_by_patch = build_launch_config(LaunchConfig, node, shutdown_timeout, start_method)
 
+    rounds = Rounds()
+
     def refresh() -> None:  # a restart after a lost peer resumes from the newest checkpoint
         from rljob_trainer.checkpoints.resume import prepare_checkpoint_storage
 
         fresh = prepare_checkpoint_storage(cfg)  # fetched and verified as by the pre-flight
         env.update(fresh)
         os.environ.update(fresh)
+        rounds.refreshed = rounds.count  # once per round: a redial after the agent's own restart skips it
 
     if node.in_place_restarts:
         # The ranks' store is then hosted by rank 0 and made anew by each round, not shared with the
@@ -459,7 +465,6 @@ def _launch(cfg: TrainerConfig, node: NodeSettings, extra_env: dict[str, str], s
         else:
             elastic_launch(launch_config, sys.executable)("-m", "rljob_trainer.worker", str(config_path))
 
-    rounds = Rounds()
     try:
         with bounded_worker_shutdown(shutdown_timeout) if bound_by_patch else contextlib.nullcontext(), \
                 in_place_agent(error_dir, refresh, on_round=rounds.started) if node.in_place_restarts \
