@@ -23,11 +23,11 @@ The shape: 4 pods × ``nvidia.com/gpu: 1``. RLTrainingJob: 4 workers. PyTorchJob
 Worker × 3 (the non-elastic shape its docs use; its workers get an init container that waits for the
 master's DNS name, which KWOK completes at once), ``restartPolicy: ExitCode`` on both replica types.
 A failure is a pod whose containers exit 137 (KWOK's ``rljob.dev/fake-exit-code``): retryable for
-both (ExitCode retries 128 and above). The peer replaces the one failed pod; rljob replaces the gang
-of a fixed-size job (a non-elastic torchrun world cannot take a new rank in, so a lone new pod would
-wait on a dead rendezvous), and only the failed worker of an elastic one (``--sides rljob-elastic``,
-whose failures, and then the peer's too, hit workers 1-3 only). ``restartPolicy: OnFailure`` restarts the container in place, which KWOK does not model,
-so it is not measured.
+both (ExitCode retries 128 and above), on any pod of the job (the peer's master, rljob's worker 0
+included). The peer replaces the one failed pod; so does rljob, for fixed-size (``rljob``) and elastic
+(``rljob-elastic``) jobs alike: both sides' jobs keep checkpoints on object storage, so the survivors stay
+and dial the replacement's rendezvous (issue #48). ``restartPolicy: OnFailure`` restarts the container
+in place, which KWOK does not model, so it is not measured.
 
 For each burst size (default 10, 100, 1000) and repetition, both sides run, in alternating order,
 each in a fresh namespace with a fresh controller process, and after each burst ``min(N, --failures)``
@@ -281,12 +281,6 @@ class KubeflowSide:
         return TrainingOperatorProcess(self.kube, self.binary, self.kubeconfig, namespace, log, self.threads)
 
 
-class RLJobPeerSide(scale.RLJobSide):
-    """rljob with the peer's failure (exit 137), so both sides meet the same fault."""
-
-    failure_exit_code = FAILURE_EXIT_CODE
-
-
 class ReplacementRecorder(scale.Recorder):
     """rljob's Recorder where a pod that replaces one of the same job and worker index in place (same gang
     generation) counts as generation 1, as the peer's do."""
@@ -305,25 +299,33 @@ class ReplacementRecorder(scale.Recorder):
         return job, gen, index
 
 
-class RLJobElasticSide(RLJobPeerSide):
-    """rljob's elastic jobs (``minReplicas: 2``, ``maxReplicas: 4``, checkpoints on object storage): a failed
-    worker is replaced alone, as the peer replaces its pods (issue #31; worker 0 too since issue #48). Its
-    failures hit workers 1-3 only, and so do the peer's in this comparison (``victim_indexes``), as the
-    results recorded before worker 0 could be replaced alone did (the peer's master is not failed either)."""
+class RLJobPeerSide(scale.RLJobSide):
+    """rljob's fixed-size jobs with the peer's failure (exit 137), so both sides meet the same fault, and
+    checkpoints on object storage (durable): a failed worker, worker 0 included, is replaced alone (issue
+    #48), as the peer replaces its pods. Any worker may fail, as any of the peer's pods may."""
 
+    failure_exit_code = FAILURE_EXIT_CODE
     replacement_pods = 1
-    victim_indexes = range(1, scale.WORKERS)
-
-    def __init__(self, kubeconfig: Path) -> None:
-        super().__init__(kubeconfig, name="rljob-elastic")
 
     def recorder(self) -> scale.Recorder:
         return ReplacementRecorder()
 
     def manifest(self, name: str) -> dict[str, Any]:
         doc = super().manifest(name)
-        doc["spec"]["workers"].update({"minReplicas": 2, "maxReplicas": scale.WORKERS})
         doc["spec"]["runtimeRef"] = {"name": scale.BENCH_S3_RUNTIME}  # checkpoints on object storage
+        return doc
+
+
+class RLJobElasticSide(RLJobPeerSide):
+    """rljob's elastic jobs (``minReplicas: 2``, ``maxReplicas: 4``, checkpoints on object storage): a failed
+    worker is replaced alone (issue #31; worker 0 too since issue #48)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        super().__init__(kubeconfig, name="rljob-elastic")
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        doc = super().manifest(name)
+        doc["spec"]["workers"].update({"minReplicas": 2, "maxReplicas": scale.WORKERS})
         return doc
 
 
@@ -424,9 +426,8 @@ def main() -> None:
                    help="pod stages KWOK plays at once (its default 4; operator_scale's A/Bs use 32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sides", nargs="+", default=["rljob", "kubeflow"], choices=["rljob", "rljob-elastic", "kubeflow"],
-                   help="what runs at each burst, alternating: rljob (fixed-size jobs: a failure restarts the gang), "
-                        "rljob-elastic (elastic jobs: a failed worker 1-3 is replaced alone; the peer's failures "
-                        "then also hit its workers only), kubeflow")
+                   help="what runs at each burst, alternating: rljob (fixed-size jobs), rljob-elastic (elastic jobs, "
+                        "2-4 workers), kubeflow; each replaces a failed pod alone")
     p.add_argument("--result", default="peer_scale", type=_result_name,
                    help="write bench/results/RESULT.json (a long burst kept beside the default run's file)")
     a = p.parse_args()
@@ -449,8 +450,6 @@ def main() -> None:
             scale.install_crd(kube)
             ours = scale.operator_kubeconfig(plane, kube)
             peer = KubeflowSide(kube, binary, install_peer(plane, kube, module), a.peer_threads)
-            if "rljob-elastic" in a.sides:  # a like-for-like fault: the peer's master is not failed either
-                peer.victim_indexes = range(1, scale.WORKERS)
             made = {"rljob": lambda: RLJobPeerSide(ours), "rljob-elastic": lambda: RLJobElasticSide(ours),
                     "kubeflow": lambda: peer}
             sides: list[Any] = [made[s]() for s in dict.fromkeys(a.sides)]
