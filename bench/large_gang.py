@@ -14,11 +14,11 @@ object storage (``s3://``: durable, so a failed worker other than worker 0 is re
 * for each failure phase, the operator's API requests (audit log, its user only) and CPU seconds
   per failure, from the injection until the job is Running again plus ``SETTLE_S``, with the
   idle rate measured just before (the operator's own resyncs) beside it;
-* the job object's size (JSON bytes, its ``status`` alone, ``status.createdPods`` entries,
-  ``lastFailure.replacedPods`` entries, conditions) and the Events about the job, after each phase.
+* the job object's size (JSON bytes, its ``status`` alone, ``lastFailure.replacedPods`` entries,
+  conditions) and the Events about the job, after each phase.
 
 The summary puts both sizes side by side with the ratio N=1,000 ÷ N=100: requests and CPU per
-failure should not grow with the gang (ratio ≈ 1); what the status holds per worker does.
+failure should not grow with the gang (ratio ≈ 1), nor should the status (no per-worker list).
 
 With ``--peer``, Kubeflow's training operator (``bench/peer_scale.py``'s process, RBAC and webhook set-up)
 runs a PyTorchJob of the same shape at each size too (Master × 1 + Worker × (N - 1), 8 GPUs each,
@@ -196,7 +196,6 @@ def job_shape(kube: Any, namespace: str, side: Any) -> dict[str, Any]:
     return {"object_bytes": len(json.dumps(job, separators=(",", ":"))),
             "status_bytes": len(json.dumps(status, separators=(",", ":"))),
             "status_keys": sorted(status),
-            "created_pods": len(status.get("createdPods") or {}),
             "replaced_pods": len((status.get("lastFailure") or {}).get("replacedPods") or []),
             "conditions": len(status.get("conditions") or []),
             "events": len(events), "event_count_sum": sum(int(e.get("count") or 1) for e in events),
@@ -369,7 +368,6 @@ FIGURES = [
     ("idle: operator CPU, ms/s", "burst_failures.idle_operator_cpu_ms_per_s"),
     ("job object, bytes (after the failures)", "shape_after_burst.object_bytes"),
     ("job status, bytes (after the failures)", "shape_after_burst.status_bytes"),
-    ("status.createdPods entries", "shape_after_burst.created_pods"),
     ("status.lastFailure.replacedPods entries", "shape_after_burst.replaced_pods"),
     ("status.conditions", "shape_after_burst.conditions"),
     ("Events about the job (objects)", "shape_after_burst.events"),

@@ -842,10 +842,6 @@ class RLTrainingJobStatus(StatusModel):
         None, description="The runtime the current gang was built from: kind, name, generation and a hash of its "
         "spec. An edit of the runtime applies from the next gang; a deleted one's snapshot keeps serving the job."
     )
-    created_pods: dict[str, str] | None = Field(
-        None, max_length=MAX_WORKERS, description="The worker pods the operator created for this job: pod name to "
-        "the UID of the last pod it created under that name. Only those pods may speak for the job (the status "
-        "API refuses any other pod's token, whatever its labels or ownerReferences).")
     queue: str | None = Field(
         None, description="The queue an admission gate holds the job to (Kueue: the LocalQueue of its label "
         "kueue.x-k8s.io/queue-name), remembered: a job once queued runs only through that queue, even if the label "

@@ -213,6 +213,12 @@ RUNTIME_USE_CHECK = ("variables.name == '' || authorizer.group('rljob.dev').reso
 #: The rule of the queues policy (``<release>-queues``) that keeps a job's queue label for good (issue #43):
 #: without it a job failed on its spec could be revived outside its queue by one patch.
 QUEUE_LABEL_KEPT = "variables.oldQueue == '' || variables.queue != ''"
+#: The rule of the worker-pods policy (``<release>-worker-pods``): a pod may carry an ownerReference to an
+#: RLTrainingJob only if the user who creates it (or adds that reference) may patch the job's status, which only
+#: the operator may. The operator counts a job's workers by that reference: without the rule anyone who may create
+#: pods in a namespace could have one counted as a job's worker.
+WORKER_CLAIM_CHECK = ("variables.claims.all(r, authorizer.group('rljob.dev').resource('rltrainingjobs')"
+                      ".subresource('status').namespace(request.namespace).name(r.name).check('patch').allowed())")
 
 
 def _cel(text: str) -> str:
@@ -237,10 +243,12 @@ def enforcement_problems(policies: Mapping[str, Mapping[str, Any] | None],
 
     The operator builds a job's pods with its own rights, so without them any job creator could run on every
     runtime, a namespace's admins hand every Secret, ConfigMap, PersistentVolumeClaim and ServiceAccount of the
-    namespace to its jobs, or anyone remove a queued job's queue label: each named policy must exist, fail
-    closed, and be bound with ``Deny`` over every namespace; together they must hold this operator's reference
-    checks (``generated_checks``, of jobs and of runtimes: a policy older than the operator misses a field), the
-    runtime-use rule (``RUNTIME_USE_CHECK``) and the queue rule (``QUEUE_LABEL_KEPT``).
+    namespace to its jobs, anyone remove a queued job's queue label, or anyone who may create pods make one that
+    the operator counts as a job's worker: each named policy must exist, fail closed, and be bound with ``Deny``
+    over every namespace; together they must hold this operator's reference checks (``generated_checks``, of jobs
+    and of runtimes: a policy older than the operator misses a field), the runtime-use rule
+    (``RUNTIME_USE_CHECK``), the queue rule (``QUEUE_LABEL_KEPT``) and the worker-pods rule
+    (``WORKER_CLAIM_CHECK``).
     """
     if not policies:
         return ["no admission policy is named (setting admission_policies): name the chart's or manifests/base's"]
@@ -275,4 +283,8 @@ def enforcement_problems(policies: Mapping[str, Mapping[str, Any] | None],
     if any(policies.values()) and _cel(RUNTIME_USE_CHECK) not in held:
         problems.append("none of the policies asks for `use` of a job's runtime (the rule "
                         f"{RUNTIME_USE_CHECK!r} of the chart's <release>-runtime-use policy)")
+    if any(policies.values()) and _cel(WORKER_CLAIM_CHECK) not in held:
+        problems.append("none of the policies keeps the operator's claim on its worker pods (the rule "
+                        f"{WORKER_CLAIM_CHECK!r} of the chart's <release>-worker-pods policy): anyone who may "
+                        "create pods could have one counted as a job's worker")
     return problems

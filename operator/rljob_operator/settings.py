@@ -263,20 +263,25 @@ class OperatorSettings:
         "would never see those devices. A pre-made ResourceClaim (``resourceClaimName``) is refused in a queued job "
         "either way: Kueue never counts one.", chart="kueue.countsResourceClaims")
     admission_policies: list[str] = setting(
-        factory=lambda: ["rljob-job-references", "rljob-queues", "rljob-runtime-use", "rljob-runtime-references"],
+        factory=lambda: ["rljob-job-references", "rljob-queues", "rljob-runtime-use", "rljob-runtime-references",
+                         "rljob-worker-pods"],
         help="ValidatingAdmissionPolicies (comma-separated names) that must be in force, each bound with "
         "validationActions Deny: they refuse a job naming an object its creator may not use or running on a "
         "runtime its creator may not use, an RLTrainingRuntime naming a Secret, ConfigMap, PersistentVolumeClaim "
-        "or ServiceAccount its writer may not use, and a queued job's loss of its queue label, which the operator "
-        "cannot check itself (it never sees who wrote a job). Missing or not of this version: the operator refuses "
-        "to start (exit 2); gone later: /readyz answers 503 and reconciles pause until they are back "
-        "(docs/security-policies.md). Needs get on validatingadmissionpolicies and list on their bindings.",
+        "or ServiceAccount its writer may not use, a queued job's loss of its queue label, and a pod claiming to be "
+        "a job's worker (an ownerReference to an RLTrainingJob) from anyone who may not patch that job's status, "
+        "which the operator cannot check itself (it never sees who wrote a job or a pod). Missing or not of this "
+        "version: the operator refuses to start (exit 2); gone later: /readyz answers 503 and reconciles pause "
+        "until they are back (docs/security-policies.md). Needs get on validatingadmissionpolicies and list on "
+        "their bindings.",
         chart=BY_CHART,
-        shown_default="rljob-job-references,rljob-queues,rljob-runtime-use,rljob-runtime-references")
+        shown_default="rljob-job-references,rljob-queues,rljob-runtime-use,rljob-runtime-references,"
+        "rljob-worker-pods")
     without_admission_policies: bool = setting(
         False, help="Run with no admission policy checked. Any job creator can then name every Secret, ConfigMap, "
         "PersistentVolumeClaim and ServiceAccount of their namespace through the operator, and take a queued job "
-        "out of its queue: only for a cluster that enforces the same rules another way (Kyverno, Gatekeeper) or a "
+        "out of its queue, and anyone who may create pods in a namespace can make one that counts as a job's worker "
+        "and reports its progress: only for a cluster that enforces the same rules another way (Kyverno, Gatekeeper) or a "
         "throwaway one. Logged as an ERROR at start; rljob_operator_admission_policies_in_force stays 0.",
         flag=Flag("--without-admission-policies", "run although no admission policy checks what job creators "
                   "name (only where the same rules are enforced another way; see docs/security-policies.md)"),

@@ -11,7 +11,10 @@ ordinary users, ServiceAccount tokens with narrow Roles, run ``kubectl apply``:
 * a job creator with jobs and experiments naming a reward module's ConfigMap, or a runtime it may not
   ``use`` (named, or the default): refused naming the field until granted;
 * a namespace admin (the built-in ``admin`` role, the base's roles aggregated into it) writes its
-  namespace's runtimes and never a ClusterRLTrainingRuntime; the queue labels are kept.
+  namespace's runtimes and never a ClusterRLTrainingRuntime; the queue labels are kept;
+* a user who may create and update pods, and only read jobs: a pod claiming to be a job's worker (an
+  ownerReference to the RLTrainingJob) is refused, on create and when the reference is added, until the
+  user may patch that job's status (the operator's right); other pods and edits pass.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ POLICY = "rljob-job-references"
 QUEUES = "rljob-queues"
 RUNTIME_USE = "rljob-runtime-use"
 RUNTIME_REFERENCES = "rljob-runtime-references"
-POLICIES = (POLICY, QUEUES, RUNTIME_USE, RUNTIME_REFERENCES)
+WORKER_PODS = "rljob-worker-pods"
+POLICIES = (POLICY, QUEUES, RUNTIME_USE, RUNTIME_REFERENCES, WORKER_PODS)
 VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
@@ -109,6 +113,18 @@ def _quickstart(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]
     return deep_update(doc, {"spec": spec}) if spec else doc
 
 
+def _pod(name: str, owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A bare pod (never scheduled here: only its admission matters), owned by ``owners``."""
+    meta: dict[str, Any] = {"name": name, **({"ownerReferences": owners} if owners else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "registry.invalid/pause:1"}]}}
+
+
+def _claim(name: str, uid: str, api_version: str = "rljob.dev/v1alpha1") -> dict[str, Any]:
+    """The ownerReference the operator writes on a job's worker pods."""
+    return {"apiVersion": api_version, "kind": "RLTrainingJob", "name": name, "uid": uid, "controller": True}
+
+
 def _runtime(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """An RLTrainingRuntime of the test's namespace, as its admins would write one."""
     return runtime_manifest(name, spec, kind="RLTrainingRuntime")
@@ -150,11 +166,12 @@ def policy(control_plane: Any, kube: Any, crd_installed: Any, runtime_crds: Any)
     from tests.contract.test_references import reference_spec
 
     _kubectl_admin(control_plane, "apply", "-f", str(POLICY_FILE))
-    # A probe user who may create jobs (dry runs) in "default", on the default runtime, and read nothing.
+    # A probe user who may create jobs and pods (dry runs) in "default", on the default runtime, and read nothing.
     probe = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
              "metadata": {"name": PROBE, "namespace": "default"},
              "rules": [{"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingruntimes"],
-                        "verbs": ["create"]}, USE_DEFAULT_RUNTIME]}
+                        "verbs": ["create"]}, {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+                       USE_DEFAULT_RUNTIME]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": PROBE, "namespace": "default"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROBE},
@@ -162,7 +179,8 @@ def policy(control_plane: Any, kube: Any, crd_installed: Any, runtime_crds: Any)
     _kubectl_admin(control_plane, "apply", "-f", "-", stdin=yaml.safe_dump_all([probe, binding]))
     canaries = {POLICY: _quickstart("canary", reference_spec(JOB_REFERENCES[0], "canary")[0]),
                 RUNTIME_USE: _quickstart("canary", {"runtimeRef": {"name": "canary"}}),
-                RUNTIME_REFERENCES: _runtime("canary", {"checkpoint": {"storage": "s3://b/c", "credentialsSecret": "c"}})}
+                RUNTIME_REFERENCES: _runtime("canary", {"checkpoint": {"storage": "s3://b/c", "credentialsSecret": "c"}}),
+                WORKER_PODS: _pod("canary", [_claim("canary", "00000000-0000-0000-0000-000000000000")])}
 
     def refused(name: str) -> bool:
         # The API server picks a new policy up from a watch: wait until it bites (a dry run as a user).
@@ -852,7 +870,8 @@ def test_the_operator_is_told_the_charts_policies_and_may_read_exactly_those() -
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     env = operator_env(one(docs, "Deployment"))
     assert env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(",") == [
-        "ml-rljob-job-references", "ml-rljob-queues", "ml-rljob-runtime-use", "ml-rljob-runtime-references"]
+        "ml-rljob-job-references", "ml-rljob-queues", "ml-rljob-runtime-use", "ml-rljob-runtime-references",
+        "ml-rljob-worker-pods"]
     assert sorted(policies) == sorted(env["RLJOB_OPERATOR_ADMISSION_POLICIES"].split(","))
     assert env["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "false"
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
@@ -872,6 +891,145 @@ def test_turning_the_policies_off_needs_an_acknowledgement_that_reaches_the_oper
     docs = helm_template("--set", "admissionPolicies.enabled=false", "--set", "admissionPolicies.acknowledgeDisabled=true")
     assert operator_env(one(docs, "Deployment"))["RLJOB_OPERATOR_WITHOUT_ADMISSION_POLICIES"] == "true"
     assert not [d for d in docs if d["metadata"]["name"].endswith("-admission") and d["kind"].startswith("ClusterRole")]
+
+
+# ------------------------------------------------------------------ worker pods
+
+POD_MAKER = "erin"  # may create and change pods, and only read jobs and their status (the rljob-edit role's part)
+
+
+@pytest.fixture
+def pod_maker(control_plane: Any, namespace: str, service_account_kubeconfig: Any, crd_installed: Any
+              ) -> Iterator[Any]:
+    """The operator's REST layer as a user who may create, update and delete pods in ``namespace``, and get
+    RLTrainingJobs and their status there (as everyone with the edit role, or a notebook's ServiceAccount)."""
+    from kubernetes import client
+    from rljob_operator.cluster.kube import Kube
+
+    kubeconfig = service_account_kubeconfig(POD_MAKER)
+    _role(control_plane, namespace, "pods", [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "update", "patch", "delete"]},
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs", "rltrainingjobs/status"],
+         "verbs": ["get", "list", "watch"]}], POD_MAKER)
+    user = client.ApiClient(_client_configuration(kubeconfig))
+    try:
+        yield Kube(user)
+    finally:
+        user.close()
+
+
+def _pod_refusal(kube: Any, namespace: str, pod: dict[str, Any], patch: dict[str, Any] | None = None, *,
+                 put: bool = False, dry_run: bool = False) -> str | None:
+    """What the API server says to creating ``pod`` (``patch``: to that merge patch of the stored pod; ``put``: to
+    ``pod`` as its full update); None: done."""
+    from kubernetes.client.exceptions import ApiException
+
+    query = {"dryRun": "All"} if dry_run else None
+    path = kube.core_path(namespace, "pods", pod["metadata"]["name"])
+    try:
+        if put:
+            kube.request("PUT", path, pod, query=query)
+        elif patch is not None:
+            kube.request("PATCH", path, patch, query=query, content_type="application/merge-patch+json")
+        else:
+            kube.request("POST", kube.core_path(namespace, "pods"), pod, query=query)
+    except ApiException as e:
+        assert e.status in (403, 422), (e.status, e.body)
+        return str(json.loads(e.body)["message"])
+    return None
+
+
+def _claimed(name: str) -> str:
+    """What a refusal says of the claim on RLTrainingJob ``name``."""
+    return (f"metadata.ownerReferences[kind=RLTrainingJob,name={name}]: only the rljob operator (who may patch "
+            f"rltrainingjobs/status of {name}) may create a pod that claims to be a worker of RLTrainingJob {name}")
+
+
+@pytest.mark.cluster
+def test_only_who_may_patch_a_jobs_status_may_create_a_pod_that_claims_to_be_its_worker(
+        policy: None, pod_maker: Any, kube: Any, control_plane: Any, namespace: str) -> None:
+    """The operator counts a job's workers by their ownerReference, and a job's UID is no secret: a user who may
+    create pods (and only read jobs) writing that reference is refused, naming the field and the job, in any
+    version of the API group; until granted patch on that job's status, the operator's right, for that job only.
+    Pods that claim no job, or that another kind of object owns, are anyone's to create."""
+    job = create_job(kube, namespace, _quickstart("owner"))
+    uid = job["metadata"]["uid"]
+    user = f"system:serviceaccount:{namespace}:{POD_MAKER}"
+    forged = _pod("forged", [_claim("owner", uid)])
+    refusal = _pod_refusal(pod_maker, namespace, forged)
+    assert refusal is not None and WORKER_PODS in refusal, refusal
+    assert _claimed("owner") in refusal and refusal.endswith(f"{user} may not"), refusal
+    assert kube.get_pod(namespace, "forged") is None
+    # Not controller, another version of the group, beside an owner of another kind: a claim all the same.
+    for i, owners in enumerate([[{**_claim("owner", uid), "controller": False}],
+                                [_claim("owner", uid, api_version="rljob.dev/v1")],
+                                [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": uid},
+                                 _claim("owner", uid)]]):
+        refusal = _pod_refusal(pod_maker, namespace, _pod(f"forged-{i}", owners))
+        assert refusal is not None and _claimed("owner") in refusal, (owners, refusal)
+
+    # Pods that claim no job: as before (a real create, and one owned by a ConfigMap, which keeps it alive).
+    owner = kube.request("POST", kube.core_path(namespace, "configmaps"), {"metadata": {"name": "owner"}})
+    assert _pod_refusal(pod_maker, namespace, _pod("plain")) is None
+    by_configmap = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"],
+                    "controller": True}
+    assert _pod_refusal(pod_maker, namespace, _pod("configmaps", [by_configmap])) is None
+    # Another group's kind of the same name is no claim on an rljob job (the operator trusts only rljob.dev's).
+    lookalike = {**_claim("owner", uid), "apiVersion": "example.com/v1"}
+    assert _pod_refusal(pod_maker, namespace, _pod("lookalike", [lookalike]), dry_run=True) is None
+
+    # The operator's right, on this job: its workers may be created (for real: the job exists, the pod stays).
+    _role(control_plane, namespace, "patch-owner-status", [
+        {"apiGroups": ["rljob.dev"], "resources": ["rltrainingjobs/status"], "resourceNames": ["owner"],
+         "verbs": ["patch"]}], POD_MAKER)
+    wait_for(lambda: _pod_refusal(pod_maker, namespace, forged, dry_run=True) is None, 30,
+             message="the right to patch the job's status in force")
+    assert _pod_refusal(pod_maker, namespace, forged) is None
+    assert kube.get_pod(namespace, "forged")["metadata"]["ownerReferences"][0]["uid"] == uid
+    # ... and no other job's.
+    other = create_job(kube, namespace, _quickstart("other"))
+    refusal = _pod_refusal(pod_maker, namespace, _pod("other-worker", [_claim("other", other["metadata"]["uid"])]))
+    assert refusal is not None and _claimed("other") in refusal, refusal
+
+
+@pytest.mark.cluster
+def test_adding_a_claim_to_a_pod_is_refused_and_removing_one_or_other_edits_are_not(
+        policy: None, pod_maker: Any, kube: Any, control_plane: Any, namespace: str) -> None:
+    """On update only what the request adds is a claim: a user who may update pods cannot make a pod a job's
+    worker by adding the reference (nor move a worker to another job), while labelling a worker, removing its
+    reference, and the garbage collector orphaning it (deleting the job with propagationPolicy Orphan) pass."""
+    job = create_job(kube, namespace, _quickstart("owner"))
+    claim = _claim("owner", job["metadata"]["uid"])
+    for pod in (_pod("plain"), _pod("worker", [claim]), _pod("orphan", [claim])):
+        kube.request("POST", kube.core_path(namespace, "pods"), pod)  # as the admin, who may (the operator's part)
+
+    refusal = _pod_refusal(pod_maker, namespace, _pod("plain"), {"metadata": {"ownerReferences": [claim]}})
+    assert refusal is not None and WORKER_PODS in refusal and _claimed("owner") in refusal, refusal
+    # A full update (a GET, the reference added, a PUT) too.
+    stored = pod_maker.request("GET", pod_maker.core_path(namespace, "pods", "plain"))
+    stored["metadata"]["ownerReferences"] = [claim]
+    refusal = _pod_refusal(pod_maker, namespace, stored, put=True)
+    assert refusal is not None and _claimed("owner") in refusal, refusal
+    assert not kube.get_pod(namespace, "plain")["metadata"].get("ownerReferences")
+    # Moving a worker to another job is a new claim.
+    other = create_job(kube, namespace, _quickstart("other"))
+    moved = {"metadata": {"ownerReferences": [_claim("other", other["metadata"]["uid"])]}}
+    refusal = _pod_refusal(pod_maker, namespace, _pod("worker"), moved)
+    assert refusal is not None and _claimed("other") in refusal, refusal
+
+    # What the pod already claimed is not claimed again: a label on a worker, and removing its reference.
+    assert _pod_refusal(pod_maker, namespace, _pod("worker"), {"metadata": {"labels": {"team": "a"}}}) is None
+    assert _pod_refusal(pod_maker, namespace, _pod("worker"), {"metadata": {"ownerReferences": None}}) is None
+    assert not kube.get_pod(namespace, "worker")["metadata"].get("ownerReferences")
+    # The garbage collector orphaning a job's pods removes their references (and the pods stay).
+    kube.request("DELETE", kube.job_path(namespace, "owner"), query={"propagationPolicy": "Orphan"})
+
+    def orphaned() -> bool:
+        pod = kube.get_pod(namespace, "orphan")
+        assert pod is not None, "the orphaned pod was deleted"
+        return not pod["metadata"].get("ownerReferences")
+
+    wait_for(orphaned, 60, message="the orphaned pod's reference removed by the garbage collector")
 
 
 # ------------------------------------------- the operator without its policies (#43 point 6)

@@ -730,7 +730,7 @@ KUEUE_RULES = [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors"
                 "verbs": ["get"]}]
 ADMISSION_RULES = [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
                     "resourceNames": ["rljob-job-references", "rljob-queues", "rljob-runtime-use",
-                                      "rljob-runtime-references"], "verbs": ["get"]},
+                                      "rljob-runtime-references", "rljob-worker-pods"], "verbs": ["get"]},
                    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
                     "verbs": ["list"]}]
 
@@ -747,7 +747,7 @@ def test_cluster_wide_install_binds_job_rules_cluster_wide_and_the_rest_narrowly
     assert rbac[("ClusterRole", "", "rljob-operator-kueue")] == KUEUE_RULES
     # Runtimes and the namespaces' labels, read-only.
     assert rbac[("ClusterRole", "", "rljob-operator-runtimes")] == RUNTIME_RULES
-    # Are the admission policies in force? Its own four policies by name, and the bindings (issue #43 point 6).
+    # Are the admission policies in force? Its own five policies by name, and the bindings (issue #43 point 6).
     assert rbac[("ClusterRole", "", "rljob-operator-admission")] == ADMISSION_RULES
     assert set(rbac) == {("ClusterRole", "", "rljob-operator"), ("ClusterRole", "", "rljob-operator-reviews"),
                          ("ClusterRole", "", "rljob-operator-capacity"), ("ClusterRole", "", "rljob-operator-kueue"),

@@ -73,7 +73,8 @@ def policy_names(fullname: str) -> dict[str, str]:
     """The admission policies the operator may read, named after the release's full name (kustomize: rljob)."""
     return {f"{fullname}-job-references": "<references-policy>", f"{fullname}-queues": "<queues-policy>",
             f"{fullname}-runtime-use": "<runtime-use-policy>",
-            f"{fullname}-runtime-references": "<runtime-references-policy>"}
+            f"{fullname}-runtime-references": "<runtime-references-policy>",
+            f"{fullname}-worker-pods": "<worker-pods-policy>"}
 
 
 def kubectl(control_plane: Any, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -117,6 +117,29 @@ def test_without_the_runtime_policies_or_their_checks_the_policies_are_not_in_fo
     assert "lack 1 of this operator's reference checks (first: Secret checkpoint.credentialsSecret)" in problem
 
 
+def test_without_the_worker_pods_rule_the_policies_are_not_in_force() -> None:
+    """The operator counts a job's workers by their ownerReference: only the rule that keeps that reference the
+    operator's (who may patch the job's status) makes it a proof. A policy set without it, from an older chart or
+    with the rule weakened, is named; the base's own holds it."""
+    from rljob_operator.admission import WORKER_CLAIM_CHECK
+
+    policies, bindings = shipped()
+    assert any(" ".join(v["expression"].split()) == WORKER_CLAIM_CHECK
+               for v in policies["rljob-worker-pods"]["spec"]["validations"])
+    problem = ("none of the policies keeps the operator's claim on its worker pods (the rule "
+               f"{WORKER_CLAIM_CHECK!r} of the chart's <release>-worker-pods policy): anyone who may create pods "
+               "could have one counted as a job's worker")
+    older = {name: policy for name, policy in policies.items() if name != "rljob-worker-pods"}
+    assert enforcement_problems(older, bindings) == [problem]
+    weakened = copy.deepcopy(policies)
+    for v in weakened["rljob-worker-pods"]["spec"]["validations"]:
+        v["expression"] = v["expression"].replace("check('patch')", "check('get')")
+    assert enforcement_problems(weakened, bindings) == [problem]
+    assert enforcement_problems({**policies, "rljob-worker-pods": None}, bindings) == [
+        "ValidatingAdmissionPolicy rljob-worker-pods: not found", problem]
+    assert enforcement_problems(policies, bindings) == []
+
+
 def test_running_without_the_policies_is_a_setting_of_its_own_and_a_flag() -> None:
     from rljob.cli import build_parser, operator_settings
 

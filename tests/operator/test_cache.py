@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljob_operator.decisions.createdpods import created
 from rljob_operator.decisions.observed import ObservedPod
 
 from tests.support.jobs import UID, make_job, pod_json
@@ -21,7 +20,7 @@ def test_the_watch_cache_keeps_everything_the_reconciler_reads_of_a_pod() -> Non
             pod_json(job, 1, deleting=True, generation=3)]
     for pod in pods:
         slim = slim_pod(pod)
-        assert ObservedPod.from_pod(slim, UID, created([pod])) == ObservedPod.from_pod(pod, UID, created([pod]))
+        assert ObservedPod.from_pod(slim, UID, "train") == ObservedPod.from_pod(pod, UID, "train")
         assert slim["metadata"]["uid"] == pod["metadata"]["uid"]
         assert len(repr(slim)) < len(repr(pod)) / 2  # no container specs, volumes or env
 

@@ -18,7 +18,6 @@ from rljob_operator.decisions import plan as plan_module
 from rljob_operator.decisions import situation as situation_module
 from rljob_operator.decisions.children import JobNetwork, spec_hash
 from rljob_operator.decisions.conditions import make_conditions
-from rljob_operator.decisions.createdpods import created
 from rljob_operator.decisions.lifecycle import STEPS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.plan import (
@@ -250,10 +249,7 @@ class RecordingKube:
         return []
 
     def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        if set(status) == {"createdPods"}:  # the record of the pods just created
-            self.calls.append(("record", tuple(sorted(status["createdPods"]))))
-        else:
-            self.calls.append(("status", status.get("phase"), status.get("reason")))
+        self.calls.append(("status", status.get("phase"), status.get("reason")))
         self.statuses.append(status)
 
     def create_or_adopt(self, obj: dict[str, Any], uid: str, compare_data: bool = False,
@@ -309,7 +305,7 @@ def _refused(status: int, body: str) -> ApiException:
 WORKERS = ("train-worker-0", "train-worker-1")
 
 
-def test_the_reconciler_writes_status_then_children_then_pods_then_events_and_records_the_pods_next() -> None:
+def test_the_reconciler_writes_status_then_children_then_pods_then_events_and_lists_no_pod_in_the_status() -> None:
     kube = RecordingKube(_raw())
     reconciler = _reconciler(kube)
     try:
@@ -318,71 +314,32 @@ def test_the_reconciler_writes_status_then_children_then_pods_then_events_and_re
         assert sorted(kube.calls[1:3]) == [("create", "ConfigMap"), ("create", "Service")]
         assert kube.calls[3:] == [("create", "Pod"), ("create", "Pod"), ("event", "CreatingWorkers"),
                                   ("event", "EphemeralCheckpoints")]
-        # The job's first status write starts the record of the pods the operator created, empty; the UIDs the
-        # API server answered the creates with go into the job's next status write (decisions/createdpods.py):
-        # the next reconcile's, which the new pods' watch events bring.
-        assert kube.statuses[0]["createdPods"] == {}
-        kube.raw = _raw({**kube.statuses[0], "createdPods": {}})
+        # The pods carry the job as their controller reference, their mark (decisions/observed.py): no status
+        # write lists them.
+        assert all(c[0] != "record" for c in kube.calls)
+        assert all("createdPods" not in status for status in kube.statuses)
+        kube.raw = _raw(kube.statuses[0])
         kube.statuses.clear()
         reconciler.reconcile("team-a", "train")
-        assert kube.statuses[0]["createdPods"] == {name: f"uid-of-{name}" for name in WORKERS}
-        kube.raw["status"]["createdPods"] = kube.statuses[0]["createdPods"]
-        kube.statuses.clear()
-        reconciler.reconcile("team-a", "train")  # recorded: not written again
         assert all("createdPods" not in status for status in kube.statuses)
     finally:
         reconciler.close()
 
 
-def test_the_pods_created_are_recorded_even_when_another_create_is_refused_and_a_failed_record_is_sent_again(
-) -> None:
+def test_a_refused_pod_create_is_decided_after_every_create_of_the_gang_is_answered() -> None:
     class OneRefused(RecordingKube):
         def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+            self.sent.append(pod["metadata"]["name"])
             if pod["metadata"]["name"].endswith("-1"):
                 raise _refused(422, '{"message": "invalid"}')
             return super().create_pod(pod)
 
     kube = OneRefused(_raw())
+    kube.sent: list[str] = []  # type: ignore[attr-defined]
     _reconcile(kube)
-    # The refusal still decides the rest, and its status write records the pod that was created.
+    # The refusal still decides the rest, after both creates were answered; each pod was sent once.
     assert kube.statuses[-1]["reason"] == "InvalidPodSpec"
-    assert kube.statuses[-1]["createdPods"] == {"train-worker-0": "uid-of-train-worker-0"}
-
-    class RecordFails(RecordingKube):
-        def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-            if status.get("createdPods") and self.fail:
-                self.fail = False
-                raise _refused(500, '{"message": "etcd timeout"}')
-            super().patch_job_status(namespace, name, status)
-
-    kube = RecordFails(_raw())
-    kube.fail = True
-    reconciler = _reconciler(kube)
-    try:
-        reconciler.reconcile("team-a", "train")  # creates the gang
-        kube.raw = _raw({"phase": "Pending", "reason": "CreatingWorkers", "createdPods": {}})
-        with pytest.raises(ApiException):  # the write that would record it fails
-            reconciler.reconcile("team-a", "train")
-        kube.statuses.clear()
-        reconciler.reconcile("team-a", "train")  # the next status write carries what was not recorded
-        assert kube.statuses[0]["createdPods"] == {name: f"uid-of-{name}" for name in WORKERS}
-    finally:
-        reconciler.close()
-
-
-def test_a_job_an_earlier_operator_ran_gets_its_controlled_pods_recorded_once_and_nothing_else() -> None:
-    from rljob_operator.decisions.createdpods import may_speak, seed
-
-    job = make_job(replicas=2)
-    ours, other = pod_json(job, 0), pod_json(job, 1)
-    other["metadata"]["ownerReferences"][0]["uid"] = "another-uid"
-    assert seed({}, [ours, other], UID) == {}  # no status yet: nothing observed counts
-    assert seed({"phase": "Running"}, [ours, other], UID) == {ours["metadata"]["name"]: ours["metadata"]["uid"]}
-    assert seed({"phase": "Running", "createdPods": {}}, [ours, other], UID) is None  # recorded since: nothing adopted
-    recorded = {"status": {"createdPods": {"train-worker-0": "u0"}}}
-    assert may_speak(recorded, "train-worker-0", "u0")
-    assert not may_speak(recorded, "train-worker-0", "u1") and not may_speak(recorded, "train-notebook", "u0")
-    assert not may_speak({"status": {}}, "train-worker-0", "u0") and not may_speak(recorded, "train-worker-0", "")
+    assert sorted(kube.sent) == list(WORKERS)
 
 
 def test_children_are_checked_once_per_gang_generation_and_looked_up_first_after_the_first() -> None:
@@ -615,7 +572,7 @@ def test_a_worker_on_a_deleted_node_restarts_the_gang_as_a_disruption_and_is_for
     # Unknown (no Node watch): both pods look healthy, nothing happens.
     unknown = plan_reconcile(job, observe(job, *pods), NOW)
     assert unknown.status.get("phase", "Running") == "Running" and not unknown.delete_pods
-    observed = [ObservedPod.from_pod(p, UID, created([p]), node_gone=lambda node: node == "node-b") for p in pods]
+    observed = [ObservedPod.from_pod(p, UID, "train", node_gone=lambda node: node == "node-b") for p in pods]
     assert [p.node_lost for p in observed] == [False, True]
     plan = plan_reconcile(job, observed, NOW)
     s = plan.status
@@ -744,11 +701,11 @@ def test_conditions_keep_their_transition_time_until_they_flip() -> None:
 def test_observed_pod_reads_the_container_termination() -> None:
     job = make_job()
     pod = pod_json(job, 1, "Failed", False, exit_code=200, message="CUDA out of memory")
-    observed = ObservedPod.from_pod(pod, UID, created([pod]))
+    observed = ObservedPod.from_pod(pod, UID, "train")
     assert (observed.index, observed.generation, observed.exit_code) == (1, 0, 200)
     assert observed.owned and observed.finished and not observed.active
     assert observed.spec_hash == spec_hash(job)
-    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other", created([pod])).owned
+    assert not ObservedPod.from_pod(copy.deepcopy(pod), "other", "train").owned
 
 
 def test_an_operator_upgrade_alone_does_not_restart_running_gangs() -> None:

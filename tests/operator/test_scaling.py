@@ -10,7 +10,6 @@ import yaml
 from rljob_contract.job import RLTrainingJob, parse_job
 from rljob_contract.spec import accumulation_for
 from rljob_operator.decisions.children import desired_configmap, desired_worker_pod
-from rljob_operator.decisions.createdpods import created
 from rljob_operator.decisions.lifecycle import Plan, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.decisions.scaling import Capacity
@@ -262,7 +261,7 @@ def test_a_snapshot_taken_before_the_node_watch_saw_a_node_go_does_not_count_it(
         assert snapshot is not None and [n.name for n in snapshot.nodes] == ["a", "b"]
         assert [p.node for p in snapshot.pods] == ["a", "b"] and not snapshot.node_ok("c")
         # So the gang restarted for the worker lost there starts at what the other nodes hold: NodesLost.
-        observed = [ObservedPod.from_pod(p, UID, created([p]), node_gone=lambda name: name in gone) for p in pods]
+        observed = [ObservedPod.from_pod(p, UID, "train", node_gone=lambda name: name in gone) for p in pods]
         job = after(job, plan_reconcile(job, observed, NOW + timedelta(seconds=5), capacity=snapshot))
         plan = plan_reconcile(job, [], NOW + timedelta(seconds=6), capacity=reconciler.capacity())
         assert (plan.status["scaling"]["replicas"], plan.status["scaling"]["lastScaleReason"]) == (2, "NodesLost")

@@ -9,8 +9,18 @@ from typing import Any
 import pytest
 import requests
 
+from kubernetes.client.exceptions import ApiException
+
 from tests.cluster.waiting import wait_for
-from tests.support.operator_process import create_job, get_job, job_manifest, job_pods, token_for, wait_phase
+from tests.support.operator_process import (
+    WORKER_PODS_POLICY,
+    create_job,
+    get_job,
+    job_manifest,
+    job_pods,
+    token_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -81,15 +91,19 @@ def test_heartbeats_need_a_token_bound_to_a_worker_of_that_job(kube, namespace, 
 
 def test_only_pods_the_operator_created_speak_for_a_job_not_a_tenants_pod_that_names_its_uid(
         kube, namespace, running, tenant_kube) -> None:
-    """Issue #43 point 3: an ordinary tenant (``edit`` in the namespace) makes a notebook pod whose controller
-    ownerReference names the job by its current UID (public), and one with every worker label (issue #30 point 5).
-    Neither may report progress (curve points, rewards, best_checkpoint: what experiments rank trials by), however
-    many heartbeats it sends, nor throttle the job or move its stall clock. The operator's own workers may."""
+    """Issue #43 point 3: an ordinary tenant (``edit`` in the namespace) tries a notebook pod controlled by the job
+    (its UID is public): the API server refuses it (``rljob-worker-pods``, issue #48). It makes one whose controller
+    reference has the job's kind, name and UID under another API group, and one with every worker label (issue #30
+    point 5). Neither may report progress (curve points, rewards, best_checkpoint: what experiments rank trials by),
+    however many heartbeats it sends, nor throttle the job or move its stall clock. The operator's own workers,
+    controlled by the job, may; the job's status lists none of them."""
     job = get_job(kube, namespace, "st")
     worker = running["pods"]["st-worker-0"]
-    # The record the operator wrote when it created the gang: name → the UID the API server gave.
-    assert job["status"]["createdPods"] == {name: running["pods"][name]["metadata"]["uid"]
-                                            for name in ("st-worker-0", "st-worker-1")}
+    assert "createdPods" not in job["status"]
+    for name in ("st-worker-0", "st-worker-1"):
+        [ref] = running["pods"][name]["metadata"]["ownerReferences"]
+        assert (ref["apiVersion"], ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "rljob.dev/v1alpha1", "RLTrainingJob", "st", job["metadata"]["uid"], True)
 
     def tenant_pod(name: str, meta: dict[str, Any]) -> dict[str, Any]:
         spec = {"containers": [{"name": "notebook", "image": "registry.invalid/notebook:1"}],
@@ -97,9 +111,12 @@ def test_only_pods_the_operator_created_speak_for_a_job_not_a_tenants_pod_that_n
         return tenant_kube.request("POST", kube.core_path(namespace, "pods"),
                                    {"metadata": {"name": name, **meta}, "spec": spec})
 
-    owned = tenant_pod("st-notebook", {"ownerReferences": [
-        {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st", "uid": job["metadata"]["uid"],
-         "controller": True, "blockOwnerDeletion": False}]})
+    claim = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st", "uid": job["metadata"]["uid"],
+             "controller": True, "blockOwnerDeletion": False}
+    with pytest.raises(ApiException) as refused:
+        tenant_pod("st-notebook", {"ownerReferences": [claim]})
+    assert refused.value.status == 403 and WORKER_PODS_POLICY in refused.value.body
+    owned = tenant_pod("st-notebook", {"ownerReferences": [{**claim, "apiVersion": "tenant.example/v1"}]})
     mine = tenant_kube.request("POST", kube.core_path(namespace, "configmaps"), {"metadata": {"name": "tenant-owner"}})
     labelled = tenant_pod("st-lookalike", {"labels": dict(worker["metadata"]["labels"]), "ownerReferences": [
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "tenant-owner", "uid": mine["metadata"]["uid"],
@@ -122,7 +139,7 @@ def test_only_pods_the_operator_created_speak_for_a_job_not_a_tenants_pod_that_n
         answers = [_post(running, "st", token, forged) for _ in range(30)]  # more than the job's burst (20)
         assert {r.status_code for r in answers} <= {403, 429} and answers[0].status_code == 403, answers[0].text
         assert "only pods the operator created for the job may speak for it" in answers[0].json()["error"]
-    assert owned["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # what the old check accepted
+    assert owned["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # the job's UID, not its group
     progress = get_job(kube, namespace, "st")["status"].get("progress") or {}
     assert progress.get("step") != 10_000 and "lastThrottled" not in progress  # nothing forged, no throttle written
     # The same request from the operator's own worker is accepted (once this address's bucket, which the

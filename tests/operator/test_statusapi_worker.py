@@ -1,10 +1,11 @@
-"""Whose pods may speak for a job, without a cluster: the record of created pods and the reads it costs.
+"""Whose pods may speak for a job, without a cluster: the pod's controller reference and the reads it costs.
 
-The status API accepts a heartbeat only from a pod the operator created for the job: its name and uid in the
-job's ``status.createdPods`` (``decisions.createdpods``). ``tests/operator/test_statusapi_cluster.py`` sends real
-tokens of real pods (a tenant's among them); here the API server's answer (the job) is given as it would give it,
-to count the reads: a pod missing from the record is looked up again in a fresh read, at most every
-``RECORD_RECHECK_SECONDS`` per job, however many heartbeats it sends.
+The status API accepts a heartbeat only from a pod the operator created for the job: the pod of the token's name
+and uid has the job (``rljob.dev``, kind, name and uid) as its controller reference, which the admission policy
+``rljob-worker-pods`` admits only from whoever may patch the job's status (``decisions.observed.job_reference``).
+``tests/operator/test_statusapi_cluster.py`` sends real tokens of real pods (a tenant's among them); here the API
+server's answers (the job, the pod) are given as it would give them, to count the reads: each pod is read once
+per ``CACHE_SECONDS``, the job too, however many heartbeats they send.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from rljob_operator.cluster.kube import Kube
 from rljob_operator.server import statusapi
 from rljob_operator.server.statusapi import POD_NAME_EXTRA, POD_UID_EXTRA, Denied, Identity, StatusAPI
@@ -24,20 +26,37 @@ POD_UID = "33333333-3333-3333-3333-333333333333"
 OTHER_UID = "44444444-4444-4444-4444-444444444444"
 
 JOB = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob",
-       "metadata": {"namespace": "ml", "name": "st", "uid": JOB_UID},
-       "status": {"createdPods": {"st-worker-0": POD_UID}}}
+       "metadata": {"namespace": "ml", "name": "st", "uid": JOB_UID}, "status": {"phase": "Running"}}
+REFERENCE = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st", "uid": JOB_UID,
+             "controller": True, "blockOwnerDeletion": True}
+
+
+def pod(name: str = "st-worker-0", uid: str = POD_UID, ref: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A pod as the API server answers it, controlled by the job; ``ref`` changes members of its controller
+    reference (``{"kind": None}``: no ownerReference at all)."""
+    ref = ref or {}
+    refs = [] if "kind" in ref and ref["kind"] is None else [{**REFERENCE, **ref}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "namespace": "ml", "name": name, "uid": uid, "labels": {"rljob.dev/job": "st"}, "ownerReferences": refs}}
 
 
 class Answers(StatusAPI):
-    """The status API with the API server's answer given: ``_call`` returns the job as GET would."""
+    """The status API with the API server's answers given: ``_call`` returns the job, or the pod, as GET would."""
 
-    def __init__(self, job: dict[str, Any]) -> None:
+    def __init__(self, job: dict[str, Any], *pods: dict[str, Any]) -> None:
         super().__init__(Kube(k8s.ApiClient(k8s.Configuration())))
         self.job = job
+        self.pods = {p["metadata"]["name"]: p for p in pods}
         self.asked: list[str] = []
 
     def _call(self, verb: str, resource: str, call: Callable[..., Any], *args: Any) -> Any:
         self.asked.append(f"{verb} {resource}")
+        if resource == "pods":
+            if args[0] not in self.pods:
+                raise ApiException(status=404, reason="Not Found")
+            return copy.deepcopy(self.pods[args[0]])
+        if args[-1] != self.job["metadata"]["name"]:
+            raise ApiException(status=404, reason="Not Found")
         return copy.deepcopy(self.job)
 
 
@@ -46,64 +65,70 @@ def _identity(pod: str = "st-worker-0", uid: str = POD_UID, namespace: str = "ml
                     extra={POD_NAME_EXTRA: [pod], POD_UID_EXTRA: [uid]})
 
 
-def test_a_pod_the_operator_recorded_for_the_job_speaks_for_it_and_costs_one_read() -> None:
-    api = Answers(JOB)
+def test_a_pod_the_job_controls_speaks_for_it_and_costs_one_read_of_each() -> None:
+    api = Answers(JOB, pod())
     try:
         api._check_worker(_identity(), "ml", "st")
         api._check_worker(_identity(), "ml", "st")
-        assert api.asked == ["GET rltrainingjobs"]  # cached: no pod is read at all
+        assert sorted(api.asked) == ["GET pods", "GET rltrainingjobs"]  # then cached
     finally:
         api.close()
 
 
-@pytest.mark.parametrize(("pod", "uid"), [
-    ("st-worker-0", OTHER_UID),  # the name, but another pod under it (made again by someone else)
-    ("st-notebook", POD_UID),  # a pod of any other name, whatever its labels and ownerReferences
-    ("st-worker-1", OTHER_UID),  # a worker name the operator has not created a pod under
+@pytest.mark.parametrize(("name", "answered"), [
+    ("st-worker-0", pod(uid=OTHER_UID)),  # the name, but another pod under it now
+    ("st-notebook", pod("st-notebook", ref={"kind": "ConfigMap"})),  # the labels, another controller
+    ("st-notebook", pod("st-notebook", ref={"kind": None})),  # the labels, no ownerReference
+    ("st-worker-0", pod(ref={"uid": "a-deleted-namesakes-uid"})),  # a pod of a namesake job deleted before
+    ("st-worker-0", pod(ref={"name": "another-job"})),  # a reference naming another job, with this one's uid
+    ("st-worker-0", pod(ref={"apiVersion": "tenant.example/v1"})),  # the job's kind, name and uid, another group
+    ("st-worker-0", pod(ref={"controller": False})),  # the job as an owner, not as the controller
+    ("st-worker-1", None),  # no such pod
 ])
-def test_a_pod_missing_from_the_record_is_refused_after_one_fresh_read_per_period(
-        pod: str, uid: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    api = Answers(JOB)
+def test_a_pod_the_job_does_not_control_is_refused_and_read_once_per_period(
+        name: str, answered: dict[str, Any] | None) -> None:
+    pods = [answered] if answered is not None else []
+    api = Answers(JOB, *pods)
     try:
         for _ in range(5):
             with pytest.raises(Denied) as refused:
-                api._check_worker(_identity(pod, uid), "ml", "st")
+                api._check_worker(_identity(name), "ml", "st")
             assert refused.value.status == 403
-            assert refused.value.message == (f"pod ml/{pod} is not a worker of ml/st: only pods the operator created "
+            assert refused.value.message == (f"pod ml/{name} is not a worker of ml/st: only pods the operator created "
                                              "for the job may speak for it")
-        assert api.asked == ["GET rltrainingjobs"]  # a second read only once the first is RECORD_RECHECK_SECONDS old
-        monkeypatch.setattr(statusapi, "RECORD_RECHECK_SECONDS", 0.0)
-        with pytest.raises(Denied):
-            api._check_worker(_identity(pod, uid), "ml", "st")
-        assert api.asked == ["GET rltrainingjobs"] * 2
+        assert sorted(api.asked) == ["GET pods", "GET rltrainingjobs"]
     finally:
         api.close()
 
 
-def test_a_pod_created_after_the_read_is_found_in_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A gang restarted: its new pods are recorded after the job was read; the first heartbeat reads it again."""
-    api = Answers(JOB)
+def test_a_job_made_again_under_its_name_is_read_again_for_its_new_pods(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job was deleted and made again: the cached job has the old uid, the new gang's pods name the new one."""
+    api = Answers(JOB, pod())
     monkeypatch.setattr(statusapi, "RECORD_RECHECK_SECONDS", 0.0)
     try:
         api._check_worker(_identity(), "ml", "st")
         api.job = copy.deepcopy(JOB)
-        api.job["status"]["createdPods"]["st-worker-0"] = OTHER_UID
+        api.job["metadata"]["uid"] = "new-job-uid"
+        api.pods["st-worker-0"] = pod(uid=OTHER_UID, ref={"uid": "new-job-uid"})
         api._check_worker(_identity(uid=OTHER_UID), "ml", "st")
-        assert api.asked == ["GET rltrainingjobs"] * 2
-        with pytest.raises(Denied):  # the pod it replaced under that name no longer speaks
+        assert sorted(api.asked) == ["GET pods"] * 2 + ["GET rltrainingjobs"] * 2
+        with pytest.raises(Denied):  # the old job's pod no longer speaks (its cached answer names the old uid)
             api._check_worker(_identity(), "ml", "st")
     finally:
         api.close()
 
 
-def test_a_token_without_its_pods_uid_or_of_another_namespace_or_a_job_without_record_is_refused() -> None:
-    api = Answers({**JOB, "status": {"phase": "Running"}})  # an earlier operator's job, not reconciled since
+def test_a_token_without_its_pods_uid_or_of_another_namespace_or_of_a_job_that_is_gone_is_refused() -> None:
+    api = Answers(JOB, pod())
     try:
-        for identity, namespace in ((_identity(uid=""), "ml"), (_identity(namespace="other"), "ml"),
-                                    (_identity(), "ml")):
+        for identity, namespace in ((_identity(uid=""), "ml"), (_identity(namespace="other"), "ml")):
             with pytest.raises(Denied) as refused:
                 api._check_worker(identity, namespace, "st")
             assert refused.value.status == 403
+        assert api.asked == []  # refused before any read
+        with pytest.raises(Denied) as refused:
+            api._check_worker(_identity(), "ml", "gone")
+        assert refused.value.status == 404
     finally:
         api.close()
 

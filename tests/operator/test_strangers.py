@@ -1,6 +1,10 @@
 """Only pods the operator created are a job's gang (issue #43 point 3, the reconciler's side): a pod with the job's
-labels, name or ownerReference that the operator did not create is a stranger: never counted, never deciding a
-phase, deleted when it claims the job, ignored when it does not (``decisions/observed.py``, ``createdpods.py``)."""
+labels, name or UID that the operator did not create is a stranger: never counted, never deciding a phase,
+deleted when it claims the job, ignored when it does not (``decisions/observed.py``). The operator's mark is the
+job as the pod's controller reference (API group ``rljob.dev``, kind, name and UID), which the admission policy
+``rljob-worker-pods`` admits only from whoever may patch the job's status (issue #48: it replaced the per-worker
+``status.createdPods``); that the API server refuses a tenant's such reference is
+``tests/delivery/test_admission_policies_cluster.py``'s."""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from typing import Any
 
 from rljob_contract.job import RLTrainingJob
 from rljob_operator.cluster.kube import FIELD_MANAGER
-from rljob_operator.decisions.createdpods import created, known, seed
 from rljob_operator.decisions.lifecycle import plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod, slim_pod
 from rljob_operator.decisions.plan import Event, Plan
@@ -22,8 +25,11 @@ RUNNING = {"phase": "Running", "startTime": "2030-01-01T11:00:00Z", "gangGenerat
 
 
 def tenants(pod: dict[str, Any], name: str | None = None, manager: str = "kubectl-create") -> dict[str, Any]:
-    """``pod`` as a tenant would make it: every label and the ownerReference copied, its own UID, ``name``."""
+    """``pod`` as a tenant could make it: every label copied, its own UID, ``name``, and the controller reference
+    as close as the API server admits from them: the job's kind, name and UID, under another API group (the
+    admission policy refuses a reference to an RLTrainingJob of ``rljob.dev`` from them)."""
     pod = copy.deepcopy(pod)
+    pod["metadata"]["ownerReferences"][0]["apiVersion"] = "tenant.example/v1"
     if name is not None:
         pod["metadata"]["name"] = name
     pod["metadata"]["uid"] = f"tenant-{pod['metadata']['name']}"
@@ -34,9 +40,8 @@ def tenants(pod: dict[str, Any], name: str | None = None, manager: str = "kubect
 
 
 def decide(job: RLTrainingJob, ours: list[dict[str, Any]], others: list[dict[str, Any]]) -> Plan:
-    """The plan for ``job`` seeing the pods it created (``ours``, recorded) and ``others`` (not)."""
-    record = created(ours)
-    return plan_reconcile(job, [ObservedPod.from_pod(p, UID, record) for p in ours + others], NOW)
+    """The plan for ``job`` seeing the pods it created (``ours``) and ``others``."""
+    return plan_reconcile(job, [ObservedPod.from_pod(p, UID, "train") for p in ours + others], NOW)
 
 
 def foreign(plan: Plan) -> list[Event]:
@@ -44,7 +49,7 @@ def foreign(plan: Plan) -> list[Event]:
 
 
 def test_a_stranger_named_worker_0_that_exits_0_does_not_end_the_job_and_is_deleted() -> None:
-    job = make_job(replicas=2, status={**RUNNING, "phase": "Pending", "createdPods": {}})
+    job = make_job(replicas=2, status={**RUNNING, "phase": "Pending"})
     worker1 = pod_json(job, 1)
     fake0 = tenants(pod_json(job, 0, "Succeeded", False, exit_code=0))
     plan = decide(job, [worker1], [fake0])
@@ -105,38 +110,58 @@ def test_a_pod_that_does_not_claim_the_job_is_ignored_never_deleted() -> None:
     assert plan.delete_pods == ["train-worker-3"] and len(foreign(plan)) == 1
 
 
-def test_a_pod_named_for_the_operators_field_manager_but_not_recorded_is_still_a_stranger() -> None:
+def test_a_pod_named_for_the_operators_field_manager_without_the_jobs_reference_is_still_a_stranger() -> None:
     """``managedFields`` name the field manager the creating *client* chose (``?fieldManager=``, ``kubectl
-    --field-manager``): a tenant may name the operator's. So a pod the record does not name is a stranger
-    whatever they say, even one the operator did create just before it crashed (that window costs one pod
-    created twice: it is deleted and created again, recorded)."""
-    job = make_job(replicas=1, status={**RUNNING, "phase": "Pending", "createdPods": {}})
+    --field-manager``): a tenant may name the operator's. What makes a pod the job's is its controller reference
+    to the job, which only the operator may write."""
+    job = make_job(replicas=1, status={**RUNNING, "phase": "Pending"})
     claimed = tenants(pod_json(job, 0), manager=FIELD_MANAGER)
     plan = decide(job, [], [claimed])
     assert plan.delete_pods == ["train-worker-0"]
     assert f"its creator named itself {FIELD_MANAGER!r}" in foreign(plan)[0].message
-    # Recorded under its name with its UID, it is the job's.
+    # With the job as its controller reference (rljob.dev), it is the job's.
+    claimed["metadata"]["ownerReferences"][0]["apiVersion"] = "rljob.dev/v1alpha1"
     plan = decide(job, [claimed], [])
     assert plan.delete_pods == [] and plan.status["workers"]["active"] == 1
 
 
-def test_the_pods_this_reconciler_created_are_the_jobs_before_any_status_records_them() -> None:
-    """Between a create and the status write that records it, the reconciler's memory of the create's answer
-    makes the pod the job's: it is counted, and not taken for a stranger."""
+def test_only_a_reference_to_this_job_by_group_kind_name_and_uid_marks_a_pod_as_its() -> None:
+    """Each part of the controller reference counts: the policy checks the right to patch the status of the job
+    the reference *names*, so a reference naming another job (one whose status its writer may patch) with this
+    job's UID is no mark of this job's, nor is one of another kind or group."""
+    job = make_job(replicas=2, status=RUNNING)
+    gang = [pod_json(job, 0), pod_json(job, 1)]
+    for field, value in (("name", "other-job"), ("kind", "RLExperiment"), ("apiVersion", "rljob.dev.evil/v1"),
+                         ("controller", False)):
+        forged = copy.deepcopy(pod_json(job, 0, "Succeeded", False, exit_code=0))
+        forged["metadata"].update(name="train-lookalike", uid="forged")
+        forged["metadata"]["ownerReferences"][0][field] = value
+        seen = ObservedPod.from_pod(forged, UID, "train")
+        assert not seen.owned, field
+        plan = decide(job, gang, [forged])
+        assert plan.status["workers"]["succeeded"] == 0 and plan.status["phase"] == "Running", field
+    seen = ObservedPod.from_pod(pod_json(job, 0), UID, "train")
+    assert seen.owned and not seen.stranger
+    assert not ObservedPod.from_pod(pod_json(job, 0), "another-uid", "train").owned  # a namesake's pod
+    assert not ObservedPod.from_pod(pod_json(job, 0), UID, "").owned  # no job named: nothing is its
+
+
+def test_the_pods_a_reconciler_created_are_the_jobs_with_no_record_and_after_a_restart() -> None:
+    """The gang is the job's from the first reconcile that sees it: no status write records it (the status holds
+    nothing per worker), and a reconciler that knows nothing of the creates (the operator restarted) keeps it."""
     kube = RecordingKube(_raw())
     reconciler = _reconciler(kube)
     try:
         reconciler.reconcile("team-a", "train")  # creates the gang
+        assert [c for c in kube.calls if c[0] == "create"]
         made = _as_created()
         kube.list_pods = lambda namespace, selector: made  # type: ignore[method-assign]
-        kube.raw = _raw({**kube.statuses[0], "createdPods": {}})  # the first write, before any record
+        kube.raw = _raw(kube.statuses[-1])
         kube.calls.clear()
         kube.statuses.clear()
         reconciler.reconcile("team-a", "train")
-        assert not [c for c in kube.calls if c[0] == "delete"]
-        assert kube.statuses[0]["createdPods"] == created(made)
-        assert kube.statuses[0]["workers"]["active"] == 2
-        # Another reconciler (the operator restarted before the record was written) knows nothing of them.
+        assert not [c for c in kube.calls if c[0] in ("delete", "create")]
+        assert all("createdPods" not in status for status in kube.statuses)
         fresh = _reconciler(kube)
         deleted: list[str] = []
         kube.delete_pod = lambda namespace, name, uid=None, force=False: deleted.append(name)  # type: ignore[attr-defined]
@@ -144,7 +169,7 @@ def test_the_pods_this_reconciler_created_are_the_jobs_before_any_status_records
             fresh.reconcile("team-a", "train")
         finally:
             fresh.close()
-        assert sorted(deleted) == ["train-worker-0", "train-worker-1"]
+        assert deleted == []
     finally:
         reconciler.close()
 
@@ -159,14 +184,19 @@ def _as_created() -> list[dict[str, Any]]:
     return pods
 
 
-def test_a_job_an_earlier_operator_ran_keeps_the_pods_its_uid_controls_and_no_other() -> None:
-    job = make_job(replicas=2)
-    ours, other = pod_json(job, 0), tenants(pod_json(job, 1))
-    other["metadata"]["ownerReferences"][0]["uid"] = "another-uid"
-    status = {"phase": "Running"}  # written by a version that kept no record
-    record = known(status, seed(status, [ours, other], UID))
-    assert record == {"train-worker-0": ours["metadata"]["uid"]}
-    assert not known({}, seed({}, [ours], UID))  # no status yet: nothing made before the operator looked
+def test_the_record_an_earlier_version_kept_is_removed_with_the_next_status_write_and_its_pods_stay() -> None:
+    job_status = {"phase": "Running", "startTime": "2030-01-01T11:00:00Z", "gangGeneration": 0,
+                  "gangStartTime": "2030-01-01T11:59:00Z", "createdPods": {"train-worker-0": "u0"}}
+    kube = RecordingKube(_raw(job_status))
+    made = _as_created()
+    kube.list_pods = lambda namespace, selector: made  # type: ignore[method-assign]
+    reconciler = _reconciler(kube)
+    try:
+        reconciler.reconcile("team-a", "train")
+    finally:
+        reconciler.close()
+    assert kube.statuses and kube.statuses[0]["createdPods"] is None
+    assert not [c for c in kube.calls if c[0] in ("delete", "create")]
 
 
 def test_the_watch_cache_keeps_who_a_pod_says_created_it_and_its_address() -> None:
@@ -176,8 +206,8 @@ def test_the_watch_cache_keeps_who_a_pod_says_created_it_and_its_address() -> No
     pod["status"]["podIP"] = "10.0.0.7"
     slim = slim_pod(pod)
     assert [m["manager"] for m in slim["metadata"]["managedFields"]] == ["notebook"]
-    seen = ObservedPod.from_pod(slim, UID, {})
-    assert seen == ObservedPod.from_pod(pod, UID, {})
+    seen = ObservedPod.from_pod(slim, UID, "train")
+    assert seen == ObservedPod.from_pod(pod, UID, "train")
     assert (seen.creator, seen.pod_ip, seen.stranger, seen.owned) == ("notebook", "10.0.0.7", True, False)
 
 
@@ -213,7 +243,7 @@ def test_the_reconciler_writes_the_rendezvous_slice_when_worker_0_s_address_chan
     for pod in gang:
         pod["metadata"]["namespace"] = "team-a"
     status = {"phase": "Starting", "gangGeneration": 0, "startTime": "2030-01-01T11:00:00Z",
-              "gangStartTime": "2030-01-01T11:59:00Z", "createdPods": created(gang)}
+              "gangStartTime": "2030-01-01T11:59:00Z"}
     kube = RecordingKube(_raw(status))
     written: list[list[dict[str, Any]]] = []
     kube.list_pods = lambda namespace, selector: gang  # type: ignore[method-assign]

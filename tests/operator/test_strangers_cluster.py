@@ -1,7 +1,8 @@
 """Pods an ordinary tenant makes to pass for a job's workers, on the real API server (issue #43 point 3, the gang's
-side): the job's phase and gang are the operator's pods' alone, a stranger claiming the job is deleted, one that does
-not is left alone, and the rendezvous names only the worker 0 the operator created (``test_strangers.py`` for the
-decisions)."""
+side): the API server refuses the tenant a pod controlled by the job (the admission policy ``rljob-worker-pods``,
+issue #48), the job's phase and gang are the operator's pods' alone, a stranger claiming the job (the job's UID
+under another API group, or no controller and a worker's name) is deleted, one that does not is left alone, and the
+rendezvous names only the worker 0 the operator created (``test_strangers.py`` for the decisions)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from rljob_contract.job import parse_job
 from rljob_operator.cluster.kube import FIELD_MANAGER
 from rljob_operator.decisions.children import desired_worker_pod
 
+from kubernetes.client.exceptions import ApiException
+
 from tests.cluster.waiting import wait_for
 from tests.support.operator_process import (
+    WORKER_PODS_POLICY,
     create_job,
     get_job,
     job_manifest,
@@ -37,10 +41,29 @@ def _tenant_pod(tenant: Any, kube: Any, namespace: str, job: dict[str, Any], nam
                           query={"fieldManager": manager})
 
 
-def _claim(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """A controller ownerReference naming the job: its UID is public."""
-    return [{"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
+def _claim(job: dict[str, Any], api_version: str | None = None) -> list[dict[str, Any]]:
+    """A controller ownerReference naming the job (its UID is public), under ``api_version`` (default the job's)."""
+    return [{"apiVersion": api_version or job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
              "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": False}]
+
+
+def _refused_claim(tenant: Any, kube: Any, namespace: str, job: dict[str, Any], name: str, index: int) -> None:
+    """The tenant's pod controlled by the job: the API server refuses it, naming the policy and the field."""
+    with pytest.raises(ApiException) as refused:
+        _tenant_pod(tenant, kube, namespace, job, name, index, {"ownerReferences": _claim(job)})
+    assert refused.value.status == 403
+    assert WORKER_PODS_POLICY in refused.value.body and "metadata.ownerReferences" in refused.value.body
+
+
+def _operators(kube: Any, namespace: str, job: str) -> dict[str, str]:
+    """The job's pods the job controls (name → UID): the operator's, as only it may give a pod that reference."""
+    out = {}
+    for pod in job_pods(kube, namespace, job):
+        refs = pod["metadata"].get("ownerReferences") or []
+        if any(r.get("controller") and r.get("kind") == "RLTrainingJob" and r.get("apiVersion", "").startswith(
+                "rljob.dev/") and r.get("name") == job for r in refs):
+            out[pod["metadata"]["name"]] = pod["metadata"]["uid"]
+    return out
 
 
 def _gone(kube: Any, namespace: str, pod: dict[str, Any]) -> bool:
@@ -56,8 +79,8 @@ def _rendezvous(kube: Any, namespace: str, job: str) -> list[dict[str, Any]]:
 
 
 def _worker0_only(kube: Any, namespace: str, job: str) -> dict[str, Any] | None:
-    """The Service's slices once they name worker 0 (the operator's: its UID in ``status.createdPods``), and only it."""
-    recorded = (get_job(kube, namespace, job).get("status") or {}).get("createdPods") or {}
+    """The Service's slices once they name worker 0 (the operator's: controlled by the job), and only it."""
+    recorded = _operators(kube, namespace, job)
     slices = _rendezvous(kube, namespace, job)
     endpoints = [e for s in slices for e in s.get("endpoints") or []]
     if len(endpoints) != 1 or endpoints[0]["targetRef"]["uid"] != recorded.get(f"{job}-worker-0"):
@@ -67,14 +90,14 @@ def _worker0_only(kube: Any, namespace: str, job: str) -> dict[str, Any] | None:
 
 def test_a_tenants_worker_0_made_before_the_operator_does_not_finish_the_job_and_is_replaced(
         kube, namespace, operator, tenant_kube) -> None:
-    """The tenant makes ``early-worker-0`` (every label, the job's ownerReference, the operator's field manager)
-    before the operator has looked, and has it exit 0: once the operator runs, the job does not succeed; the
-    stranger is deleted with a ForeignPod Event, and the real worker 0 is created, recorded and given the
-    rendezvous name."""
+    """The tenant makes ``early-worker-0`` before the operator has looked: controlled by the job, the API server
+    refuses it; with every label, no controller and the operator's field manager, it is made, and exits 0. Once the
+    operator runs, the job does not succeed; the stranger is deleted with a ForeignPod Event, and the real worker 0
+    is created and given the rendezvous name."""
     job = create_job(kube, namespace, job_manifest("early", replicas=2))
+    _refused_claim(tenant_kube, kube, namespace, job, "early-worker-0", 0)
     fake = _tenant_pod(tenant_kube, kube, namespace, job, "early-worker-0", 0,
-                       {"ownerReferences": _claim(job), "annotations": {"rljob.dev/fake-exit-code": "0"}},
-                       manager=FIELD_MANAGER)
+                       {"ownerReferences": [], "annotations": {"rljob.dev/fake-exit-code": "0"}}, manager=FIELD_MANAGER)
     assert [m["manager"] for m in fake["metadata"]["managedFields"]] == [FIELD_MANAGER]  # the client's choice
     wait_for(lambda: next((p["status"].get("phase") == "Succeeded" for p in job_pods(kube, namespace, "early")), False),
              60, message="the tenant's worker 0 exited 0")
@@ -90,14 +113,17 @@ def test_a_tenants_worker_0_made_before_the_operator_does_not_finish_the_job_and
     pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job_pods(kube, namespace, "early")}
     assert pods.keys() == {"early-worker-0", "early-worker-1"} and pods["early-worker-0"] != fake["metadata"]["uid"]
     found = wait_for(lambda: _worker0_only(kube, namespace, "early"), 30, message="the rendezvous names worker 0")
-    assert found["endpoint"]["hostname"] == "early-worker-0" and status["createdPods"] == pods
+    assert found["endpoint"]["hostname"] == "early-worker-0" and _operators(kube, namespace, "early") == pods
+    assert "createdPods" not in status  # the status lists no pod
     assert "Completed" not in {e["reason"] for e in wait_for_events(kube, namespace, "early", "ForeignPod")}
 
 
 def test_pods_a_tenant_adds_to_a_running_gang_change_nothing_and_only_those_claiming_it_are_deleted(
         kube, namespace, operator, tenant_kube) -> None:
     """During a run the tenant adds a lookalike of worker 0 (every label, worker 0's hostname, controlled by its own
-    ConfigMap, exiting 0) and a pod claiming the job under another name (worker 1's labels, exiting 1). The job stays
+    ConfigMap, exiting 0) and a pod claiming the job under another name (worker 1's labels, exiting 1): the job's
+    kind, name and UID as its controller under another API group, since the API server refuses the job's own
+    (``rljob-worker-pods``). The job stays
     Running with its two workers, nothing restarts, the claiming pod is deleted, the lookalike (not the operator's to
     delete) is left alone, and no rendezvous answer ever names it."""
     operator()
@@ -110,8 +136,9 @@ def test_pods_a_tenant_adds_to_a_running_gang_change_nothing_and_only_those_clai
                              "uid": owner["metadata"]["uid"], "controller": True}],
         "annotations": {"rljob.dev/fake-exit-code": "0", "rljob.dev/fake-exit-after": "5s"}})
     assert lookalike["spec"]["hostname"] == "mid-worker-0" and lookalike["spec"]["subdomain"] == "mid"
+    _refused_claim(tenant_kube, kube, namespace, job, "mid-helper", 1)
     claiming = _tenant_pod(tenant_kube, kube, namespace, job, "mid-helper", 1, {
-        "ownerReferences": _claim(job), "annotations": {"rljob.dev/fake-exit-code": "1"}})
+        "ownerReferences": _claim(job, "tenant.example/v1"), "annotations": {"rljob.dev/fake-exit-code": "1"}})
 
     wait_for(lambda: _gone(kube, namespace, claiming), 60, message="the claiming stranger deleted")
     wait_for(lambda: next((p["status"].get("phase") == "Succeeded" for p in job_pods(kube, namespace, "mid")

@@ -13,7 +13,6 @@ from typing import Any
 
 from rljob_contract.job import RLTrainingJob, parse_job
 from rljob_operator.decisions.children import desired_worker_pod
-from rljob_operator.decisions.createdpods import created
 from rljob_operator.decisions.observed import ObservedPod
 from rljob_operator.names import StatusEndpoint
 from rljob_operator.times import rfc3339
@@ -60,9 +59,9 @@ def pod_json(job: RLTrainingJob, index: int, phase: str = "Running", ready: bool
 
 
 def observe(job: RLTrainingJob, *pods: dict[str, Any]) -> list[ObservedPod]:
-    """``pods`` as the operator sees pods it created itself: each recorded under its name (a test may show two
-    generations' pods under one name, which a cluster never holds at once)."""
-    return [ObservedPod.from_pod(p, UID, created([p])) for p in pods]
+    """``pods`` as the operator sees them for the job ``train`` with uid ``UID`` (a test may show two generations'
+    pods under one name, which a cluster never holds at once)."""
+    return [ObservedPod.from_pod(p, UID, "train") for p in pods]
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:

@@ -527,11 +527,57 @@ def tenant_kube(kube: Any, namespace: str, service_account_kubeconfig: Any, crd_
     """The operator's REST layer acting as an ordinary tenant of ``namespace``: service account ``tenant`` bound to
     Kubernetes' built-in ``edit`` role (pods, Services, ConfigMaps, ...) and to the chart's rights on rljob's
     kinds (``TENANT_RLJOB_RULES``). It may create pods (a notebook's), jobs and experiments, never write their
-    status."""
+    status, and, with the admission policy ``WORKER_PODS_POLICY`` in force on the control plane (as every
+    install has it), never give a pod an ownerReference to an RLTrainingJob."""
     tenant = service_account_kube(kube, namespace, "tenant", service_account_kubeconfig("tenant"),
                                   {"tenant-rljob": TENANT_RLJOB_RULES}, cluster_roles=("edit",))
+    ensure_worker_pods_policy(kube, tenant, namespace)
     yield tenant
     tenant.api_client.close()
+
+
+#: The admission policy that lets only whoever may patch a job's status give a pod an ownerReference to it.
+WORKER_PODS_POLICY = "rljob-worker-pods"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+
+
+def claiming_pod(namespace: str, name: str, job: dict[str, Any]) -> dict[str, Any]:
+    """A pod that never runs, controlled by ``job`` (its kind, name and UID)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
+        {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": job["metadata"]["name"],
+         "uid": job["metadata"]["uid"], "controller": True}]},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/probe:1"}],
+                 "nodeSelector": {"rljob.test/no-such-node": "x"}}}
+
+
+def ensure_worker_pods_policy(kube: Any, user: Any, namespace: str) -> None:
+    """Install ``WORKER_PODS_POLICY`` and its binding (``manifests/base/admission-policies.yaml``) on the control
+    plane unless present, and wait until it refuses ``user`` a pod claiming a job (a dry run, which admission
+    checks as a create). Left installed: it refuses only those who may not patch a job's status."""
+    from kubernetes.client.exceptions import ApiException
+
+    from tests.cluster.waiting import wait_for
+
+    docs = [d for d in yaml.safe_load_all((REPO / "manifests/base/admission-policies.yaml").read_text())
+            if d and d["metadata"]["name"] == WORKER_PODS_POLICY]
+    for doc in docs:
+        plural = "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else \
+            "validatingadmissionpolicybindings"
+        try:
+            kube.request("POST", f"{ADMISSION}/{plural}", doc)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    probe = claiming_pod(namespace, "rljob-policy-probe", {"metadata": {"name": "probe", "uid": str(uuid.uuid4())}})
+
+    def refused() -> bool:
+        try:
+            user.request("POST", kube.core_path(namespace, "pods"), probe, query={"dryRun": "All"})
+        except ApiException as e:
+            return e.status == 403 and WORKER_PODS_POLICY in (e.body or "")
+        return False
+
+    wait_for(refused, 30, interval=0.2, message=f"the admission policy {WORKER_PODS_POLICY} in force")
 
 
 # ------------------------------------------------------------------ job helpers

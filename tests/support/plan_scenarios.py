@@ -264,11 +264,14 @@ def decide(s: dict[str, Any]) -> dict[str, Any]:
             if annotations["rljob.dev/spec-hash"] == "":
                 annotations["rljob.dev/spec-hash"] = want
         gone = set(s["gone"])
-        # Every pod drawn is one the operator created (recorded under its name), on a side whose decisions
-        # read that record (``created``); strangers are not drawn: no older side knows them.
-        recorded = "created" in inspect.signature(ObservedPod.from_pod).parameters
-        pods = [ObservedPod.from_pod(p, JOB_UID, *([created([p])] if recorded else []), node_gone=lambda n: n in gone)
-                for p in s["pods"]]
+        # Every pod drawn is one the operator created: on a side that kept a record of its pods' UIDs
+        # (``created``), recorded under its name; on one that reads the pod's controller reference
+        # (``job_name``), controlled by the job. Strangers are not drawn: no older side knows them.
+        params = inspect.signature(ObservedPod.from_pod).parameters
+        mark: list[Any] = ([created([p]) for p in s["pods"]] if "created" in params
+                           else [job.metadata.name] * len(s["pods"]) if "job_name" in params else [None] * len(s["pods"]))
+        pods = [ObservedPod.from_pod(p, JOB_UID, *([m] if m is not None else []), node_gone=lambda n: n in gone)
+                for p, m in zip(s["pods"], mark, strict=True)]
         capacity = Capacity.from_objects(s["nodes"], s["pods"]) if s["nodes"] is not None else None
         plan = plan_reconcile(job, pods, NOW + timedelta(seconds=s["now_offset"]),
                               force_delete_after=s["force_delete_after"], capacity=capacity, **on)

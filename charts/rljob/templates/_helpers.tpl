@@ -39,10 +39,14 @@ Names. Every define is prefixed "rljob." (the chart's name), as cert-manager's c
 {{- define "rljob.runtimeReferencesPolicyName" -}}
 {{- printf "%s-runtime-references" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{- define "rljob.workerPodsPolicyName" -}}
+{{- printf "%s-worker-pods" (include "rljob.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{/* Every admission policy of the chart, as a JSON list. */}}
 {{- define "rljob.admissionPolicyNames" -}}
 {{- list (include "rljob.referencesPolicyName" .) (include "rljob.queuesPolicyName" .)
-      (include "rljob.runtimeUsePolicyName" .) (include "rljob.runtimeReferencesPolicyName" .) | toJson }}
+      (include "rljob.runtimeUsePolicyName" .) (include "rljob.runtimeReferencesPolicyName" .)
+      (include "rljob.workerPodsPolicyName" .) | toJson }}
 {{- end }}
 
 {{- define "rljob.chart" -}}

@@ -30,8 +30,9 @@ RESOURCES = ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
 PAUSED_REQUEUE_SECONDS = 15.0
 UNCHECKED = ("running WITHOUT admission policies (without_admission_policies): any job creator can name every "
              "Secret, ConfigMap, PersistentVolumeClaim and ServiceAccount of their namespace through this operator, "
-             "and take a queued job out of its queue; run so only where the same rules are enforced another way "
-             "(docs/security-policies.md)")
+             "and take a queued job out of its queue, and anyone who may create pods in a namespace can make one "
+             "that counts as a job's worker and reports its progress; run so only where the same rules are enforced "
+             "another way (docs/security-policies.md)")
 
 count_resources(*RESOURCES)
 

@@ -82,10 +82,10 @@ def urgent_pod_event(type: str | None, pod: dict[str, Any], others: Sequence[dic
     """
     if type == "DELETED":
         return not any((other.get("metadata") or {}).get("deletionTimestamp") for other in others)
-    seen = ObservedPod.from_pod(pod, "", {})  # the pod watch's slim copy (a full pod reads the same)
+    seen = ObservedPod.from_pod(pod, "")  # the pod watch's slim copy (a full pod reads the same)
     if seen.finished or seen.exit_code is not None or seen.disrupted:
         return True
-    return seen.ready and all(o.ready and not o.deleting for o in (ObservedPod.from_pod(p, "", {}) for p in others))
+    return seen.ready and all(o.ready and not o.deleting for o in (ObservedPod.from_pod(p, "") for p in others))
 
 
 class JobEvents:

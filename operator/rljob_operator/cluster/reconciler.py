@@ -10,21 +10,16 @@ in this order, which is what makes an interrupted reconcile converge:
    its ``ForceDeleted`` Event);
 3. the ConfigMap, the Service and the NetworkPolicy, created or adopted concurrently, all
    before any pod (a pod no policy selects accepts traffic from anywhere);
-4. the missing pods, under their deterministic names, created concurrently; the UIDs the API
-   server gave them go into ``status.createdPods`` (``decisions.createdpods``: only those pods are the
-   job's gang and may speak for it in the status API) with the job's next status write: the next
-   reconcile's, which the pods' own watch events bring a second later, before any trainer in them has
-   started (or a refusal's, at once). No write of its own: a gang costs no more requests than before;
-   until a status read shows them, the reconciler's memory of its creates makes them the job's;
-   then the Service's EndpointSlice, when the address of the worker 0 the operator created changed
+4. the missing pods, under their deterministic names, created concurrently, each with the job as its
+   controller ownerReference: the mark that makes a pod the job's gang and lets it speak for the job in
+   the status API, which the admission policy ``rljob-worker-pods`` admits only from whoever may patch
+   the job's status (``decisions.observed``); then the Service's EndpointSlice, when the address of the worker 0 the operator created changed
    (the rendezvous: ``children.desired_rendezvous``);
 5. the Events;
 6. the job's deletion, once ``ttlSecondsAfterFinished`` has passed.
 
 A crash between any two steps leaves a state the next reconcile reads and finishes; no step
-can produce a second pod for a name (a crash between a create and its record leaves a pod no
-record names: the next reconcile takes it for a stranger, deletes it and creates it again, recorded;
-nothing on the pod could prove the operator made it, ``decisions.createdpods``). When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
+can produce a second pod for a name. When a create in steps 3-4 is refused, ``refusals.plan_for_refusal`` decides the Plan that replaces the rest (a stuck reason, a failed
 job, or nothing), which is applied from step 1 on: its status, then its Events.
 """
 
@@ -51,9 +46,7 @@ from rljob_operator.cluster.kube import ChildConflict, Kube
 from rljob_operator.cluster.namespaces import NamespaceStore
 from rljob_operator.cluster.runtimes import RuntimeStore
 from rljob_operator.cluster.workqueue import JobKey
-from rljob_operator.decisions import createdpods
 from rljob_operator.decisions.children import JobNetwork, desired_worker_pod
-from rljob_operator.decisions.createdpods import CREATED_PODS
 from rljob_operator.decisions.lifecycle import FORCE_DELETE_AFTER_SECONDS, plan_invalid, plan_reconcile
 from rljob_operator.decisions.observed import ObservedPod, controller_uid, slim_pod
 from rljob_operator.decisions.plan import Event, Plan, force_deleted_event
@@ -91,6 +84,9 @@ REQUEST_THREADS_PER_WORKER = 2
 
 #: Threads writing Events (each reconcile's Events in order, as one task).
 EVENT_THREADS = 4
+#: The record of created pods an earlier version kept in a job's status (its controller reference, which only the
+#: operator may write, now marks a pod as the job's): removed with the job's next status write.
+LEGACY_CREATED_PODS = "createdPods"
 
 
 def _without_nulls(value: Any) -> Any:
@@ -112,8 +108,6 @@ class Decided:
     """One decision of a reconcile (``Reconciler._decide``)."""
 
     plan: Plan
-    record: dict[str, str] | None
-    """What the status write seeds ``status.createdPods`` with (None: nothing)."""
     gated: list[tuple[GateClient, Gated[Any]]]
     """The gates that govern the job, each with what its client observed."""
     runtime: TrainingRuntime | None
@@ -180,9 +174,6 @@ class Reconciler:
         self._created: dict[tuple[str, str], dict[str, float]] = {}
         """Per job, the pods this reconciler created (or tried to) that its watch has not shown yet:
         name → when (monotonic)."""
-        self._unrecorded: dict[tuple[str, str, str], dict[str, str]] = {}
-        """Per job (namespace, name, uid), pods it created whose UIDs no status it read records yet: they are the
-        job's (``_observe``), and its next status write records them (``_write_status``)."""
         self._rendezvous: dict[tuple[str, str], tuple[str, str | None]] = {}
         """Per job, its uid and the endpoints (JSON) its rendezvous EndpointSlice was last seen or written with
         (None: it has none)."""
@@ -228,20 +219,17 @@ class Reconciler:
             self._children_verified.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
             self._rendezvous.pop((namespace, name), None)
-            for key in [k for k in self._unrecorded if k[:2] == (namespace, name)]:
-                del self._unrecorded[key]
             metrics.JOB_PHASES.set((namespace, name), None)
             return None
         now = self.clock()
-        self._forget_recorded(raw)
         try:
             job = parse_job(raw, f"{namespace}/{name}")
         except ManifestError as e:
             cached = self.pod_cache(namespace, name) if self.pod_cache is not None else None
             pods = cached if cached is not None else self._list_pods(namespace, name)
-            observed, record = self._observe(raw, pods)
+            observed = self._observe(raw, pods)
             plan = plan_invalid(raw, e.problems, now, observed, self.force_delete_after)
-            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=record)
+            return self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
         found = self._runtime(job)
         if found is None:
             return RUNTIMES_UNSYNCED_RETRY_SECONDS
@@ -267,7 +255,7 @@ class Reconciler:
             pods = self._list_pods(namespace, name)
             decided = self._decide(raw, job, pods, now, found, capacity, decided)
             plan = decided.plan
-        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods}, record=decided.record)
+        requeue = self._apply(raw, plan, now, pods={p["metadata"]["name"]: p for p in pods})
         unwatched = [c.unwatched_requeue for c, _ in decided.gated if c.unwatched_requeue is not None]
         if unwatched and requeue is None:  # no watch of the gate wakes the job
             requeue = min(unwatched)
@@ -279,7 +267,7 @@ class Reconciler:
         """The Plan for ``job`` with ``pods``, built on the runtime in use (``_runtime_in_use``: the store's
         ``found``, or the running gang's snapshot), with what each gate observed of it (kept from ``before``, an
         earlier decision of this reconcile, while the pods are built from the same runtime)."""
-        observed, record = self._observe(raw, pods)
+        observed = self._observe(raw, pods)
         use = self._runtime_in_use(job, observed, now, *found)
         runtime = resolve(job, use.runtime) if use.runtime is not None else None
         if before is not None and before.runtime is use.runtime:
@@ -288,7 +276,7 @@ class Reconciler:
             gated = self._observe_gates(job, job_uid(job), runtime)
         plan = plan_reconcile(job, observed, now, self.endpoint, self.force_delete_after, capacity, self.profile,
                               self.network, tuple(g for _, g in gated), runtime, use.missing, use)
-        return Decided(plan, record, gated, use.runtime)
+        return Decided(plan, gated, use.runtime)
 
     def _runtime(self, job: RLTrainingJob) -> tuple[TrainingRuntime | None, str | None] | None:
         """(the job's runtime as the store shows it, why it has none); None while the runtimes' (or the
@@ -367,18 +355,11 @@ class Reconciler:
             del self._created[(namespace, name)]
         return any(p["metadata"]["name"] in created for p in plan.create_pods)
 
-    def _observe(self, raw: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[list[ObservedPod], dict[str, str] | None]:
-        """The job's pods as the decisions see them, and what this reconcile's status write seeds
-        ``status.createdPods`` with (``createdpods.seed``; None: nothing).
-
-        A pod is the job's only if the operator created it (``ObservedPod.owned``): its UID is in the
-        record, in the seed, or among the creates this reconciler made that no status it read shows yet.
-        """
-        uid = raw["metadata"]["uid"]
-        status = raw.get("status") or {}
-        record = createdpods.seed(status, pods, uid)
-        created = createdpods.known(status, record, self._unrecorded.get(self._job_key(raw)))
-        return [ObservedPod.from_pod(p, uid, created, self.node_gone) for p in pods], record
+    def _observe(self, raw: dict[str, Any], pods: list[dict[str, Any]]) -> list[ObservedPod]:
+        """The job's pods as the decisions see them: a pod is the job's only if its controller reference is the
+        job (``ObservedPod.owned``), which only the operator may write."""
+        meta = raw["metadata"]
+        return [ObservedPod.from_pod(p, meta["uid"], meta["name"], self.node_gone) for p in pods]
 
     # ------------------------------------------------------------ admission gates
     def _observe_gates(self, job: RLTrainingJob, uid: str,
@@ -448,16 +429,14 @@ class Reconciler:
         return snapshot.without_nodes(self.node_gone)
 
     def _apply(self, raw: dict[str, Any], plan: Plan, now: datetime,
-               pods: dict[str, dict[str, Any]] | None = None, record: dict[str, str] | None = None) -> float | None:
+               pods: dict[str, dict[str, Any]] | None = None) -> float | None:
         """Carry ``plan`` out in the module's order; returns seconds until the job wants another look.
 
-        ``record``: what the status write adds to ``status.createdPods`` (``createdpods.seed``), besides the
-        pods created by earlier reconciles (``_unrecorded``). A create the API server refuses ends the plan
-        there: ``refusals.plan_for_refusal`` decides what replaces the rest of it, and that Plan is applied
-        the same way, its status recording the pods created before the refusal.
+        A create the API server refuses ends the plan there: ``refusals.plan_for_refusal`` decides what
+        replaces the rest of it, and that Plan is applied the same way.
         """
         meta = raw["metadata"]
-        stored = self._write_status(raw, raw.get("status") or {}, plan, record)
+        stored = self._write_status(raw, raw.get("status") or {}, plan)
         for gate, writes in plan.gate_writes.items():  # right after the status
             self.gates[gate].apply(raw, writes, plan.status, self._patch_status)
         self._delete_pods(raw, plan, pods or {}, now)
@@ -476,46 +455,16 @@ class Reconciler:
         self._write_rendezvous(raw, plan.rendezvous)
         return self._finish(raw, plan, now)
 
-    def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan,
-                      record: dict[str, str] | None = None) -> dict[str, Any]:
-        """Patch the plan's status unless it is already stored, with ``status.createdPods`` gaining ``record``
-        and the pods created for the job that no write has recorded yet; returns the status now stored."""
+    def _write_status(self, raw: dict[str, Any], stored: dict[str, Any], plan: Plan) -> dict[str, Any]:
+        """Patch the plan's status unless it is already stored; returns the status now stored. A record of
+        created pods an earlier version kept (``status.createdPods``) is removed with the first write."""
         meta = raw["metadata"]
-        key = self._job_key(raw)
-        unrecorded = dict(self._unrecorded.get(key) or {})
-        patch = {**plan.status, **self._record_patch(stored, record, unrecorded)}
+        patch = {**plan.status, **({LEGACY_CREATED_PODS: None} if LEGACY_CREATED_PODS in stored else {})}
         if _status_changed(stored, patch):
             self._patch_status(raw, patch)
         if "phase" in plan.status:
             metrics.JOB_PHASES.set((meta["namespace"], meta["name"]), plan.status["phase"])
         return _merge_patch(stored, patch)
-
-    @staticmethod
-    def _record_patch(stored: dict[str, Any], record: dict[str, str] | None,
-                      unrecorded: dict[str, str]) -> dict[str, Any]:
-        """The ``status.createdPods`` part of a status patch: ``record`` and the pods created but not recorded
-        (those the stored status does not show already); empty when there is nothing to add."""
-        known = stored.get(CREATED_PODS) or {}
-        new = {name: uid for name, uid in unrecorded.items() if known.get(name) != uid}
-        if record is None and not new:
-            return {}
-        entries = {**(record or {}), **new}
-        return {CREATED_PODS: entries} if entries or CREATED_PODS not in stored else {}
-
-    def _forget_recorded(self, raw: dict[str, Any]) -> None:
-        """Forget the pods created for the job that its status, as read, records (a newer pod created under a
-        name since stays). Not when the write is sent: until a status read shows them, the reconciler's memory
-        is what makes them the job's (``_observe``), and a write the API server took sends nothing new."""
-        key = self._job_key(raw)
-        pending = self._unrecorded.get(key)
-        if pending is None:
-            return
-        recorded = (raw.get("status") or {}).get(CREATED_PODS) or {}
-        for name, uid in list(pending.items()):
-            if recorded.get(name) == uid:
-                del pending[name]
-        if not pending:
-            del self._unrecorded[key]
 
     def _delete_pods(self, raw: dict[str, Any], plan: Plan, pods: dict[str, dict[str, Any]], now: datetime) -> None:
         namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
@@ -559,14 +508,10 @@ class Reconciler:
         for pod in plan.create_pods:
             log.info("%s/%s: creating pod %s", namespace, name, pod["metadata"]["name"])
             created[pod["metadata"]["name"]] = time.monotonic()
-        # A gang's pods are independent requests: send them together; every answer is waited for, so the
-        # pods created are recorded even when another create was refused (which is raised afterwards).
+        # A gang's pods are independent requests: send them together; every answer is waited for before a
+        # refusal is raised, so no create is still in flight when the refusal's Plan is applied.
         answers = [self._pool.submit(self.kube.create_pod, pod) for pod in plan.create_pods]
         refused = next((a.exception() for a in answers if a.exception() is not None), None)
-        made = [out for a in answers if a.exception() is None and (out := a.result()) is not None]
-        if made:  # recorded by the job's next status write (the refusal's, or the next reconcile's)
-            key = self._job_key(raw)
-            self._unrecorded[key] = {**self._unrecorded.get(key, {}), **createdpods.created(made)}
         if refused is not None:
             raise refused
 
@@ -604,11 +549,6 @@ class Reconciler:
         if write:
             self.kube.create_or_adopt(desired, uid, look_first=stored is not None, compare_fields=("endpoints", "ports"))
         self._rendezvous[key] = (uid, endpoints if write or stored is not None else None)
-
-    @staticmethod
-    def _job_key(raw: dict[str, Any]) -> tuple[str, str, str]:
-        meta = raw["metadata"]
-        return meta["namespace"], meta["name"], meta.get("uid") or ""
 
     def _finish(self, raw: dict[str, Any], plan: Plan, now: datetime) -> float | None:
         """Events, then the job's deletion once its TTL passed."""

@@ -1,11 +1,17 @@
 """What the operator observes (pure): worker pods as seen (what a failed one means: ``failure.observe``).
 
-Which pods are the job's: only those the operator created for it (``ObservedPod.owned``). A pod's labels,
-name and ownerReferences are written by whoever creates it, and anyone who may create pods in the
-namespace can copy every one of them (the job's UID is public); the UID the API server gives a pod is not
-chosen by its creator, and the operator records the UIDs of the pods it creates (``createdpods``). A pod
-that claims the job without being one it created is a *stranger* (``ObservedPod.stranger``): it is never
-counted and decides nothing, and the operator deletes it (``Situation.strangers``).
+Which pods are the job's: only those the operator created for it (``ObservedPod.owned``). A pod's labels
+and name are written by whoever creates it, and anyone who may create pods in the namespace can copy them.
+Its controller ownerReference is written by its creator too, but one that names an RLTrainingJob (API group
+``rljob.dev``) is admitted only from a user who may patch that job's status: the admission policy
+``rljob-worker-pods`` asks the API server's authorizer, on every create and on every update that adds such a
+reference, and only the operator may write a job's status (people get ``get`` on ``rltrainingjobs/status``).
+So a controller reference to the job, by kind, name and UID (``job_reference``), is the operator's own mark
+(``ObservedPod.created``), where those policies are in force (the operator refuses to start without them
+unless told to, ``cluster.admission``). A pod that claims the job without that mark (a controller reference
+of another kind with the job's UID, or no controller and a worker's name) is a *stranger*
+(``ObservedPod.stranger``): it is never counted and decides nothing, and the operator deletes it
+(``Situation.strangers``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,24 @@ from rljob_operator.names import (
     LABEL_JOB,
     LABEL_WORKER_INDEX,
 )
+
+
+#: The API group and kind of the ownerReference that marks a pod as a job's worker (``job_reference``).
+JOB_GROUP = "rljob.dev"
+JOB_KIND = "RLTrainingJob"
+
+
+def job_reference(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, UID) of the RLTrainingJob its controller ownerReference names (API group ``rljob.dev``, kind
+    ``RLTrainingJob``); None: its controller is something else, or it has none. The admission policy
+    ``rljob-worker-pods`` admits such a reference only from a user who may patch that job's status."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    ref = next((r for r in refs if isinstance(r, Mapping) and r.get("controller") is True), None)
+    if ref is None or ref.get("kind") != JOB_KIND or str(ref.get("apiVersion") or "").split("/")[0] != JOB_GROUP:
+        return None
+    if not ref.get("name") or not ref.get("uid"):
+        return None
+    return str(ref["name"]), str(ref["uid"])
 
 
 def controller_uid(pod: Mapping[str, Any]) -> str | None:
@@ -71,8 +95,8 @@ class ObservedPod:
     (the UID is public). A pod left by a deleted job of the same name names that job, and blocks its name
     until the garbage collector removes it."""
     created: bool
-    """The operator created it for this job: the API server gave the operator this UID for this name
-    (``status.createdPods``, or a create of this operator whose record is not written yet)."""
+    """The operator created it for this job: its controller reference is this job, by kind, name and UID
+    (``job_reference``), which only the operator may write (the admission policy ``rljob-worker-pods``)."""
     orphan: bool
     """Controlled by nothing (its job was deleted with ``--cascade=orphan``, or someone made it so)."""
     phase: str
@@ -134,10 +158,10 @@ class ObservedPod:
         return not self.finished and not self.deleting
 
     @classmethod
-    def from_pod(cls, pod: dict[str, Any], job_uid: str, created: Mapping[str, str],
+    def from_pod(cls, pod: dict[str, Any], job_uid: str, job_name: str = "",
                  node_gone: Callable[[str | None], bool] | None = None) -> ObservedPod:
-        """``created``: the pods the operator created for the job, name → UID (``createdpods.known``);
-        ``node_gone``: whether a node was deleted (the operator's Node watch; None: unknown)."""
+        """The pod as a worker of the job ``job_name`` whose UID is ``job_uid``; ``node_gone``: whether a node
+        was deleted (the operator's Node watch; None: unknown)."""
         meta, status = pod.get("metadata", {}), pod.get("status") or {}
         node = (pod.get("spec") or {}).get("nodeName")
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
@@ -165,7 +189,7 @@ class ObservedPod:
             spec_hash=annotations.get(ANNOTATION_SPEC_HASH),
             job_generation=_int_or_none(annotations.get(ANNOTATION_JOB_GENERATION)),
             claimed=controller is not None and controller == job_uid,
-            created=bool(uid) and created.get(name) == uid,
+            created=bool(job_name) and job_reference(pod) == (job_name, job_uid),
             orphan=controller is None,
             phase=status.get("phase") or "Pending",
             scheduled=bool((pod.get("spec") or {}).get("nodeName")) or scheduled_cond.get("status") == "True",

@@ -7,9 +7,10 @@
     token for the audience ``rljob-status`` (which it does only while the pod it is bound to exists with
     that uid); the token must be bound to a pod (the ``authentication.kubernetes.io/pod-name``/``pod-uid``
     extras a kubelet-projected token carries), and that pod must be one the operator created for the
-    RLTrainingJob ``ns/name``: its name and uid recorded in the job's ``status.createdPods``
-    (``decisions.createdpods``). Its labels and ownerReferences prove nothing: anyone who may create pods
-    in ``ns`` can copy them, the job's uid included. Accepted heartbeats become the job's ``status.progress``
+    RLTrainingJob ``ns/name``: the pod of that name and uid has the job (kind, name and uid) as its
+    controller ownerReference, which the admission policy ``rljob-worker-pods`` admits only from whoever
+    may patch the job's status, the operator (``decisions.observed.job_reference``). Its labels prove
+    nothing: anyone who may create pods in ``ns`` can copy them. Accepted heartbeats become the job's ``status.progress``
     (step, reward, loss, checkpoint, bestCheckpoint, bestMetric, lastHeartbeat), written at most every
     ``flush_seconds`` per job (a ``final`` heartbeat at once), and its ``health`` reports become
     ``status.progress.health`` (docs/guides/health.md); the reward, loss and ``metrics`` of
@@ -26,7 +27,7 @@ Hostile requests (issue #14): before anything else the namespace and name must b
 names (400 otherwise; ``guard.checked_names``), then the client's rate limit and the bound on
 requests in flight apply (429 with Retry-After; ``guard``). A token the API server rejected is
 answered 401 from memory for ``negative_cache_seconds``, so repeating a junk token costs no
-TokenReview. The API requests (TokenReview, SubjectAccessReview, the job) go through
+TokenReview. The API requests (TokenReview, SubjectAccessReview, the job, the token's pod) go through
 the typed client, which escapes every path parameter, and what comes back must be the kind,
 namespace and name asked for before it is used. They run on the status API's own threads
 (``review_threads``), never on the default executor that reconciles use nor on the Lease's
@@ -85,7 +86,7 @@ from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path, warnin
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.kube import Kube
-from rljob_operator.decisions import createdpods
+from rljob_operator.decisions.observed import job_reference
 from rljob_operator.decisions.curve import curve_point, merge_curve
 from rljob_operator.names import TOKEN_AUDIENCE
 from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
@@ -96,8 +97,8 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SA_PREFIX = "system:serviceaccount:"
 CACHE_SECONDS = 30.0
-#: A pod missing from the record of the job read is looked up again in a fresh read at most this often per job
-#: (a gang created since the read; a forger's pod, which no read will show, costs one GET per job per period).
+#: A pod whose controller is a job of the same name but another uid than the job read has it read again, at most
+#: this often per job (the job deleted and made again under its name since the read).
 RECORD_RECHECK_SECONDS = 2.0
 FAULT_REVIEW_DELAY_ENV = "RLJOB_FAULT_REVIEW_DELAY_SECONDS"
 #: Conditional curve writes tried before the progress is written without new points.
@@ -154,6 +155,10 @@ def _expect(obj: Any, api_version: str, kind: str, namespace: str | None = None,
                   meta.get("namespace"), meta.get("name"), api_version, kind, where)
         raise Denied(502, f"the API server answered something other than {kind}{where}")
     return obj
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 class _TTLCache:
@@ -342,7 +347,8 @@ class StatusAPI:
         self._reviews = _TTLCache(CACHE_SECONDS)
         self._rejected = _TTLCache(self.limits.negative_cache_seconds)
         self._speakers = _TTLCache(CACHE_SECONDS)  # token digest → the job its pod was checked to speak for
-        self._jobs = _TTLCache(CACHE_SECONDS)  # each job's record of created pods, and its uid (Events)
+        self._jobs = _TTLCache(CACHE_SECONDS)  # each job's uid (which pods speak for it; its Events)
+        self._pods = _TTLCache(CACHE_SECONDS)  # (namespace, pod uid) → the job its controller reference names
         self._limiter = RateLimiter(self.limits.rate_per_client, self.limits.burst_per_client)
         self._job_limiter = RateLimiter(self.limits.rate_per_job, self.limits.burst_per_job)
         self.events = EventRecorder(kube)
@@ -357,6 +363,10 @@ class StatusAPI:
     @functools.cached_property
     def _authz(self) -> k8s.AuthorizationV1Api:
         return k8s.AuthorizationV1Api(self.kube.api_client)
+
+    @functools.cached_property
+    def _core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.kube.api_client)
 
     @functools.cached_property
     def _custom(self) -> k8s.CustomObjectsApi:
@@ -488,11 +498,12 @@ class StatusAPI:
         return identity
 
     def _check_worker(self, identity: Identity, namespace: str, name: str) -> None:
-        """The token's pod must be one the operator created for ``namespace/name``: its name and uid in the job's
-        ``status.createdPods`` (``createdpods.may_speak``). A job deleted and made again under the name has a
-        record of its own; a pod that only carries the labels, or an ownerReference with the job's uid, is no
-        worker. The job is read at most once per ``CACHE_SECONDS``, and once more (at most every
-        ``RECORD_RECHECK_SECONDS``) when the pod is not in the record read: a gang created since."""
+        """The token's pod must be one the operator created for ``namespace/name``: the pod of the token's name and
+        uid has the job, by kind, name and uid, as its controller ownerReference (``job_reference``; the admission
+        policy ``rljob-worker-pods`` lets only the operator write one). A job deleted and made again under the name
+        has another uid; a pod that only carries the labels is no worker. Each pod is read once per
+        ``CACHE_SECONDS``, the job too, and the job once more (at most every ``RECORD_RECHECK_SECONDS``) when the
+        pod names a job of its name with another uid: one made again since the read."""
         if not identity.username.startswith(SA_PREFIX):
             raise Denied(403, "heartbeats need a service-account token")
         pod = _pod_of(identity)
@@ -501,18 +512,39 @@ class StatusAPI:
         sa_namespace, pod_name, pod_uid = pod
         if sa_namespace != namespace:
             raise Denied(403, f"pod {sa_namespace}/{pod_name} is not a worker of {namespace}/{name}")
+        claimed = self._pod_job(namespace, pod_name, pod_uid)
         job = self._cached_job(namespace, name)
-        if job is not None and not createdpods.may_speak(job, pod_name, pod_uid):
+        if job is not None and claimed is not None and claimed[0] == name and claimed[1] != _uid(job):
             job = self._cached_job(namespace, name, max_age=RECORD_RECHECK_SECONDS)
         if job is None:
             raise Denied(404, f"{KIND} {namespace}/{name} not found")
-        if not createdpods.may_speak(job, pod_name, pod_uid):
+        if claimed is None or claimed != (name, _uid(job)):
             raise Denied(403, f"pod {namespace}/{pod_name} is not a worker of {namespace}/{name}: only pods the "
                               "operator created for the job may speak for it")
 
+    def _pod_job(self, namespace: str, pod_name: str, pod_uid: str) -> tuple[str, str] | None:
+        """(name, uid) of the RLTrainingJob that controls the pod ``namespace/pod_name`` with uid ``pod_uid``
+        (``job_reference``); None when it has no such controller, or the pod of that name has another uid. Read
+        at most once per ``CACHE_SECONDS`` per pod."""
+        key = (namespace, pod_uid)
+        hit = self._pods.get(key)
+        if hit is not None:
+            return hit[0]  # type: ignore[no-any-return]
+        try:
+            read = _expect(self._call("GET", "pods", self._core.read_namespaced_pod, pod_name, namespace),
+                           "v1", "Pod", namespace, pod_name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            read = None
+        same = read is not None and (read.get("metadata") or {}).get("uid") == pod_uid
+        claimed = job_reference(read) if same else None
+        self._pods.put(key, (claimed,))
+        return claimed
+
     def _cached_job(self, namespace: str, name: str, max_age: float | None = None) -> dict[str, Any] | None:
-        """The job, read at most once per ``CACHE_SECONDS`` (or ``max_age``: at most that old): its record of the
-        pods that may speak for it, and its uid, on which its Events are."""
+        """The job, read at most once per ``CACHE_SECONDS`` (or ``max_age``: at most that old): its uid, which the
+        pods that may speak for it name, and on which its Events are."""
         key = (namespace, name)
         job = self._jobs.get(key, max_age)
         if job is None:
