@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import requests
-
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.waiting import wait_for

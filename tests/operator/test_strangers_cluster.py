@@ -10,17 +10,15 @@ import copy
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from rljob_contract.job import parse_job
 from rljob_operator.cluster.kube import FIELD_MANAGER
 from rljob_operator.decisions.children import desired_worker_pod
-
-from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.waiting import wait_for
 from tests.support.operator_process import (
     WORKER_PODS_POLICY,
     create_job,
-    get_job,
     job_manifest,
     job_pods,
     wait_for_events,

@@ -32,7 +32,6 @@ from rljob_operator.names import (
     LABEL_WORKER_INDEX,
 )
 
-
 #: The API group and kind of the ownerReference that marks a pod as a job's worker (``job_reference``).
 JOB_GROUP = "rljob.dev"
 JOB_KIND = "RLTrainingJob"

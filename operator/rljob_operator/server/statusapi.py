@@ -86,8 +86,8 @@ from rljob_contract.pod import EvalReport, HeartbeatBody, heartbeat_path, warnin
 from rljob_operator import metrics
 from rljob_operator.cluster.events import EventRecorder
 from rljob_operator.cluster.kube import Kube
-from rljob_operator.decisions.observed import job_reference
 from rljob_operator.decisions.curve import curve_point, merge_curve
+from rljob_operator.decisions.observed import job_reference
 from rljob_operator.names import TOKEN_AUDIENCE
 from rljob_operator.server.guard import InvalidName, RateLimiter, StatusLimits, checked_names, retry_after
 from rljob_operator.times import rfc3339
