@@ -364,3 +364,41 @@ def test_the_most_telling_failure_is_reported() -> None:
     crash, config = observe(job, pod_json(job, 0, "Failed", False, exit_code=1),
                             pod_json(job, 1, "Failed", False, exit_code=78))
     assert first_failure([crash, config]) is config
+
+
+def test_a_burst_of_failures_of_the_gang_that_was_ready_counts_once_and_a_replacements_own_failure_counts() -> None:
+    """Workers of the gang that was Ready failing one after another while the first is replaced in place (a rack
+    lost, seen by several reconciles) are one incident: one restart counted, so ``backoffLimit: 1`` is enough. A
+    replacement's own failure counts again (a worker that keeps failing still uses up the limit)."""
+    spec = {"runPolicy": {"backoffBaseSeconds": 5, "backoffLimit": 1}}
+    job = make_job(4, spec=spec, status=RUNNING)
+
+    def made(pod: dict[str, Any], seconds: float, uid: str | None = None) -> dict[str, Any]:
+        pod["metadata"]["creationTimestamp"] = rfc3339(NOW + timedelta(seconds=seconds))
+        if uid:
+            pod["metadata"]["uid"] = uid
+        return pod
+
+    gang = [made(pod_json(job, i), -3600) for i in range(4)]
+    first = plan_after(job, gang[0], made(failed_worker(job, 1), -3600), gang[2], gang[3])
+    assert (first.status["restarts"], first.delete_pods) == (1, ["train-worker-1"])
+    ready = next(c for c in first.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["lastTransitionTime"]) == ("False", rfc3339(NOW))
+    # 5 s later worker 2, of the gang that was Ready, fails too; worker 1's replacement is starting.
+    replacement = made(pod_json(job, 1, "Pending", False), 1, uid="pod-1-new")
+    second = plan_after(make_job(4, spec=spec, status=first.status), gang[0], replacement,
+                        made(failed_worker(job, 1, index=2), -3600), gang[3], later=5)
+    s = second.status
+    assert (s["phase"], s["restarts"], second.delete_pods) == ("Restarting", 1, ["train-worker-2"])
+    assert f"part of the failure being repaired since {rfc3339(NOW)}, counted once: restart 1 of backoffLimit 1" \
+        in s["message"]
+    assert s["lastFailure"]["worker"] == "train-worker-2" and s["lastFailure"]["replacedPods"] == ["pod-2-0"]
+    # Worker 1's replacement fails: its own failure counts, past backoffLimit 1.
+    third = plan_after(make_job(4, spec=spec, status=s), gang[0], made(failed_worker(job, 1), 1, uid="pod-1-new"),
+                       gang[3], later=10)
+    assert (third.status["phase"], third.status["reason"]) == ("Failed", "BackoffLimitExceeded")
+    # Without the first failure's repair under way (the job Running again), a failure is counted.
+    running = {**RUNNING, "restarts": 1, "lastFailure": s["lastFailure"]}
+    again = plan_after(make_job(4, spec=spec, status=running), gang[0], made(failed_worker(job, 1, index=3), -3600),
+                       gang[2], later=60)
+    assert (again.status["phase"], again.status["reason"]) == ("Failed", "BackoffLimitExceeded")

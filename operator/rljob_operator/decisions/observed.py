@@ -129,6 +129,8 @@ class ObservedPod:
     """Built so that its agent restarts its ranks to meet a replaced peer (``ANNOTATION_IN_PLACE_RESTARTS``)."""
     redials: bool = False
     """Built so that its launcher dials the rendezvous again when worker 0's store is lost (``ANNOTATION_REDIALS``)."""
+    created_at: str | None = None
+    """metadata.creationTimestamp (RFC 3339, whole seconds)."""
 
     @property
     def owned(self) -> bool:
@@ -210,10 +212,12 @@ class ObservedPod:
             pod_ip=status.get("podIP") or None,
             meets_replacements=(_int_or_none(annotations.get(ANNOTATION_IN_PLACE_RESTARTS)) or 0) > 0,
             redials=annotations.get(ANNOTATION_REDIALS) == "true",
+            created_at=meta.get("creationTimestamp"),
         )
 
 
-_POD_METADATA = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "deletionTimestamp")
+_POD_METADATA = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "deletionTimestamp",
+                 "creationTimestamp")
 _POD_STATUS = ("phase", "conditions", "containerStatuses", "message", "reason", "podIP")
 
 

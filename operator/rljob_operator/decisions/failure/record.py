@@ -4,6 +4,12 @@ The status records the failure (``lastFailure``), counts it (``restarts``, or ``
 the cluster caused) and, for a restart, the new gang generation and when it starts; the Plan writes it
 before deleting any pod, so a later reconcile only finishes the deletion. A job that fails is
 ``settled`` as any finishing job is (its pods deleted and looked at until gone).
+
+A burst counts once (``respond.incident_start``): workers of the gang that was last Ready that fail while an
+in-place replacement is still under way (a rack lost, say, seen by several reconciles) join that
+incident and are replaced without counting again. A replacement's own failure always counts, so a
+worker that fails again and again still uses up ``backoffLimit``; an incident leaves uncounted at most
+one failure per worker the gang had when it began.
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ def record(ctx: Situation, seen: Observation, verdict: Verdict, response: Respon
                                  replaced_pods=[])
     if isinstance(response, Fail):
         return _failed(ctx, d, response, events)
-    counted = _count(ctx, d, verdict)
+    joins = response.joins if isinstance(response, ReplaceInPlace) else None
+    counted = _count(ctx, d, verdict) if joins is None else (
+        f"part of the failure being repaired since {joins}, counted once: restart {ctx.prev.restarts} of "
+        f"backoffLimit {ctx.job.spec.run_policy.backoff_limit}")
     if isinstance(response, ReplaceInPlace):
         return _replacing(ctx, d, seen, response, counted, events)
     return _restarting(ctx, d, seen, response, counted, events)

@@ -1,7 +1,8 @@
 """A failure, step 3 (pure): what to do about it.
 
-In this order: a permanent failure fails the job; so does a worker failure that would exceed
-``backoffLimit`` (disruptions are not counted); a job whose checkpoints outlive a pod, fixed-size or
+In this order: a permanent failure fails the job; a failure of workers of the gang that was last Ready
+while an in-place replacement is under way joins it, uncounted (``incident_start``: a burst counts once);
+a worker failure that would exceed ``backoffLimit`` fails the job (disruptions are not counted); a job whose checkpoints outlive a pod, fixed-size or
 elastic, has its failed or lost workers replaced in place, worker 0 included; any other
 gang restarts as a new generation after the backoff (none after a disruption), with half the per-device
 batch after running out of memory (OOM recovery), and says why it could not replace one pod. Saying it
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rljob_contract.job import OomRecovery, RLTrainingJob
+from rljob_contract.job import OomRecovery, Phase, RLTrainingJob
 
 from rljob_operator.decisions.children import in_place_restarts
 from rljob_operator.decisions.failure.classify import Verdict
 from rljob_operator.decisions.failure.observe import Observation
 from rljob_operator.decisions.situation import Situation
+from rljob_operator.times import parse_time, rfc3339
 
 OOM_REASONS = frozenset({"OOMKilled", "CudaOutOfMemory"})
 
@@ -35,6 +37,8 @@ class ReplaceInPlace:
     """Replace these workers (indices) in the same gang generation; the others keep running."""
 
     workers: tuple[int, ...]
+    joins: str | None = None
+    """When the in-place repair this failure joins began (``incident_start``): not counted again; None: counted."""
 
 
 @dataclass(frozen=True)
@@ -60,15 +64,42 @@ def respond(ctx: Situation, seen: Observation, verdict: Verdict) -> Response:
         # The trainer's permanent error says why in its own message.
         message = seen.message if seen.reason == "PermanentError" else f"{seen.message} ({verdict.why})"
         return Fail(seen.reason, message)
+    workers = replaceable(ctx, seen)
+    if isinstance(workers, tuple) and not verdict.disruption and (joins := incident_start(ctx, workers)) is not None:
+        return ReplaceInPlace(workers, joins)
     if not verdict.disruption and restarts + 1 > policy.backoff_limit:
         return Fail("BackoffLimitExceeded", f"the gang failed {restarts + 1} times, more than backoffLimit "
                                             f"({policy.backoff_limit}); last failure: {seen.message}")
-    workers = replaceable(ctx, seen)
     if isinstance(workers, tuple):
         return ReplaceInPlace(workers)
     oom = policy.oom_recovery and is_oom(seen.reason)
     delay = 0.0 if verdict.disruption else backoff_seconds(ctx.job, restarts + 1)
     return RestartGang(delay, oom, halved_batch(ctx.job) if oom else None, why=workers)
+
+
+def incident_start(ctx: Situation, workers: tuple[int, ...]) -> str | None:
+    """When the in-place repair that a failure of ``workers`` (to replace in place) joins began (RFC 3339); None:
+    it is a failure of its own, counted against backoffLimit.
+
+    It joins one when the job is Restarting from a counted in-place replacement (``lastFailure`` names
+    replaced pods, no disruption), has not been Ready since (the Ready condition False since then), and every
+    worker it replaces is a pod created before the Ready condition turned False: a worker of the gang that
+    was Ready, not a replacement, whose own failures always count.
+    """
+    prev, last = ctx.prev, ctx.prev.last_failure
+    if prev.phase != Phase.restarting.value or last is None or last.disruption or not last.replaced_pods \
+            or not prev.restarts:
+        return None
+    ready = next((c for c in prev.conditions if c.type == "Ready"), None)
+    since = parse_time(ready.last_transition_time) if ready is not None and ready.status == "False" else None
+    if since is None:
+        return None
+    pods = [ctx.by_index.get(i) for i in workers]
+    for pod in pods:
+        made = parse_time(pod.created_at) if pod is not None else None
+        if made is None or made >= since:
+            return None
+    return rfc3339(since)
 
 
 def replaceable(ctx: Situation, seen: Observation) -> tuple[int, ...] | str:
