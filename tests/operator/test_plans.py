@@ -264,11 +264,11 @@ class RecordingKube:
         self.calls.append(("get", obj["kind"]))
         return None
 
-    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+    def create_pod(self, pod: dict[str, Any]) -> bool:
         self.calls.append(("create", "Pod"))
         if self.refuse is not None and self.refuse[0] == "Pod":
             raise self.refuse[1]
-        return {**pod, "metadata": {**pod["metadata"], "uid": f"uid-of-{pod['metadata']['name']}"}}
+        return True
 
     def post_event(self, raw: dict[str, Any], type_: str, reason: str, message: str, now: str,
                    **kw: Any) -> dict[str, Any]:
@@ -328,7 +328,7 @@ def test_the_reconciler_writes_status_then_children_then_pods_then_events_and_li
 
 def test_a_refused_pod_create_is_decided_after_every_create_of_the_gang_is_answered() -> None:
     class OneRefused(RecordingKube):
-        def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        def create_pod(self, pod: dict[str, Any]) -> bool:
             self.sent.append(pod["metadata"]["name"])
             if pod["metadata"]["name"].endswith("-1"):
                 raise _refused(422, '{"message": "invalid"}')

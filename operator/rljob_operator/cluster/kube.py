@@ -170,11 +170,13 @@ class Kube:
         content_type: str = "application/json",
         count_write: bool = True,
         metered: bool = True,
+        answer: bool = True,
     ) -> Any:
         """Send one request; the answer's JSON (None when empty), or ``ApiException``.
 
         ``metered``: counted in the request metrics (the reconciler's and the status API's requests;
-        the watches' listings are not).
+        the watches' listings are not). ``answer=False``: the answer is not decoded (None), for writes whose
+        answer nobody reads (a pod's JSON is kilobytes).
         """
         headers = {"Accept": "application/json"}
         if body is not None:
@@ -210,7 +212,7 @@ class Kube:
             raise ApiException.from_response(http_resp=response, body=body, data=None)
         if method != "GET" and count_write:
             self._after_write()
-        return loads(response.data) if response.data else None
+        return loads(response.data) if response.data and answer else None
 
     def open(self, path: str, query: dict[str, Any], timeout: tuple[float, float]) -> Any:
         """GET ``path`` and return the response unread, for a watch to stream (urllib3's response);
@@ -340,7 +342,7 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            self.request("DELETE", self.core_path(namespace, "pods", name), body)
+            self.request("DELETE", self.core_path(namespace, "pods", name), body, answer=False)
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
@@ -426,15 +428,16 @@ class Kube:
                 return None
             raise
 
-    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a worker pod: the pod the API server created (its UID goes into the job's record of the pods
-        the operator created); None when its name is taken (the next reconcile looks at it)."""
+    def create_pod(self, pod: dict[str, Any]) -> bool:
+        """Create a worker pod; False when its name is taken (the next reconcile looks at it). The pod the API
+        server answers with is not decoded: its watch event brings it."""
         try:
-            return self.request("POST", self.core_path(pod["metadata"]["namespace"], "pods"), pod,  # type: ignore[no-any-return]
-                                query={"fieldManager": FIELD_MANAGER})
+            self.request("POST", self.core_path(pod["metadata"]["namespace"], "pods"), pod,
+                         query={"fieldManager": FIELD_MANAGER}, answer=False)
+            return True
         except ApiException as e:
             if e.status == 409:
-                return None
+                return False
             raise
 
     # ------------------------------------------------------------------ events
