@@ -4,6 +4,10 @@ peer, a CUDA out-of-memory error recognised through wrappers. A real ``rljob tra
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -91,3 +95,54 @@ def test_cuda_oom_is_recognised_through_wrappers_and_not_blamed_on_the_reward() 
     # Not a RewardFunctionError (permanent, 78): the OOM itself reaches the worker, which exits 200.
     with pytest.raises(OutOfMemoryError):
         checked_reward(oom, "reward_model", {})(prompts=["p"], completions=["c"])
+
+
+#: A rank whose run blocks before training (loading a model, or in ``init_process_group`` for peers that never
+#: come); it says when it got there, so the test signals it then.
+_BLOCKED_RANK = """
+import signal, sys, time
+from rljob_trainer import worker
+def blocked(cfg):
+    print("blocking", flush=True)
+    time.sleep(60)
+worker.run = blocked
+sys.exit(worker._main([sys.argv[1]]))
+"""
+
+_TRAINING_RANK = """
+import signal, sys
+from rljob_trainer import worker
+callback = worker.stop_on_signal_callback(worker.STOP)
+before = signal.getsignal(signal.SIGTERM)
+callback.on_train_begin(None, None, None)
+print(before is signal.SIG_DFL, signal.getsignal(signal.SIGTERM) == worker.STOP._handle, flush=True)
+"""
+
+
+def test_a_rank_signalled_before_training_begins_ends_at_once_and_one_training_waits_for_its_step(
+        tmp_path: Path) -> None:
+    """A suspend that reaches worker 0's pod first stops its ranks with a checkpoint; worker 1's ranks, told a
+    peer stopped, are restarted in place and block in ``init_process_group``; the SIGTERM worker 1's own pod
+    then gets must end them at once, not after the agent's shutdown timeout (110 s, past the pod's grace
+    period: the real node's suspend test). Once training has begun, a signal waits for the step's end."""
+    from rljob_contract.job import parse_job
+
+    from tests.support.trainer import quickstart_doc, trainer_env
+
+    config = tmp_path / "trainer-config.json"
+    config.write_text(parse_job(quickstart_doc()).trainer_config(str(tmp_path / "out")).model_dump_json(by_alias=True))
+    rank = subprocess.Popen([sys.executable, "-c", _BLOCKED_RANK, str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=trainer_env())
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == b"blocking"
+        sent = time.monotonic()
+        rank.send_signal(signal.SIGTERM)
+        code = rank.wait(timeout=30)
+        assert time.monotonic() - sent < 5
+    finally:
+        rank.kill()
+        rank.wait()
+    assert code == -signal.SIGTERM  # ended by the signal itself
+    training = subprocess.run([sys.executable, "-c", _TRAINING_RANK], capture_output=True, text=True,
+                              env=trainer_env(), timeout=300, check=True)
+    assert training.stdout.split() == ["True", "True"], training.stderr[-2000:]

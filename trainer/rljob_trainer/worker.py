@@ -114,7 +114,14 @@ def resolve_model(cfg: TrainerConfig) -> str:
 
 class StopRequest:
     """SIGTERM or SIGINT asks the run to stop after saving a checkpoint (a resize, a suspend, a
-    preempted node, Ctrl-C). The handler only records the signal; ``StopOnSignal`` acts on it."""
+    preempted node, Ctrl-C). The handler only records the signal; ``StopOnSignal`` acts on it.
+
+    Installed when training begins (``StopOnSignal.on_train_begin``), not before: until a step can end
+    there is nothing to checkpoint, and a rank that only recorded the signal could wait for as long as
+    its agent's shutdown timeout. A rank restarted in place to meet a peer that was in fact stopped (a
+    suspend that reached the other pod first) blocks in ``init_process_group`` for peers that will never
+    come; the signal its own pod then gets must end it at once (the signal's default action), not at
+    the agent's SIGKILL 110 s later, past the pod's grace period."""
 
     def __init__(self) -> None:
         self.signum = 0
@@ -159,6 +166,9 @@ def stop_on_signal_callback(request: StopRequest) -> Any:
     from transformers import TrainerCallback
 
     class StopOnSignal(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            request.install()  # from here a signal waits for the end of a step, which checkpoints it
+
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             signum = request.signum
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -550,8 +560,7 @@ def _main(argv: list[str]) -> int:
         return 2
     try:
         cfg = validate_document(TrainerConfig, json.loads(Path(argv[0]).read_text(encoding="utf-8")))
-        STOP.install()
-        run(cfg)
+        run(cfg)  # a signal before training begins ends the rank at once (StopRequest)
         if STOP.signum and not STOP.own and in_place_restarts_on():
             report_fatal(f"a peer worker was stopped by signal {STOP.signum}; saved a checkpoint with it")
             return EXIT_PEER_LOST  # the agent restarts this rank to meet the peer's replacement
