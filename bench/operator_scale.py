@@ -584,13 +584,19 @@ def wait_until(predicate: Any, timeout: float, checks: list[Any], what: str) -> 
     return False
 
 
-def create_burst(kube: Kube, namespace: str, names: list[str], side: Any = None) -> dict[str, float]:
-    """Create the jobs from 8 threads; each job's time is when its create request was sent."""
+def create_burst(kube: Kube, namespace: str, names: list[str], side: Any = None,
+                 rate: float = 0.0) -> dict[str, float]:
+    """Create the jobs from 8 threads; each job's time is when its create request was sent. ``rate`` > 0: the
+    i-th create is sent no sooner than i / rate seconds after the first (KubeRay's anchor: 100 per second)."""
     sent: dict[str, float] = {}
     side = side or RLJobSide(Path())
+    start = time.monotonic()
+    order = {name: i for i, name in enumerate(names)}
 
     def create(name: str) -> None:
         doc = side.manifest(name)
+        if rate > 0:
+            time.sleep(max(0.0, start + order[name] / rate - time.monotonic()))
         sent[name] = time.time()
         kube.request("POST", side.jobs_path(namespace), doc)
 
@@ -773,7 +779,7 @@ def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, 
         names = [f"job-{i:04d}" for i in range(n)]
         print(f"N={n}: creating {n} jobs × {WORKERS} workers", flush=True)
         t_burst = time.time()
-        sent = create_burst(kube, namespace, names, side)
+        sent = create_burst(kube, namespace, names, side, getattr(args, "create_rate", 0.0))  # peer_scale has none
         if sent_out is not None:
             sent_out.update(sent)
         t_created = time.time()
@@ -1002,6 +1008,8 @@ def main() -> None:
     p.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE, help="nvidia.com/gpu per KWOK node")
     p.add_argument("--pods-per-node", type=int, default=110, help="pods per KWOK node (the kubelet's default: 110)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--create-rate", type=float, default=0.0,
+                   help="jobs created per second (0: as fast as 8 threads send them; KubeRay's anchor: 100)")
     p.add_argument("--result", default="operator_scale",
                    help="results/NAME.json to write (another name keeps the figures the READMEs cite)")
     p.add_argument("--against", metavar="REV", default=None,
@@ -1052,7 +1060,7 @@ def main() -> None:
                    "against": a.against, "repeat": a.repeat if a.against else None,
                    "failure_interval_s": a.failure_interval, "idle_seconds": a.idle_seconds,
                    "scheduler_qps": a.scheduler_qps or "default (50)", "node_monitor_grace_s": a.node_grace,
-                   "kwok_pod_parallelism": a.kwok_parallelism,
+                   "kwok_pod_parallelism": a.kwok_parallelism, "create_rate_per_s": a.create_rate or "unlimited",
                    "operator": f"defaults ({OperatorSettings.workers} reconcile workers, "
                                f"{OperatorSettings.resync_seconds:g} s resync, leader election) unless "
                                "operator_env says otherwise; a service account bound to cluster-admin",
