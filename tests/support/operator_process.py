@@ -436,10 +436,10 @@ class OperatorProcess:
         assert self.proc is not None
         return self.proc.wait(timeout=timeout)
 
-    def metrics_text(self) -> str:
+    def metrics_text(self, timeout: float = 2) -> str:
         import urllib.request
 
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout) as r:
             return str(r.read().decode())
 
     def is_leader(self) -> bool:
