@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rljob_contract.job import GROUP, KIND
+
 from rljob_operator.names import (
     ANNOTATION_IN_PLACE_RESTARTS,
     ANNOTATION_JOB_GENERATION,
@@ -32,10 +34,6 @@ from rljob_operator.names import (
     LABEL_WORKER_INDEX,
 )
 
-#: The API group and kind of the ownerReference that marks a pod as a job's worker (``job_reference``).
-JOB_GROUP = "rljob.dev"
-JOB_KIND = "RLTrainingJob"
-
 
 def job_reference(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """(name, UID) of the RLTrainingJob its controller ownerReference names (API group ``rljob.dev``, kind
@@ -43,7 +41,7 @@ def job_reference(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     ``rljob-worker-pods`` admits such a reference only from a user who may patch that job's status."""
     refs = (pod.get("metadata") or {}).get("ownerReferences") or []
     ref = next((r for r in refs if isinstance(r, Mapping) and r.get("controller") is True), None)
-    if ref is None or ref.get("kind") != JOB_KIND or str(ref.get("apiVersion") or "").split("/")[0] != JOB_GROUP:
+    if ref is None or ref.get("kind") != KIND or str(ref.get("apiVersion") or "").split("/")[0] != GROUP:
         return None
     if not ref.get("name") or not ref.get("uid"):
         return None
