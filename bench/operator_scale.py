@@ -63,6 +63,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -525,6 +526,8 @@ class OperatorProcess(helpers.OperatorProcess):
             for sample in family.samples:
                 if sample.name == "rljob_operator_reconciles_total" and sample.labels.get("result") in ("ok", "error"):
                     out[sample.labels["result"]] = sample.value
+                elif sample.name in ("rljob_operator_resyncs_total", "rljob_operator_queue_depth"):
+                    out[sample.name.removeprefix("rljob_operator_")] = sample.value
                 elif sample.name == "rljob_operator_reconcile_duration_seconds_sum":
                     out["seconds"] = sample.value
                 elif (sample.name.startswith("rljob_operator_queue_wait_seconds_")
@@ -746,6 +749,71 @@ def all_ready_at(recorder: Recorder, names: list[str]) -> float | None:
     return last
 
 
+IDLE_SAMPLE_S = 10.0  # the idle window's sampling period: a /metrics read each (a few ms of the operator's CPU)
+
+
+def idle_timeline(operator: Any, meter: Meter, end: float, check: Callable[[], None]) -> list[dict[str, float]]:
+    """Samples until ``end``, every ``IDLE_SAMPLE_S``: the time, the operator's CPU seconds, and its counters
+    of resyncs and reconciles and its queue depth (``/metrics``), from which ``idle_phases`` finds resyncs."""
+    samples: list[dict[str, float]] = []
+    while True:
+        counters = operator.reconciles()
+        samples.append({"t": time.time(), "cpu": meter.snapshot().get("operator", float("nan")),
+                        "resyncs": counters.get("resyncs_total", 0.0), "queue": counters.get("queue_depth", 0.0),
+                        "reconciles": counters.get("ok", 0.0) + counters.get("error", 0.0)})
+        if samples[-1]["t"] >= end:
+            return samples
+        check()
+        time.sleep(max(0.0, min(IDLE_SAMPLE_S, end - time.time())))
+
+
+def idle_phases(samples: list[dict[str, float]], audit: AuditLog, jobs: int) -> dict[str, Any]:
+    """The idle window split into resyncs and what lies between (the steady state).
+
+    A resync starts in the sample interval where ``rljob_operator_resyncs_total`` grew, and ends at the first
+    sample by which ``jobs`` reconciles more were done and the queue was empty. Its cost is what the operator
+    spent from the sample before it to that end (CPU seconds, API requests), less the steady state's rate
+    over the same time; the steady state is the rate over the intervals no resync touched."""
+    resyncs: list[tuple[int, int]] = []
+    i = 1
+    while i < len(samples):
+        if samples[i]["resyncs"] > samples[i - 1]["resyncs"]:
+            start = i - 1
+            end = next((j for j in range(i, len(samples)) if samples[j]["reconciles"] - samples[start]["reconciles"]
+                        >= jobs and samples[j]["queue"] == 0), None)
+            if end is None:
+                break  # the window ended mid-resync: not measured
+            resyncs.append((start, end))
+            i = end
+        i += 1
+    inside = {k for a, b in resyncs for k in range(a, b)}
+    steady = [(samples[k], samples[k + 1]) for k in range(len(samples) - 1) if k not in inside]
+    steady_s = sum(b["t"] - a["t"] for a, b in steady)
+    steady_cpu = sum(b["cpu"] - a["cpu"] for a, b in steady)
+    steady_requests = sum(audit.window(a["t"], b["t"])["total"] for a, b in steady)
+    cpu_rate = steady_cpu / steady_s if steady_s else float("nan")
+    request_rate = steady_requests / steady_s if steady_s else float("nan")
+    measured = []
+    for a, b in resyncs:
+        s0, s1 = samples[a], samples[b]
+        wall = s1["t"] - s0["t"]
+        window = audit.window(s0["t"], s1["t"])
+        measured.append({
+            "window_s": round(wall, 1), "reconciles": int(s1["reconciles"] - s0["reconciles"]),
+            "operator_cpu_s": round(s1["cpu"] - s0["cpu"], 2),
+            "operator_cpu_s_over_steady": round(s1["cpu"] - s0["cpu"] - cpu_rate * wall, 2),
+            "api_requests": window["total"], "api_requests_over_steady": round(window["total"] - request_rate * wall),
+            "by_verb_resource": window["by_verb_resource"],
+        })
+    return {
+        "sample_s": IDLE_SAMPLE_S, "window_s": round(samples[-1]["t"] - samples[0]["t"], 1),
+        "steady": {"seconds": round(steady_s, 1), "operator_cpu_cores": round(cpu_rate, 4),
+                   "api_requests_per_s": round(request_rate, 2)},
+        "resyncs": measured,
+        "samples": [{k: round(v, 3) for k, v in x.items()} for x in samples],
+    }
+
+
 def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, meter: Meter, n: int,
               args: argparse.Namespace, logs: Path, with_failures: bool, namespace: str | None = None,
               sent_out: dict[str, float] | None = None) -> dict[str, Any]:
@@ -811,7 +879,8 @@ def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, 
         # Idle: every job Running, nothing happening but the operator's own resync and checks. The
         # burst's requests end a few seconds after the last job turned Running (Events, queued reconciles).
         t_idle = max(time.time(), t_all_running + SETTLE_S)
-        time.sleep(max(0.0, t_idle + args.idle_seconds - time.time()))
+        time.sleep(max(0.0, t_idle - time.time()))
+        timeline = idle_timeline(operator, meter, t_idle + args.idle_seconds, check)
         check()
         snap_idle = meter.snapshot()
         t_idle_end = time.time()
@@ -841,6 +910,7 @@ def run_burst(plane: BenchControlPlane, kube: Kube, side: Any, audit: AuditLog, 
         result["watch_events"] = dict(recorder.events)
         time.sleep(0.5)
         result["api_requests"] = {k: audit.window(a, b) for k, (a, b) in windows.items()}
+        result["idle"] = idle_phases(timeline, audit, n)
         result["windows_s"] = {k: round(b - a, 2) for k, (a, b) in windows.items()}
     finally:
         operator.stop()
@@ -951,6 +1021,16 @@ def summary_rows(runs: list[dict[str, Any]], idle_seconds: float) -> list[dict[s
                      "value": f"{burst / n:.1f} / {cpu_ms:.0f} ms", "unit": ""})
         rows.append({"metric": f"{n} jobs Running, idle: operator API requests/s",
                      "value": round(run["api_requests"]["idle"]["total"] / idle_seconds, 1), "unit": "req/s"})
+        idle = run.get("idle")
+        if idle:
+            steady = idle["steady"]
+            rows.append({"metric": f"{n} jobs Running, idle between resyncs: operator API requests/s / CPU",
+                         "value": f"{steady['api_requests_per_s']} / {100 * steady['operator_cpu_cores']:.1f} % of a core",
+                         "unit": ""})
+            for k, r in enumerate(idle["resyncs"], 1):
+                rows.append({"metric": f"{n} jobs: resync {k} (each job reconciled again): wall / CPU / requests",
+                             "value": f"{r['window_s']} s / {r['operator_cpu_s_over_steady']} s / "
+                                      f"{r['api_requests_over_steady']}", "unit": ""})
     largest = runs[-1]
     rss = largest["operator_memory"]["peak_rss_mib"]
     rows.append({"metric": f"operator peak RSS ({largest['jobs']} jobs)", "value": rss, "unit": "MiB",

@@ -42,6 +42,8 @@ QUEUE_WAIT_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60),
 )
 QUEUE_DEPTH = Gauge("rljob_operator_queue_depth", "Jobs waiting in the work queue (not counting those reconciling).")
+RESYNCS = Counter("rljob_operator_resyncs_total",
+                  "Periodic resyncs (operator.resyncSeconds): each queues every known job for a routine reconcile.")
 API_REQUESTS = Counter(
     "rljob_operator_api_requests_total", "Kubernetes API requests the reconciler sent.", ["verb", "resource"]
 )

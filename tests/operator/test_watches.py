@@ -99,6 +99,33 @@ def test_a_new_job_is_queued_as_urgent_a_job_with_a_status_as_an_event() -> None
     assert event("DELETED", edited) == {"key": key}
 
 
+def test_a_resync_queues_every_known_job_behind_the_events_and_is_counted() -> None:
+    """The periodic resync (``JobEvents.resync``): every job known and not deleted, queued low, once per
+    period, and ``rljob_operator_resyncs_total`` counts it (the benchmark finds a resync's cost by it)."""
+    from prometheus_client import REGISTRY
+
+    def resyncs() -> float:
+        return REGISTRY.get_sample_value("rljob_operator_resyncs_total") or 0.0
+
+    queue = Queue()
+    events = JobEvents(JobCache(), queue)
+    for name in ("a", "b", "gone"):
+        events.event(None, None, job_body(name))
+    events.event(None, "DELETED", job_body("gone"))
+    queue.added.clear()
+    before = resyncs()
+
+    async def two_periods() -> None:
+        task = asyncio.create_task(events.resync(0.05))
+        await asyncio.sleep(0.125)
+        task.cancel()
+
+    asyncio.run(two_periods())
+    assert resyncs() - before == 2
+    assert sorted(a["key"].name for a in queue.added) == ["a", "a", "b", "b"]
+    assert all(a.get("low") for a in queue.added)
+
+
 def test_a_trial_jobs_events_wake_its_experiment_from_the_one_job_stream() -> None:
     """One watch per resource: the experiments' trials come through the RLTrainingJob stream, each event of
     a job labelled with an experiment queueing that experiment as well as the job (a listed one, a

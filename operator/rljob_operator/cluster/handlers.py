@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from rljob_contract import experiment as exp_api
 from rljob_contract.job import GROUP, PLURAL, VERSION
 
+from rljob_operator import metrics
 from rljob_operator.cluster.jobcache import JobCache
 from rljob_operator.cluster.podwatch import PodStore
 from rljob_operator.cluster.streams import Resource
@@ -128,6 +129,7 @@ class JobEvents:
         """Queue every known job every ``every`` seconds, behind the jobs that events brought."""
         while True:
             await asyncio.sleep(every)
+            metrics.RESYNCS.inc()
             for key in list(self.known):
                 self.queue.add(key, low=True)
 
