@@ -43,7 +43,7 @@ from tests.delivery.test_chart import (
     operator_env,
     run,
 )
-from tests.support.operator_process import create_job, deep_update, runtime_manifest
+from tests.support.operator_process import create_job, deep_update, job_claim, runtime_manifest
 
 POLICY_FILE = MANIFESTS / "base" / "admission-policies.yaml"
 POLICY = "rljob-job-references"
@@ -120,11 +120,6 @@ def _pod(name: str, owners: list[dict[str, Any]] | None = None) -> dict[str, Any
             "spec": {"containers": [{"name": "c", "image": "registry.invalid/pause:1"}]}}
 
 
-def _claim(name: str, uid: str, api_version: str = "rljob.dev/v1alpha1") -> dict[str, Any]:
-    """The ownerReference the operator writes on a job's worker pods."""
-    return {"apiVersion": api_version, "kind": "RLTrainingJob", "name": name, "uid": uid, "controller": True}
-
-
 def _runtime(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """An RLTrainingRuntime of the test's namespace, as its admins would write one."""
     return runtime_manifest(name, spec, kind="RLTrainingRuntime")
@@ -180,7 +175,7 @@ def policy(control_plane: Any, kube: Any, crd_installed: Any, runtime_crds: Any)
     canaries = {POLICY: _quickstart("canary", reference_spec(JOB_REFERENCES[0], "canary")[0]),
                 RUNTIME_USE: _quickstart("canary", {"runtimeRef": {"name": "canary"}}),
                 RUNTIME_REFERENCES: _runtime("canary", {"checkpoint": {"storage": "s3://b/c", "credentialsSecret": "c"}}),
-                WORKER_PODS: _pod("canary", [_claim("canary", "00000000-0000-0000-0000-000000000000")])}
+                WORKER_PODS: _pod("canary", [job_claim("canary", "00000000-0000-0000-0000-000000000000")])}
 
     def refused(name: str) -> bool:
         # The API server picks a new policy up from a watch: wait until it bites (a dry run as a user).
@@ -955,16 +950,16 @@ def test_only_who_may_patch_a_jobs_status_may_create_a_pod_that_claims_to_be_its
     job = create_job(kube, namespace, _quickstart("owner"))
     uid = job["metadata"]["uid"]
     user = f"system:serviceaccount:{namespace}:{POD_MAKER}"
-    forged = _pod("forged", [_claim("owner", uid)])
+    forged = _pod("forged", [job_claim("owner", uid)])
     refusal = _pod_refusal(pod_maker, namespace, forged)
     assert refusal is not None and WORKER_PODS in refusal, refusal
     assert _claimed("owner") in refusal and refusal.endswith(f"{user} may not"), refusal
     assert kube.get_pod(namespace, "forged") is None
     # Not controller, another version of the group, beside an owner of another kind: a claim all the same.
-    for i, owners in enumerate([[{**_claim("owner", uid), "controller": False}],
-                                [_claim("owner", uid, api_version="rljob.dev/v1")],
+    for i, owners in enumerate([[{**job_claim("owner", uid), "controller": False}],
+                                [job_claim("owner", uid, api_version="rljob.dev/v1")],
                                 [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": uid},
-                                 _claim("owner", uid)]]):
+                                 job_claim("owner", uid)]]):
         refusal = _pod_refusal(pod_maker, namespace, _pod(f"forged-{i}", owners))
         assert refusal is not None and _claimed("owner") in refusal, (owners, refusal)
 
@@ -975,7 +970,7 @@ def test_only_who_may_patch_a_jobs_status_may_create_a_pod_that_claims_to_be_its
                     "controller": True}
     assert _pod_refusal(pod_maker, namespace, _pod("configmaps", [by_configmap])) is None
     # Another group's kind of the same name is no claim on an rljob job (the operator trusts only rljob.dev's).
-    lookalike = {**_claim("owner", uid), "apiVersion": "example.com/v1"}
+    lookalike = {**job_claim("owner", uid), "apiVersion": "example.com/v1"}
     assert _pod_refusal(pod_maker, namespace, _pod("lookalike", [lookalike]), dry_run=True) is None
 
     # The operator's right, on this job: its workers may be created (for real: the job exists, the pod stays).
@@ -988,7 +983,7 @@ def test_only_who_may_patch_a_jobs_status_may_create_a_pod_that_claims_to_be_its
     assert kube.get_pod(namespace, "forged")["metadata"]["ownerReferences"][0]["uid"] == uid
     # ... and no other job's.
     other = create_job(kube, namespace, _quickstart("other"))
-    refusal = _pod_refusal(pod_maker, namespace, _pod("other-worker", [_claim("other", other["metadata"]["uid"])]))
+    refusal = _pod_refusal(pod_maker, namespace, _pod("other-worker", [job_claim("other", other["metadata"]["uid"])]))
     assert refusal is not None and _claimed("other") in refusal, refusal
 
 
@@ -999,7 +994,7 @@ def test_adding_a_claim_to_a_pod_is_refused_and_removing_one_or_other_edits_are_
     worker by adding the reference (nor move a worker to another job), while labelling a worker, removing its
     reference, and the garbage collector orphaning it (deleting the job with propagationPolicy Orphan) pass."""
     job = create_job(kube, namespace, _quickstart("owner"))
-    claim = _claim("owner", job["metadata"]["uid"])
+    claim = job_claim("owner", job["metadata"]["uid"])
     for pod in (_pod("plain"), _pod("worker", [claim]), _pod("orphan", [claim])):
         kube.request("POST", kube.core_path(namespace, "pods"), pod)  # as the admin, who may (the operator's part)
 
@@ -1013,7 +1008,7 @@ def test_adding_a_claim_to_a_pod_is_refused_and_removing_one_or_other_edits_are_
     assert not kube.get_pod(namespace, "plain")["metadata"].get("ownerReferences")
     # Moving a worker to another job is a new claim.
     other = create_job(kube, namespace, _quickstart("other"))
-    moved = {"metadata": {"ownerReferences": [_claim("other", other["metadata"]["uid"])]}}
+    moved = {"metadata": {"ownerReferences": [job_claim("other", other["metadata"]["uid"])]}}
     refusal = _pod_refusal(pod_maker, namespace, _pod("worker"), moved)
     assert refusal is not None and _claimed("other") in refusal, refusal
 

@@ -15,6 +15,7 @@ from tests.support.operator_process import (
     WORKER_PODS_POLICY,
     create_job,
     get_job,
+    job_claim,
     job_manifest,
     job_pods,
     token_for,
@@ -110,12 +111,11 @@ def test_only_pods_the_operator_created_speak_for_a_job_not_a_tenants_pod_that_n
         return tenant_kube.request("POST", kube.core_path(namespace, "pods"),
                                    {"metadata": {"name": name, **meta}, "spec": spec})
 
-    claim = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": "st", "uid": job["metadata"]["uid"],
-             "controller": True, "blockOwnerDeletion": False}
+    claim = job_claim("st", job["metadata"]["uid"])
     with pytest.raises(ApiException) as refused:
         tenant_pod("st-notebook", {"ownerReferences": [claim]})
     assert refused.value.status == 403 and WORKER_PODS_POLICY in refused.value.body
-    owned = tenant_pod("st-notebook", {"ownerReferences": [{**claim, "apiVersion": "tenant.example/v1"}]})
+    owned = tenant_pod("st-notebook", {"ownerReferences": [job_claim("st", job["metadata"]["uid"], "tenant.example/v1")]})
     mine = tenant_kube.request("POST", kube.core_path(namespace, "configmaps"), {"metadata": {"name": "tenant-owner"}})
     labelled = tenant_pod("st-lookalike", {"labels": dict(worker["metadata"]["labels"]), "ownerReferences": [
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "tenant-owner", "uid": mine["metadata"]["uid"],

@@ -19,6 +19,7 @@ from tests.cluster.waiting import wait_for
 from tests.support.operator_process import (
     WORKER_PODS_POLICY,
     create_job,
+    job_claim,
     job_manifest,
     job_pods,
     wait_for_events,
@@ -41,8 +42,7 @@ def _tenant_pod(tenant: Any, kube: Any, namespace: str, job: dict[str, Any], nam
 
 def _claim(job: dict[str, Any], api_version: str | None = None) -> list[dict[str, Any]]:
     """A controller ownerReference naming the job (its UID is public), under ``api_version`` (default the job's)."""
-    return [{"apiVersion": api_version or job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
-             "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": False}]
+    return [job_claim(job["metadata"]["name"], job["metadata"]["uid"], api_version or job["apiVersion"])]
 
 
 def _refused_claim(tenant: Any, kube: Any, namespace: str, job: dict[str, Any], name: str, index: int) -> None:

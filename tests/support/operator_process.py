@@ -541,11 +541,18 @@ WORKER_PODS_POLICY = "rljob-worker-pods"
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 
 
+def job_claim(name: str, uid: str, api_version: str = "rljob.dev/v1alpha1") -> dict[str, Any]:
+    """The controller ownerReference the operator writes on RLTrainingJob ``name``'s worker pods (``api_version``:
+    another group's look-alike). Anyone may write it (a job's UID is public); the ``rljob-worker-pods`` policy
+    admits it only from who may patch the job's status."""
+    return {"apiVersion": api_version, "kind": "RLTrainingJob", "name": name, "uid": uid, "controller": True,
+            "blockOwnerDeletion": False}
+
+
 def claiming_pod(namespace: str, name: str, job: dict[str, Any]) -> dict[str, Any]:
     """A pod that never runs, controlled by ``job`` (its kind, name and UID)."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
-        {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLTrainingJob", "name": job["metadata"]["name"],
-         "uid": job["metadata"]["uid"], "controller": True}]},
+        job_claim(job["metadata"]["name"], job["metadata"]["uid"])]},
         "spec": {"containers": [{"name": "c", "image": "registry.invalid/probe:1"}],
                  "nodeSelector": {"rljob.test/no-such-node": "x"}}}
 
