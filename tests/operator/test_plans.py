@@ -4,7 +4,10 @@ and the reconciler applying Plans in its documented order (over a recording fake
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -761,5 +764,37 @@ def test_a_replacement_trusts_the_watch_only_when_a_get_of_each_replaced_worker_
         assert not seen("team-a", cached, ("train-worker-1",))
         assert not seen("team-a", cached, ())  # nothing named: nothing to trust the watch with
         assert kube.lists == 0
+    finally:
+        reconciler.close()
+
+
+def test_independent_requests_go_together_and_a_single_one_from_the_reconciling_thread() -> None:
+    """``Reconciler._together``: a gang's creates or deletions are sent at once on the request threads, and every
+    one is answered before the first failure is raised; a single one (a worker replaced in place) is sent from
+    the reconciling thread, with no hand-over on the failure's path."""
+    reconciler = _reconciler(RecordingKube(_raw()))
+    threads: list[str] = []
+    finished: list[int] = []
+    started = threading.Barrier(3, timeout=5)
+
+    def request(i: int, fail: bool = False, meet: bool = True) -> None:
+        threads.append(threading.current_thread().name)
+        if meet:
+            started.wait()  # all three in flight at once
+        if fail:
+            raise RuntimeError(f"refused {i}")
+        time.sleep(0.05)
+        finished.append(i)
+
+    try:
+        reconciler._together([functools.partial(request, 0, meet=False)])
+        assert threads == [threading.current_thread().name] and finished == [0]
+        threads.clear()
+        finished.clear()
+        with pytest.raises(RuntimeError, match="refused 1"):
+            reconciler._together([functools.partial(request, 0), functools.partial(request, 1, True),
+                                  functools.partial(request, 2)])
+        assert sorted(finished) == [0, 2]  # answered before the refusal was raised
+        assert len(threads) == 3 and all(t.startswith("rljob-create") for t in threads)
     finally:
         reconciler.close()

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -471,8 +471,9 @@ class Reconciler:
         for pod_name in plan.delete_pods:
             log.info("%s/%s: deleting pod %s", namespace, name, pod_name)
         # Independent requests, as the creates: a gang's deletions are sent together (a failure still raises).
-        list(self._pool.map(lambda pod_name: self.kube.delete_pod(
-            namespace, pod_name, (pods.get(pod_name) or {}).get("metadata", {}).get("uid")), plan.delete_pods))
+        self._together([functools.partial(self.kube.delete_pod, namespace, pod_name,
+                                          (pods.get(pod_name) or {}).get("metadata", {}).get("uid"))
+                        for pod_name in plan.delete_pods])
         for pod_name in plan.force_delete_pods:
             pod = pods.get(pod_name) or {}
             node = (pod.get("spec") or {}).get("nodeName")
@@ -492,16 +493,15 @@ class Reconciler:
             verified = self._children_verified.get((namespace, name))
             if verified is None or verified[0] != uid or not generations <= {verified[1]}:
                 look_first = verified is not None and verified[0] == uid
-                children: list[Future[Any]] = [
-                    self._pool.submit(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True,
+                children: list[Callable[[], Any]] = [
+                    functools.partial(self.kube.create_or_adopt, plan.children.configmap, uid, compare_data=True,
                                       look_first=look_first),
-                    self._pool.submit(self._service, plan.children.service, uid, look_first),
+                    functools.partial(self._service, plan.children.service, uid, look_first),
                 ]
                 if plan.children.networkpolicy is not None:
-                    children.append(self._pool.submit(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
+                    children.append(functools.partial(self.kube.create_or_adopt, plan.children.networkpolicy, uid,
                                                       compare_spec=True, look_first=look_first))
-                for child in children:
-                    child.result()  # all exist (or raised) before any pod is created
+                self._together(children)  # all exist (or raised) before any pod is created
                 if len(generations) == 1:
                     self._children_verified[(namespace, name)] = (uid, next(iter(generations)))
         created = self._created.setdefault((namespace, name), {})
@@ -510,10 +510,20 @@ class Reconciler:
             created[pod["metadata"]["name"]] = time.monotonic()
         # A gang's pods are independent requests: send them together; every answer is waited for before a
         # refusal is raised, so no create is still in flight when the refusal's Plan is applied.
-        answers = [self._pool.submit(self.kube.create_pod, pod) for pod in plan.create_pods]
-        refused = next((a.exception() for a in answers if a.exception() is not None), None)
-        if refused is not None:
-            raise refused
+        self._together([functools.partial(self.kube.create_pod, pod) for pod in plan.create_pods])
+
+    def _together(self, requests: list[Callable[[], Any]]) -> None:
+        """Send independent requests at once, on the request threads; every one is answered before the first
+        failure is raised. One request (a worker replaced in place) is sent from this thread: handing it to
+        another costs a thread switch, milliseconds when the interpreter is busy, on the failure's path."""
+        if len(requests) == 1:
+            requests[0]()
+            return
+        answers = [self._pool.submit(request) for request in requests]
+        errors = [a.exception() for a in answers]  # each waited for: no short cut at the first failure
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            raise failed
 
     def _service(self, service: dict[str, Any], uid: str, look_first: bool) -> None:
         """The job's headless Service, created or adopted; one with a selector (an earlier version's) is made
