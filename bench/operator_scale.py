@@ -142,10 +142,16 @@ def distribution(values: list[float]) -> dict[str, Any]:
             "p99": r(percentile(values, 99)), "max": r(max(values) if values else None)}
 
 
+#: KWOK's pods run no trainer, so no heartbeat ever comes: the default startupTimeoutSeconds (30 min) would restart
+#: every gang of a long run at once (a 10,000-job run did, 30 min after its first create), which is not idle.
+STARTUP_TIMEOUT_S = 86400
+
+
 def job_manifest(name: str) -> dict[str, Any]:
-    """The tests' tiny valid job at 4 workers × 1 process × 1 GPU; no backoff before a gang restart."""
-    return helpers.job_manifest(name, WORKERS, {"runtimeRef": {"name": BENCH_RUNTIME},
-                                                "runPolicy": {"backoffBaseSeconds": 0}})
+    """The tests' tiny valid job at 4 workers × 1 process × 1 GPU; no backoff before a gang restart, and a
+    startup deadline no run reaches (``STARTUP_TIMEOUT_S``)."""
+    return helpers.job_manifest(name, WORKERS, {"runtimeRef": {"name": BENCH_RUNTIME}, "runPolicy": {
+        "backoffBaseSeconds": 0, "startupTimeoutSeconds": STARTUP_TIMEOUT_S}})
 
 
 def _die_with_parent() -> None:
@@ -774,8 +780,9 @@ def idle_phases(samples: list[dict[str, float]], audit: AuditLog, jobs: int) -> 
     sample by which ``jobs`` reconciles more were done and the queue was empty. Its cost is what the operator
     spent from the sample before it to that end (CPU seconds, API requests), less the steady state's rate
     over the same time. The operator writes Events on threads of their own, so a large burst's Events are
-    still being created after every job is Running: an interval outside the resyncs with an Event create is
-    the backlog's, not the steady state's. The steady state is the rate over the intervals left."""
+    still being created after every job is Running: an interval outside the resyncs with an Event create or a
+    reconcile is busy (that backlog, or jobs with something to do), not the steady state's. The steady state is
+    the rate over the intervals left."""
     intervals = []
     for a, b in zip(samples, samples[1:], strict=False):
         window = audit.window(a["t"], b["t"])
@@ -795,7 +802,8 @@ def idle_phases(samples: list[dict[str, float]], audit: AuditLog, jobs: int) -> 
             i = end
         i += 1
     inside = {k for a, b in resyncs for k in range(a, b)}
-    backlog = [k for k in range(len(intervals)) if k not in inside and intervals[k]["event_creates"]]
+    backlog = [k for k in range(len(intervals)) if k not in inside and (
+        intervals[k]["event_creates"] or samples[k + 1]["reconciles"] > samples[k]["reconciles"])]
     steady = [intervals[k] for k in range(len(intervals)) if k not in inside and k not in backlog]
     steady_s = sum(x["seconds"] for x in steady)
     cpu_rate = sum(x["cpu"] for x in steady) / steady_s if steady_s else float("nan")
@@ -816,9 +824,10 @@ def idle_phases(samples: list[dict[str, float]], audit: AuditLog, jobs: int) -> 
         "sample_s": IDLE_SAMPLE_S, "window_s": round(samples[-1]["t"] - samples[0]["t"], 1),
         "steady": {"seconds": round(steady_s, 1), "operator_cpu_cores": round(cpu_rate, 4),
                    "api_requests_per_s": round(request_rate, 2)},
-        "event_backlog": {"intervals": len(backlog), "event_creates": sum(intervals[k]["event_creates"] for k in backlog),
-                          "until_s": round(intervals[backlog[-1]]["t"] + intervals[backlog[-1]]["seconds"]
-                                           - samples[0]["t"], 1) if backlog else 0.0},
+        "busy": {"intervals": len(backlog), "event_creates": sum(intervals[k]["event_creates"] for k in backlog),
+                 "reconciles": int(sum(samples[k + 1]["reconciles"] - samples[k]["reconciles"] for k in backlog)),
+                 "until_s": round(intervals[backlog[-1]]["t"] + intervals[backlog[-1]]["seconds"]
+                                  - samples[0]["t"], 1) if backlog else 0.0},
         "resyncs": measured,
         "samples": [{k: round(v, 3) for k, v in x.items()} for x in samples],
         "intervals": [{k: round(v, 3) for k, v in x.items()} for x in intervals],
@@ -1035,7 +1044,7 @@ def summary_rows(runs: list[dict[str, Any]], idle_seconds: float) -> list[dict[s
         idle = run.get("idle")
         if idle:
             steady = idle["steady"]
-            rows.append({"metric": f"{n} jobs Running, idle (no resync, no Event backlog): operator API requests/s / CPU",
+            rows.append({"metric": f"{n} jobs Running, idle (no resync, nothing queued): operator API requests/s / CPU",
                          "value": f"{steady['api_requests_per_s']} / {100 * steady['operator_cpu_cores']:.1f} % of a core",
                          "unit": ""})
             for k, r in enumerate(idle["resyncs"], 1):
