@@ -17,6 +17,7 @@ when they are knowingly not checked, ``cluster.admission``).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter as _Counter
 from collections.abc import Callable, Iterator
@@ -120,10 +121,16 @@ REGISTRY.register(JOB_PHASES)
 
 
 def health_app(ready: Callable[[], bool]) -> web.Application:
-    """``/metrics``; ``/healthz`` (the event loop answers); ``/readyz`` (``ready()``)."""
+    """``/metrics`` (``?name[]=…`` for only those series, as prometheus_client's own server offers); ``/healthz``
+    (the event loop answers); ``/readyz`` (``ready()``)."""
 
-    async def metrics_handler(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics_handler(request: web.Request) -> web.Response:
+        names = request.query.getall("name[]", [])
+        registry = REGISTRY.restricted_registry(names) if names else REGISTRY
+        # Rendered off the event loop: with 10,000 jobs the per-job phase series make a scrape 80,000 lines and
+        # about half a second of CPU, which would hold the status API's heartbeats that long.
+        body = await asyncio.to_thread(generate_latest, registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")

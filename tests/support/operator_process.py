@@ -436,10 +436,13 @@ class OperatorProcess:
         assert self.proc is not None
         return self.proc.wait(timeout=timeout)
 
-    def metrics_text(self, timeout: float = 2) -> str:
+    def metrics_text(self, timeout: float = 2, names: tuple[str, ...] = ()) -> str:
+        """The operator's ``/metrics``; ``names``: only those series (``name[]``)."""
+        import urllib.parse
         import urllib.request
 
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout) as r:
+        query = f"?{urllib.parse.urlencode([('name[]', n) for n in names])}" if names else ""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics{query}", timeout=timeout) as r:
             return str(r.read().decode())
 
     def is_leader(self) -> bool:
