@@ -101,6 +101,7 @@ TARGET_ALL_RUNNING_S = 120.0  # 1,000 jobs × 4 workers, on the 2-core machine
 TARGET_POD_CREATE_P99_S = 2.0
 TARGET_REPLACEMENT_P99_S = 3.0
 TARGET_RSS_MIB = 300.0
+TARGET_RSS_MIB_10000 = 1024.0  # issue #48 point 4: 10,000 jobs × 4 workers within 1 GiB
 SETTLE_S = 5.0  # after the last job turns Running, before the idle window starts
 
 
@@ -1066,8 +1067,9 @@ def summary_rows(runs: list[dict[str, Any]], idle_seconds: float) -> list[dict[s
                                       f"{r['api_requests_over_steady']}", "unit": ""})
     largest = runs[-1]
     rss = largest["operator_memory"]["peak_rss_mib"]
+    target_rss = TARGET_RSS_MIB_10000 if largest["jobs"] >= 10000 else TARGET_RSS_MIB
     rows.append({"metric": f"operator peak RSS ({largest['jobs']} jobs)", "value": rss, "unit": "MiB",
-                 "target": f"≤ {TARGET_RSS_MIB:g}", "met": rss <= TARGET_RSS_MIB})
+                 "target": f"≤ {target_rss:g}", "met": rss <= target_rss})
     if "failures" in largest:
         f = largest["failures"]
         lat = f["latency_s"]
