@@ -60,6 +60,7 @@ def baseline(status: dict[str, Any]) -> float:
     return sum(first) / len(first)
 
 
+@pytest.mark.e2e  # minutes of training; make e2e (CI's budget: docs/development.md)
 def test_ab_two_learning_rates_the_faster_arm_wins_with_its_interval(tmp_path: Path) -> None:
     doc = experiment("lr-ab", seeds=2, objective={"k": 5}, arms=[
         {"name": "fast", "overrides": {"training": {"learningRate": 0.01}}},

@@ -30,6 +30,7 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+@pytest.mark.e2e  # minutes of training; make e2e (CI's budget: docs/development.md)
 def test_lora_example_learns_resumes_exactly_from_its_adapter_and_exports_a_merged_model(tmp_path: Path) -> None:
     first, total = 60, 120
     example = yaml.safe_load(LORA_EXAMPLE.read_text())
