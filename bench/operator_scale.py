@@ -788,7 +788,7 @@ def idle_timeline(operator: Any, meter: Meter, end: float, check: Callable[[], N
 
 
 def idle_phases(samples: list[dict[str, float]], audit: AuditLog, jobs: int) -> dict[str, Any]:
-    """The idle window split into resyncs, the burst's Event backlog draining, and the steady state.
+    """The idle window split into resyncs, busy intervals and the steady state.
 
     A resync starts in the sample interval where ``rljob_operator_resyncs_total`` grew, and ends at the first
     sample by which ``jobs`` reconciles more were done and the queue was empty. Its cost is what the operator
@@ -816,9 +816,9 @@ def idle_phases(samples: list[dict[str, float]], audit: AuditLog, jobs: int) -> 
             i = end
         i += 1
     inside = {k for a, b in resyncs for k in range(a, b)}
-    backlog = [k for k in range(len(intervals)) if k not in inside and (
+    busy = [k for k in range(len(intervals)) if k not in inside and (
         intervals[k]["event_creates"] or samples[k + 1]["reconciles"] > samples[k]["reconciles"])]
-    steady = [intervals[k] for k in range(len(intervals)) if k not in inside and k not in backlog]
+    steady = [intervals[k] for k in range(len(intervals)) if k not in inside and k not in busy]
     steady_s = sum(x["seconds"] for x in steady)
     cpu_rate = sum(x["cpu"] for x in steady) / steady_s if steady_s else float("nan")
     request_rate = sum(x["requests"] for x in steady) / steady_s if steady_s else float("nan")
@@ -838,10 +838,10 @@ def idle_phases(samples: list[dict[str, float]], audit: AuditLog, jobs: int) -> 
         "sample_s": IDLE_SAMPLE_S, "window_s": round(samples[-1]["t"] - samples[0]["t"], 1),
         "steady": {"seconds": round(steady_s, 1), "operator_cpu_cores": round(cpu_rate, 4),
                    "api_requests_per_s": round(request_rate, 2)},
-        "busy": {"intervals": len(backlog), "event_creates": sum(intervals[k]["event_creates"] for k in backlog),
-                 "reconciles": int(sum(samples[k + 1]["reconciles"] - samples[k]["reconciles"] for k in backlog)),
-                 "until_s": round(intervals[backlog[-1]]["t"] + intervals[backlog[-1]]["seconds"]
-                                  - samples[0]["t"], 1) if backlog else 0.0},
+        "busy": {"intervals": len(busy), "event_creates": sum(intervals[k]["event_creates"] for k in busy),
+                 "reconciles": int(sum(samples[k + 1]["reconciles"] - samples[k]["reconciles"] for k in busy)),
+                 "until_s": round(intervals[busy[-1]]["t"] + intervals[busy[-1]]["seconds"]
+                                  - samples[0]["t"], 1) if busy else 0.0},
         "resyncs": measured,
         "samples": [{k: round(v, 3) for k, v in x.items()} for x in samples],
         "intervals": [{k: round(v, 3) for k, v in x.items()} for x in intervals],
