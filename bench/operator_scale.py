@@ -527,28 +527,26 @@ class OperatorProcess(helpers.OperatorProcess):
         """Resyncs, reconciles (ok + error) and the queue depth: the idle window's samples. Only those series
         are asked for (``name[]``): a whole scrape of 10,000 jobs is 80,000 per-job phase series and about
         half a second of the operator's CPU, which read every 10 s was most of the idle operator's CPU."""
-        out = {"resyncs": 0.0, "reconciles": 0.0, "queue": 0.0}
-        names = ("rljob_operator_resyncs_total", "rljob_operator_reconciles_total", "rljob_operator_queue_depth")
-        for family in text_string_to_metric_families(self.metrics_text(timeout=60, names=names)):
-            for sample in family.samples:
-                if sample.name == "rljob_operator_resyncs_total":
-                    out["resyncs"] = sample.value
-                elif sample.name == "rljob_operator_reconciles_total" and sample.labels.get("result") in ("ok", "error"):
-                    out["reconciles"] += sample.value
-                elif sample.name == "rljob_operator_queue_depth":
-                    out["queue"] = sample.value
-        return out
+        got = self.reconciles(("rljob_operator_resyncs_total", "rljob_operator_reconciles_total",
+                               "rljob_operator_queue_depth"))
+        return {"resyncs": got.get("resyncs", 0.0), "reconciles": got.get("ok", 0.0) + got.get("error", 0.0),
+                "queue": got.get("queue", 0.0)}
 
-    def reconciles(self) -> dict[str, float]:
-        """The operator's own counters: reconciles (ok, error), the seconds they took in all, and the
-        event-driven reconciles' wait in the queue, urgent and not (cumulative buckets: diff two snapshots)."""
+    def reconciles(self, names: tuple[str, ...] = ()) -> dict[str, float]:
+        """The operator's own counters: reconciles (ok, error), the seconds they took in all, the
+        event-driven reconciles' wait in the queue, urgent and not (cumulative buckets: diff two snapshots),
+        resyncs and the queue's depth; ``names``: only those series are read."""
         out: dict[str, float] = {}
         # An operator busy with 10,000 jobs answers /metrics in seconds: a 2 s bound ended such a run before
         # it measured anything.
-        for family in text_string_to_metric_families(self.metrics_text(timeout=60)):
+        for family in text_string_to_metric_families(self.metrics_text(timeout=60, names=names)):
             for sample in family.samples:
                 if sample.name == "rljob_operator_reconciles_total" and sample.labels.get("result") in ("ok", "error"):
                     out[sample.labels["result"]] = sample.value
+                elif sample.name == "rljob_operator_resyncs_total":
+                    out["resyncs"] = sample.value
+                elif sample.name == "rljob_operator_queue_depth":
+                    out["queue"] = sample.value
                 elif sample.name == "rljob_operator_reconcile_duration_seconds_sum":
                     out["seconds"] = sample.value
                 elif (sample.name.startswith("rljob_operator_queue_wait_seconds_")
