@@ -15,8 +15,13 @@ Modules, by responsibility (pure ones take no cluster and no clock):
 * ``kube``: the JSON REST layer; ``streams``: the watches, whose subscribers (``handlers``) feed ``workqueue``.
 * ``leader``: the Lease; ``statusapi``: heartbeats and status over HTTPS; ``tls``: its certificate.
 * ``metrics``: Prometheus series and health; ``settings``: configuration; ``runner``: ``rljob operator``.
+* ``kubeimport``: the Kubernetes client's packages imported name by name, on first use.
 """
 
 from rljob_contract.version import VERSION
+
+from rljob_operator import kubeimport
+
+kubeimport.install()  # before any module of this package imports the Kubernetes client
 
 __version__ = VERSION

@@ -49,7 +49,6 @@ from rljob_operator.cluster.reconciler import REQUEST_THREADS_PER_WORKER, Reconc
 from rljob_operator.cluster.runtimes import RUNTIME_RESOURCES, RuntimeEvents, RuntimeStore
 from rljob_operator.cluster.streams import Watches
 from rljob_operator.cluster.workqueue import ExperimentKey, Key, WorkQueue
-from rljob_operator.decisions import podschema
 from rljob_operator.decisions.children import JobNetwork
 from rljob_operator.decisions.policy import PodProfile
 from rljob_operator.integrations import registry
@@ -110,8 +109,6 @@ async def operate(s: OperatorSettings) -> int:
     _install_signals(stopping)
     endpoint, runners = await _serve_endpoints(s, kube, policies)
     checking = asyncio.create_task(policies.keep_checking(s.admission_recheck_seconds))
-    # Before the Lease: a standby pays this while it waits, a leader before its first reconcile.
-    await asyncio.to_thread(podschema.load_models)
     try:
         elector = None
         if s.leader_elect:

@@ -3,8 +3,9 @@
 The runtime CRDs keep ``podTemplate`` as written (``x-kubernetes-preserve-unknown-fields``), so nothing but
 this check stands between a key the API does not know (a typo, or the Python spelling
 ``service_account_name`` of ``serviceAccountName``) and the operator's merge and checks. The schema
-is the Kubernetes client's models (``V1Pod`` and what it refers to: ``openapi_types`` gives each
-field's type, ``attribute_map`` its JSON name), the client the operator talks to the API server with.
+is the Kubernetes client's models (``V1Pod`` and what it refers to: each field's JSON name, Python name and
+type), the client the operator talks to the API server with, as ``podschema_fields`` has them: generated
+from the client at build time (``operator/hack/gen_pod_schema.py``), so the operator imports none of them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from kubernetes import client
+from rljob_operator.decisions.podschema_fields import MODELS
 
 _LIST = re.compile(r"^List\[(.+)\]$")
 _DICT = re.compile(r"^Dict\[str, (.+)\]$")
@@ -39,33 +40,15 @@ def _walk(value: Any, type_name: str, path: str) -> Iterator[str]:
         for key, item in value.items():
             yield from _walk(item, inner.group(1), f"{path}[{key}]")
         return
-    model = getattr(client, type_name, None) if type_name.startswith("V1") else None
+    model = MODELS.get(type_name)
     if model is None or not isinstance(value, dict):
         return  # a scalar, a free-form object, or a wrong type the API server refuses itself
-    fields = {json_name: model.openapi_types[name] for name, json_name in model.attribute_map.items()}
-    by_python_name = {name: json_name for name, json_name in model.attribute_map.items()}
+    by_python_name = {python_name: json_name for json_name, (python_name, _) in model.items()}
     for key, item in value.items():
-        if key in fields:
-            yield from _walk(item, fields[key], f"{path}.{key}")
+        if key in model:
+            yield from _walk(item, model[key][1], f"{path}.{key}")
         elif key in by_python_name:
             yield f"{path}.{key}: unknown field (field names are camelCase: write {by_python_name[key]!r})"
         else:
             yield f"{path}.{key}: unknown field (a {type_name.removeprefix('V1')} has no such field)"
 
-
-def load_models(type_name: str = "V1Pod", seen: set[str] | None = None) -> set[str]:
-    """Import the client's model ``type_name`` and every model it refers to; their names.
-
-    The client imports each model on first use, and V1Pod's take the interpreter about a quarter of a
-    second: the operator loads them at start-up, so that its first reconcile (in a burst, every job's
-    first reconcile behind it) does not pay that.
-    """
-    seen = set() if seen is None else seen
-    while (inner := _LIST.match(type_name) or _DICT.match(type_name)) is not None:
-        type_name = inner.group(1)
-    model = getattr(client, type_name, None) if type_name.startswith("V1") and type_name not in seen else None
-    if model is not None:
-        seen.add(type_name)
-        for field_type in model.openapi_types.values():
-            load_models(field_type, seen)
-    return seen

@@ -12,13 +12,19 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
+import json
 import os
 import ssl
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
+#: Bound on the child that mints a certificate (an interpreter's start and one EC key: under a second).
+MINT_TIMEOUT_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,22 @@ class ServingCert:
 
 
 def self_signed(hosts: list[str], days: int = 3650) -> ServingCert:
-    """A self-signed certificate (its own CA) for ``hosts`` (DNS names and IP addresses)."""
+    """A self-signed certificate (its own CA) for ``hosts`` (DNS names and IP addresses), minted by a child
+    interpreter (``python -m rljob_operator.server.tls``): the cryptography library it takes is about 10 MiB
+    the operator would otherwise hold all its life for a certificate it makes once. The key comes back
+    through the child's stdout, never a file."""
+    answer = subprocess.run([sys.executable, "-m", "rljob_operator.server.tls", "--days", str(days), "--", *hosts],
+                            capture_output=True, text=True, timeout=MINT_TIMEOUT_SECONDS,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    if answer.returncode != 0:
+        raise RuntimeError(f"minting the status API's self-signed certificate failed (python -m "
+                           f"rljob_operator.server.tls, exit {answer.returncode}): {answer.stderr.strip()[-2000:]}")
+    minted = json.loads(answer.stdout)
+    return ServingCert(minted["cert"], minted["key"])
+
+
+def mint(hosts: list[str], days: int = 3650) -> ServingCert:
+    """``self_signed``'s certificate, made in this interpreter."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -120,3 +141,23 @@ def shared_self_signed(kube: Any, namespace: str, name: str, hosts: list[str]) -
             if e.status != 409:  # another replica won the race: read theirs
                 raise
     raise RuntimeError(f"cannot read or create Secret {namespace}/{name}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m rljob_operator.server.tls [--days N] -- HOST...``: a certificate and its key, as JSON on stdout."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Mint the status API's self-signed certificate (JSON on stdout).")
+    parser.add_argument("--days", type=int, default=3650)
+    parser.add_argument("hosts", nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        cert = mint(args.hosts, args.days)
+    except Exception as e:  # one line for the operator's error, not a traceback
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
+    json.dump({"cert": cert.cert_pem, "key": cert.key_pem}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
