@@ -56,7 +56,10 @@ def _exports(source: str, package: str) -> tuple[dict[str, tuple[str, str | None
 
 
 def _install(name: str) -> None:
-    spec = importlib.util.find_spec(name)
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:  # its parent is not installed (``pip install rljob`` without the operator's extra)
+        return
     if spec is None or spec.origin is None or spec.loader is None or spec.submodule_search_locations is None:
         return  # not installed, or not a package: an import of it fails or works as it would have
     module = importlib.util.module_from_spec(spec)
