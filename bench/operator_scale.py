@@ -498,6 +498,11 @@ def in_cluster_available() -> bool:
     return os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("mount") is not None
 
 
+def credentials() -> str:
+    """How the benchmarks' operator authenticates, for the results' config."""
+    return "its in-cluster credentials" if in_cluster_available() else "in a kubeconfig"
+
+
 def in_cluster(args: list[str], env: dict[str, str], folder: Path) -> tuple[list[str], dict[str, str]]:
     """``args`` (``rljob operator --kubeconfig K ...``) run as in the operator's pod: without the kubeconfig, with
     the in-cluster credentials the kubelet gives a pod (``KUBERNETES_SERVICE_HOST``/``PORT``, and the token and
@@ -512,7 +517,8 @@ def in_cluster(args: list[str], env: dict[str, str], folder: Path) -> tuple[list
 
     import yaml
 
-    kubeconfig = Path(args[args.index("--kubeconfig") + 1])
+    at = args.index("--kubeconfig")
+    kubeconfig = Path(args[at + 1])
     config = yaml.safe_load(kubeconfig.read_text())
     cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
     server = urlparse(cluster["server"])
@@ -520,7 +526,6 @@ def in_cluster(args: list[str], env: dict[str, str], folder: Path) -> tuple[list
     (folder / "token").write_text(user["token"])
     (folder / "ca.crt").write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
     (folder / "namespace").write_text(config["contexts"][0]["context"].get("namespace", "default"))
-    at = args.index("--kubeconfig")
     command = " ".join(shlex.quote(a) for a in args[:at] + args[at + 2:])
     script = (f"mkdir -p /run/secrets && mount -t tmpfs -o size=1m tmpfs /run/secrets && "
               f"mkdir -p {SERVICE_ACCOUNT_DIR} && cp {shlex.quote(str(folder))}/* {SERVICE_ACCOUNT_DIR}/ && "
@@ -1221,8 +1226,7 @@ def main() -> None:
                    "kwok_pod_parallelism": a.kwok_parallelism, "create_rate_per_s": a.create_rate or "unlimited",
                    "operator": f"defaults ({OperatorSettings.workers} reconcile workers, "
                                f"{OperatorSettings.resync_seconds:g} s resync, leader election) unless "
-                               "operator_env says otherwise; a service account bound to cluster-admin, "
-                               + ("its in-cluster credentials" if in_cluster_available() else "in a kubeconfig"),
+                               f"operator_env says otherwise; a service account bound to cluster-admin, {credentials()}",
                    "operator_env": {k: v for k, v in os.environ.items() if k.startswith("RLJOB_OPERATOR_")},
                    "source": source_state(),
                    "load_average_before": [round(x, 2) for x in load_before],

@@ -470,8 +470,7 @@ def main() -> None:
                    "scheduler_qps": a.scheduler_qps or "default (50)", "node_monitor_grace_s": a.node_grace,
                    "kwok_pod_parallelism": a.kwok_parallelism,
                    "rljob": f"defaults ({scale.OperatorSettings.workers} reconcile workers, leader election); a service "
-                            "account bound to cluster-admin, " + ("its in-cluster credentials" if scale.in_cluster_available()
-                                                                  else "in a kubeconfig"),
+                            f"account bound to cluster-admin, {scale.credentials()}",
                    "kubeflow": f"training-operator {module.name.split('@')[1]}, --controller-threads="
                                f"{a.peer_threads}, client 20 req/s burst 30 (controller-runtime's default), no "
                                "leader election, webhook disabled; a service account bound to its ClusterRole",
